@@ -1,0 +1,74 @@
+"""The narrow interface the engine needs from a model with a KV cache.
+
+A backend holds one sequence's cache. ``forward`` appends tokens to the cache and returns their
+logits; ``trim`` drops cached positions past a length, which is how rejected draft tokens are
+rolled back. Nothing here names a framework: transformers is one implementation
+(:mod:`specdec.backends.hf`), and a llama.cpp backend fits the same shape.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, Sequence
+
+import torch
+
+
+class CausalLM(Protocol):
+    """A causal language model with a trimmable KV cache for one sequence."""
+
+    @property
+    def vocab_size(self) -> int:
+        """Width V of the logits."""
+        ...
+
+    @property
+    def max_context(self) -> int | None:
+        """Longest sequence the model accepts, or None if unknown."""
+        ...
+
+    @property
+    def tokens(self) -> list[int]:
+        """The token ids whose keys and values the cache holds, in order (do not mutate)."""
+        ...
+
+    def forward(self, tokens: Sequence[int], num_logits: int = 0) -> torch.Tensor:
+        """Append ``tokens`` after the cached ones; return logits [len(tokens), V].
+
+        With ``num_logits > 0`` only the last ``num_logits`` rows are computed and returned.
+        """
+        ...
+
+    def trim(self, length: int) -> None:
+        """Forget every cached position >= ``length`` (no-op if the cache is shorter)."""
+        ...
+
+    def reset(self) -> None:
+        """Empty the cache."""
+        ...
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token sequences."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+def rollback(model: CausalLM, context: Sequence[int]) -> None:
+    """Trim the cache to the part of it that is a prefix of ``context`` (drops rejected drafts)."""
+    model.trim(common_prefix_len(model.tokens, context))
+
+
+def forward_after(model: CausalLM, context: Sequence[int], extra: Sequence[int] = ()) -> torch.Tensor:
+    """Logits for the positions after ``context`` and after each of ``extra``: [1 + len(extra), V].
+
+    Reuses the cached prefix of ``context``, feeds the rest followed by ``extra`` in one forward
+    pass. At least the last context token is always fed, since its logits are not cached.
+    """
+    if not context:
+        raise ValueError("the context is empty: give at least one token")
+    keep = min(common_prefix_len(model.tokens, context), len(context) - 1)
+    model.trim(keep)
+    return model.forward(list(context[keep:]) + list(extra), num_logits=1 + len(extra))

@@ -1,0 +1,92 @@
+"""The transformers backend: any ``AutoModelForCausalLM`` with a ``DynamicCache``."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+
+class HFCausalLM:
+    """One sequence's view of a transformers causal LM, with a trimmable KV cache.
+
+    Refuses (``ValueError``) a model whose cache cannot be trimmed back, since rollback of rejected
+    draft tokens depends on it.
+    """
+
+    def __init__(self, model: Any) -> None:
+        from transformers import DynamicCache
+
+        self.model = model.eval()
+        self._cache_cls = DynamicCache
+        self._cache = DynamicCache()
+        self._tokens: list[int] = []
+        head = model.get_output_embeddings()
+        self._vocab = int(head.weight.shape[0]) if head is not None else int(model.config.vocab_size)
+        self._max_context = getattr(model.config, "max_position_embeddings", None)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab
+
+    @property
+    def max_context(self) -> int | None:
+        return self._max_context
+
+    @property
+    def tokens(self) -> list[int]:
+        return self._tokens
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @torch.inference_mode()
+    def forward(self, tokens: Sequence[int], num_logits: int = 0) -> torch.Tensor:
+        """Append ``tokens``; return logits [len(tokens), V], or only the last ``num_logits`` rows."""
+        if len(tokens) == 0:
+            raise ValueError("forward needs at least one token")
+        ids = torch.as_tensor(list(tokens), dtype=torch.long, device=self.device)[None]  # [1, n]
+        out = self.model(
+            input_ids=ids,
+            past_key_values=self._cache,
+            use_cache=True,
+            logits_to_keep=num_logits,
+        )
+        if out.past_key_values is not self._cache:
+            self._cache = out.past_key_values
+            self._check_trimmable()
+        self._tokens.extend(int(t) for t in tokens)
+        return out.logits[0]  # [n or num_logits, V]
+
+    def trim(self, length: int) -> None:
+        if length < len(self._tokens):
+            self._cache.crop(length)
+            del self._tokens[length:]
+
+    def reset(self) -> None:
+        self._cache = self._cache_cls()
+        self._tokens = []
+
+    def _check_trimmable(self) -> None:
+        if not isinstance(self._cache, self._cache_cls) or any(
+            getattr(layer, "is_sliding", False) for layer in getattr(self._cache, "layers", [])
+        ):
+            raise ValueError(
+                f"{type(self.model).__name__} keeps a {type(self._cache).__name__} that cannot be "
+                "trimmed back after a rejected draft; speculative decoding needs a model whose "
+                "cache is a plain transformers DynamicCache"
+            )
+
+
+def eos_token_ids(model: Any, tokenizer: Any = None) -> set[int]:
+    """The ids that end generation: the generation config's EOS ids, else the tokenizer's."""
+    ids: set[int] = set()
+    gen = getattr(model, "generation_config", None)
+    for source in (getattr(gen, "eos_token_id", None), getattr(tokenizer, "eos_token_id", None)):
+        if source is None:
+            continue
+        ids.update([source] if isinstance(source, int) else source)
+        if ids:
+            break
+    return ids
