@@ -45,10 +45,11 @@ class SamplingConfig:
 def logits_to_probs(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
     """Return the sampling distribution for each row of ``logits``.
 
-    logits: [..., V] (any float dtype). Returns float32 [..., V], each row summing to 1.
+    logits: [..., V] (any float dtype). Returns [..., V] in float32 (float64 if given float64),
+    each row summing to 1.
     Ties under greedy go to the lowest token id (``torch.argmax``), deterministically.
     """
-    logits = logits.float()
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     if config.greedy:
         probs = torch.zeros_like(logits)
         probs.scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)

@@ -1,0 +1,278 @@
+"""Exactness of the verification rules, by exact enumeration (no sampling).
+
+For toy context-dependent target (p) and draft (q) distributions over a vocabulary of 3-4 tokens,
+the speculative outer loop is unrolled exactly: every draft block is weighted by its probability
+under q, every verifier outcome (n, y) by its probability under the verifier's plan, until the
+horizon. The resulting law of the generated sequence must equal the target's joint law to 1e-9.
+"""
+
+from __future__ import annotations
+
+import itertools
+import zlib
+from fractions import Fraction
+from functools import lru_cache
+from typing import Callable
+
+import numpy as np
+import pytest
+import torch
+
+from specdec.verify import VERIFIERS, make_verifier
+from specdec.verify.base import VerifyPlan
+
+Dist = Callable[[tuple[int, ...]], np.ndarray]  # context -> distribution over the vocabulary
+
+
+def _rng_for(tag: str, context: tuple[int, ...]) -> np.random.Generator:
+    return np.random.default_rng(zlib.crc32(repr((tag, context)).encode()))
+
+
+def dirichlet(tag: str, vocab: int, zeros: int = 0) -> Dist:
+    """A context-dependent random distribution; ``zeros`` tokens get probability 0 per context."""
+
+    @lru_cache(maxsize=None)
+    def dist(context: tuple[int, ...]) -> np.ndarray:
+        rng = _rng_for(tag, context)
+        d = rng.dirichlet(np.full(vocab, 0.7))
+        if zeros:
+            d[rng.choice(vocab, size=zeros, replace=False)] = 0.0
+            if d.sum() == 0:
+                d[rng.integers(vocab)] = 1.0
+        return d / d.sum()
+
+    return dist
+
+
+def point_mass(tag: str, vocab: int) -> Dist:
+    """A deterministic drafter (like n-gram lookup): all mass on one context-dependent token."""
+
+    def dist(context: tuple[int, ...]) -> np.ndarray:
+        d = np.zeros(vocab)
+        d[_rng_for(tag, context).integers(vocab)] = 1.0
+        return d
+
+    return dist
+
+
+def supported_on(tokens: list[int], tag: str, vocab: int) -> Dist:
+    def dist(context: tuple[int, ...]) -> np.ndarray:
+        d = np.zeros(vocab)
+        d[tokens] = _rng_for(tag, context).dirichlet(np.ones(len(tokens)))
+        return d
+
+    return dist
+
+
+def target_joint(p: Dist, vocab: int, horizon: int) -> dict[tuple[int, ...], float]:
+    joint = {}
+    for seq in itertools.product(range(vocab), repeat=horizon):
+        prob = 1.0
+        for t in range(horizon):
+            prob *= p(seq[:t])[seq[t]]
+        joint[seq] = prob
+    return joint
+
+
+def speculative_joint(
+    verifier_name: str, p: Dist, q: Dist, vocab: int, horizon: int, k: int
+) -> dict[tuple[int, ...], float]:
+    """The exact law of the first ``horizon`` tokens of speculative decoding.
+
+    Mirrors the engine: k is capped so that a step never passes the horizon. The mass on each
+    output prefix is pushed forward shortest prefix first, so each prefix is expanded once.
+    """
+    verifier = make_verifier(verifier_name)
+    mass: dict[tuple[int, ...], float] = {(): 1.0}
+    for length in range(horizon):
+        for seq in [s for s in mass if len(s) == length]:
+            weight = mass.pop(seq)
+            k_step = min(k, horizon - length - 1)
+            for draft in itertools.product(range(vocab), repeat=k_step):
+                q_rows = [q(seq + draft[:i]) for i in range(k_step)]
+                draft_prob = float(np.prod([q_rows[i][draft[i]] for i in range(k_step)]))
+                if draft_prob == 0.0:
+                    continue
+                p_rows = [p(seq + draft[:i]) for i in range(k_step + 1)]
+                plan = verifier.plan(
+                    torch.tensor(draft, dtype=torch.long),
+                    torch.tensor(np.array(q_rows).reshape(k_step, vocab)),
+                    torch.tensor(np.array(p_rows)),
+                )
+                for n, y, prob in outcomes(plan):
+                    out = seq + draft[:n] + (y,)
+                    mass[out] = mass.get(out, 0.0) + weight * draft_prob * prob
+    return mass
+
+
+def outcomes(plan: VerifyPlan) -> list[tuple[int, int, float]]:
+    """Every (n, y, probability) of a plan, rows normalised as the sampler normalises them."""
+    result = []
+    for n, pn in enumerate(plan.accept_len_probs.tolist()):
+        if pn <= 0.0:
+            continue
+        row = plan.next_token_probs[n].double()
+        row = row / row.sum()
+        for y, py in enumerate(row.tolist()):
+            if py > 0.0:
+                result.append((n, y, pn * py))
+    return result
+
+
+def assert_same_law(a: dict, b: dict, tol: float = 1e-9) -> None:
+    keys = set(a) | set(b)
+    worst = max(abs(a.get(s, 0.0) - b.get(s, 0.0)) for s in keys)
+    assert worst <= tol, f"laws differ by {worst:.3e}"
+    assert abs(sum(a.values()) - 1.0) <= tol
+
+
+def cases(vocab: int) -> dict[str, tuple[Dist, Dist]]:
+    """name -> (target p, draft q) over ``vocab`` tokens."""
+    half = vocab // 2
+    return {
+        "random": (dirichlet("p", vocab), dirichlet("q", vocab)),
+        "draft-with-zeros": (dirichlet("p", vocab), dirichlet("q", vocab, zeros=vocab // 2)),
+        "target-with-zeros": (dirichlet("p", vocab, zeros=vocab // 2), dirichlet("q", vocab)),
+        "point-mass": (dirichlet("p", vocab), point_mass("q", vocab)),
+        "equal": (dirichlet("p", vocab), dirichlet("p", vocab)),
+        "disjoint": (
+            supported_on(list(range(half)), "p", vocab),
+            supported_on(list(range(half, vocab)), "q", vocab),
+        ),
+    }
+
+
+V = 4
+CASES = sorted(cases(V))
+
+
+@pytest.mark.parametrize("verifier", ["token", "block"])
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("k", [1, 2, 3, 4])
+def test_output_law_equals_target_law(verifier: str, case: str, k: int) -> None:
+    # k = 4 needs a horizon of 5 to draft 4 tokens at once; a vocabulary of 3 keeps that small.
+    vocab, horizon = (V, 4) if k <= 3 else (3, 5)
+    p, q = cases(vocab)[case]
+    law = speculative_joint(verifier, p, q, vocab, horizon, k)
+    assert_same_law(law, target_joint(p, vocab, horizon))
+
+
+@pytest.mark.parametrize("verifier", ["token", "block"])
+def test_vocab_of_three(verifier: str) -> None:
+    p, q = dirichlet("p3", 3), dirichlet("q3", 3, zeros=1)
+    assert_same_law(speculative_joint(verifier, p, q, 3, 4, 3), target_joint(p, 3, 4))
+
+
+@pytest.mark.parametrize("verifier", sorted(VERIFIERS))
+def test_greedy_distributions_give_the_argmax_chain(verifier: str) -> None:
+    """With one-hot p and q (temperature 0) every rule outputs the target's argmax chain."""
+    p, q = point_mass("p", V), point_mass("q", V)
+    law = speculative_joint(verifier, p, q, V, 4, 3)
+    assert_same_law(law, target_joint(p, V, 4))
+
+
+def test_a_wrong_rule_is_caught() -> None:
+    """The harness has teeth: accepting every draft token yields the draft's law, not the target's."""
+
+    class AcceptAll:
+        def plan(self, draft_tokens, q, p):  # noqa: ANN001
+            k = draft_tokens.shape[0]
+            accept = torch.zeros(k + 1, dtype=torch.float64)
+            accept[k] = 1.0
+            return VerifyPlan(accept, p)
+
+    p, q = cases(V)["random"]
+    VERIFIERS["accept-all"] = AcceptAll
+    try:
+        law = speculative_joint("accept-all", p, q, V, 3, 2)
+    finally:
+        del VERIFIERS["accept-all"]
+    with pytest.raises(AssertionError):
+        assert_same_law(law, target_joint(p, V, 3))
+
+
+# --- the seed's two-token example and the optimality of block verification -------------------
+
+
+def expected_accepted(verifier_name: str, p: Dist, q: Dist, vocab: int, k: int) -> float:
+    """E[number of draft tokens accepted] in one step with k drafts, exactly."""
+    verifier = make_verifier(verifier_name)
+    total = 0.0
+    for draft in itertools.product(range(vocab), repeat=k):
+        q_rows = [q(draft[:i]) for i in range(k)]
+        draft_prob = float(np.prod([q_rows[i][draft[i]] for i in range(k)]))
+        if draft_prob == 0.0:
+            continue
+        p_rows = [p(draft[:i]) for i in range(k + 1)]
+        plan = verifier.plan(
+            torch.tensor(draft), torch.tensor(np.array(q_rows)), torch.tensor(np.array(p_rows))
+        )
+        total += draft_prob * float((plan.accept_len_probs * torch.arange(k + 1)).sum())
+    return total
+
+
+def constant(dist: list[float]) -> Dist:
+    return lambda context: np.array(dist)
+
+
+@pytest.mark.parametrize("verifier, expected", [("token", Fraction(10, 9)), ("block", Fraction(11, 9))])
+def test_seed_two_token_example(verifier: str, expected: Fraction) -> None:
+    """Seed 002: M_b(A)=1/3, M_b(B)=2/3 (target p); M_s(A)=2/3, M_s(B)=1/3 (draft q); gamma = 2."""
+    got = expected_accepted(verifier, constant([1 / 3, 2 / 3]), constant([2 / 3, 1 / 3]), 2, 2)
+    assert got == pytest.approx(float(expected), abs=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("k", [1, 2, 3, 4])
+def test_block_accepts_at_least_as_many_as_token(seed: int, k: int) -> None:
+    p, q = dirichlet(f"p{seed}", 3), dirichlet(f"q{seed}", 3, zeros=seed % 2)
+    block = expected_accepted("block", p, q, 3, k)
+    token = expected_accepted("token", p, q, 3, k)
+    assert block >= token - 1e-12
+    if k == 1:  # one draft token: the two rules coincide
+        assert block == pytest.approx(token, abs=1e-12)
+
+
+# --- block verification against the seed's reference algorithm --------------------------------
+
+
+def seed_block_reference(ps: np.ndarray, qs: np.ndarray, drafts: list[int]) -> dict[tuple[int, int], float]:
+    """The law of (n, y) under the seed's appendix code for Algorithm 2, enumerated exactly.
+
+    That code walks i = 0..gamma (q padded with a zero row): with ``keep`` the running acceptance
+    probability, it draws from weights max(0, keep * p[i] - q[i]) plus a "reject" weight 1 - keep;
+    a drawn token replaces the output by drafts[:i] + [token]. The last step that draws a token wins.
+    """
+    gamma, vocab = qs.shape
+    qs = np.vstack([qs, np.zeros((1, vocab))])
+    keep = 1.0
+    step_laws = []  # per step i: (law over tokens, probability of "reject")
+    for i in range(gamma + 1):
+        weights = np.maximum(0.0, ps[i] * keep - qs[i])
+        reject = 1.0 - keep
+        z = weights.sum() + reject
+        step_laws.append((weights / z, reject / z) if z > 0 else (np.zeros(vocab), 1.0))
+        if i < gamma:
+            keep = min(1.0, ps[i, drafts[i]] / qs[i, drafts[i]] * keep)
+    law = {}
+    for i, (tokens, _) in enumerate(step_laws):
+        later_reject = np.prod([step_laws[j][1] for j in range(i + 1, gamma + 1)])
+        for y in range(vocab):
+            if tokens[y] > 0:
+                law[(i, y)] = tokens[y] * later_reject
+    return law
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_block_plan_matches_seed_reference(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    gamma, vocab = 1 + seed % 5, 4
+    ps = rng.dirichlet(np.full(vocab, 0.5), size=gamma + 1)
+    qs = rng.dirichlet(np.full(vocab, 0.5), size=gamma)
+    drafts = [int(rng.choice(vocab, p=qs[i])) for i in range(gamma)]
+    plan = make_verifier("block").plan(torch.tensor(drafts), torch.tensor(qs), torch.tensor(ps))
+    ours = {(n, y): pr for n, y, pr in outcomes(plan)}
+    ref = seed_block_reference(ps, qs, drafts)
+    assert sum(ref.values()) == pytest.approx(1.0, abs=1e-12)
+    keys = set(ours) | set(ref)
+    assert max(abs(ours.get(k_, 0.0) - ref.get(k_, 0.0)) for k_ in keys) <= 1e-12
