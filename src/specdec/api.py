@@ -12,7 +12,8 @@ from specdec.backends.base import CausalLM
 from specdec.backends.hf import HFCausalLM, eos_token_ids
 from specdec.drafters.base import Drafter
 from specdec.drafters.model import ModelDrafter
-from specdec.engine import autoregressive_steps, speculative_steps
+from specdec.drafters.tree import TreeDrafter
+from specdec.engine import autoregressive_steps, speculative_steps, tree_steps
 from specdec.policies import DraftLengthPolicy, check_k, make_policy
 from specdec.sampling import SamplingConfig
 from specdec.stats import GenerationStats, Step
@@ -64,6 +65,7 @@ def stream(
     seed: int | None = None,
     stop: Sequence[str] = (),
     eos_token_ids: Sequence[int] | None = None,
+    tree: dict[str, Any] | None = None,
 ) -> Iterator[StreamEvent]:
     """Yield tokens as they are accepted. Arguments as for :func:`generate`.
 
@@ -89,11 +91,14 @@ def generate(
     seed: int | None = None,
     stop: Sequence[str] = (),
     eos_token_ids: Sequence[int] | None = None,
+    tree: dict[str, Any] | None = None,
 ) -> GenerationResult:
     """Generate from ``target``, speculatively if a ``draft`` model or a ``drafter`` is given.
 
     target, draft: transformers causal LMs (or :class:`CausalLM` backends) sharing a vocabulary.
-    prompt: text (needs ``tokenizer``) or token ids. verify: ``greedy``, ``token`` or ``block``.
+    prompt: text (needs ``tokenizer``) or token ids. verify: ``greedy``, ``token``, ``block``, or
+    ``tree`` (the draft model builds a token tree; ``tree`` holds :class:`TreeDrafter` options:
+    ``choices`` for a static tree, else ``depth``, ``width``, ``expand``, ``budget``).
     k: draft tokens per step (the starting/maximum length for adaptive policies).
     temperature 0 means greedy; top_k 0 and top_p 1 disable those filters. seed fixes sampling.
     stop: strings that end generation (the text is cut before them; needs ``tokenizer``).
@@ -123,7 +128,7 @@ class _Run:
     @classmethod
     def build(
         cls, *, target, prompt, draft, drafter, tokenizer, verify, k, policy, temperature, top_k,
-        top_p, max_new_tokens, seed, stop, eos_token_ids,
+        top_p, max_new_tokens, seed, stop, eos_token_ids, tree,
     ) -> "_Run":
         sampling = SamplingConfig(temperature, top_k, top_p)
         check_k(k)
@@ -150,6 +155,13 @@ class _Run:
                 f"the draft's vocabulary ({drafter.vocab_size} logits) differs from the target's "
                 f"({backend.vocab_size}); use a draft from the same model family and tokenizer"
             )
+        if verify == "tree":
+            if not isinstance(drafter, ModelDrafter):
+                raise ValueError("tree verification drafts its tree with a draft model: pass draft=")
+            tree_drafter = TreeDrafter(drafter.model, **(tree or {}))
+            steps = tree_steps(backend, tree_drafter, prompt_ids, **common)
+            shape = "static" if tree_drafter.choices else f"budget={tree_drafter.budget}"
+            return cls(steps, tokenizer, stop, f"spec:model:tree:{shape}", True)
         verifier = make_verifier(verify)
         if verify == "greedy" and not sampling.greedy:
             raise ValueError(

@@ -14,10 +14,13 @@ import torch
 
 from specdec.backends.base import CausalLM, forward_after, rollback
 from specdec.drafters.base import Drafter
+from specdec.drafters.tree import TreeDrafter
 from specdec.policies import DraftLengthPolicy
 from specdec.sampling import SamplingConfig, logits_to_probs, sample
 from specdec.stats import Step
+from specdec.tree import forward_tree, keep_path
 from specdec.verify.base import Verifier, draw
+from specdec.verify.tree import TreeVerifier
 
 
 def speculative_steps(
@@ -59,6 +62,41 @@ def speculative_steps(
         step = Step(new, len(draft_tokens), min(verdict.accepted, len(new)), t1 - t0, t2 - t1)
         policy.update(step)
         yield step
+        if eos_ids and new[-1] in eos_ids:
+            return
+
+
+def tree_steps(
+    target: CausalLM,
+    drafter: TreeDrafter,
+    prompt: Sequence[int],
+    *,
+    sampling: SamplingConfig,
+    max_new_tokens: int,
+    eos_ids: Collection[int] = (),
+    generator: torch.Generator | None = None,
+) -> Iterator[Step]:
+    """Like :func:`speculative_steps` with a token tree: one target forward scores every node,
+    the tree verifier picks a path, and the target's cache keeps only that path."""
+    verifier = TreeVerifier()
+    context = list(prompt)
+    limit = _context_limit(target, len(context), max_new_tokens)
+    produced = 0
+    while produced < limit:
+        t0 = time.perf_counter()
+        tree = drafter.propose_tree(context, sampling, max_depth=limit - produced - 1)
+        t1 = time.perf_counter()
+        p = logits_to_probs(forward_tree(target, context, tree), sampling)  # [1 + N, V]
+        verdict = draw(verifier.plan_tree(tree, p), generator)
+        t2 = time.perf_counter()
+        path = tree.path(verdict.accepted - 1)
+        keep_path(target, len(context), path)
+        new = _cut_at_eos([tree.tokens[i] for i in path] + [verdict.next_token], eos_ids)
+        context += new
+        produced += len(new)
+        rollback(target, context)
+        drafter.observe(context)
+        yield Step(new, len(tree), min(len(path), len(new)), t1 - t0, t2 - t1)
         if eos_ids and new[-1] in eos_ids:
             return
 

@@ -31,11 +31,24 @@ class CausalLM(Protocol):
         """The token ids whose keys and values the cache holds, in order (do not mutate)."""
         ...
 
-    def forward(self, tokens: Sequence[int], num_logits: int = 0) -> torch.Tensor:
+    def forward(
+        self,
+        tokens: Sequence[int],
+        num_logits: int = 0,
+        *,
+        attend: torch.Tensor | None = None,
+        positions: Sequence[int] | None = None,
+    ) -> torch.Tensor:
         """Append ``tokens`` after the cached ones; return logits [len(tokens), V].
 
         With ``num_logits > 0`` only the last ``num_logits`` rows are computed and returned.
+        For token trees, ``attend`` [n, cache_len + n] (bool) and ``positions`` [n] replace the
+        causal mask and the consecutive position ids.
         """
+        ...
+
+    def keep(self, indices: Sequence[int]) -> None:
+        """Keep only the cached positions ``indices`` (ascending): compacts a token tree's path."""
         ...
 
     def trim(self, length: int) -> None:

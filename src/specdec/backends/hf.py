@@ -42,16 +42,35 @@ class HFCausalLM:
         return self.model.device
 
     @torch.inference_mode()
-    def forward(self, tokens: Sequence[int], num_logits: int = 0) -> torch.Tensor:
-        """Append ``tokens``; return logits [len(tokens), V], or only the last ``num_logits`` rows."""
+    def forward(
+        self,
+        tokens: Sequence[int],
+        num_logits: int = 0,
+        *,
+        attend: torch.Tensor | None = None,
+        positions: Sequence[int] | None = None,
+    ) -> torch.Tensor:
+        """Append ``tokens``; return logits [len(tokens), V], or only the last ``num_logits`` rows.
+
+        For token trees: ``attend`` [n, cache_len + n] bool says which positions each new token
+        sees, ``positions`` [n] gives their position ids; both replace the causal defaults.
+        """
         if len(tokens) == 0:
             raise ValueError("forward needs at least one token")
         ids = torch.as_tensor(list(tokens), dtype=torch.long, device=self.device)[None]  # [1, n]
+        extra = {}
+        if attend is not None:
+            dtype = self.model.dtype
+            mask = torch.zeros(attend.shape, dtype=dtype, device=self.device)
+            mask.masked_fill_(~attend.to(self.device), torch.finfo(dtype).min)
+            extra["attention_mask"] = mask[None, None]  # [1, 1, n, cache_len + n]
+            extra["position_ids"] = torch.as_tensor(list(positions), device=self.device)[None]
         out = self.model(
             input_ids=ids,
             past_key_values=self._cache,
             use_cache=True,
             logits_to_keep=num_logits,
+            **extra,
         )
         if out.past_key_values is not self._cache:
             self._cache = out.past_key_values
@@ -63,6 +82,14 @@ class HFCausalLM:
         if length < len(self._tokens):
             self._cache.crop(length)
             del self._tokens[length:]
+
+    def keep(self, indices: Sequence[int]) -> None:
+        """Keep only the cached positions ``indices`` (ascending), e.g. a tree's accepted path."""
+        index = torch.as_tensor(list(indices), dtype=torch.long, device=self.device)
+        for layer in self._cache.layers:
+            layer.keys = layer.keys.index_select(-2, index)
+            layer.values = layer.values.index_select(-2, index)
+        self._tokens = [self._tokens[i] for i in indices]
 
     def reset(self) -> None:
         self._cache = self._cache_cls()

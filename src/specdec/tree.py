@@ -1,0 +1,93 @@
+"""Token trees: plain data, the attention mask that verifies one in a single forward pass, and
+the bookkeeping that keeps only the accepted path in a KV cache (SpecInfer, Medusa, EAGLE-2).
+
+The root of a tree is the position after the context; node i holds one draft token. Nodes are
+stored parents first (a node's parent has a smaller index), siblings in their drafting order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from specdec.backends.base import CausalLM, common_prefix_len
+
+
+@dataclass(frozen=True)
+class TokenTree:
+    """tokens: [N] draft token ids; parents: [N] parent node index, -1 for the root's children."""
+
+    tokens: list[int]
+    parents: list[int]
+
+    def __post_init__(self) -> None:
+        if len(self.tokens) != len(self.parents):
+            raise ValueError("a tree needs one parent per token")
+        if any(not -1 <= par < i for i, par in enumerate(self.parents)):
+            raise ValueError("tree nodes must come after their parents")
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def depths(self) -> list[int]:
+        """Depth of each node: 1 for the root's children."""
+        depth: list[int] = []
+        for par in self.parents:
+            depth.append(1 if par < 0 else depth[par] + 1)
+        return depth
+
+    def children(self, node: int) -> list[int]:
+        """Children of ``node`` (-1 for the root), in drafting order."""
+        return [i for i, par in enumerate(self.parents) if par == node]
+
+    def path(self, node: int) -> list[int]:
+        """Nodes from the root's child down to ``node`` (empty for the root, -1)."""
+        path = []
+        while node >= 0:
+            path.append(node)
+            node = self.parents[node]
+        return path[::-1]
+
+    def ancestry(self) -> torch.Tensor:
+        """[N, N] bool: entry (i, j) is True when node j is node i or one of its ancestors."""
+        n = len(self)
+        sees = torch.zeros(n, n, dtype=torch.bool)
+        for i, par in enumerate(self.parents):
+            if par >= 0:
+                sees[i] = sees[par]
+            sees[i, i] = True
+        return sees
+
+
+def forward_tree(model: CausalLM, context: Sequence[int], tree: TokenTree) -> torch.Tensor:
+    """Score the whole tree in one forward pass: logits [1 + N, V].
+
+    Row 0 is the distribution after the context, row 1 + i the one after node i's path. The
+    uncached tail of the context is fed causally before the tree; each node sees the context and
+    its ancestors only, at position len(context) - 1 + depth.
+    """
+    keep = min(common_prefix_len(model.tokens, context), len(context) - 1)
+    model.trim(keep)
+    tail = list(context[keep:])
+    m, n = len(tail), len(tree)
+    attend = torch.zeros(m + n, keep + m + n, dtype=torch.bool)  # [new, cached + new]
+    attend[:, :keep] = True
+    attend[:m, keep : keep + m] = torch.ones(m, m, dtype=torch.bool).tril()
+    attend[m:, keep : keep + m] = True
+    attend[m:, keep + m :] = tree.ancestry()
+    positions = list(range(keep, len(context))) + [len(context) - 1 + d for d in tree.depths]
+    return model.forward(tail + tree.tokens, num_logits=1 + n, attend=attend, positions=positions)
+
+
+def keep_path(model: CausalLM, context_len: int, path: Sequence[int]) -> None:
+    """After :func:`forward_tree`: keep the context and the accepted ``path`` nodes in the cache."""
+    model.keep(list(range(context_len)) + [context_len + i for i in path])
+
+
+def top_children(probs: torch.Tensor, count: int) -> list[tuple[int, float]]:
+    """The ``count`` most likely tokens of ``probs`` ([V]) with their probabilities, best first."""
+    values, ids = torch.topk(probs, min(count, probs.shape[-1]))
+    return [(int(t), float(v)) for t, v in zip(ids, values) if v > 0]

@@ -1,0 +1,183 @@
+"""Token trees: data, exact law of tree verification, and the tree engine on tiny models."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from specdec import SamplingConfig, generate
+from specdec.backends.base import forward_after
+from specdec.backends.hf import HFCausalLM
+from specdec.drafters.tree import DEFAULT_CHOICES, TreeDrafter
+from specdec.engine import tree_steps
+from specdec.tree import TokenTree, forward_tree
+from specdec.verify.tree import TreeVerifier
+from test_engine import (
+    HORIZON, PROMPT, SAMPLES, SIGNIFICANCE, chi_square_p_value, chi_square_power, exact_target_law,
+)
+from test_verify_exact import Dist, assert_same_law, cases, outcomes, target_joint
+from tiny import noisy_copy, tiny_llama
+
+# --- tree data -----------------------------------------------------------------------------------
+
+TREE = TokenTree(tokens=[5, 6, 7, 8, 9], parents=[-1, -1, 0, 0, 2])
+
+
+def test_tree_structure() -> None:
+    assert TREE.depths == [1, 1, 2, 2, 3]
+    assert TREE.children(-1) == [0, 1] and TREE.children(0) == [2, 3]
+    assert TREE.path(4) == [0, 2, 4] and TREE.path(-1) == []
+    expected = torch.tensor(
+        [[1, 0, 0, 0, 0], [0, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 0, 0, 1, 0], [1, 0, 1, 0, 1]], dtype=torch.bool
+    )
+    assert torch.equal(TREE.ancestry(), expected)
+
+
+def test_bad_trees_raise() -> None:
+    with pytest.raises(ValueError, match="after their parents"):
+        TokenTree([1, 2], [1, -1])
+    with pytest.raises(ValueError, match="prefixes"):
+        TreeDrafter(None, choices=[(0,), (1, 0)])
+    with pytest.raises(ValueError, match="budget"):
+        TreeDrafter(None, budget=0)
+
+
+def test_tree_logits_match_plain_forwards() -> None:
+    """Row 1 + i of the tree forward equals a causal forward over the context and node i's path."""
+    model = tiny_llama(0, vocab=16)
+    backend = HFCausalLM(model)
+    context = [1, 2, 3, 4]
+    forward_after(backend, context[:2])  # part of the context already cached
+    logits = forward_tree(backend, context, TREE)
+    with torch.no_grad():
+        for row, node in enumerate([-1] + list(range(len(TREE)))):
+            seq = context + [TREE.tokens[i] for i in TREE.path(node)]
+            fresh = model(torch.tensor([seq])).logits[0, -1]
+            torch.testing.assert_close(logits[row], fresh, atol=1e-5, rtol=1e-5)
+
+
+# --- the exact law of tree verification ------------------------------------------------------------
+
+
+def top_tree(q: Dist, context: tuple[int, ...], widths: list[int]) -> TokenTree:
+    """A deterministic tree from the draft: at depth d every node gets its widths[d] likeliest children."""
+    tokens, parents, frontier = [], [], [(-1, context)]
+    for width in widths:
+        nxt = []
+        for node, ctx in frontier:
+            for tok in np.argsort(-q(ctx), kind="stable")[:width]:
+                tokens.append(int(tok))
+                parents.append(node)
+                nxt.append((len(tokens) - 1, ctx + (int(tok),)))
+        frontier = nxt
+    return TokenTree(tokens, parents)
+
+
+def tree_joint(p: Dist, q: Dist, vocab: int, horizon: int, widths: list[int]) -> dict:
+    verifier = TreeVerifier()
+    mass = {(): 1.0}
+    for length in range(horizon):
+        for seq in [s for s in mass if len(s) == length]:
+            weight = mass.pop(seq)
+            tree = top_tree(q, seq, widths[: horizon - length - 1])
+            rows = [p(seq)] + [p(seq + tuple(tree.tokens[i] for i in tree.path(n))) for n in range(len(tree))]
+            plan = verifier.plan_tree(tree, torch.tensor(np.array(rows)))
+            for end, y, prob in outcomes(plan):
+                out = seq + tuple(tree.tokens[i] for i in tree.path(end - 1)) + (y,)
+                mass[out] = mass.get(out, 0.0) + weight * prob
+    return mass
+
+
+@pytest.mark.parametrize("case", sorted(cases(4)))
+@pytest.mark.parametrize("widths", [[1, 1, 1], [2, 1, 1], [3, 2, 1], [4, 4, 4]])
+def test_tree_output_law_equals_target_law(case: str, widths: list[int]) -> None:
+    p, q = cases(4)[case]
+    assert_same_law(tree_joint(p, q, 4, 4, widths), target_joint(p, 4, 4))
+
+
+def test_tree_verification_is_greedy_on_one_hot() -> None:
+    """One-hot p: the longest path matching the argmax is kept, then the bonus token."""
+    tree = TokenTree([3, 1, 2, 0], [-1, -1, 1, 2])
+    p = torch.zeros(5, 4, dtype=torch.float64)
+    p[0, 1] = p[2, 2] = p[3, 0] = p[4, 3] = 1.0  # root -> 1 (node 1) -> 2 (node 2) -> 0 (node 3) -> 3
+    plan = TreeVerifier().plan_tree(tree, p)
+    assert outcomes(plan) == [(4, 3, 1.0)]
+
+
+# --- the tree engine on tiny models ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target = tiny_llama(0, vocab=16, sharpness=10.0)
+    return target, noisy_copy(target, 0.3)
+
+
+TREES = {
+    "static-default": dict(choices=DEFAULT_CHOICES),
+    "static-chain": dict(choices=[(0,), (0, 0), (0, 0, 0)]),
+    "dynamic": dict(),
+    "dynamic-small": dict(depth=3, width=2, expand=2, budget=5),
+}
+
+
+@pytest.mark.parametrize("shape", sorted(TREES))
+def test_greedy_tree_equals_autoregressive(pair, shape: str) -> None:
+    target, draft = pair
+    ar = generate(target, PROMPT, max_new_tokens=40)
+    spec = generate(target, PROMPT, draft=draft, verify="tree", tree=TREES[shape], max_new_tokens=40)
+    assert spec.token_ids == ar.token_ids
+    assert spec.stats.mean_accepted_per_forward > 1.0
+
+
+def test_tree_with_draft_equal_to_target_keeps_whole_chain(pair) -> None:
+    target, _ = pair
+    spec = generate(target, PROMPT, draft=target, verify="tree", tree=TREES["static-chain"], max_new_tokens=20)
+    assert spec.stats.target_forwards == 5  # 3 drafted + 1 bonus per forward
+    assert spec.token_ids == generate(target, PROMPT, max_new_tokens=20).token_ids
+
+
+def test_tree_beats_chain_in_tokens_per_forward(pair) -> None:
+    target, draft = pair
+    chain = generate(target, PROMPT, draft=draft, verify="tree", tree=TREES["static-chain"], max_new_tokens=60)
+    tree = generate(target, PROMPT, draft=draft, verify="tree", tree=TREES["static-default"], max_new_tokens=60)
+    assert tree.stats.mean_accepted_per_forward > chain.stats.mean_accepted_per_forward
+
+
+def test_target_cache_keeps_only_the_accepted_path(pair) -> None:
+    target_model, draft_model = pair
+    target = HFCausalLM(target_model)
+    steps = tree_steps(
+        target, TreeDrafter(HFCausalLM(draft_model)), PROMPT, sampling=SamplingConfig(temperature=1.0),
+        max_new_tokens=40, generator=torch.Generator().manual_seed(0),
+    )
+    context = list(PROMPT)
+    for step in steps:
+        context += step.tokens
+        assert target.tokens == context[:-1]
+        assert target._cache.get_seq_length() == len(context) - 1
+    cached = forward_after(target, context)[-1]
+    with torch.no_grad():
+        fresh = target_model(torch.tensor([context])).logits[0, -1]
+    torch.testing.assert_close(cached, fresh, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("shape", ["static-default", "dynamic-small"])
+def test_tree_output_follows_target_law(shape: str) -> None:
+    vocab = 5
+    target = tiny_llama(0, vocab=vocab, sharpness=6.0)
+    draft = noisy_copy(target, 0.5)
+    law = exact_target_law(target, SamplingConfig(temperature=1.0), vocab)
+    assert chi_square_power(law, SAMPLES, effect=0.15) >= 0.95
+    counts = np.zeros_like(law)
+    accepted = 0
+    for seed in range(SAMPLES):
+        r = generate(
+            target, PROMPT, draft=draft, verify="tree", tree=TREES[shape], temperature=1.0,
+            max_new_tokens=HORIZON, seed=seed, eos_token_ids=[],
+        )
+        counts[tuple(r.token_ids)] += 1
+        accepted += r.stats.accepted_tokens
+    assert accepted > SAMPLES // 2
+    assert chi_square_p_value(counts, law) > SIGNIFICANCE
