@@ -229,3 +229,11 @@ def test_generation_stops_at_the_context_limit() -> None:
     target = tiny_llama(0, vocab=16, context=32)
     result = generate(target, PROMPT * 8, draft=target, k=4, max_new_tokens=100, eos_token_ids=[])
     assert len(result.token_ids) == 32 - 24
+
+
+def test_lossy_rule_is_marked_in_the_result(pair) -> None:
+    target, draft = pair
+    exact = generate(target, PROMPT, draft=draft, verify="block", max_new_tokens=5)
+    lossy = generate(target, PROMPT, draft=draft, verify="typical", temperature=1.0, seed=0, max_new_tokens=5)
+    assert exact.exact and "LOSSY" not in exact.method
+    assert not lossy.exact and "LOSSY" in lossy.method

@@ -276,3 +276,13 @@ def test_block_plan_matches_seed_reference(seed: int) -> None:
     assert sum(ref.values()) == pytest.approx(1.0, abs=1e-12)
     keys = set(ours) | set(ref)
     assert max(abs(ours.get(k_, 0.0) - ref.get(k_, 0.0)) for k_ in keys) <= 1e-12
+
+
+def test_typical_acceptance_is_lossy_and_says_so() -> None:
+    """The lossy rule is marked lossy, and its law really differs from the target's."""
+    verifier = make_verifier("typical")
+    assert verifier.exact is False
+    p, q = cases(V)["random"]
+    law = speculative_joint("typical", p, q, V, 3, 2)
+    with pytest.raises(AssertionError, match="laws differ"):
+        assert_same_law(law, target_joint(p, V, 3))

@@ -171,6 +171,8 @@ class _Run:
         pol = make_policy(policy, k) if isinstance(policy, str) else policy
         steps = speculative_steps(backend, drafter, verifier, pol, prompt_ids, **common)
         method = f"spec:{drafter.name}:{verifier.name}:{pol.name}:k={k}"
+        if not verifier.exact:
+            method += " (LOSSY)"
         return cls(steps, tokenizer, stop, method, verifier.exact, policy=pol)
 
     def events(self) -> Iterator[StreamEvent]:

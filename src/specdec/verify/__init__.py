@@ -20,11 +20,13 @@ from specdec.verify.base import Verdict, Verifier, VerifyPlan, draw
 from specdec.verify.block import BlockVerifier
 from specdec.verify.greedy import GreedyVerifier
 from specdec.verify.token import TokenVerifier
+from specdec.verify.typical import TypicalVerifier
 
 VERIFIERS: dict[str, type] = {
     "greedy": GreedyVerifier,
     "token": TokenVerifier,
     "block": BlockVerifier,
+    "typical": TypicalVerifier,  # lossy: only when asked for by name
 }
 
 
