@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from specdec.verify import VERIFIERS, make_verifier
+from specdec.verify import VERIFIERS, draw, make_verifier
 from specdec.verify.base import VerifyPlan
 
 Dist = Callable[[tuple[int, ...]], np.ndarray]  # context -> distribution over the vocabulary
@@ -286,3 +286,20 @@ def test_typical_acceptance_is_lossy_and_says_so() -> None:
     law = speculative_joint("typical", p, q, V, 3, 2)
     with pytest.raises(AssertionError, match="laws differ"):
         assert_same_law(law, target_joint(p, V, 3))
+
+
+@pytest.mark.parametrize("verifier", ["token", "block"])
+def test_float32_near_equal_drafts_give_a_valid_plan(verifier: str) -> None:
+    """Regression: float32 p and q that almost agree (a model drafting for itself in a batched
+    forward) once made block verification's h exceed 1 by rounding and a probability negative."""
+    gen = torch.Generator().manual_seed(0)
+    rule = make_verifier(verifier)
+    for _ in range(300):
+        k, vocab = 4, 1000
+        p = torch.softmax(torch.randn(k + 1, vocab, generator=gen) * 3, -1)  # float32
+        q = torch.softmax(torch.log(p[:k]) + torch.randn(k, vocab, generator=gen) * 1e-4, -1)
+        draft = torch.multinomial(q, 1, generator=gen)[:, 0]
+        plan = rule.plan(draft, q, p)
+        assert (plan.accept_len_probs >= 0).all() and (plan.next_token_probs >= 0).all()
+        assert float(plan.accept_len_probs.sum()) == pytest.approx(1.0, abs=1e-9)
+        draw(plan, gen)  # samplable
