@@ -1,4 +1,17 @@
-"""Draft-length policies: how many tokens to draft next."""
+"""Draft-length policies: how many tokens to draft next (the seeds' "termination conditions").
+
+- ``static``: always k.
+- ``heuristic``: grow k by 2 after a fully accepted draft, shrink it by 1 after a rejection
+  (the schedule transformers calls "heuristic").
+- ``confidence``: draft up to k_max but stop as soon as the draft's top probability falls below a
+  threshold (adaptive thresholding on per-token confidence).
+- ``theory``: keep running estimates of the acceptance rate alpha and of the cost ratio c, and
+  draft the k that maximises (1 - alpha^(k+1)) / ((1 - alpha)(kc + 1))
+  (:func:`specdec.theory.optimal_k`).
+
+A policy sees each :class:`~specdec.stats.Step` after it is taken; ``describe`` reports its state
+(for ``theory`` its estimates), which the API copies into ``GenerationStats.policy``.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +20,9 @@ from typing import Protocol
 import torch
 
 from specdec.stats import Step
+from specdec.theory import optimal_k
+
+DEFAULT_K_MAX = 16  # the longest draft an adaptive policy tries unless told otherwise
 
 
 class DraftLengthPolicy(Protocol):
@@ -17,7 +33,11 @@ class DraftLengthPolicy(Protocol):
         ...
 
     def keep_going(self, q: torch.Tensor) -> bool:
-        """Given the draft distribution just sampled from ([V]), whether to draft another token."""
+        """Given the draft's distribution at the token just drafted ([V]), whether to draft another.
+
+        Drafters pass the draft model's own probabilities (softmax of its logits): under greedy
+        sampling the sampling distribution is one-hot and carries no confidence.
+        """
         ...
 
     def update(self, step: Step) -> None:
@@ -51,17 +71,205 @@ class StaticK:
         return {"name": self.name, "k": self.k}
 
 
+class HeuristicK:
+    """Start at k; after a fully accepted draft draft ``grow`` more, after a rejection ``shrink`` fewer."""
+
+    name = "heuristic"
+
+    def __init__(self, k: int, k_max: int = DEFAULT_K_MAX, grow: int = 2, shrink: int = 1) -> None:
+        check_k(k)
+        check_k(k_max)
+        self.k_max = max(k, k_max)
+        self.k = k
+        self.grow, self.shrink = grow, shrink
+
+    def next_k(self) -> int:
+        return self.k
+
+    def keep_going(self, q: torch.Tensor) -> bool:
+        return True
+
+    def update(self, step: Step) -> None:
+        if step.drafted == 0:
+            return
+        if step.accepted >= step.drafted:
+            self.k = min(self.k_max, self.k + self.grow)
+        else:
+            self.k = max(1, self.k - self.shrink)
+
+    def describe(self) -> dict:
+        return {"name": self.name, "k": self.k, "k_max": self.k_max}
+
+
+class ConfidenceStop:
+    """Draft up to ``k_max`` tokens; stop after a token whose top draft probability is below ``threshold``."""
+
+    name = "confidence"
+
+    def __init__(self, k_max: int = DEFAULT_K_MAX, threshold: float = 0.4) -> None:
+        check_k(k_max)
+        if not 0.0 <= threshold <= 1.0:
+            raise ValueError(f"the confidence threshold must be in [0, 1], got {threshold}")
+        self.k_max = k_max
+        self.threshold = threshold
+        self._drafted = 0
+        self._steps = 0
+
+    def next_k(self) -> int:
+        return self.k_max
+
+    def keep_going(self, q: torch.Tensor) -> bool:
+        return float(q.max()) >= self.threshold
+
+    def update(self, step: Step) -> None:
+        self._drafted += step.drafted
+        self._steps += 1
+
+    def describe(self) -> dict:
+        mean = self._drafted / self._steps if self._steps else 0.0
+        return {
+            "name": self.name,
+            "k_max": self.k_max,
+            "threshold": self.threshold,
+            "mean_drafted": mean,
+        }
+
+
+class TheoryK:
+    """Draft :func:`~specdec.theory.optimal_k` of running estimates of alpha and c.
+
+    alpha: each step tests ``accepted`` positions that passed and, if the draft was cut short, one
+    that failed (positions after it were never tested), so alpha = sum accepted /
+    sum (accepted + [rejected]). c: the cost of one more drafted token relative to a target step
+    with no draft, ``c = c_draft + c_verify``, where c_draft = draft seconds per drafted token and
+    c_verify = extra verify seconds per drafted token (a weighted least-squares line of verify
+    seconds against the number drafted; the slope is near 0 where verification costs the same for
+    any k). Both divide by the line's intercept. All sums decay by ``decay`` per step, so the
+    estimates follow a drifting workload; the priors count as ``prior_weight`` observations.
+    """
+
+    name = "theory"
+
+    def __init__(
+        self,
+        k: int,
+        k_max: int = DEFAULT_K_MAX,
+        *,
+        decay: float = 0.95,
+        prior_alpha: float = 0.6,
+        prior_weight: float = 2.0,
+    ) -> None:
+        check_k(k)
+        check_k(k_max)
+        if not 0.0 < decay <= 1.0:
+            raise ValueError(f"decay must be in (0, 1], got {decay}")
+        self.k_max = max(k, k_max)
+        self.k = k
+        self.decay = decay
+        self._accepted = prior_alpha * prior_weight  # decayed sum of accepted positions
+        self._tested = prior_weight  # decayed sum of tested positions
+        self._draft_seconds = 0.0
+        self._drafted = 0.0
+        # Decayed sums for verify_seconds ~ v0 + v1 * drafted: weight, x, y, xx, xy.
+        self._w = self._x = self._y = self._xx = self._xy = 0.0
+        self._steps = 0
+
+    def next_k(self) -> int:
+        return self.k
+
+    def keep_going(self, q: torch.Tensor) -> bool:
+        return True
+
+    def update(self, step: Step) -> None:
+        d = self.decay
+        self._steps += 1
+        if step.drafted > 0:
+            rejected = 1.0 if step.accepted < step.drafted else 0.0
+            self._accepted = d * self._accepted + step.accepted
+            self._tested = d * self._tested + step.accepted + rejected
+            self._draft_seconds = d * self._draft_seconds + step.draft_seconds
+            self._drafted = d * self._drafted + step.drafted
+        x, y = float(step.drafted), step.verify_seconds
+        self._w = d * self._w + 1.0
+        self._x = d * self._x + x
+        self._y = d * self._y + y
+        self._xx = d * self._xx + x * x
+        self._xy = d * self._xy + x * y
+        self.k = optimal_k(self.alpha, self.c, self.k_max)
+
+    @property
+    def alpha(self) -> float:
+        """Estimated chance that a draft token is accepted given the ones before it were."""
+        return min(self._accepted / self._tested, 0.999) if self._tested > 0 else 0.0
+
+    def verify_line(self) -> tuple[float, float]:
+        """(v0, v1): verify seconds ~ v0 + v1 * drafted, v1 >= 0; (0, 0) before any step."""
+        if self._w == 0:
+            return 0.0, 0.0
+        mx, my = self._x / self._w, self._y / self._w
+        sxx = self._xx / self._w - mx * mx
+        slope = (self._xy / self._w - mx * my) / sxx if sxx > 0.25 else 0.0  # needs some spread in k
+        slope = max(0.0, slope)
+        return max(my - slope * mx, 1e-9), slope
+
+    @property
+    def c_draft(self) -> float:
+        v0, _ = self.verify_line()
+        if self._drafted == 0 or v0 <= 0:
+            return 0.0
+        return self._draft_seconds / self._drafted / v0
+
+    @property
+    def c_verify(self) -> float:
+        v0, v1 = self.verify_line()
+        return v1 / v0 if v0 > 0 else 0.0
+
+    @property
+    def c(self) -> float:
+        """Estimated cost of one drafted token relative to a target step with no draft."""
+        return self.c_draft + self.c_verify
+
+    def describe(self) -> dict:
+        return {
+            "name": self.name,
+            "k": self.k,
+            "k_max": self.k_max,
+            "alpha": self.alpha,
+            "c": self.c,
+            "c_draft": self.c_draft,
+            "c_verify": self.c_verify,
+            "steps": self._steps,
+        }
+
+
+POLICIES = ("static", "heuristic", "confidence", "theory")
+
+
 def check_k(k: int) -> None:
     if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
         raise ValueError(f"k (tokens drafted per step) must be a positive integer, got {k!r}")
 
 
-def make_policy(name: str, k: int) -> DraftLengthPolicy:
-    """Build a policy by name; ``k`` is the static length or the starting/maximum length."""
-    policies = {"static": StaticK}
-    try:
-        return policies[name](k)
-    except KeyError:
-        raise ValueError(
-            f"unknown draft-length policy {name!r}; choose one of {', '.join(sorted(policies))}"
-        ) from None
+def make_policy(
+    name: str, k: int, *, k_max: int | None = None, threshold: float | None = None
+) -> DraftLengthPolicy:
+    """Build a policy by name.
+
+    k: the static length (``static``) or the starting length (``heuristic``, ``theory``).
+    k_max: the longest draft an adaptive policy may ask for (default max(k, 16)); for
+    ``confidence`` it is the length drafted when the draft stays confident. threshold: the
+    ``confidence`` policy's stopping threshold on the draft's top probability (default 0.4).
+    """
+    check_k(k)
+    if k_max is None:
+        k_max = max(k, DEFAULT_K_MAX)
+    check_k(k_max)
+    if name == "static":
+        return StaticK(k)
+    if name == "heuristic":
+        return HeuristicK(k, k_max)
+    if name == "confidence":
+        return ConfidenceStop(k_max, 0.4 if threshold is None else threshold)
+    if name == "theory":
+        return TheoryK(k, k_max)
+    raise ValueError(f"unknown draft-length policy {name!r}; choose one of {', '.join(POLICIES)}")

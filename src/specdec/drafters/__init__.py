@@ -1,6 +1,69 @@
-"""Drafters: each proposes tokens and the distributions they were drawn from."""
+"""Drafters: each proposes tokens and the distributions they were drawn from.
+
+- ``model``: a small causal LM sharing the target's vocabulary (:class:`ModelDrafter`).
+- ``ngram``: prompt lookup, the continuation of the longest repeated suffix (:class:`NGramDrafter`).
+- ``early-exit``: the target's first layers, final norm and LM head (:class:`EarlyExitDrafter`).
+- ``layer-skip``: the target with some layers skipped (:class:`LayerSkipDrafter`).
+
+The last two run inside the target and need it wrapped as
+:class:`~specdec.backends.hf_layers.HFLayeredCausalLM` (see :data:`LAYERED_DRAFTERS`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
 
 from specdec.drafters.base import Draft, Drafter
+from specdec.drafters.early_exit import EarlyExitDrafter
+from specdec.drafters.layer_skip import LayerSkipDrafter
 from specdec.drafters.model import ModelDrafter
+from specdec.drafters.ngram import NGramDrafter
 
-__all__ = ["Draft", "Drafter", "ModelDrafter"]
+DRAFTERS = ("model", "ngram", "early-exit", "layer-skip")
+LAYERED_DRAFTERS = ("early-exit", "layer-skip")  # these need an HFLayeredCausalLM target
+
+
+def make_drafter(name: str, target_backend: Any, draft_backend: Any = None, **options: Any) -> Drafter:
+    """Build a drafter by name for ``target_backend`` (a :class:`~specdec.backends.base.CausalLM`).
+
+    model: needs ``draft_backend``. ngram: options ``max_ngram`` (3), ``min_ngram`` (1).
+    early-exit: option ``exit_layer`` (default: all layers but the top two). layer-skip: option ``skip``
+    (default: the set saved for this model, see :mod:`specdec.drafters.layer_skip`).
+    early-exit and layer-skip need ``target_backend`` to be an ``HFLayeredCausalLM``.
+    Raises ``ValueError`` for an unknown name, a missing draft model or a bad option.
+    """
+    if name not in DRAFTERS:
+        raise ValueError(f"unknown drafter {name!r}; choose one of {', '.join(DRAFTERS)}")
+    if name != "model" and draft_backend is not None:
+        raise ValueError(f"the {name} drafter uses no draft model; leave the draft model out")
+    try:
+        if name == "model":
+            if draft_backend is None:
+                raise ValueError("the model drafter needs a draft model")
+            _no_options(name, options)
+            return ModelDrafter(draft_backend)
+        if name == "ngram":
+            return NGramDrafter(target_backend.vocab_size, **options)
+        if name == "early-exit":
+            return EarlyExitDrafter(target_backend, **options)
+        return LayerSkipDrafter(target_backend, **options)
+    except TypeError as e:  # an option the drafter does not take
+        raise ValueError(f"bad option for the {name} drafter: {e}") from None
+
+
+def _no_options(name: str, options: dict[str, Any]) -> None:
+    if options:
+        raise ValueError(f"the {name} drafter takes no options, got {', '.join(sorted(options))}")
+
+
+__all__ = [
+    "DRAFTERS",
+    "LAYERED_DRAFTERS",
+    "Draft",
+    "Drafter",
+    "EarlyExitDrafter",
+    "LayerSkipDrafter",
+    "ModelDrafter",
+    "NGramDrafter",
+    "make_drafter",
+]

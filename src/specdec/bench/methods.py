@@ -1,0 +1,229 @@
+"""Benchmark methods, named by short strings.
+
+Grammar (fields separated by ``:``)::
+
+    ar                           the target alone, through the project's backend
+    spec:[<drafter>:]<verifier>[:key=value ...]
+                                 a project speculative configuration. Keys: drafter= (default
+                                 model), k= (default 4), policy= (default static); k_max= and
+                                 threshold= go to the policy; any other key is an option of the
+                                 drafter (e.g. exit_layer=20, max_ngram=3, skip=3/5/7)
+    spec:tree[:key=value ...]    a token tree from the draft model; keys depth=, width=, expand=,
+                                 budget= (dynamic tree) or choices=default (the static tree)
+    hf-assisted[:k=N]            transformers' assisted generation (assistant_model=); k sets
+                                 num_assistant_tokens (default: transformers' own, 20 with its
+                                 confidence stop)
+    hf-prompt-lookup[:k=N]       transformers' prompt lookup; k = prompt_lookup_num_tokens
+                                 (default 10)
+    hf-ar                        transformers' own generate without an assistant (a reference)
+
+Examples: ``spec:block:k=4``, ``spec:token:k=2``, ``spec:ngram:block:k=4`` (the same as
+``spec:block:drafter=ngram:k=4``), ``spec:block:policy=theory``,
+``spec:early-exit:block:k=3:exit_layer=20``, ``spec:tree:budget=16``. Parsing checks the verifier, the drafter and the
+policy against what the project has, so a typo fails before any model loads; drafter options are
+checked when the drafter is first built (the warm-up).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from specdec.drafters import DRAFTERS
+from specdec.drafters.tree import DEFAULT_CHOICES
+from specdec.policies import check_k, make_policy
+from specdec.verify import VERIFIERS
+
+DEFAULT_K = 4
+PROMPT_LOOKUP_K = 10  # transformers' documented example value for prompt_lookup_num_tokens
+POLICY_OPTIONS = ("k_max", "threshold")
+TREE_OPTIONS = ("depth", "width", "expand", "budget", "choices")
+# Which peer a project drafter is measured against.
+PEER_OF_DRAFTER = {"model": "hf-assisted", "ngram": "hf-prompt-lookup"}
+PEERS = ("hf-assisted", "hf-prompt-lookup", "hf-ar")
+_PEER_KEYS = {"hf-assisted": {"k"}, "hf-prompt-lookup": {"k"}, "hf-ar": set()}
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """One method. ``kind`` is ``ar``, ``spec`` or a peer name; the other fields serve ``spec``
+    (and ``k`` the peers, None meaning the peer's default). ``options``: sorted (key, value)
+    pairs for the policy (:data:`POLICY_OPTIONS`) and the drafter."""
+
+    kind: str
+    verifier: str | None = None
+    drafter: str | None = None
+    k: int | None = None
+    policy: str | None = None
+    options: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def name(self) -> str:
+        """The canonical string; ``parse_method(spec.name) == spec``."""
+        if self.kind != "spec":
+            return self.kind if self.k is None else f"{self.kind}:k={self.k}"
+        drafter = "" if self.drafter == "model" else f"{self.drafter}:"
+        k = "" if self.is_tree else f":k={self.k}"
+        policy = "" if self.policy == "static" else f":policy={self.policy}"
+        options = "".join(f":{key}={_format(value)}" for key, value in self.options)
+        return f"spec:{drafter}{self.verifier}{k}{policy}{options}"
+
+    @property
+    def is_tree(self) -> bool:
+        return self.verifier == "tree"
+
+    @property
+    def exact(self) -> bool:
+        """False for lossy verification rules (reports mark them)."""
+        return self.kind != "spec" or self.is_tree or VERIFIERS[self.verifier].exact
+
+    @property
+    def is_peer(self) -> bool:
+        return self.kind in PEERS
+
+    @property
+    def needs_draft_model(self) -> bool:
+        return self.kind == "hf-assisted" or (self.kind == "spec" and self.drafter == "model")
+
+    @property
+    def peer(self) -> str | None:
+        """The peer a project method is measured against (by its drafter), if any."""
+        return PEER_OF_DRAFTER.get(self.drafter) if self.kind == "spec" else None
+
+    @property
+    def policy_options(self) -> dict[str, Any]:
+        return {k: v for k, v in self.options if k in POLICY_OPTIONS}
+
+    @property
+    def drafter_options(self) -> dict[str, Any]:
+        return {k: v for k, v in self.options if k not in POLICY_OPTIONS}
+
+    @property
+    def tree_options(self) -> dict[str, Any]:
+        """The API's ``tree=`` argument; ``choices=default`` is the static default tree."""
+        options = dict(self.options)
+        if options.get("choices") == "default":
+            options["choices"] = DEFAULT_CHOICES
+        return options
+
+    def runs_at(self, temperature: float) -> str | None:
+        """None if the method can run at this temperature, else the reason it cannot."""
+        if self.kind == "spec" and self.verifier == "greedy" and temperature > 0:
+            return "greedy verification reproduces greedy decoding only"
+        return None
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def parse_method(text: str) -> MethodSpec:
+    """Parse one method string (see the module docstring); raises ValueError naming the problem."""
+    kind, *fields = [f.strip() for f in text.strip().split(":")]
+    if kind == "ar" and not fields:
+        return MethodSpec("ar")
+    if kind != "spec" and kind not in PEERS:
+        raise ValueError(
+            f"unknown method {text!r}; use ar, spec:<verifier>[:key=value...], "
+            f"or a peer: {', '.join(PEERS)}"
+        )
+    positional = [f for f in fields if "=" not in f]
+    options: dict[str, str] = {}
+    for f in fields:
+        if "=" in f:
+            key, _, value = f.partition("=")
+            if kind != "spec" and key not in _PEER_KEYS[kind]:
+                allowed = ", ".join(sorted(_PEER_KEYS[kind])) or "none"
+                raise ValueError(f"method {text!r}: unknown key {key!r} (keys for {kind}: {allowed})")
+            if key in options:
+                raise ValueError(f"method {text!r}: {key}= given twice")
+            options[key] = value
+    k = _parse_k(text, options.pop("k")) if "k" in options else None
+    if kind != "spec":
+        if positional:
+            raise ValueError(f"method {text!r}: unexpected field {positional[0]!r}")
+        return MethodSpec(kind, k=k)
+    if len(positional) == 2:
+        if "drafter" in options:
+            raise ValueError(f"method {text!r}: the drafter is given twice")
+        options["drafter"] = positional[0]
+    elif len(positional) != 1:
+        raise ValueError(
+            f"method {text!r}: expected spec:[<drafter>:]<verifier>[:key=value...], "
+            f"e.g. spec:block:k=4; verifiers: {', '.join(sorted(VERIFIERS))}, tree"
+        )
+    if positional[-1] == "tree" and k is not None:
+        raise ValueError(f"method {text!r}: a tree has no k; size it with depth= and budget=")
+    drafter = options.pop("drafter", "model")
+    policy = options.pop("policy", "static")
+    spec = MethodSpec(
+        "spec", verifier=positional[-1], drafter=drafter, k=DEFAULT_K if k is None else k,
+        policy=policy, options=tuple(sorted((key, _value(v)) for key, v in options.items())),
+    )
+    _check_spec(text, spec)
+    return spec
+
+
+def parse_methods(text: str) -> list[MethodSpec]:
+    """A comma-separated list; duplicates are dropped and ``ar`` is put first (added if missing)."""
+    specs: list[MethodSpec] = []
+    for part in text.split(","):
+        if part.strip():
+            spec = parse_method(part)
+            if spec not in specs:
+                specs.append(spec)
+    ar = MethodSpec("ar")
+    return [ar] + [s for s in specs if s != ar]
+
+
+def _parse_k(text: str, value: str) -> int:
+    try:
+        k = int(value)
+        check_k(k)
+    except ValueError:
+        raise ValueError(f"method {text!r}: k must be a positive integer, got {value!r}") from None
+    return k
+
+
+def _value(text: str) -> Any:
+    """An option value: ints, floats, ``/``-separated int lists (3/5/7), else the string."""
+    if "/" in text:
+        try:
+            return tuple(int(x) for x in text.split("/"))
+        except ValueError:
+            return text
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _format(value: Any) -> str:
+    return "/".join(map(str, value)) if isinstance(value, tuple) else str(value)
+
+
+def _check_spec(text: str, spec: MethodSpec) -> None:
+    if spec.is_tree:
+        unknown = [key for key, _ in spec.options if key not in TREE_OPTIONS]
+        if spec.drafter != "model" or spec.policy != "static" or unknown:
+            raise ValueError(
+                f"method {text!r}: a tree is drafted by the draft model and takes only "
+                f"{', '.join(TREE_OPTIONS)} (choices=default for the static tree)"
+            )
+        if dict(spec.options).get("choices", "default") != "default":
+            raise ValueError(f"method {text!r}: choices= takes only 'default' here")
+        return
+    if spec.verifier not in VERIFIERS:
+        raise ValueError(
+            f"method {text!r}: unknown verifier {spec.verifier!r}; choose one of "
+            f"{', '.join(sorted(VERIFIERS))} or tree"
+        )
+    if spec.drafter not in DRAFTERS:
+        raise ValueError(
+            f"method {text!r}: unknown drafter {spec.drafter!r}; choose one of {', '.join(DRAFTERS)}"
+        )
+    try:
+        make_policy(spec.policy, spec.k, **spec.policy_options)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"method {text!r}: {e}") from None

@@ -1,0 +1,506 @@
+"""Turn a :class:`~specdec.bench.runner.BenchRun` into figures: results.json, a Markdown table, plots.
+
+Definitions (per method, over all its timed runs):
+
+- ``tokens_per_second``: total new tokens / total wall time.
+- ``speedup_vs_ar``: tokens_per_second / ar's tokens_per_second -- the ratio of total time for the
+  same tokens when the token counts are equal (they are when EOS is ignored).
+  ``speedup_vs_ar_geomean``: geometric mean over prompts of the same ratio per prompt.
+- ``mean_accepted_per_forward``: new tokens / target forward passes (1 for ar).
+- ``acceptance_rate``: accepted draft tokens / drafted tokens. ``alpha``: accepted / (accepted +
+  rejections), the per-token acceptance probability the closed forms assume (a step that keeps
+  all its drafts has no rejection; ``acceptance_rate`` undercounts alpha because tokens after the
+  first rejection are drafted but never tested).
+- ``cost_ratio_c``: median time to draft one token / median time of one ar target step (prefill
+  excluded). ``predicted_speedup``: :func:`specdec.theory.expected_speedup` of alpha, the mean
+  number of drafts per step and c. ``verify_step_ratio``: median target step of the method /
+  median ar step (what a k-token verification costs next to a 1-token step; the formula takes 1).
+- ``identical_to_ar_fraction`` (greedy runs): the share of prompts whose output equals ar's
+  token for token in every repeat.
+
+For a token tree, drafted tokens are tree nodes and accepted ones the kept path, and no
+prediction is made (the closed form is for a chain). Lossy methods carry ``exact: false`` and
+are marked LOSSY in the table.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import textwrap
+from collections import Counter, defaultdict
+from dataclasses import asdict
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Sequence
+
+from specdec.bench.methods import MethodSpec
+from specdec.bench.runner import BenchRun, Sample
+from specdec.theory import expected_speedup
+
+PLOTS = ("speedup.png", "accepted_per_step.png", "k_sweep.png", "predicted_vs_measured.png")
+
+
+# ------------------------------------------------------------------------------------------
+# Figures
+
+
+def summarize(run: BenchRun) -> dict[str, dict[str, Any]]:
+    """Per method name, the figures listed in the module docstring."""
+    by_method: dict[str, list[Sample]] = defaultdict(list)
+    for s in run.samples:
+        by_method[s.method].append(s)
+    ar = by_method.get("ar", [])
+    ar_runs = {(s.prompt, s.repeat): s for s in ar}
+    ar_tps = _tps(ar)
+    ar_step = _median([s.step_seconds for s in ar])
+    summary = {}
+    for method in run.methods:
+        samples = by_method.get(method.name, [])
+        summary[method.name] = _method_summary(method, samples, ar, ar_runs, ar_tps, ar_step, run)
+    _compare_with_peers(run.methods, summary)
+    return summary
+
+
+def _method_summary(method, samples, ar, ar_runs, ar_tps, ar_step, run) -> dict[str, Any]:
+    tokens = sum(s.new_tokens for s in samples)
+    seconds = sum(s.seconds for s in samples)
+    forwards = sum(s.target_forwards for s in samples)
+    tps = tokens / seconds if seconds > 0 else 0.0
+    out: dict[str, Any] = {
+        "kind": "peer" if method.is_peer else "project",
+        "exact": method.exact,
+        "spec": asdict(method),
+        "runs": len(samples),
+        "new_tokens": tokens,
+        "seconds": seconds,
+        "tokens_per_second": tps,
+        "speedup_vs_ar": tps / ar_tps if ar_tps else None,
+        "speedup_vs_ar_geomean": _geomean_speedup(samples, ar),
+        "target_forwards": forwards,
+        "mean_accepted_per_forward": tokens / forwards if forwards else None,
+    }
+    out.update(_acceptance(samples))
+    draft_s = sum(s.draft_seconds for s in samples)
+    verify_s = sum(s.verify_seconds for s in samples)
+    out.update(
+        draft_seconds=draft_s,
+        verify_seconds=verify_s,
+        other_seconds=max(0.0, seconds - draft_s - verify_s),
+        draft_fraction=draft_s / seconds if seconds else None,
+        verify_fraction=verify_s / seconds if seconds else None,
+    )
+    draft_token = _median([s.draft_token_seconds for s in samples])
+    step = _median([s.step_seconds for s in samples])
+    c = draft_token / ar_step if draft_token is not None and ar_step else None
+    out["cost_ratio_c"] = c
+    out["verify_step_ratio"] = step / ar_step if step is not None and ar_step else None
+    alpha, k = out["alpha"], out["mean_drafted_per_step"]
+    chain = not method.is_tree  # the closed form describes a chain of k drafts, not a tree
+    out["predicted_speedup"] = (
+        expected_speedup(alpha, k, c) if chain and None not in (alpha, k, c) and k > 0 else None
+    )
+    out.update(_identity(samples, ar_runs, run.settings.greedy))
+    return out
+
+
+def _tps(samples: Sequence[Sample]) -> float:
+    seconds = sum(s.seconds for s in samples)
+    return sum(s.new_tokens for s in samples) / seconds if seconds > 0 else 0.0
+
+
+def _geomean_speedup(samples: Sequence[Sample], ar: Sequence[Sample]) -> float | None:
+    ratios = []
+    for prompt in sorted({s.prompt for s in samples}):
+        mine = _tps([s for s in samples if s.prompt == prompt])
+        base = _tps([s for s in ar if s.prompt == prompt])
+        if mine > 0 and base > 0:
+            ratios.append(math.log(mine / base))
+    return math.exp(statistics.fmean(ratios)) if ratios else None
+
+
+def _acceptance(samples: Sequence[Sample]) -> dict[str, Any]:
+    """Acceptance figures from the per-step counts; None when some run lacks them."""
+    keys = ("drafted_tokens", "accepted_tokens", "acceptance_rate", "alpha", "mean_drafted_per_step",
+            "acceptance_by_position", "accepted_per_step_histogram")
+    if not samples or any(not s.step_drafted for s in samples):
+        return dict.fromkeys(keys)
+    drafted = [d for s in samples for d in s.step_drafted]
+    accepted = [a for s in samples for a in s.step_accepted]
+    total_d, total_a = sum(drafted), sum(accepted)
+    rejections = sum(a < d for a, d in zip(accepted, drafted))
+    at_d, at_a = [0] * max(drafted, default=0), [0] * max(drafted, default=0)
+    for a, d in zip(accepted, drafted):
+        for i in range(d):
+            at_d[i] += 1
+            at_a[i] += i < a
+    histogram = Counter(accepted)
+    return {
+        "drafted_tokens": total_d,
+        "accepted_tokens": total_a,
+        "acceptance_rate": total_a / total_d if total_d else None,
+        "alpha": total_a / (total_a + rejections) if total_a + rejections else None,
+        "mean_drafted_per_step": total_d / len(drafted) if drafted else None,
+        "acceptance_by_position": [a / d if d else None for a, d in zip(at_a, at_d)],
+        "accepted_per_step_histogram": [histogram.get(i, 0) for i in range(max(histogram, default=-1) + 1)],
+    }
+
+
+def _identity(samples, ar_runs, greedy: bool) -> dict[str, Any]:
+    """How many prompts' outputs equal ar's (greedy runs only: sampled outputs differ by design)."""
+    if not greedy or not ar_runs:
+        return {"identical_to_ar_fraction": None, "identical_prompts": None, "mean_common_prefix_with_ar": None}
+    same: dict[int, bool] = {}
+    prefixes = []
+    for s in samples:
+        base = ar_runs.get((s.prompt, s.repeat))
+        if base is None:
+            continue
+        same[s.prompt] = same.get(s.prompt, True) and s.token_ids == base.token_ids
+        prefixes.append(_common_prefix(s.token_ids, base.token_ids))
+    return {
+        "identical_to_ar_fraction": sum(same.values()) / len(same) if same else None,
+        "identical_prompts": f"{sum(same.values())}/{len(same)}",
+        "mean_common_prefix_with_ar": statistics.fmean(prefixes) if prefixes else None,
+    }
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _compare_with_peers(methods: Sequence[MethodSpec], summary: dict[str, dict[str, Any]]) -> None:
+    """Each project method against the fastest peer of its kind measured in the same run."""
+    for method in methods:
+        if method.is_peer:
+            continue
+        rivals = [m.name for m in methods if m.is_peer and m.kind == method.peer]
+        speeds = [(summary[r]["speedup_vs_ar"] or 0.0, r) for r in rivals]
+        mine = summary[method.name]
+        if not speeds:
+            mine.update(peer=None, peer_speedup_vs_ar=None, vs_peer=None)
+            continue
+        best, name = max(speeds)
+        mine.update(
+            peer=name,
+            peer_speedup_vs_ar=best,
+            vs_peer=(mine["speedup_vs_ar"] or 0.0) / best if best else None,
+        )
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+# ------------------------------------------------------------------------------------------
+# The environment
+
+
+def environment(command: str, dtype: str) -> dict[str, Any]:
+    """Versions, CPU, threads, dtype and the exact command: what a reader needs to reproduce."""
+    import numpy
+    import torch
+    import transformers
+
+    import specdec
+
+    return {
+        "command": command,
+        "dtype": dtype,
+        "time_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "versions": {
+            "specdec": specdec.__version__,
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "numpy": numpy.__version__,
+        },
+        "git": _git(),
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "cpus_available": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "torch_threads": torch.get_num_threads(),
+        "torch_interop_threads": torch.get_num_interop_threads(),
+        "thread_env": {k: os.environ[k] for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS") if k in os.environ},
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+    }
+
+
+def model_info(model: Any, name: str | None) -> dict[str, Any] | None:
+    if model is None:
+        return None
+    return {
+        "name": name,
+        "class": type(model).__name__,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+        "vocab_size": int(model.get_output_embeddings().weight.shape[0]),
+    }
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _git() -> dict[str, Any] | None:
+    try:
+        root = Path(__file__).resolve().parent
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if commit.returncode != 0:
+        return None
+    return {"commit": commit.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
+
+
+# ------------------------------------------------------------------------------------------
+# Writing
+
+
+def results(run: BenchRun, env: dict[str, Any], models: dict[str, Any]) -> dict[str, Any]:
+    """The whole run as plain data: what results.json holds."""
+    s = run.settings
+    return {
+        "environment": env,
+        "models": models,
+        "settings": {
+            "temperature": s.temperature, "greedy": s.greedy, "top_k": 0, "top_p": 1.0,
+            "max_new_tokens": s.max_new_tokens, "repeats": s.repeats, "warmup_tokens": s.warmup_tokens,
+            "seed": s.seed, "eos": "ignored" if s.ignore_eos else "stops", "order": "interleaved by prompt",
+        },
+        "prompts": [p.to_dict() | {"tokens": n} for p, n in zip(run.prompts, run.prompt_tokens)],
+        "methods": summarize(run),
+        "skipped": run.skipped,
+        "failed": run.failed,
+        "wall_seconds": run.seconds,
+        "samples": [x.to_dict() for x in run.samples],
+    }
+
+
+def write_run(data: dict[str, Any], out_dir: str | Path) -> Path:
+    """Write results.json, results.md and the plots for one run into ``out_dir``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(data, indent=1) + "\n")
+    (out / "results.md").write_text(markdown(data) + "\n")
+    plot(data, out)
+    return out
+
+
+def title(data: dict[str, Any]) -> str:
+    s, m = data["settings"], data["models"]
+    mode = "greedy" if s["greedy"] else f"temperature {s['temperature']:g}"
+    draft = f" / draft {m['draft']['name']}" if m.get("draft") else ""
+    sets = Counter(p["set"] for p in data["prompts"])
+    prompts = ", ".join(f"{n} {name}" for name, n in sets.items())
+    return (f"target {m['target']['name']}{draft}, {data['environment']['dtype']}, {mode}, "
+            f"{s['max_new_tokens']} new tokens, {prompts} prompts, {s['repeats']} repeat(s)")
+
+
+COLUMNS = [
+    ("method", None),
+    ("tok/s", "tokens_per_second"),
+    ("speed-up vs ar", "speedup_vs_ar"),
+    ("geomean", "speedup_vs_ar_geomean"),
+    ("tokens/forward", "mean_accepted_per_forward"),
+    ("acceptance", "acceptance_rate"),
+    ("α", "alpha"),
+    ("k", "mean_drafted_per_step"),
+    ("c", "cost_ratio_c"),
+    ("predicted", "predicted_speedup"),
+    ("draft / verify / other", None),
+    ("identical to ar", "identical_prompts"),
+    ("vs peer", "vs_peer"),
+]
+
+
+def markdown(data: dict[str, Any]) -> str:
+    """The summary table, one row per method, under a line saying what was run."""
+    lines = [
+        f"**{title(data)}**",
+        "",
+        "| " + " | ".join(c for c, _ in COLUMNS) + " |",
+        "|" + "|".join("---" if c == "method" else "---:" for c, _ in COLUMNS) + "|",
+    ]
+    for name, m in data["methods"].items():
+        cells = []
+        for column, key in COLUMNS:
+            if column == "method":
+                cells.append(f"`{name}`" + ("" if m["exact"] else " (LOSSY)"))
+            elif column == "draft / verify / other":
+                cells.append(_split(m))
+            elif key == "vs_peer":
+                cells.append(f"{_fmt(m.get(key), 'x')} {m['peer']}" if m.get("peer") else "–")
+            elif key in ("speedup_vs_ar", "speedup_vs_ar_geomean", "predicted_speedup"):
+                cells.append(_fmt(m.get(key), "x"))
+            elif key in ("acceptance_rate", "alpha"):
+                cells.append(_fmt(m.get(key), "%"))
+            else:
+                cells.append(_fmt(m.get(key)))
+        lines.append("| " + " | ".join(cells) + " |")
+    for name, why in data.get("skipped", {}).items():
+        lines.append(f"\n`{name}` not run: {why}.")
+    for name, error in data.get("failed", {}).items():
+        lines.append(f"\n`{name}` FAILED and is left out: {error}")
+    lines.append(
+        "\nSpeed-up: ratio of tokens per second to `ar` over all prompts (geomean: per prompt). "
+        "tokens/forward: new tokens per target forward. α: per-token acceptance; k: drafts per step; "
+        "c: one draft token's time / one `ar` step; predicted: (1-α^(k+1)) / ((1-α)(kc+1)). "
+        "vs peer: speed-up over the fastest peer of the same kind (draft model: `hf-assisted`; "
+        "n-gram: `hf-prompt-lookup`). Peers' draft/verify are their models' forward times."
+    )
+    return "\n".join(lines)
+
+
+def _split(m: dict[str, Any]) -> str:
+    if not m["seconds"]:
+        return "–"
+    d, v = m["draft_seconds"] / m["seconds"], m["verify_seconds"] / m["seconds"]
+    return f"{d:.0%} / {v:.0%} / {max(0.0, 1 - d - v):.0%}"
+
+
+def _fmt(value: Any, unit: str = "") -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, str):
+        return value
+    if unit == "%":
+        return f"{value:.0%}"
+    if unit == "x":
+        return f"{value:.2f}×"
+    if isinstance(value, int):
+        return str(value)
+    return f"{value:.1f}" if abs(value) >= 10 else f"{value:.2f}"
+
+
+def summary_markdown(runs: Sequence[dict[str, Any]], command: str) -> str:
+    """One page for a whole invocation: the command and every run's table."""
+    parts = ["# Benchmark results", "", "Produced by:", "", "```", command, "```"]
+    for data in runs:
+        parts += ["", markdown(data)]
+    return "\n".join(parts) + "\n"
+
+
+# ------------------------------------------------------------------------------------------
+# Plots
+
+
+def plot(data: dict[str, Any], out: Path) -> list[Path]:
+    """Write the four PNGs of :data:`PLOTS` into ``out``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = data["methods"]
+    heading = textwrap.fill(title(data), 90)
+    paths = []
+    for name, draw in zip(PLOTS, (_plot_speedup, _plot_histogram, _plot_k_sweep, _plot_predicted)):
+        fig = draw(plt, methods)
+        fig.suptitle(heading, fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=110)
+        plt.close(fig)
+        paths.append(out / name)
+    return paths
+
+
+def _color(m: dict[str, Any]) -> str:
+    return "tab:gray" if m["kind"] == "peer" else "tab:blue"
+
+
+def _plot_speedup(plt, methods):
+    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(methods)), 4))
+    names = list(methods)
+    x = range(len(names))
+    ax.bar(x, [methods[n]["speedup_vs_ar"] or 0 for n in names], color=[_color(methods[n]) for n in names],
+           label="total time ratio")
+    ax.scatter(x, [methods[n]["speedup_vs_ar_geomean"] or 0 for n in names], color="black", zorder=3,
+               marker="_", s=400, label="geomean over prompts")
+    ax.axhline(1.0, color="red", lw=0.8, ls="--")
+    ax.set_xticks(list(x), names, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("speed-up vs ar")
+    ax.legend(fontsize=8)
+    return fig
+
+
+def _plot_histogram(plt, methods):
+    fig, ax = plt.subplots(figsize=(7, 4))
+    shown = {n: m["accepted_per_step_histogram"] for n, m in methods.items() if m["accepted_per_step_histogram"]}
+    width = 0.8 / max(1, len(shown))
+    for i, (name, counts) in enumerate(shown.items()):
+        total = sum(counts)
+        ax.bar([j + i * width for j in range(len(counts))], [c / total for c in counts], width=width, label=name)
+    if not shown:
+        ax.text(0.5, 0.5, "no speculative methods in this run", ha="center", transform=ax.transAxes)
+    ax.set_xlabel("draft tokens accepted in one target forward")
+    ax.set_ylabel("share of steps")
+    if shown:
+        ax.legend(fontsize=7)
+    return fig
+
+
+def _plot_k_sweep(plt, methods):
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    families: dict[str, list[tuple[int, dict]]] = defaultdict(list)
+    for m in methods.values():
+        spec = m["spec"]
+        if spec["kind"] == "spec" and spec["verifier"] != "tree":
+            families[f"{spec['drafter']}:{spec['verifier']}:{spec['policy']}"].append((spec["k"], m))
+    for family, points in families.items():
+        points.sort(key=lambda p: p[0])
+        ks = [k for k, _ in points]
+        left.plot(ks, [m["speedup_vs_ar"] or 0 for _, m in points], marker="o", label=family)
+        right.plot(ks, [m["mean_accepted_per_forward"] or 0 for _, m in points], marker="o", label=family)
+    styles = iter([":", "-.", "--", (0, (1, 3)), (0, (5, 2, 1, 2))] * 4)
+    for name, m in methods.items():
+        if m["kind"] == "peer" and m["speedup_vs_ar"] is not None:
+            left.axhline(m["speedup_vs_ar"], ls=next(styles), color="gray", label=f"{name} (peer)")
+    left.axhline(1.0, color="red", lw=0.8, ls="--")
+    left.set_xlabel("k (draft tokens per step)")
+    left.set_ylabel("speed-up vs ar")
+    right.set_xlabel("k (draft tokens per step)")
+    right.set_ylabel("tokens per target forward")
+    for ax in (left, right):
+        ax.xaxis.get_major_locator().set_params(integer=True)
+    left.legend(fontsize=7)
+    if families:
+        right.legend(fontsize=7)
+    return fig
+
+
+def _plot_predicted(plt, methods):
+    fig, ax = plt.subplots(figsize=(5, 5))
+    points = [(n, m["predicted_speedup"], m["speedup_vs_ar"]) for n, m in methods.items()
+              if m["predicted_speedup"] is not None and m["speedup_vs_ar"] is not None]
+    markers = iter("osD^v<>pXh*" * 4)
+    for name, predicted, measured in points:
+        ax.scatter(predicted, measured, color=_color(methods[name]), marker=next(markers), label=name)
+    top = max([1.5] + [max(p, m) * 1.1 for _, p, m in points])
+    ax.plot([0, top], [0, top], color="red", lw=0.8, ls="--", label="measured = predicted")
+    ax.set_xlim(0, top)
+    ax.set_ylim(0, top)
+    ax.set_xlabel("predicted speed-up (measured α, k, c)")
+    ax.set_ylabel("measured speed-up")
+    ax.legend(fontsize=7)
+    return fig

@@ -1,0 +1,470 @@
+"""The command line: ``specdec generate`` and ``specdec models``, thin layers over the library.
+
+Subcommands register themselves on the argparse subparsers with ``add_<name>_parser(subparsers)``
+and ``set_defaults(func=handler)``; a handler takes the parsed arguments and returns the exit
+status. ``specdec bench`` is picked up from ``specdec.bench.cli.add_bench_parser`` when that module
+exists. The option groups (:func:`add_model_options`, :func:`add_decoding_options`) and
+:func:`load_models` / :func:`decoding_kwargs` are there for such modules to reuse.
+
+Errors a user can fix (a bad option value, an unknown model, a missing pack, mismatched
+vocabularies) print one line and a hint on stderr, never a traceback: exit status 2 for bad
+options, 1 otherwise. Set ``SPECDEC_DEBUG=1`` to see the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import os
+import sys
+from typing import Any, Callable, Sequence
+
+from specdec import models
+
+
+class CLIError(Exception):
+    """A problem the user can fix: ``message`` says what, ``hint`` says how."""
+
+    def __init__(self, message: str, hint: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.message, self.hint, self.code = message, hint, code
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line plus a hint (no usage block)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise CLIError(message, f"run '{self.prog} --help' to see the options", code=2)
+
+
+# ------------------------------------------------------------------------------------------------
+# Option types: each raises ArgumentTypeError, which argparse turns into "argument -k: <message>".
+
+
+def _number(kind: Callable[[str], Any], test: Callable[[Any], bool], wanted: str) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {wanted}, got {text!r}") from None
+        if not test(value):
+            raise argparse.ArgumentTypeError(f"expected {wanted}, got {text!r}")
+        return value
+
+    parse.__name__ = wanted
+    return parse
+
+
+positive_int = _number(int, lambda v: v > 0, "a positive integer")
+non_negative_int = _number(int, lambda v: v >= 0, "an integer >= 0")
+non_negative_float = _number(float, lambda v: v >= 0.0, "a number >= 0")  # also rejects NaN
+probability = _number(float, lambda v: 0.0 < v <= 1.0, "a number in (0, 1]")
+
+
+# ------------------------------------------------------------------------------------------------
+# Option groups, shared by subcommands
+
+
+def add_model_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("models")
+    packs = ", ".join(models.PACKS)
+    group.add_argument("--target", default=models.DEFAULT_TARGET, metavar="MODEL",
+                       help=f"pack name ({packs}), local Hugging Face model directory or .gguf file "
+                            f"(default: {models.DEFAULT_TARGET})")
+    group.add_argument("--draft", default=models.DEFAULT_DRAFT, metavar="MODEL",
+                       help=f"draft model, as for --target; must share the target's vocabulary; "
+                            f"'none' decodes with the target alone (default: {models.DEFAULT_DRAFT})")
+    group.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"],
+                       help="compute dtype (default: bfloat16; on CPU verification is only cheap in bf16)")
+    group.add_argument("--cache-dir", default=None, metavar="DIR",
+                       help=f"where converted packs live (default: ${models.CACHE_ENV} or ~/.cache/specdec)")
+
+
+def add_decoding_options(parser: argparse.ArgumentParser) -> None:
+    from specdec.verify import VERIFIERS
+
+    group = parser.add_argument_group("decoding")
+    group.add_argument("--verify", default="block", choices=sorted(VERIFIERS),
+                       help="verification rule (default: block)")
+    group.add_argument("-k", type=positive_int, default=4, help="draft tokens per step (default: 4)")
+    group.add_argument("--temperature", type=non_negative_float, default=0.0,
+                       help="0 means greedy (default: 0)")
+    group.add_argument("--top-k", type=non_negative_int, default=0, help="0 disables (default: 0)")
+    group.add_argument("--top-p", type=probability, default=1.0, help="1 disables (default: 1)")
+    group.add_argument("--max-new-tokens", type=positive_int, default=128, help="(default: 128)")
+    group.add_argument("--seed", type=int, default=None, help="fixes sampling")
+    group.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                       help="end generation at this text (repeatable)")
+
+
+def check_decoding_options(args: argparse.Namespace) -> None:
+    """Reject inconsistent option values before any model is loaded."""
+    if args.verify == "greedy" and args.temperature > 0:
+        raise CLIError(
+            "--verify greedy reproduces greedy decoding only, but --temperature is "
+            f"{args.temperature}",
+            "use --verify token or --verify block to sample, or drop --temperature", code=2,
+        )
+
+
+def decoding_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """The keyword arguments of :func:`specdec.generate` that the decoding options set."""
+    return dict(
+        verify=args.verify, k=args.k, temperature=args.temperature, top_k=args.top_k,
+        top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed, stop=args.stop,
+    )
+
+
+def load_models(args: argparse.Namespace, *, draft: bool = True) -> tuple[Any, Any, Any]:
+    """(target, draft or None, tokenizer of the target); checks the two share a vocabulary."""
+    target, tokenizer = _load(args.target, args)
+    if not draft or args.draft is None or args.draft.lower() == "none":
+        return target, None, tokenizer
+    if args.draft == args.target:
+        return target, target, tokenizer  # one set of weights; each use keeps its own KV cache
+    draft_model, _ = _load(args.draft, args)
+    t_vocab, d_vocab = logit_width(target), logit_width(draft_model)
+    if t_vocab != d_vocab:
+        raise CLIError(
+            f"the draft {args.draft} has a {d_vocab}-token vocabulary but the target {args.target} "
+            f"has {t_vocab}",
+            f"pick a draft from the target's model family (the default pair is --target "
+            f"{models.DEFAULT_TARGET} --draft {models.DEFAULT_DRAFT})",
+        )
+    return target, draft_model, tokenizer
+
+
+def logit_width(model: Any) -> int:
+    head = model.get_output_embeddings()
+    return int(head.weight.shape[0]) if head is not None else int(model.config.vocab_size)
+
+
+def _load(name: str, args: argparse.Namespace) -> tuple[Any, Any]:
+    _note(f"loading {name} ({args.dtype})")
+    try:
+        return models.load(name, dtype=args.dtype, cache_dir=args.cache_dir)
+    except models.ModelPackError as err:
+        raise CLIError(err.message, err.hint) from None
+
+
+# ------------------------------------------------------------------------------------------------
+# specdec generate
+
+
+def add_generate_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "generate", help="generate text with speculative decoding",
+        description="Generate a continuation of PROMPT from the target, speculatively: the draft "
+                    "proposes tokens and the target verifies them. The output follows the target's "
+                    "distribution exactly (greedy: the same tokens as the target alone).",
+    )
+    parser.add_argument("prompt", metavar="PROMPT", help="the text to continue (or the user message with --chat)")
+    add_model_options(parser)
+    add_decoding_options(parser)
+    group = parser.add_argument_group("output")
+    group.add_argument("--chat", action="store_true", help="wrap PROMPT in the model's chat template")
+    mode = group.add_mutually_exclusive_group()
+    mode.add_argument("--stream", action="store_true",
+                      help="print tokens as they are accepted (in a terminal, draft tokens in green)")
+    mode.add_argument("--json", action="store_true", help="print one JSON object with the text and statistics")
+    group.add_argument("--compare-ar", action="store_true",
+                       help="also decode the target alone; report the speed-up and whether the output is identical")
+    group.add_argument("--threads", type=positive_int, default=None,
+                       help="CPU threads for torch (default: torch's choice, one per core; on a busy "
+                            "machine 1 avoids contention)")
+    parser.set_defaults(func=run_generate)
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    from specdec import api
+
+    check_decoding_options(args)
+    _check_sampling(args)
+    if not args.prompt.strip() and not args.chat:
+        raise CLIError("the prompt is empty", "give some text to continue", code=2)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    target, draft, tokenizer = load_models(args)
+    prompt = _prompt(args, tokenizer)
+    common = dict(tokenizer=tokenizer, **decoding_kwargs(args))
+    _note("generating")
+    if args.stream:
+        result = _stream(api.stream(target, prompt, draft=draft, **common), tokenizer, args)
+    else:
+        result = api.generate(target, prompt, draft=draft, **common)
+    ar = None
+    if args.compare_ar:
+        _note("decoding the target alone (--compare-ar)")
+        ar = api.generate(target, prompt, **common)
+
+    if args.json:
+        print(json.dumps(_report(args, result, ar), ensure_ascii=False))
+    else:
+        if not args.stream:
+            _print_text(args, result.text)
+        _print_summary(result, ar, args)
+    return 0
+
+
+def _check_sampling(args: argparse.Namespace) -> None:
+    from specdec.sampling import SamplingConfig
+
+    try:
+        SamplingConfig(args.temperature, args.top_k, args.top_p)
+    except ValueError as err:
+        raise CLIError(str(err), "see 'specdec generate --help'", code=2) from None
+
+
+def _prompt(args: argparse.Namespace, tokenizer: Any) -> str | list[int]:
+    if not args.chat:
+        return args.prompt
+    if not getattr(tokenizer, "chat_template", None):
+        raise CLIError(f"{args.target} has no chat template", "drop --chat to continue PROMPT as plain text")
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": args.prompt}], add_generation_prompt=True, tokenize=True
+    )
+    return [int(t) for t in (ids["input_ids"] if isinstance(ids, dict) else ids)]
+
+
+def _stream(events: Any, tokenizer: Any, args: argparse.Namespace) -> Any:
+    """Print each event's text as it comes; colour kept draft tokens when stdout is a terminal."""
+    from specdec.api import GenerationResult
+    from specdec.stats import GenerationStats
+
+    console = _console(sys.stdout) if sys.stdout.isatty() else None
+    if console is not None:
+        from rich.text import Text
+
+        _note("green: draft tokens the target accepted; default colour: tokens the target chose")
+        if not args.chat:
+            console.print(Text(args.prompt, style="dim"), end="")
+    ids: list[int] = []
+    shown = ""
+    last = None
+    for event in events:
+        last = event
+        n_draft = sum(event.from_draft)
+        before = ids[:]
+        ids += event.token_ids
+        if console is None:
+            sys.stdout.write(event.text)
+            sys.stdout.flush()
+        else:
+            # The event's text ends with the text of the target's token(s); before it, the draft's.
+            if n_draft == 0:
+                cut = 0
+            elif n_draft == len(event.token_ids):
+                cut = len(event.text)
+            else:
+                def decoded(tokens: list[int]) -> int:
+                    return len(tokenizer.decode(tokens, skip_special_tokens=True))
+
+                cut = len(event.text) - (decoded(ids) - decoded(before + event.token_ids[:n_draft]))
+                cut = max(0, min(len(event.text), cut))
+            text = Text()
+            text.append(event.text[:cut], style="green")
+            text.append(event.text[cut:])
+            console.print(text, end="")
+        shown += event.text
+    if console is None:
+        sys.stdout.write("\n")
+    else:
+        console.print()
+    stats = last.stats if last is not None else GenerationStats()
+    return GenerationResult(ids, shown, stats, method="speculative" if args.draft.lower() != "none" else "ar")
+
+
+def _print_text(args: argparse.Namespace, text: str | None) -> None:
+    if sys.stdout.isatty() and not args.chat:
+        from rich.text import Text
+
+        out = Text()
+        out.append(args.prompt, style="dim")
+        out.append(text or "")
+        _console(sys.stdout).print(out)
+    else:
+        print(text or "")
+
+
+def _report(args: argparse.Namespace, result: Any, ar: Any) -> dict[str, Any]:
+    report: dict[str, Any] = {
+        "text": result.text,
+        "token_ids": result.token_ids,
+        "prompt": args.prompt,
+        "target": args.target,
+        "draft": args.draft,
+        "dtype": args.dtype,
+        "method": result.method,
+        "exact": result.exact,
+        "stats": result.stats.to_dict(),
+    }
+    if ar is not None:
+        report["ar"] = {
+            "text": ar.text,
+            "token_ids": ar.token_ids,
+            "new_tokens": ar.stats.new_tokens,
+            "seconds": ar.stats.seconds,
+            "tokens_per_second": ar.stats.tokens_per_second,
+            "identical": ar.token_ids == result.token_ids,
+            "first_difference": _first_difference(result.token_ids, ar.token_ids),
+            "speedup": _speedup(result, ar),
+        }
+    return report
+
+
+def _print_summary(result: Any, ar: Any, args: argparse.Namespace) -> None:
+    s = result.stats
+    if result.method == "ar":
+        lines = [f"autoregressive: {s.new_tokens} tokens in {s.seconds:.1f} s = {s.tokens_per_second:.2f} tokens/s"]
+    else:
+        lines = [
+            f"speculative ({args.verify}, k={args.k}): {s.new_tokens} tokens in {s.seconds:.1f} s = "
+            f"{s.tokens_per_second:.2f} tokens/s; {s.mean_accepted_per_forward:.2f} tokens per target "
+            f"forward; {s.acceptance_rate:.0%} of draft tokens accepted"
+        ]
+    if ar is not None:
+        a = ar.stats
+        same = ar.token_ids == result.token_ids
+        verdict = "yes" if same else f"no (first difference at token {_first_difference(result.token_ids, ar.token_ids)})"
+        if not same and args.temperature > 0:
+            verdict += "; expected when sampling: the outputs share a distribution, not a sample"
+        lines.append(
+            f"autoregressive: {a.new_tokens} tokens in {a.seconds:.1f} s = {a.tokens_per_second:.2f} tokens/s; "
+            f"speed-up {_speedup(result, ar):.2f}x; identical output: {verdict}"
+        )
+    for line in lines:
+        print(line, file=sys.stderr)
+
+
+def _speedup(result: Any, ar: Any) -> float:
+    base = ar.stats.tokens_per_second
+    return result.stats.tokens_per_second / base if base > 0 else 0.0
+
+
+def _first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+# ------------------------------------------------------------------------------------------------
+# specdec models
+
+
+def add_models_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "models", help="list the model packs: installed or not, converted or not, where",
+        description="List the offline model packs. A pack is installed when all its pip packages "
+                    "are; it is converted into the cache on its first use.",
+    )
+    parser.add_argument("--cache-dir", default=None, metavar="DIR",
+                        help=f"where converted packs live (default: ${models.CACHE_ENV} or ~/.cache/specdec)")
+    parser.add_argument("--json", action="store_true", help="print a JSON list")
+    parser.set_defaults(func=run_models)
+
+
+def run_models(args: argparse.Namespace) -> int:
+    rows = models.describe(args.cache_dir)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    from rich.table import Table
+
+    table = Table(box=None, pad_edge=False)
+    for column in ("pack", "role", "installed", "converted", "cache directory"):
+        table.add_column(column)
+    for row in rows:
+        missing = len(row["missing_parts"])
+        total = len(models.PACKS[row["name"]].parts)
+        installed = "yes" if not missing else ("no" if missing == total else f"{missing} of {total} parts missing")
+        table.add_row(row["name"], row["default"] or "", installed,
+                      "yes" if row["converted"] else "no (on first use)", row["path"])
+    console = _console(sys.stdout)
+    if not console.is_terminal:
+        console.width = 200  # piped: keep whole paths, whatever the width rich guesses
+    console.print(table)
+    for row in rows:
+        if row["missing_parts"]:
+            console.print(f"to install {row['name']}: {row['install']}", soft_wrap=True)
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------
+# Entry point
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="specdec",
+        description="Exact speculative decoding for Hugging Face causal LMs, with offline model packs.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    add_generate_parser(subparsers)
+    add_models_parser(subparsers)
+    for add in _optional_parsers():
+        add(subparsers)
+    return parser
+
+
+def _optional_parsers() -> list[Callable[[Any], None]]:
+    """``add_<name>_parser`` functions of subcommands that live in optional modules."""
+    found = []
+    for package, module, function in [("specdec.bench", "specdec.bench.cli", "add_bench_parser")]:
+        if importlib.util.find_spec(package) is None or importlib.util.find_spec(module) is None:
+            continue
+        found.append(getattr(importlib.import_module(module), function))
+    return found
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        _quiet_libraries()
+        return int(args.func(args) or 0)
+    except CLIError as err:
+        return _fail(err.message, err.hint, err.code)
+    except ValueError as err:  # the library's promise for bad input
+        if os.environ.get("SPECDEC_DEBUG"):
+            raise
+        return _fail(str(err), "see 'specdec generate --help'", 1)
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # e.g. piped into head: stop quietly, as other command-line tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+
+
+def _fail(message: str, hint: str, code: int) -> int:
+    print(f"specdec: error: {message}", file=sys.stderr)
+    print(f"hint: {hint}", file=sys.stderr)
+    return code
+
+
+def _note(message: str) -> None:
+    print(f"specdec: {message}", file=sys.stderr, flush=True)
+
+
+def _console(file: Any) -> Any:
+    from rich.console import Console
+
+    return Console(file=file, highlight=False, soft_wrap=True)
+
+
+def _quiet_libraries() -> None:
+    """transformers' advisory warnings are noise on a command line."""
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        return
+    hf_logging.set_verbosity_error()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

