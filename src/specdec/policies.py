@@ -210,7 +210,9 @@ class TheoryK:
         sxx = self._xx / self._w - mx * mx
         slope = (self._xy / self._w - mx * my) / sxx if sxx > 0.25 else 0.0  # needs some spread in k
         slope = max(0.0, slope)
-        return max(my - slope * mx, 1e-9), slope
+        # A noisy fit can put the intercept near 0 and blow up c: a step without a draft costs at
+        # least half of an average step.
+        return max(my - slope * mx, 0.5 * my, 1e-9), slope
 
     @property
     def c_draft(self) -> float:
