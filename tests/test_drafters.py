@@ -405,3 +405,14 @@ def test_the_search_scores_skip_sets_by_the_engines_first_draft(attn):
             backend.forward(seq[:t])  # the verified context, as after a target step
             drafted = backend.forward_layers(seq[: t + 1], layers, 1)[-1]
             assert torch.allclose(logits[t - start], drafted, atol=1e-5), (layers, t)
+
+
+def test_the_default_target_ships_a_searched_skip_set(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))  # no user-searched set
+    config = SimpleNamespace(
+        _name_or_path="/cache/qwen2.5-coder-1.5b", model_type="qwen2", num_hidden_layers=28, hidden_size=1536
+    )
+    skip, source = load_skip_set(SimpleNamespace(config=config))
+    assert source == "shipped default" and skip and max(skip) < 27
