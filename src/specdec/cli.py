@@ -78,6 +78,10 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
                             f"'none' decodes with the target alone (default: {models.DEFAULT_DRAFT})")
     group.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"],
                        help="compute dtype (default: bfloat16; on CPU verification is only cheap in bf16)")
+    group.add_argument("--kernels", default="auto", choices=["auto", "torch"],
+                       help="linear-layer kernels: 'auto' uses specdec's batch-invariant bf16 kernel where "
+                            "the CPU and a C compiler allow (a k-token forward then costs little more than "
+                            "a 1-token one); 'torch' keeps PyTorch's (default: auto)")
     group.add_argument("--cache-dir", default=None, metavar="DIR",
                        help=f"where converted packs live (default: ${models.CACHE_ENV} or ~/.cache/specdec)")
 
@@ -144,7 +148,8 @@ def logit_width(model: Any) -> int:
 def _load(name: str, args: argparse.Namespace) -> tuple[Any, Any]:
     _note(f"loading {name} ({args.dtype})")
     try:
-        return models.load(name, dtype=args.dtype, cache_dir=args.cache_dir)
+        return models.load(name, dtype=args.dtype, cache_dir=args.cache_dir,
+                           kernels=getattr(args, "kernels", "auto"))
     except models.ModelPackError as err:
         raise CLIError(err.message, err.hint) from None
 

@@ -39,6 +39,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
+from specdec import kernels
 from specdec.bench.methods import MethodSpec
 from specdec.bench.runner import BenchRun, Sample
 from specdec.theory import expected_speedup
@@ -235,6 +236,7 @@ def environment(command: str, dtype: str) -> dict[str, Any]:
         "torch_interop_threads": torch.get_num_interop_threads(),
         "thread_env": {k: os.environ[k] for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS") if k in os.environ},
         "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "fast_bf16_kernel": kernels.status(),
     }
 
 
@@ -247,6 +249,7 @@ def model_info(model: Any, name: str | None) -> dict[str, Any] | None:
         "parameters": sum(p.numel() for p in model.parameters()),
         "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
         "vocab_size": int(model.get_output_embeddings().weight.shape[0]),
+        "linear_kernels": kernels.describe_model(model),
     }
 
 

@@ -1,0 +1,96 @@
+/* y = x @ w.T with bf16 weights and fp32 activations, for a few rows of x at a time.
+ *
+ * Why: on CPUs without native bf16 arithmetic (AVX2 only), PyTorch's bf16 matmul costs about n
+ * times its one-row cost for n rows, so verifying k drafted tokens costs about k target steps and
+ * speculative decoding cannot win. This kernel reads each weight row once per call, widens it to
+ * fp32 in registers and multiplies it into every row of x: n rows cost little more than one.
+ *
+ * Batch invariance: every output y[t, o] is accumulated in the same order whatever n is (one
+ * 8-lane fp32 accumulator over i in steps of 8, a fixed horizontal sum, then the scalar tail), so
+ * a row's result does not depend on which other rows share the call. A k-token verification pass
+ * therefore computes bit for bit what k one-token passes would compute in these layers.
+ *
+ * Shapes: x (n, in) fp32 row-major; w (out, in) bf16 row-major as uint16; y (n, out) fp32.
+ */
+#include <immintrin.h>
+#include <stdint.h>
+
+static inline __m256 load_bf16x8(const uint16_t *p) {
+    __m128i h = _mm_loadu_si128((const __m128i *)p);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+static inline float bf16_to_f32(uint16_t h) {
+    union { uint32_t u; float f; } v;
+    v.u = (uint32_t)h << 16;
+    return v.f;
+}
+
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    __m128 h = _mm_movehdup_ps(s);
+    s = _mm_add_ps(s, h);
+    h = _mm_movehl_ps(h, s);
+    s = _mm_add_ss(s, h);
+    return _mm_cvtss_f32(s);
+}
+
+/* The shared finish: horizontal sum, then the tail in index order. */
+static inline float finish(__m256 acc, const float *x, const uint16_t *w, int64_t from, int64_t in) {
+    float s = hsum8(acc);
+    for (int64_t i = from; i < in; i++) s += x[i] * bf16_to_f32(w[i]);
+    return s;
+}
+
+/* R weight rows against T activation rows: R * T accumulators, each weight chunk widened once.
+ * R and T are compile-time constants at every call, so the arrays live in registers. */
+static inline __attribute__((always_inline)) void block(const float *x, const uint16_t *w, float *y,
+                                                        int64_t in, int64_t out, const int R, const int T) {
+    const int64_t in8 = in & ~(int64_t)7;
+    __m256 acc[4][3];
+    #pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+        #pragma GCC unroll 3
+        for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < in8; i += 8) {
+        #pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            const __m256 v = load_bf16x8(w + r * in + i);
+            #pragma GCC unroll 3
+            for (int t = 0; t < T; t++) acc[r][t] = _mm256_fmadd_ps(v, _mm256_loadu_ps(x + t * in + i), acc[r][t]);
+        }
+    }
+    #pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+        #pragma GCC unroll 3
+        for (int t = 0; t < T; t++) y[t * out + r] = finish(acc[r][t], x + t * in, w + r * in, in8, in);
+}
+
+/* One weight row against one activation row (the ragged edge). */
+static float dot_1x1(const float *x, const uint16_t *w, int64_t in) {
+    const int64_t in8 = in & ~(int64_t)7;
+    __m256 a = _mm256_setzero_ps();
+    for (int64_t i = 0; i < in8; i += 8) a = _mm256_fmadd_ps(load_bf16x8(w + i), _mm256_loadu_ps(x + i), a);
+    return finish(a, x, w, in8, in);
+}
+
+int specdec_avx2_available(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
+void specdec_linear_bf16(const float *x, const uint16_t *w, float *y, int64_t n, int64_t in, int64_t out,
+                         int threads) {
+    const int64_t blocks = out / 4;
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t b = 0; b < blocks; b++) {
+        const int64_t o = 4 * b;
+        const uint16_t *wb = w + o * in;
+        int64_t t = 0;
+        for (; t + 2 < n; t += 3) block(x + t * in, wb, y + t * out + o, in, out, 4, 3);
+        if (n - t == 2) block(x + t * in, wb, y + t * out + o, in, out, 4, 2);
+        else if (n - t == 1) block(x + t * in, wb, y + t * out + o, in, out, 4, 1);
+    }
+    for (int64_t o = 4 * blocks; o < out; o++)
+        for (int64_t t = 0; t < n; t++) y[t * out + o] = dot_1x1(x + t * in, w + o * in, in);
+}

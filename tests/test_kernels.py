@@ -1,0 +1,81 @@
+"""The batch-invariant bf16 linear kernel: correct, batch invariant, and safely optional."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdec import generate, kernels
+from tests.tiny import tiny_llama
+
+needs_kernel = pytest.mark.skipif(kernels.status() != "available", reason=f"fast kernel {kernels.status()}")
+
+
+def _bf16(shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
+
+
+@needs_kernel
+@pytest.mark.parametrize("n_in, n_out", [(64, 36), (37, 13), (8, 4), (3, 5), (1536, 257)])
+def test_linear_matches_a_float64_reference(n_in: int, n_out: int) -> None:
+    x, w, b = _bf16((7, n_in), 0), _bf16((n_out, n_in), 1), _bf16((n_out,), 2)
+    got = kernels.linear(x.float(), w, b)  # fp32 out: only fp32 accumulation error remains
+    want = x.double() @ w.double().T + b.double()
+    # Forward error bound of an fp32 dot product: n_in * eps * sum |x_i w_i| (Higham 3.1).
+    bound = n_in * torch.finfo(torch.float32).eps * (x.double().abs() @ w.double().abs().T + b.double().abs())
+    assert (got.double() - want).abs().le(bound).all()
+    assert kernels.linear(x, w, b).dtype == torch.bfloat16
+
+
+@needs_kernel
+@pytest.mark.parametrize("n_in, n_out", [(64, 36), (37, 13), (1536, 8)])
+def test_every_row_is_computed_as_if_it_were_alone(n_in: int, n_out: int) -> None:
+    x, w = _bf16((13, n_in), 3).float(), _bf16((n_out, n_in), 4)
+    alone = torch.cat([kernels.linear(x[t : t + 1], w) for t in range(13)])
+    for n in range(1, 14):
+        assert torch.equal(kernels.linear(x[:n], w), alone[:n]), n
+        assert torch.equal(kernels.linear(x[13 - n :], w), alone[13 - n :]), n
+
+
+@needs_kernel
+def test_an_accelerated_model_agrees_with_torch_and_decodes_the_same_greedy_text() -> None:
+    model = tiny_llama(0, vocab=64, layers=2, sharpness=4.0).to(torch.bfloat16)
+    prompt = [1, 5, 9, 2, 7, 3]
+    ids = torch.tensor([prompt])
+    with torch.inference_mode():
+        before = model(ids).logits.float()
+        assert kernels.accelerate(model) == 2 * 7 + 1  # q k v o gate up down per layer, and the head
+        assert kernels.accelerate(model) == 0  # idempotent
+        after = model(ids).logits.float()
+    # bf16 activations: the two differ only by roundings of bf16 intermediates.
+    assert torch.allclose(before, after, atol=0.1, rtol=0.05)
+    assert (before.argmax(-1) == after.argmax(-1)).float().mean() > 0.8
+    ar = generate(model, prompt, max_new_tokens=24, draft=None)
+    spec = generate(model, prompt, draft=model, k=4, max_new_tokens=24)
+    assert spec.token_ids == ar.token_ids
+
+
+@needs_kernel
+def test_gradients_still_flow_through_pytorch() -> None:
+    layer = torch.nn.Linear(16, 8).to(torch.bfloat16)
+    kernels.accelerate(layer)
+    x = _bf16((3, 16), 5)
+    layer(x).float().sum().backward()
+    assert layer.weight.grad is not None and layer.weight.grad.abs().sum() > 0
+
+
+def test_disabled_kernel_leaves_the_model_alone(monkeypatch) -> None:
+    monkeypatch.setenv("SPECDEC_KERNELS", "torch")
+    monkeypatch.setattr(kernels, "_library", None)
+    monkeypatch.setattr(kernels, "_unavailable", None)
+    assert kernels.status() == "unavailable: disabled by SPECDEC_KERNELS=torch"
+    model = tiny_llama(0).to(torch.bfloat16)
+    assert kernels.accelerate(model) == 0
+    assert kernels.describe_model(model) == "torch"
+    with pytest.raises(RuntimeError, match="SPECDEC_KERNELS"):
+        kernels.linear(torch.zeros(1, 4), torch.zeros(2, 4, dtype=torch.bfloat16))
+
+
+def test_fp32_layers_are_not_touched() -> None:
+    model = tiny_llama(0)
+    assert kernels.accelerate(model) == 0
