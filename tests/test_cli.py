@@ -290,3 +290,47 @@ def test_stream_colours_draft_tokens_in_a_terminal(tiny, capsys, monkeypatch):
     plain = re.sub(r"\x1b\[[0-9;]*m", "", out)
     assert plain.rstrip("\n") == "hello" + report["text"]
     assert "green: draft tokens" in err
+
+
+@pytest.mark.parametrize("extra", [
+    ["--drafter", "ngram"],
+    ["--drafter", "early-exit", "--exit-layer", "1"],
+    ["--drafter", "layer-skip"],
+    ["--policy", "heuristic"],
+    ["--policy", "theory"],
+    ["--verify", "tree", "--tree-budget", "6"],
+    ["--verify", "tree", "--tree-static"],
+])
+def test_drafters_policies_and_trees_keep_the_greedy_output(tiny, capsys, extra):
+    report = generate_json(tiny, capsys, "--compare-ar", *extra)
+    assert report["ar"]["identical"] is True, extra
+
+
+def test_heads_drafter_from_the_command_line(tiny, capsys, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from specdec.heads import HeadsConfig, MedusaHeads
+
+    model = AutoModelForCausalLM.from_pretrained(tiny["target"])
+    config = HeadsConfig(3, model.config.hidden_size, model.config.vocab_size, 10, "tiny")
+    MedusaHeads(config, torch.arange(10)).save(tmp_path / "heads")
+    for extra in (["-k", "3"], ["--verify", "tree"]):
+        report = generate_json(tiny, capsys, "--compare-ar", "--drafter", "heads", "--heads", str(tmp_path / "heads"), *extra)
+        assert report["ar"]["identical"] is True, extra
+    code, _, err = run_main(["generate", "x", "--target", tiny["target"], "--drafter", "heads",
+                             "--heads", str(tmp_path / "none")], capsys)
+    assert code == 1 and "config.json is missing" in err
+
+
+@pytest.mark.parametrize("args, contains", [
+    (["generate", "x", "--heads", "d"], "--heads is an option of --drafter heads"),
+    (["generate", "x", "--exit-layer", "3"], "--exit-layer is an option of --drafter early-exit"),
+    (["generate", "x", "--tree-budget", "8"], "--tree-budget is an option of --verify tree"),
+    (["generate", "x", "--verify", "tree", "--tree-static", "--tree-depth", "3"], "--tree-static fixes"),
+    (["generate", "x", "--verify", "tree", "--drafter", "ngram"], "--verify tree drafts its tree"),
+    (["generate", "x", "--policy", "magic"], "argument --policy"),
+])
+def test_inconsistent_drafting_options_are_one_line(args, contains, capsys):
+    code, _, err = run_main(args, capsys)
+    assert code == 2
+    assert_one_line_error(err, contains=contains)

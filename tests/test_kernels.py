@@ -49,6 +49,10 @@ def test_an_accelerated_model_agrees_with_torch_and_decodes_the_same_greedy_text
         after = model(ids).logits.float()
     # bf16 activations: the two differ only by roundings of bf16 intermediates.
     assert torch.allclose(before, after, atol=0.1, rtol=0.05)
+    assert kernels.restore(model) == 15 and kernels.describe_model(model) == "torch"
+    with torch.inference_mode():
+        assert torch.equal(model(ids).logits.float(), before)
+    kernels.accelerate(model)
     assert (before.argmax(-1) == after.argmax(-1)).float().mean() > 0.8
     ar = generate(model, prompt, max_new_tokens=24, draft=None)
     spec = generate(model, prompt, draft=model, k=4, max_new_tokens=24)

@@ -53,7 +53,8 @@ def stream(
     prompt: str | Sequence[int],
     *,
     draft: Any = None,
-    drafter: Drafter | None = None,
+    drafter: Drafter | str | None = None,
+    drafter_options: dict[str, Any] | None = None,
     tokenizer: Any = None,
     verify: str = "block",
     k: int = 4,
@@ -79,7 +80,8 @@ def generate(
     prompt: str | Sequence[int],
     *,
     draft: Any = None,
-    drafter: Drafter | None = None,
+    drafter: Drafter | str | None = None,
+    drafter_options: dict[str, Any] | None = None,
     tokenizer: Any = None,
     verify: str = "block",
     k: int = 4,
@@ -96,6 +98,9 @@ def generate(
     """Generate from ``target``, speculatively if a ``draft`` model or a ``drafter`` is given.
 
     target, draft: transformers causal LMs (or :class:`CausalLM` backends) sharing a vocabulary.
+    drafter: a :class:`Drafter`, or a name from :data:`specdec.drafters.DRAFTERS` (``model`` uses
+    ``draft``; ``ngram``, ``early-exit``, ``layer-skip`` and ``heads`` need no draft model) built
+    with ``drafter_options`` (e.g. ``{"exit_layer": 20}``, ``{"path": "heads/"}``).
     prompt: text (needs ``tokenizer``) or token ids. verify: ``greedy``, ``token``, ``block``, or
     ``tree`` (the draft model builds a token tree; ``tree`` holds :class:`TreeDrafter` options:
     ``choices`` for a static tree, else ``depth``, ``width``, ``expand``, ``budget``).
@@ -127,7 +132,7 @@ class _Run:
 
     @classmethod
     def build(
-        cls, *, target, prompt, draft, drafter, tokenizer, verify, k, policy, temperature, top_k,
+        cls, *, target, prompt, draft, drafter, drafter_options, tokenizer, verify, k, policy, temperature, top_k,
         top_p, max_new_tokens, seed, stop, eos_token_ids, tree,
     ) -> "_Run":
         sampling = SamplingConfig(temperature, top_k, top_p)
@@ -136,6 +141,24 @@ class _Run:
             raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
         if stop and tokenizer is None:
             raise ValueError("stop strings need a tokenizer to read the text")
+        if isinstance(drafter, str):
+            if drafter == "model":
+                drafter = None  # the draft model path below
+            else:
+                if draft is not None:
+                    raise ValueError(f"the {drafter} drafter uses no draft model; leave draft out")
+                from specdec.drafters import make_drafter, target_backend
+
+                if not isinstance(target, torch.nn.Module):
+                    raise ValueError(f"the {drafter} drafter needs a transformers model as the target")
+                target = target_backend(drafter, target)
+                drafter = make_drafter(drafter, target, **(drafter_options or {}))
+        elif drafter_options:
+            raise ValueError("drafter_options go with a drafter given by name")
+        if getattr(drafter, "target", None) is not None and drafter.target is not target:
+            if getattr(drafter.target, "model", None) is not target:
+                raise ValueError(f"the {drafter.name} drafter runs on its own target backend; pass target=drafter.target")
+            target = drafter.target
         backend = as_backend(target)
         prompt_ids = _prompt_ids(prompt, tokenizer, backend)
         eos = set(eos_token_ids) if eos_token_ids is not None else eos_token_ids_of(target, tokenizer)
@@ -156,12 +179,19 @@ class _Run:
                 f"({backend.vocab_size}); use a draft from the same model family and tokenizer"
             )
         if verify == "tree":
-            if not isinstance(drafter, ModelDrafter):
-                raise ValueError("tree verification drafts its tree with a draft model: pass draft=")
-            tree_drafter = TreeDrafter(drafter.model, **(tree or {}))
+            if isinstance(drafter, ModelDrafter):
+                tree_drafter = TreeDrafter(drafter.model, **(tree or {}))
+                shape = "static" if tree_drafter.choices else f"budget={tree_drafter.budget}"
+            elif hasattr(drafter, "propose_tree"):  # e.g. the heads drafter: a static Medusa tree
+                if tree and set(tree) - {"choices"}:
+                    raise ValueError(f"the {drafter.name} drafter's tree takes only 'choices'")
+                tree_drafter, shape = drafter, "static"
+                if tree and "choices" in tree:
+                    tree_drafter = type(drafter)(drafter.target, drafter.heads, tree["choices"])
+            else:
+                raise ValueError(f"tree verification needs a draft model or the heads drafter, not {drafter.name}")
             steps = tree_steps(backend, tree_drafter, prompt_ids, **common)
-            shape = "static" if tree_drafter.choices else f"budget={tree_drafter.budget}"
-            return cls(steps, tokenizer, stop, f"spec:model:tree:{shape}", True)
+            return cls(steps, tokenizer, stop, f"spec:{drafter.name}:tree:{shape}", True)
         verifier = make_verifier(verify)
         if verify == "greedy" and not sampling.greedy:
             raise ValueError(

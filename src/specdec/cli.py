@@ -90,9 +90,30 @@ def add_decoding_options(parser: argparse.ArgumentParser) -> None:
     from specdec.verify import VERIFIERS
 
     group = parser.add_argument_group("decoding")
-    group.add_argument("--verify", default="block", choices=sorted(VERIFIERS),
-                       help="verification rule (default: block)")
-    group.add_argument("-k", type=positive_int, default=4, help="draft tokens per step (default: 4)")
+    group.add_argument("--verify", default="block", choices=sorted([*VERIFIERS, "tree"]),
+                       help="verification rule; 'tree' drafts a token tree with the draft model and "
+                            "verifies it in one pass; 'typical' is lossy (default: block)")
+    group.add_argument("--tree-budget", type=positive_int, default=None, metavar="N",
+                       help="--verify tree: nodes in the dynamic (EAGLE-2-style) tree (default: 16)")
+    group.add_argument("--tree-depth", type=positive_int, default=None, metavar="D",
+                       help="--verify tree: deepest level of the dynamic tree (default: 5)")
+    group.add_argument("--tree-static", action="store_true",
+                       help="--verify tree: use the static Medusa-style tree instead of the dynamic one")
+    group.add_argument("-k", type=positive_int, default=4,
+                       help="draft tokens per step; the start and maximum for adaptive policies (default: 4)")
+    group.add_argument("--drafter", default="model",
+                       choices=["model", "ngram", "early-exit", "layer-skip", "heads"],
+                       help="who proposes tokens: the --draft model, n-gram prompt lookup, the target's "
+                            "first layers, the target with layers skipped, or trained heads (default: model)")
+    group.add_argument("--policy", default="static", choices=["static", "heuristic", "confidence", "theory"],
+                       help="draft length: fixed k; grow/shrink on full acceptance/rejection; stop when the "
+                            "draft is unsure; or the k the speed-up formula picks from running estimates "
+                            "(default: static)")
+    group.add_argument("--heads", default=None, metavar="DIR",
+                       help="--drafter heads: a folder from 'specdec train-heads' (default: the heads "
+                            "shipped for the target)")
+    group.add_argument("--exit-layer", type=positive_int, default=None, metavar="L",
+                       help="--drafter early-exit: draft with the first L layers (default: all but two)")
     group.add_argument("--temperature", type=non_negative_float, default=0.0,
                        help="0 means greedy (default: 0)")
     group.add_argument("--top-k", type=non_negative_int, default=0, help="0 disables (default: 0)")
@@ -111,6 +132,23 @@ def check_decoding_options(args: argparse.Namespace) -> None:
             f"{args.temperature}",
             "use --verify token or --verify block to sample, or drop --temperature", code=2,
         )
+    drafter = getattr(args, "drafter", "model")
+    for option, value, wanted in (("--heads", getattr(args, "heads", None), "heads"),
+                                  ("--exit-layer", getattr(args, "exit_layer", None), "early-exit")):
+        if value is not None and drafter != wanted:
+            raise CLIError(f"{option} is an option of --drafter {wanted}, but --drafter is {drafter}",
+                           f"add --drafter {wanted} or drop {option}", code=2)
+    tree_flags = [f for f, v in (("--tree-budget", getattr(args, "tree_budget", None)),
+                                 ("--tree-depth", getattr(args, "tree_depth", None)),
+                                 ("--tree-static", getattr(args, "tree_static", False) or None)) if v is not None]
+    if tree_flags and args.verify != "tree":
+        raise CLIError(f"{tree_flags[0]} is an option of --verify tree", "add --verify tree or drop it", code=2)
+    if getattr(args, "tree_static", False) and (args.tree_budget or args.tree_depth):
+        raise CLIError("--tree-static fixes the tree's shape; --tree-budget and --tree-depth shape the dynamic tree",
+                       "use one or the other", code=2)
+    if args.verify == "tree" and drafter not in ("model", "heads"):
+        raise CLIError(f"--verify tree drafts its tree with the draft model or the heads, not --drafter {drafter}",
+                       "drop --drafter, or use --verify block", code=2)
 
 
 def decoding_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -118,7 +156,32 @@ def decoding_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     return dict(
         verify=args.verify, k=args.k, temperature=args.temperature, top_k=args.top_k,
         top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed, stop=args.stop,
+        policy=getattr(args, "policy", "static"), tree=tree_options(args),
     )
+
+
+def tree_options(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The ``tree=`` options of :func:`specdec.generate` from the --tree-* options."""
+    if getattr(args, "verify", None) != "tree":
+        return None
+    from specdec.drafters.tree import DEFAULT_CHOICES
+
+    if args.tree_static:
+        return {"choices": DEFAULT_CHOICES}
+    return {k: v for k, v in (("budget", args.tree_budget), ("depth", args.tree_depth)) if v is not None}
+
+
+def drafter_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """``drafter`` / ``drafter_options`` for :func:`specdec.generate` from --drafter and its options."""
+    name = getattr(args, "drafter", "model")
+    if name == "model":
+        return {}
+    options: dict[str, Any] = {}
+    if name == "heads" and args.heads is not None:
+        options["path"] = args.heads
+    if name == "early-exit" and args.exit_layer is not None:
+        options["exit_layer"] = args.exit_layer
+    return {"drafter": name, "drafter_options": options}
 
 
 def load_models(args: argparse.Namespace, *, draft: bool = True) -> tuple[Any, Any, Any]:
@@ -193,18 +256,20 @@ def run_generate(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    target, draft, tokenizer = load_models(args)
+    uses_model = args.drafter == "model"
+    target, draft, tokenizer = load_models(args, draft=uses_model)
     prompt = _prompt(args, tokenizer)
     common = dict(tokenizer=tokenizer, **decoding_kwargs(args))
+    drafting = dict(draft=draft) if uses_model else drafter_kwargs(args)
     _note("generating")
     if args.stream:
-        result = _stream(api.stream(target, prompt, draft=draft, **common), tokenizer, args)
+        result = _stream(api.stream(target, prompt, **drafting, **common), tokenizer, args)
     else:
-        result = api.generate(target, prompt, draft=draft, **common)
+        result = api.generate(target, prompt, **drafting, **common)
     ar = None
     if args.compare_ar:
         _note("decoding the target alone (--compare-ar)")
-        ar = api.generate(target, prompt, **common)
+        ar = api.generate(target, prompt, **{**common, "policy": "static", "tree": None, "verify": "block"})
 
     if args.json:
         print(json.dumps(_report(args, result, ar), ensure_ascii=False))
@@ -280,7 +345,8 @@ def _stream(events: Any, tokenizer: Any, args: argparse.Namespace) -> Any:
     else:
         console.print()
     stats = last.stats if last is not None else GenerationStats()
-    return GenerationResult(ids, shown, stats, method="speculative" if args.draft.lower() != "none" else "ar")
+    speculative = args.drafter != "model" or args.draft.lower() != "none"
+    return GenerationResult(ids, shown, stats, method="speculative" if speculative else "ar")
 
 
 def _print_text(args: argparse.Namespace, text: str | None) -> None:
@@ -419,7 +485,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _optional_parsers() -> list[Callable[[Any], None]]:
     """``add_<name>_parser`` functions of subcommands that live in optional modules."""
     found = []
-    for package, module, function in [("specdec.bench", "specdec.bench.cli", "add_bench_parser")]:
+    for package, module, function in [("specdec.bench", "specdec.bench.cli", "add_bench_parser"),
+                                      ("specdec.heads", "specdec.heads.cli", "add_train_heads_parser")]:
         if importlib.util.find_spec(package) is None or importlib.util.find_spec(module) is None:
             continue
         found.append(getattr(importlib.import_module(module), function))

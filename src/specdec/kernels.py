@@ -88,6 +88,17 @@ def accelerate(model: torch.nn.Module) -> int:
     return count
 
 
+def restore(model: torch.nn.Module) -> int:
+    """Undo :func:`accelerate`: the layers use PyTorch's linear again; returns how many."""
+    count = 0
+    for module in model.modules():
+        if getattr(module, "_specdec_fast", False):
+            del module.forward  # the instance attribute; the class's forward shows through again
+            del module._specdec_fast
+            count += 1
+    return count
+
+
 def _fast_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     needs_grad = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
     if needs_grad or self.weight.dtype != torch.bfloat16 or not self.weight.is_contiguous():

@@ -10,6 +10,7 @@ Grammar (fields separated by ``:``)::
                                  drafter (e.g. exit_layer=20, max_ngram=3, skip=3/5/7)
     spec:tree[:key=value ...]    a token tree from the draft model; keys depth=, width=, expand=,
                                  budget= (dynamic tree) or choices=default (the static tree)
+    spec:heads:tree[:path=DIR]   a static Medusa tree from trained heads (drafter option path=)
     hf-assisted[:k=N]            transformers' assisted generation (assistant_model=); k sets
                                  num_assistant_tokens (default: transformers' own, 20 with its
                                  confidence stop)
@@ -96,12 +97,12 @@ class MethodSpec:
 
     @property
     def drafter_options(self) -> dict[str, Any]:
-        return {k: v for k, v in self.options if k not in POLICY_OPTIONS}
+        return {k: v for k, v in self.options if k not in POLICY_OPTIONS and k not in TREE_OPTIONS}
 
     @property
     def tree_options(self) -> dict[str, Any]:
         """The API's ``tree=`` argument; ``choices=default`` is the static default tree."""
-        options = dict(self.options)
+        options = {k: v for k, v in self.options if k in TREE_OPTIONS}
         if options.get("choices") == "default":
             options["choices"] = DEFAULT_CHOICES
         return options
@@ -204,12 +205,16 @@ def _format(value: Any) -> str:
 
 
 def _check_spec(text: str, spec: MethodSpec) -> None:
-    if spec.is_tree:
+    if spec.is_tree and spec.drafter == "heads":
+        unknown = [key for key, _ in spec.options if key not in ("path", "choices")]
+        if spec.policy != "static" or unknown:
+            raise ValueError(f"method {text!r}: a heads tree is static and takes only path= (and choices=default)")
+    elif spec.is_tree:
         unknown = [key for key, _ in spec.options if key not in TREE_OPTIONS]
         if spec.drafter != "model" or spec.policy != "static" or unknown:
             raise ValueError(
-                f"method {text!r}: a tree is drafted by the draft model and takes only "
-                f"{', '.join(TREE_OPTIONS)} (choices=default for the static tree)"
+                f"method {text!r}: a tree is drafted by the draft model (or spec:heads:tree) and takes "
+                f"only {', '.join(TREE_OPTIONS)} (choices=default for the static tree)"
             )
         if dict(spec.options).get("choices", "default") != "default":
             raise ValueError(f"method {text!r}: choices= takes only 'default' here")

@@ -26,10 +26,9 @@ import torch
 import specdec
 from specdec.api import eos_token_ids_of
 from specdec.backends.hf import HFCausalLM
-from specdec.backends.hf_layers import HFLayeredCausalLM
 from specdec.bench.methods import PROMPT_LOOKUP_K, MethodSpec
 from specdec.bench.prompts import Prompt
-from specdec.drafters import LAYERED_DRAFTERS, Drafter, make_drafter
+from specdec.drafters import Drafter, make_drafter, target_backend
 from specdec.policies import make_policy
 
 
@@ -239,11 +238,9 @@ def _run_project(method, models, prompt_ids, temperature, max_new_tokens, eos, s
 def _build_drafter(method: MethodSpec, models: BenchModels) -> tuple[Any, Drafter]:
     """(target backend, drafter) for a spec method: fresh caches, built as the API builds them;
     drafters that run part of the target get the layered backend."""
-    layered = method.drafter in LAYERED_DRAFTERS
-    target = HFLayeredCausalLM(models.target) if layered else HFCausalLM(models.target)
+    target = target_backend(method.drafter, models.target)
     draft = HFCausalLM(models.draft) if method.drafter == "model" else None
-    options = {} if method.is_tree else method.drafter_options  # a tree's options go to the API
-    return target, make_drafter(method.drafter, target, draft, **options)
+    return target, make_drafter(method.drafter, target, draft, **method.drafter_options)
 
 
 def _increments(cumulative: list) -> list:

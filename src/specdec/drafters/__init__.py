@@ -4,9 +4,12 @@
 - ``ngram``: prompt lookup, the continuation of the longest repeated suffix (:class:`NGramDrafter`).
 - ``early-exit``: the target's first layers, final norm and LM head (:class:`EarlyExitDrafter`).
 - ``layer-skip``: the target with some layers skipped (:class:`LayerSkipDrafter`).
+- ``heads``: trained heads on the target's final hidden state (:class:`HeadsDrafter`).
 
-The last two run inside the target and need it wrapped as
-:class:`~specdec.backends.hf_layers.HFLayeredCausalLM` (see :data:`LAYERED_DRAFTERS`).
+``early-exit`` and ``layer-skip`` run inside the target and need it wrapped as
+:class:`~specdec.backends.hf_layers.HFLayeredCausalLM` (see :data:`LAYERED_DRAFTERS`); ``heads``
+reads the target's hidden states and needs ``HFCausalLM(model, keep_hidden=True)``.
+:func:`target_backend` builds the backend a drafter needs.
 """
 
 from __future__ import annotations
@@ -15,12 +18,23 @@ from typing import Any
 
 from specdec.drafters.base import Draft, Drafter
 from specdec.drafters.early_exit import EarlyExitDrafter
+from specdec.drafters.heads import HeadsDrafter
 from specdec.drafters.layer_skip import LayerSkipDrafter
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import NGramDrafter
 
-DRAFTERS = ("model", "ngram", "early-exit", "layer-skip")
+DRAFTERS = ("model", "ngram", "early-exit", "layer-skip", "heads")
 LAYERED_DRAFTERS = ("early-exit", "layer-skip")  # these need an HFLayeredCausalLM target
+
+
+def target_backend(drafter: str, model: Any) -> Any:
+    """The backend of the target ``model`` that drafter ``drafter`` needs (fresh cache)."""
+    from specdec.backends.hf import HFCausalLM
+    from specdec.backends.hf_layers import HFLayeredCausalLM
+
+    if drafter in LAYERED_DRAFTERS:
+        return HFLayeredCausalLM(model)
+    return HFCausalLM(model, keep_hidden=drafter == "heads")
 
 
 def make_drafter(name: str, target_backend: Any, draft_backend: Any = None, **options: Any) -> Drafter:
@@ -28,8 +42,9 @@ def make_drafter(name: str, target_backend: Any, draft_backend: Any = None, **op
 
     model: needs ``draft_backend``. ngram: options ``max_ngram`` (3), ``min_ngram`` (1).
     early-exit: option ``exit_layer`` (default: all layers but the top two). layer-skip: option ``skip``
-    (default: the set saved for this model, see :mod:`specdec.drafters.layer_skip`).
-    early-exit and layer-skip need ``target_backend`` to be an ``HFLayeredCausalLM``.
+    (default: the set saved for this model, see :mod:`specdec.drafters.layer_skip`). heads: option
+    ``path`` (a folder from ``specdec train-heads``; default: the heads shipped for this target).
+    Build ``target_backend`` with :func:`target_backend`.
     Raises ``ValueError`` for an unknown name, a missing draft model or a bad option.
     """
     if name not in DRAFTERS:
@@ -46,6 +61,10 @@ def make_drafter(name: str, target_backend: Any, draft_backend: Any = None, **op
             return NGramDrafter(target_backend.vocab_size, **options)
         if name == "early-exit":
             return EarlyExitDrafter(target_backend, **options)
+        if name == "heads":
+            from specdec.heads import load_heads_for
+
+            return HeadsDrafter(target_backend, load_heads_for(target_backend.model, **options))
         return LayerSkipDrafter(target_backend, **options)
     except TypeError as e:  # an option the drafter does not take
         raise ValueError(f"bad option for the {name} drafter: {e}") from None
@@ -62,8 +81,10 @@ __all__ = [
     "Draft",
     "Drafter",
     "EarlyExitDrafter",
+    "HeadsDrafter",
     "LayerSkipDrafter",
     "ModelDrafter",
     "NGramDrafter",
     "make_drafter",
+    "target_backend",
 ]

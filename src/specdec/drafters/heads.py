@@ -1,0 +1,126 @@
+"""Drafting with trained heads on the target's own hidden state (Medusa / blockwise parallel).
+
+The target backend keeps the final hidden state of every cached position (``keep_hidden=True``).
+At a step whose context ends in token x_{j+1}, the hidden state h_j that predicted x_{j+1} is
+already cached (the last verification pass computed it), so drafting costs K small blocks and one
+pass of the trimmed LM head over K rows: no transformer layer runs.
+
+Exactness: q[i] is ``logits_to_probs`` of head i's logits with the caller's sampling settings and
+token i is drawn from it; q[i] depends on the context only (through h_j), never on the other draft
+tokens, which the verifier's promise allows. Outside the trimmed vocabulary q is zero.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from specdec import kernels
+from specdec.backends.base import forward_after
+from specdec.backends.hf import HFCausalLM
+from specdec.drafters.base import Draft, KeepGoing
+from specdec.drafters.tree import DEFAULT_CHOICES
+from specdec.heads import MedusaHeads, TrimmedLMHead
+from specdec.sampling import SamplingConfig, logits_to_probs, sample
+from specdec.tree import TokenTree, top_children
+
+
+class HeadsDrafter:
+    """Proposes up to K tokens from the heads; ``target`` must be built with ``keep_hidden=True``."""
+
+    name = "heads"
+
+    def __init__(self, target: HFCausalLM, heads: MedusaHeads,
+                 choices: Sequence[tuple[int, ...]] | None = None) -> None:
+        if not isinstance(target, HFCausalLM) or target._norm is None:
+            raise ValueError("the heads drafter reads the target's hidden states: build the target as "
+                             "HFCausalLM(model, keep_hidden=True)")
+        head = target.model.get_output_embeddings()
+        if heads.config.hidden_size != head.weight.shape[1] or heads.config.vocab_size != head.weight.shape[0]:
+            raise ValueError(
+                f"these heads were trained for hidden size {heads.config.hidden_size} and vocabulary "
+                f"{heads.config.vocab_size} (target {heads.config.target or 'unknown'}), but the target has "
+                f"{head.weight.shape[1]} and {head.weight.shape[0]}: train heads for this target"
+            )
+        self.target = target
+        self.heads = heads.to(head.weight.dtype)
+        kernels.accelerate(self.heads)  # bf16 blocks through the fast kernel, where it runs
+        self.lm_head = TrimmedLMHead(head.weight, heads.kept)
+        chosen = DEFAULT_CHOICES if choices is None else choices
+        self.choices = sorted({tuple(c) for c in chosen if 0 < len(c) <= heads.config.num_heads},
+                              key=lambda c: (len(c), c))
+        if not self.choices:
+            raise ValueError("no tree choice fits the number of heads")
+
+    @property
+    def vocab_size(self) -> int:
+        return self.target.vocab_size
+
+    @torch.inference_mode()
+    def propose(
+        self,
+        context: Sequence[int],
+        k: int,
+        sampling: SamplingConfig,
+        generator: torch.Generator | None,
+        keep_going: KeepGoing | None = None,
+    ) -> Draft:
+        k = min(k, self.heads.config.num_heads)
+        if k <= 0 or len(context) < 2:
+            return Draft.empty(self.vocab_size)
+        h = self._hidden_before_last(context)  # [H]
+        logits = self.lm_head.logits(self.heads.features(h, k))  # [k, V], -inf outside the kept ids
+        tokens: list[int] = []
+        qs: list[torch.Tensor] = []
+        for i in range(k):
+            q = logits_to_probs(logits[i], sampling)  # [V]
+            tokens.append(sample(q, generator))
+            qs.append(q)
+            if keep_going is not None and i + 1 < k and not keep_going(torch.softmax(logits[i], -1)):
+                break
+        return Draft(torch.tensor(tokens, dtype=torch.long), torch.stack(qs))
+
+    @torch.inference_mode()
+    def propose_tree(self, context: Sequence[int], sampling: SamplingConfig, max_depth: int) -> TokenTree:
+        """A Medusa tree: the node with child-rank path (r_1, ..., r_d) holds head d's r_d-th most
+        likely token. The tree is a function of the context alone, as the tree verifier needs.
+
+        ``self.choices`` (default: :data:`~specdec.drafters.tree.DEFAULT_CHOICES` cut to the number
+        of heads) lists the paths.
+        """
+        depth = min(max_depth, self.heads.config.num_heads, max(len(c) for c in self.choices))
+        if depth <= 0 or len(context) < 2:
+            return TokenTree([], [])
+        h = self._hidden_before_last(context)
+        ranking = sampling if not sampling.greedy else SamplingConfig(temperature=1.0)  # ranks only
+        probs = logits_to_probs(self.lm_head.logits(self.heads.features(h, depth)), ranking)  # [depth, V]
+        widest = [1 + max((c[d] for c in self.choices if len(c) > d), default=-1) for d in range(depth)]
+        top = [top_children(probs[d], widest[d]) for d in range(depth)]
+        tokens: list[int] = []
+        parents: list[int] = []
+        node_of: dict[tuple[int, ...], int] = {}
+        for path in self.choices:  # parents come first: sorted by length
+            if len(path) > depth or path[-1] >= len(top[len(path) - 1]):
+                continue
+            parent = node_of.get(path[:-1], -1) if len(path) > 1 else -1
+            if len(path) > 1 and path[:-1] not in node_of:
+                continue
+            node_of[path] = len(tokens)
+            tokens.append(top[len(path) - 1][path[-1]][0])
+            parents.append(parent)
+        return TokenTree(tokens, parents)
+
+    def _hidden_before_last(self, context: Sequence[int]) -> torch.Tensor:
+        """h_j [H] for j = len(context) - 2, running the target over the context if it is not cached."""
+        n = len(context) - 1
+        if len(self.target.tokens) < n or list(self.target.tokens[:n]) != list(context[:n]):
+            forward_after(self.target, context[:n])
+        return self.target.hidden[n - 1]
+
+    def observe(self, context: Sequence[int]) -> None:
+        """Nothing to forget: the target's cache is rolled back by the engine."""
+
+    def describe(self) -> dict:
+        c = self.heads.config
+        return {"name": self.name, "heads": c.num_heads, "kept_tokens": c.kept_tokens, "of": c.vocab_size}

