@@ -64,12 +64,14 @@ class MedusaHeads(torch.nn.Module):
         heads = self.config.num_heads if heads is None else heads
         return torch.stack([block(h) for block in self.blocks[:heads]])
 
-    def save(self, directory: str | Path) -> Path:
+    def save(self, directory: str | Path, dtype: torch.dtype | None = None) -> Path:
+        """Write ``config.json`` and ``heads.safetensors`` (weights in ``dtype`` if given)."""
         from safetensors.torch import save_file
 
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        tensors = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+        tensors = {k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).detach().contiguous().cpu()
+                   for k, v in self.state_dict().items()}
         save_file(tensors, str(directory / WEIGHTS))
         (directory / CONFIG).write_text(json.dumps(asdict(self.config), indent=1) + "\n")
         return directory
