@@ -83,3 +83,69 @@ def test_disabled_kernel_leaves_the_model_alone(monkeypatch) -> None:
 def test_fp32_layers_are_not_touched() -> None:
     model = tiny_llama(0)
     assert kernels.accelerate(model) == 0
+
+
+# -- batch-invariant attention ----------------------------------------------------------------------
+
+
+def _invariant_tiny(seed: int = 0):
+    model = tiny_llama(seed, vocab=64, layers=2, sharpness=4.0).to(torch.bfloat16)
+    kernels.accelerate(model)
+    assert kernels.use_invariant_attention(model)
+    return model
+
+
+@needs_kernel
+def test_attention_matches_sdpa_in_fp32() -> None:
+    model = tiny_llama(1, vocab=32, layers=2)
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6, 5, 3]])
+    with torch.no_grad():
+        before = model(ids).logits
+        kernels.use_invariant_attention(model)
+        after = model(ids).logits
+    assert torch.allclose(before, after, atol=1e-5)
+
+
+@needs_kernel
+def test_a_verification_pass_computes_what_one_token_steps_compute() -> None:
+    from specdec.backends.hf import HFCausalLM
+
+    model = _invariant_tiny()
+    ids = [(7 * i + 3) % 64 for i in range(40)]
+    backend = HFCausalLM(model)
+    backend.forward(ids[:30], 1)
+    one = torch.cat([backend.forward([t], 1) for t in ids[30:]])  # [10, V]
+    for n in (2, 5, 10):
+        backend.trim(30)
+        many = torch.cat([backend.forward(ids[30 + i : 30 + i + n], n) for i in range(0, 10, n)])
+        assert torch.equal(many, one), n  # bit for bit, in bf16
+
+
+@needs_kernel
+def test_a_tree_pass_computes_what_one_token_steps_along_each_path_compute() -> None:
+    from specdec.backends.hf import HFCausalLM
+    from specdec.tree import TokenTree, forward_tree
+
+    model = _invariant_tiny(2)
+    context = [5, 9, 2, 6, 5, 3, 5, 8]
+    tree = TokenTree([11, 12, 13, 14, 15, 16], [-1, -1, 0, 0, 1, 2])
+    logits = forward_tree(HFCausalLM(model), context, tree)  # [1 + N, V]
+    for node in range(len(tree)):
+        path = [tree.tokens[i] for i in tree.path(node)]
+        plain = HFCausalLM(model)
+        plain.forward(context, 1)
+        for t in path:
+            last = plain.forward([t], 1)
+        assert torch.equal(logits[1 + node], last[0]), node
+
+
+@needs_kernel
+def test_greedy_speculative_output_is_bitwise_the_autoregressive_one_in_bf16() -> None:
+    target = _invariant_tiny(3)
+    draft = tiny_llama(4, vocab=64, layers=1).to(torch.bfloat16)
+    prompt = [1, 5, 9, 2, 7, 3]
+    ar = generate(target, prompt, max_new_tokens=40, eos_token_ids=[])
+    for k in (1, 3, 6):
+        assert generate(target, prompt, draft=draft, k=k, max_new_tokens=40, eos_token_ids=[]).token_ids == ar.token_ids
+    tree = generate(target, prompt, draft=draft, verify="tree", max_new_tokens=40, eos_token_ids=[])
+    assert tree.token_ids == ar.token_ids

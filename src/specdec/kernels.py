@@ -106,6 +106,73 @@ def _fast_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return linear(x, self.weight, self.bias)
 
 
+# -- batch-invariant attention ---------------------------------------------------------------------
+
+ATTENTION = "specdec"  # the name under which transformers finds the attention below
+
+
+def attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """A transformers attention function that is batch invariant (see ``csrc/linear_bf16.c``).
+
+    query [1, heads, n, d]; key, value [1, kv_heads, L, d]; attention_mask: None (every row sees
+    every key if n == 1, else causal), a bool [1, 1, n, L] (True = sees) or a float one (0 = sees).
+    Returns ([1, n, heads, d] in query's dtype, None). Falls back to PyTorch's SDPA for batches,
+    sliding windows, dropout in training, or when the kernel is unavailable.
+    """
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    lib = _load()
+    batch, heads, n, d = query.shape
+    kv_heads, length = key.shape[1], key.shape[2]
+    if (lib is None or batch != 1 or query.device.type != "cpu" or kwargs.get("sliding_window") or (dropout and module.training)
+            or torch.is_grad_enabled() and query.requires_grad):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, **kwargs)
+    scale = float(scaling) if scaling is not None else d**-0.5
+    if attention_mask is None:
+        visible = None if n == 1 else torch.ones(n, length, dtype=torch.bool).tril(length - n)
+    else:
+        mask = attention_mask[0, 0, :, :length]
+        visible = mask if mask.dtype == torch.bool else mask == 0
+    q = query[0].to(torch.float32).contiguous()  # [heads, n, d]
+    k = key[0].to(torch.float32).contiguous()  # [kv_heads, L, d]
+    v = value[0].to(torch.float32).contiguous()  # [kv_heads, L, d]
+    vis = None if visible is None else visible.to(torch.uint8).contiguous()  # [n, L]
+    out = torch.empty(n, heads, d, dtype=torch.float32)  # [n, heads, d]
+    threads = torch.get_num_threads()
+    scratch = torch.empty(threads, length, dtype=torch.float32)
+    lib.specdec_attention(q.data_ptr(), k.data_ptr(), v.data_ptr(), 0 if vis is None else vis.data_ptr(),
+                          out.data_ptr(), heads, kv_heads, n, length, d, ctypes.c_float(scale),
+                          scratch.data_ptr(), threads)
+    return out.to(query.dtype)[None], None
+
+
+def use_invariant_attention(model: torch.nn.Module) -> bool:
+    """Switch ``model`` to :func:`attention` (registered with transformers as ``"specdec"``).
+
+    Returns False (and changes nothing) when the kernel is unavailable. Only llama/qwen2-style
+    models whose attention reads ``config._attn_implementation`` are switched.
+    """
+    if _load() is None or any(p.device.type != "cpu" for p in model.parameters()):
+        return False
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    AttentionInterface.register(ATTENTION, attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION, sdpa_mask)
+    model.config._attn_implementation = ATTENTION
+    return True
+
+
 # -- building and loading the shared library ----------------------------------------------------
 
 
@@ -154,6 +221,9 @@ def _build_and_open() -> ctypes.CDLL:
         raise _Unavailable("this CPU lacks AVX2/FMA")
     lib.specdec_linear_bf16.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_int]
     lib.specdec_linear_bf16.restype = None
+    lib.specdec_attention.argtypes = ([ctypes.c_void_p] * 5 + [ctypes.c_int64] * 5
+                                      + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int])
+    lib.specdec_attention.restype = None
     return lib
 
 

@@ -464,9 +464,10 @@ def load(
     Hugging Face model directory, or a ``.gguf`` file. dtype: a ``torch.dtype`` or its name
     (``bfloat16``/``bf16``, ``float32``/``fp32``, ``float16``/``fp16``). Never downloads.
 
-    kernels: ``"auto"`` routes bf16 linear layers through :mod:`specdec.kernels` where it can run
-    (it makes a k-token forward cost little more than a 1-token one on CPUs without native bf16);
-    ``"torch"`` keeps PyTorch's own.
+    kernels: ``"auto"`` routes bf16 linear layers and attention through :mod:`specdec.kernels`
+    where it can run (a k-token forward then costs little more than a 1-token one on CPUs without
+    native bf16, and every row of a verification pass is computed bit for bit as a one-token step
+    would compute it); ``"torch"`` keeps PyTorch's own.
 
     Raises :class:`ModelPackError` for an unknown name or a missing or corrupt pack.
     """
@@ -490,6 +491,7 @@ def load(
         from specdec import kernels as fast
 
         fast.accelerate(model)
+        fast.use_invariant_attention(model)
     return model.eval(), tokenizer
 
 

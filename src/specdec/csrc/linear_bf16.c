@@ -14,6 +14,7 @@
  */
 #include <immintrin.h>
 #include <stdint.h>
+#include <omp.h>
 
 static inline __m256 load_bf16x8(const uint16_t *p) {
     __m128i h = _mm_loadu_si128((const __m128i *)p);
@@ -93,4 +94,57 @@ void specdec_linear_bf16(const float *x, const uint16_t *w, float *y, int64_t n,
     }
     for (int64_t o = 4 * blocks; o < out; o++)
         for (int64_t t = 0; t < n; t++) y[t * out + o] = dot_1x1(x + t * in, w + o * in, in);
+}
+
+/* Attention for a few query rows, batch invariant: each query row's output depends only on its own
+ * query and the keys and values it may see, taken in cache order, never on the other rows.
+ * A row computes exactly what a one-token decoding step at its position computes.
+ *
+ * q (heads, nq, d), k and v (kv_heads, L, d), all fp32 contiguous; visible (nq, L) bytes, 1 = the
+ * row sees that key, or NULL for every row seeing every key; out (nq, heads, d) fp32.
+ * Head h reads kv head h / (heads / kv_heads). scores: a scratch of threads * L floats.
+ */
+#include <math.h>
+
+static inline float dot_f32(const float *a, const float *b, int64_t d) {
+    const int64_t d8 = d & ~(int64_t)7;
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < d8; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+    float s = hsum8(acc);
+    for (int64_t i = d8; i < d; i++) s += a[i] * b[i];
+    return s;
+}
+
+void specdec_attention(const float *q, const float *k, const float *v, const uint8_t *visible, float *out,
+                       int64_t heads, int64_t kv_heads, int64_t nq, int64_t L, int64_t d, float scale,
+                       float *scores, int threads) {
+    const int64_t group = heads / kv_heads;
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t job = 0; job < heads * nq; job++) {
+        const int64_t h = job / nq, row = job % nq;
+        const float *qr = q + (h * nq + row) * d;
+        const float *kh = k + (h / group) * L * d, *vh = v + (h / group) * L * d;
+        const uint8_t *vis = visible ? visible + row * L : NULL;
+        float *s = scores + (int64_t)omp_get_thread_num() * L;
+        float *o = out + (row * heads + h) * d;
+        float best = -INFINITY;
+        for (int64_t j = 0; j < L; j++) {
+            if (vis && !vis[j]) continue;
+            s[j] = dot_f32(qr, kh + j * d, d) * scale;
+            if (s[j] > best) best = s[j];
+        }
+        float total = 0.0f;
+        for (int64_t j = 0; j < L; j++) {
+            if (vis && !vis[j]) continue;
+            s[j] = expf(s[j] - best);
+            total += s[j];
+        }
+        for (int64_t x = 0; x < d; x++) o[x] = 0.0f;
+        for (int64_t j = 0; j < L; j++) {
+            if (vis && !vis[j]) continue;
+            const float p = s[j] / total;
+            const float *vj = vh + j * d;
+            for (int64_t x = 0; x < d; x++) o[x] += p * vj[x];
+        }
+    }
 }
