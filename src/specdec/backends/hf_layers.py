@@ -28,7 +28,7 @@ import torch
 
 from specdec.backends.base import common_prefix_len
 
-_SUPPORTED_ATTENTION = ("sdpa", "eager")
+_SUPPORTED_ATTENTION = ("sdpa", "eager", "specdec")  # specdec: specdec.kernels.attention
 
 
 class HFLayeredCausalLM:
