@@ -322,8 +322,25 @@ def test_heads_drafter_from_the_command_line(tiny, capsys, tmp_path):
     assert code == 1 and "config.json is missing" in err
 
 
+def test_eagle_drafter_from_the_command_line(tiny, capsys, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from specdec.heads.eagle import EagleConfig, EagleHead
+
+    model = AutoModelForCausalLM.from_pretrained(tiny["target"])
+    hidden = model.config.hidden_size
+    config = EagleConfig(hidden, model.config.vocab_size, 10, num_heads=model.config.num_attention_heads,
+                         intermediate_size=2 * hidden, target="tiny")
+    EagleHead(config, torch.arange(10)).save(tmp_path / "eagle")
+    report = generate_json(tiny, capsys, "--compare-ar", "--drafter", "eagle", "--heads", str(tmp_path / "eagle"))
+    assert report["ar"]["identical"] is True
+    code, _, err = run_main(["generate", "x", "--target", tiny["target"], "--drafter", "eagle",
+                             "--heads", str(tmp_path / "none")], capsys)
+    assert code == 1 and "config.json is missing" in err
+
+
 @pytest.mark.parametrize("args, contains", [
-    (["generate", "x", "--heads", "d"], "--heads is an option of --drafter heads"),
+    (["generate", "x", "--heads", "d"], "--heads is an option of --drafter heads or eagle"),
     (["generate", "x", "--exit-layer", "3"], "--exit-layer is an option of --drafter early-exit"),
     (["generate", "x", "--tree-budget", "8"], "--tree-budget is an option of --verify tree"),
     (["generate", "x", "--verify", "tree", "--tree-static", "--tree-depth", "3"], "--tree-static fixes"),

