@@ -15,6 +15,7 @@ vocabulary q is zero.
 
 from __future__ import annotations
 
+import copy
 from typing import Sequence
 
 import torch
@@ -45,7 +46,7 @@ class EagleDrafter:
                 f"{out.weight.shape[1]} and {out.weight.shape[0]}: train a head for this target"
             )
         self.target = target
-        self.head = head.to(out.weight.dtype)
+        self.head = copy.deepcopy(head).to(out.weight.dtype)  # the caller's module stays as it was
         kernels.accelerate(self.head)  # bf16 layers through the fast kernel, where it runs
         self.lm_head = TrimmedLMHead(out.weight, head.kept)
         self.embed = target.model.get_input_embeddings()

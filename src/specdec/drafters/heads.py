@@ -12,6 +12,7 @@ tokens, which the verifier's promise allows. Outside the trimmed vocabulary q is
 
 from __future__ import annotations
 
+import copy
 from typing import Sequence
 
 import torch
@@ -44,7 +45,7 @@ class HeadsDrafter:
                 f"{head.weight.shape[1]} and {head.weight.shape[0]}: train heads for this target"
             )
         self.target = target
-        self.heads = heads.to(head.weight.dtype)
+        self.heads = copy.deepcopy(heads).to(head.weight.dtype)  # the caller's module stays as it was
         kernels.accelerate(self.heads)  # bf16 blocks through the fast kernel, where it runs
         self.lm_head = TrimmedLMHead(head.weight, heads.kept)
         chosen = DEFAULT_CHOICES if choices is None else choices
