@@ -82,6 +82,10 @@ class ChatTokenizer(CharTokenizer):
         ("spec:layer-skip:token:skip=3/5", MethodSpec("spec", "token", "layer-skip", 4, "static", (("skip", (3, 5)),))),
         ("spec:block:policy=confidence:threshold=0.3:k_max=6",
          MethodSpec("spec", "block", "model", 4, "confidence", (("k_max", 6), ("threshold", 0.3)))),
+        ("spec:heads:tree", MethodSpec("spec", "tree", "heads", 4, "static")),
+        ("spec:heads:block:k=2:path=some/dir", MethodSpec("spec", "block", "heads", 2, "static", (("path", "some/dir"),))),
+        ("spec:eagle:block:k=3", MethodSpec("spec", "block", "eagle", 3, "static")),
+        ("spec:tree:budget=8:depth=4", MethodSpec("spec", "tree", "model", 4, "static", (("budget", 8), ("depth", 4)))),
         ("hf-assisted", MethodSpec("hf-assisted")),
         ("hf-assisted:k=5", MethodSpec("hf-assisted", k=5)),
         ("hf-prompt-lookup", MethodSpec("hf-prompt-lookup")),
@@ -125,6 +129,8 @@ def test_canonical_names():
         ("hf-assisted:policy=static", "unknown key"),
         ("hf-ar:k=2", "unknown key"),
         ("hf-assisted:block", "unexpected field"),
+        ("spec:eagle:tree", "a tree is drafted by the draft model"),
+        ("spec:heads:tree:budget=4", "a heads tree is static"),
     ],
 )
 def test_parse_method_errors(text, message):
@@ -336,6 +342,24 @@ def test_sampling_run_skips_greedy_verification(tiny_models, prompts):
     assert "spec:greedy:k=2" in run.skipped
     methods = report.summarize(run)
     assert methods["spec:block:k=2"]["identical_to_ar_fraction"] is None
+
+
+def test_trained_drafters_run_in_the_bench_and_keep_the_greedy_output(tiny_models, prompts, tmp_path):
+    from specdec.heads import HeadsConfig, MedusaHeads
+    from specdec.heads.eagle import EagleConfig, EagleHead
+
+    hidden = tiny_models.target.config.hidden_size
+    MedusaHeads(HeadsConfig(3, hidden, VOCAB, VOCAB, "tiny"), torch.arange(VOCAB)).save(tmp_path / "heads")
+    EagleHead(EagleConfig(hidden, VOCAB, VOCAB, num_heads=4, intermediate_size=64), torch.arange(VOCAB)).save(tmp_path / "eagle")
+    methods = (f"spec:heads:block:k=2:path={tmp_path / 'heads'},spec:heads:tree:path={tmp_path / 'heads'},"
+               f"spec:eagle:block:k=3:path={tmp_path / 'eagle'}")
+    settings = BenchSettings(max_new_tokens=8, temperature=0.0, warmup_tokens=0)
+    run = run_bench(tiny_models, parse_methods(methods), prompts, settings, progress=False)
+    assert not run.failed, run.failed
+    summary = report.summarize(run)
+    assert len(summary) == 4
+    for name, m in summary.items():
+        assert m["identical_to_ar_fraction"] == 1.0, name
 
 
 def test_cli_end_to_end(tiny_models, tmp_path, monkeypatch):

@@ -209,7 +209,8 @@ def _check_spec(text: str, spec: MethodSpec) -> None:
         unknown = [key for key, _ in spec.options if key not in ("path", "choices")]
         if spec.policy != "static" or unknown:
             raise ValueError(f"method {text!r}: a heads tree is static and takes only path= (and choices=default)")
-    elif spec.is_tree:
+        return
+    if spec.is_tree:
         unknown = [key for key, _ in spec.options if key not in TREE_OPTIONS]
         if spec.drafter != "model" or spec.policy != "static" or unknown:
             raise ValueError(
