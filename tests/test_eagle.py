@@ -138,7 +138,7 @@ def test_a_head_round_trips_and_bad_files_fail_clearly(tmp_path) -> None:
     (tmp_path / "bad" / "eagle.safetensors").write_bytes(b"not a safetensors file")
     with pytest.raises(ValueError, match="damaged"):
         EagleHead.load(tmp_path / "bad")
-    with pytest.raises(ValueError, match="train a head for this target"):
+    with pytest.raises(ValueError, match="train them for this target"):
         EagleDrafter(target_backend("eagle", tiny_llama(1, vocab=20)), head)
     with pytest.raises(ValueError, match="keep_hidden"):
         EagleDrafter(HFCausalLM(target), head)

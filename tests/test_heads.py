@@ -159,7 +159,7 @@ def test_a_pack_round_trips_and_bad_packs_fail_clearly(tmp_path) -> None:
     with pytest.raises(ValueError, match="damaged"):
         MedusaHeads.load(tmp_path / "bad")
     other = tiny_llama(1, vocab=20)
-    with pytest.raises(ValueError, match="train heads for this target"):
+    with pytest.raises(ValueError, match="train them for this target"):
         HeadsDrafter(target_backend("heads", other), heads)
     with pytest.raises(ValueError, match="keep_hidden"):
         HeadsDrafter(HFCausalLM(target), heads)

@@ -24,7 +24,7 @@ from specdec import kernels
 from specdec.backends.base import forward_after
 from specdec.backends.hf import HFCausalLM
 from specdec.drafters.base import Draft, KeepGoing
-from specdec.heads import TrimmedLMHead
+from specdec.heads import TrimmedLMHead, feature_target_head
 from specdec.heads.eagle import EagleCache, EagleHead
 from specdec.sampling import SamplingConfig, logits_to_probs, sample
 
@@ -35,16 +35,7 @@ class EagleDrafter:
     name = "eagle"
 
     def __init__(self, target: HFCausalLM, head: EagleHead) -> None:
-        if not isinstance(target, HFCausalLM) or target._norm is None:
-            raise ValueError("the eagle drafter reads the target's hidden states: build the target as "
-                             "HFCausalLM(model, keep_hidden=True)")
-        out = target.model.get_output_embeddings()
-        if head.config.hidden_size != out.weight.shape[1] or head.config.vocab_size != out.weight.shape[0]:
-            raise ValueError(
-                f"this head was trained for hidden size {head.config.hidden_size} and vocabulary "
-                f"{head.config.vocab_size} (target {head.config.target or 'unknown'}), but the target has "
-                f"{out.weight.shape[1]} and {out.weight.shape[0]}: train a head for this target"
-            )
+        out = feature_target_head(target, head.config, "eagle")
         self.target = target
         self.head = copy.deepcopy(head).to(out.weight.dtype)  # the caller's module stays as it was
         kernels.accelerate(self.head)  # bf16 layers through the fast kernel, where it runs

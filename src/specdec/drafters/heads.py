@@ -22,7 +22,7 @@ from specdec.backends.base import forward_after
 from specdec.backends.hf import HFCausalLM
 from specdec.drafters.base import Draft, KeepGoing
 from specdec.drafters.tree import DEFAULT_CHOICES
-from specdec.heads import MedusaHeads, TrimmedLMHead
+from specdec.heads import MedusaHeads, TrimmedLMHead, feature_target_head
 from specdec.sampling import SamplingConfig, logits_to_probs, sample
 from specdec.tree import TokenTree, top_children
 
@@ -34,16 +34,7 @@ class HeadsDrafter:
 
     def __init__(self, target: HFCausalLM, heads: MedusaHeads,
                  choices: Sequence[tuple[int, ...]] | None = None) -> None:
-        if not isinstance(target, HFCausalLM) or target._norm is None:
-            raise ValueError("the heads drafter reads the target's hidden states: build the target as "
-                             "HFCausalLM(model, keep_hidden=True)")
-        head = target.model.get_output_embeddings()
-        if heads.config.hidden_size != head.weight.shape[1] or heads.config.vocab_size != head.weight.shape[0]:
-            raise ValueError(
-                f"these heads were trained for hidden size {heads.config.hidden_size} and vocabulary "
-                f"{heads.config.vocab_size} (target {heads.config.target or 'unknown'}), but the target has "
-                f"{head.weight.shape[1]} and {head.weight.shape[0]}: train heads for this target"
-            )
+        head = feature_target_head(target, heads.config, "heads")
         self.target = target
         self.heads = copy.deepcopy(heads).to(head.weight.dtype)  # the caller's module stays as it was
         kernels.accelerate(self.heads)  # bf16 blocks through the fast kernel, where it runs

@@ -66,37 +66,65 @@ class MedusaHeads(torch.nn.Module):
 
     def save(self, directory: str | Path, dtype: torch.dtype | None = None) -> Path:
         """Write ``config.json`` and ``heads.safetensors`` (weights in ``dtype`` if given)."""
-        from safetensors.torch import save_file
-
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        tensors = {k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).detach().contiguous().cpu()
-                   for k, v in self.state_dict().items()}
-        save_file(tensors, str(directory / WEIGHTS))
-        (directory / CONFIG).write_text(json.dumps(asdict(self.config), indent=1) + "\n")
-        return directory
+        return save_pack(self, directory, WEIGHTS, dtype)
 
     @classmethod
     def load(cls, directory: str | Path, dtype: torch.dtype = torch.float32) -> "MedusaHeads":
         """Load a head pack. Raises ValueError naming the file when it is missing or damaged."""
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
+        return load_pack(cls, HeadsConfig, directory, WEIGHTS, dtype, what="draft heads",
+                         train="specdec train-heads --out DIR")
 
-        directory = Path(directory)
-        for name in (CONFIG, WEIGHTS):
-            if not (directory / name).is_file():
-                raise ValueError(
-                    f"no draft heads at {directory}: {name} is missing; train them with "
-                    "`specdec train-heads --out DIR` or pass the folder that holds config.json and heads.safetensors"
-                )
-        try:
-            config = HeadsConfig(**json.loads((directory / CONFIG).read_text()))
-            tensors = load_file(str(directory / WEIGHTS))
-            heads = cls(config, tensors["kept"])
-            heads.load_state_dict(tensors)
-        except (OSError, SafetensorError, ValueError, KeyError, TypeError, RuntimeError) as err:
-            raise ValueError(f"the draft heads at {directory} are damaged ({err}); train them again") from None
-        return heads.to(dtype).eval()
+
+def save_pack(module: torch.nn.Module, directory: str | Path, weights: str, dtype: torch.dtype | None) -> Path:
+    """Write ``module.config`` as ``config.json`` and its state as ``weights`` (in ``dtype`` if given)."""
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors = {k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).detach().contiguous().cpu()
+               for k, v in module.state_dict().items()}
+    save_file(tensors, str(directory / weights))
+    (directory / CONFIG).write_text(json.dumps(asdict(module.config), indent=1) + "\n")
+    return directory
+
+
+def load_pack(cls: Any, config_cls: Any, directory: str | Path, weights: str, dtype: torch.dtype, *,
+              what: str, train: str) -> Any:
+    """``cls(config, kept)`` loaded from ``directory``; ValueError naming a missing or damaged file."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    directory = Path(directory)
+    for name in (CONFIG, weights):
+        if not (directory / name).is_file():
+            raise ValueError(f"no {what} at {directory}: {name} is missing; train them with `{train}` "
+                             f"or pass the folder that holds {CONFIG} and {weights}")
+    try:
+        config = config_cls(**json.loads((directory / CONFIG).read_text()))
+        tensors = load_file(str(directory / weights))
+        module = cls(config, tensors["kept"])
+        module.load_state_dict(tensors)
+    except (OSError, SafetensorError, ValueError, KeyError, TypeError, RuntimeError) as err:
+        raise ValueError(f"the {what} at {directory} are damaged ({err}); train them again") from None
+    return module.to(dtype).eval()
+
+
+def feature_target_head(target: Any, config: Any, drafter: str) -> torch.nn.Module:
+    """The target's output embedding, after checking ``target`` keeps hidden states and matches the
+    hidden size and vocabulary ``config`` was trained for; ValueError saying what to do otherwise."""
+    from specdec.backends.hf import HFCausalLM
+
+    if not isinstance(target, HFCausalLM) or target._norm is None:
+        raise ValueError(f"the {drafter} drafter reads the target's hidden states: build the target as "
+                         "HFCausalLM(model, keep_hidden=True)")
+    head = target.model.get_output_embeddings()
+    if config.hidden_size != head.weight.shape[1] or config.vocab_size != head.weight.shape[0]:
+        raise ValueError(
+            f"these {drafter} weights were trained for hidden size {config.hidden_size} and vocabulary "
+            f"{config.vocab_size} (target {config.target or 'unknown'}), but the target has "
+            f"{head.weight.shape[1]} and {head.weight.shape[0]}: train them for this target"
+        )
+    return head
 
 
 class TrimmedLMHead:

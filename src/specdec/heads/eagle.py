@@ -15,15 +15,15 @@ Files: ``eagle.safetensors`` (the layer and the kept token ids) and ``config.jso
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-CONFIG = "config.json"
+from specdec.heads import CONFIG, load_pack, save_pack
+
 WEIGHTS = "eagle.safetensors"
 
 
@@ -108,38 +108,13 @@ class EagleHead(nn.Module):
 
     def save(self, directory: str | Path, dtype: torch.dtype | None = None) -> Path:
         """Write ``config.json`` and ``eagle.safetensors`` (weights in ``dtype`` if given)."""
-        from safetensors.torch import save_file
-
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        tensors = {k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).detach().contiguous().cpu()
-                   for k, v in self.state_dict().items()}
-        save_file(tensors, str(directory / WEIGHTS))
-        (directory / CONFIG).write_text(json.dumps(asdict(self.config), indent=1) + "\n")
-        return directory
+        return save_pack(self, directory, WEIGHTS, dtype)
 
     @classmethod
     def load(cls, directory: str | Path, dtype: torch.dtype = torch.float32) -> "EagleHead":
         """Load a head. Raises ValueError naming the file when it is missing or damaged."""
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
-
-        directory = Path(directory)
-        for name in (CONFIG, WEIGHTS):
-            if not (directory / name).is_file():
-                raise ValueError(
-                    f"no one-layer draft head at {directory}: {name} is missing; train one with "
-                    "`specdec train-heads --kind eagle --out DIR` or pass the folder that holds "
-                    f"{CONFIG} and {WEIGHTS}"
-                )
-        try:
-            config = EagleConfig(**json.loads((directory / CONFIG).read_text()))
-            tensors = load_file(str(directory / WEIGHTS))
-            head = cls(config, tensors["kept"])
-            head.load_state_dict(tensors)
-        except (OSError, SafetensorError, ValueError, KeyError, TypeError, RuntimeError) as err:
-            raise ValueError(f"the draft head at {directory} is damaged ({err}); train it again") from None
-        return head.to(dtype).eval()
+        return load_pack(cls, EagleConfig, directory, WEIGHTS, dtype, what="one-layer draft head",
+                         train="specdec train-heads --kind eagle --out DIR")
 
 
 def _rotate(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
