@@ -86,6 +86,8 @@ class ChatTokenizer(CharTokenizer):
         ("spec:heads:block:k=2:path=some/dir", MethodSpec("spec", "block", "heads", 2, "static", (("path", "some/dir"),))),
         ("spec:eagle:block:k=3", MethodSpec("spec", "block", "eagle", 3, "static")),
         ("spec:tree:budget=8:depth=4", MethodSpec("spec", "tree", "model", 4, "static", (("budget", 8), ("depth", 4)))),
+        ("spec:tree:choices=0|1|0.0", MethodSpec("spec", "tree", "model", 4, "static", (("choices", "0|1|0.0"),))),
+        ("spec:tree:choices=0", MethodSpec("spec", "tree", "model", 4, "static", (("choices", "0"),))),
         ("hf-assisted", MethodSpec("hf-assisted")),
         ("hf-assisted:k=5", MethodSpec("hf-assisted", k=5)),
         ("hf-prompt-lookup", MethodSpec("hf-prompt-lookup")),
@@ -108,6 +110,8 @@ def test_canonical_names():
     assert parse_method("spec:early-exit:block:exit_layer=2").drafter_options == {"exit_layer": 2}
     assert parse_method("spec:token").needs_draft_model and parse_method("hf-assisted").needs_draft_model
     assert not parse_method("hf-prompt-lookup").needs_draft_model
+    assert parse_method("spec:tree:choices=0|1|0.0").tree_options == {"choices": ((0,), (1,), (0, 0))}
+    assert parse_method("spec:heads:tree:choices=default").tree_options["choices"][:2] == ((0,), (1,))
 
 
 @pytest.mark.parametrize(
@@ -131,6 +135,8 @@ def test_canonical_names():
         ("hf-assisted:block", "unexpected field"),
         ("spec:eagle:tree", "a tree is drafted by the draft model"),
         ("spec:heads:tree:budget=4", "a heads tree is static"),
+        ("spec:tree:choices=0|1.0", "prefixes are listed"),
+        ("spec:tree:choices=0|x", "rank paths like 0|1|0.0"),
     ],
 )
 def test_parse_method_errors(text, message):

@@ -300,6 +300,7 @@ def test_stream_colours_draft_tokens_in_a_terminal(tiny, capsys, monkeypatch):
     ["--policy", "theory"],
     ["--verify", "tree", "--tree-budget", "6"],
     ["--verify", "tree", "--tree-static"],
+    ["--verify", "tree", "--tree-static", "0|1|0.0"],
 ])
 def test_drafters_policies_and_trees_keep_the_greedy_output(tiny, capsys, extra):
     report = generate_json(tiny, capsys, "--compare-ar", *extra)
@@ -345,6 +346,7 @@ def test_eagle_drafter_from_the_command_line(tiny, capsys, tmp_path):
     (["generate", "x", "--tree-budget", "8"], "--tree-budget is an option of --verify tree"),
     (["generate", "x", "--verify", "tree", "--tree-static", "--tree-depth", "3"], "--tree-static fixes"),
     (["generate", "x", "--verify", "tree", "--drafter", "ngram"], "--verify tree drafts its tree"),
+    (["generate", "x", "--verify", "tree", "--tree-static", "0|z"], "tree choices '0|z'"),
     (["generate", "x", "--policy", "magic"], "argument --policy"),
 ])
 def test_inconsistent_drafting_options_are_one_line(args, contains, capsys):

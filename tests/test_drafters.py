@@ -28,6 +28,7 @@ from specdec.backends.hf_layers import HFLayeredCausalLM
 from specdec.drafters import DRAFTERS, make_drafter
 from specdec.drafters import layer_skip
 from specdec.drafters.early_exit import EarlyExitDrafter
+from specdec.drafters.model import ModelDrafter
 from specdec.drafters.layer_skip import LayerSkipDrafter, load_skip_set, model_key, save_skip_set
 from specdec.drafters.ngram import NGramDrafter, NGramIndex
 from specdec.engine import autoregressive_steps, speculative_steps
@@ -225,6 +226,18 @@ def test_keep_going_gets_the_drafts_own_confidence_and_can_stop_it():
     draft = drafter.propose([1, 2, 3], 5, GREEDY, None, lambda q: seen.append(q) or len(seen) < 2)
     assert len(draft) == 2
     assert all(0 < float(q.max()) < 1 for q in seen)  # a softmax, not the one-hot greedy q
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SamplingConfig(temperature=0.7)])
+def test_the_model_drafter_shows_its_own_softmax_to_keep_going(sampling):
+    model = HFCausalLM(tiny_llama(11, vocab=24, layers=2))
+    seen = []
+    draft = ModelDrafter(model).propose([1, 2, 3], 5, sampling, torch.Generator().manual_seed(0),
+                                        lambda q: seen.append(q) or len(seen) < 3)
+    assert len(draft) == 3 and len(seen) == 3
+    assert all(0 < float(q.max()) < 1 for q in seen)  # under greedy too: not the one-hot q
+    if not sampling.greedy:
+        assert all(torch.equal(q, row) for q, row in zip(seen, draft.q))  # the sampling law itself
 
 
 # -- the n-gram drafter ------------------------------------------------------------------------

@@ -97,10 +97,14 @@ def test_theory_estimates_alpha_from_tested_positions_and_c_from_timings():
     assert policy.c_draft == pytest.approx(0.2)
     assert policy.c_verify == pytest.approx(0.1)
     assert policy.c == pytest.approx(0.3)
-    assert policy.next_k() == optimal_k(policy.alpha, policy.c, 10)
     state = policy.describe()
+    assert state["k_iid"] == optimal_k(policy.alpha, policy.c, 10)
     assert state["alpha"] == pytest.approx(policy.alpha) and state["c"] == pytest.approx(0.3)
     assert state["k"] == policy.next_k() and state["steps"] == len(history)
+    # rate: tokens per no-draft verify second (v0 = 0.1)
+    tokens = sum(min(a, d) + 1 for d, a in history)
+    seconds = sum(0.02 * d + 0.1 + 0.01 * d for d, _ in history)
+    assert policy.rate == pytest.approx(tokens / (seconds / 0.1))
 
 
 def test_theory_drafts_long_when_drafting_is_free_and_short_when_it_is_dear():
@@ -148,3 +152,31 @@ def test_static_policy_is_unchanged():
     policy.update(step(5, 0))
     assert policy.next_k() == 5 and policy.keep_going(torch.tensor([0.01, 0.99]))
     assert policy.describe() == {"name": "static", "k": 5}
+
+
+def test_theory_calibrates_confidence_and_stops_where_a_token_does_not_pay_for_itself():
+    policy = TheoryK(4, k_max=8)
+    sure, unsure = torch.tensor([0.95, 0.05]), torch.tensor([0.35, 0.33, 0.32])
+    for _ in range(50):  # confident tokens are accepted, the unconfident one is rejected
+        policy.next_k()
+        for q in (sure, sure, unsure):
+            policy.keep_going(q)
+        policy.update(step(3, 2, 0.02 * 3, 0.1))
+    assert policy.accept_chance(0.95) > 0.9 and policy.accept_chance(0.35) < 0.1
+    assert policy.c == pytest.approx(0.2) and policy.rate > 1.5
+    policy.next_k()
+    assert policy.keep_going(sure)  # gain ~0.97 * alpha >= c * rate
+    assert not policy.keep_going(unsure)  # the draft so far is now unlikely to survive
+    policy.next_k()  # a new step forgets the last one's draft
+    assert policy.keep_going(sure)
+    assert 2 <= policy.next_k() <= 8  # the cap: every token as sure as the surest bin
+
+
+def test_theory_drafts_nothing_extra_when_a_token_costs_more_than_it_can_gain():
+    policy = TheoryK(4, k_max=8)
+    for _ in range(30):
+        policy.next_k()
+        policy.keep_going(torch.tensor([0.9, 0.1]))
+        policy.update(step(1, 1, 1.2, 0.1))  # a draft token costs 12 target steps
+    assert policy.c > 10 and policy.next_k() == 1
+    assert not policy.keep_going(torch.tensor([0.99, 0.01]))

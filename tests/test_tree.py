@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -94,6 +96,88 @@ def tree_joint(p: Dist, q: Dist, vocab: int, horizon: int, widths: list[int]) ->
 def test_tree_output_law_equals_target_law(case: str, widths: list[int]) -> None:
     p, q = cases(4)[case]
     assert_same_law(tree_joint(p, q, 4, 4, widths), target_joint(p, 4, 4))
+
+
+def orderings(dist: np.ndarray, width: int) -> list[tuple[tuple[int, ...], float]]:
+    """Every ordered draw of min(width, support) tokens from ``dist`` without replacement, with its probability."""
+    support = [t for t in range(len(dist)) if dist[t] > 0]
+    result = []
+    for seq in itertools.permutations(support, min(width, len(support))):
+        prob, left = 1.0, 1.0
+        for t in seq:
+            prob *= dist[t] / left
+            left -= dist[t]
+        result.append((seq, prob))
+    return result
+
+
+def sampled_trees(q: Dist, context: tuple[int, ...], widths: list[int], expand: int | None):
+    """Every tree the sampled drafter can build, with its probability: at each level the ``expand``
+    new nodes with the largest path probability (all if None) get widths[level] children drawn
+    from q without replacement (the expansion depends on drawn values, as in the dynamic drafter)."""
+    vocab = len(q(context))
+
+    def grow(tokens, parents, score, rows, frontier, level, prob):
+        if level == len(widths) or not frontier:
+            law = torch.zeros(1 + len(tokens), vocab, dtype=torch.float64)
+            for node, row in rows.items():
+                law[1 + node] = torch.tensor(row)
+            yield prob, TokenTree(list(tokens), list(parents), law)
+            return
+        ctxs = [context + tuple(tokens[i] for i in TokenTree(tokens, parents).path(node)) for node in frontier]
+        choices = [orderings(q(ctx), widths[level]) for ctx in ctxs]
+        for combo in itertools.product(*choices):
+            t, par, sc, rw, p_all, new = list(tokens), list(parents), list(score), dict(rows), prob, []
+            for node, ctx, (seq, p_seq) in zip(frontier, ctxs, combo):
+                rw[node] = q(ctx)
+                p_all *= p_seq
+                base = sc[node] if node >= 0 else 1.0
+                for tok in seq:
+                    t.append(tok)
+                    par.append(node)
+                    sc.append(base * q(ctx)[tok])
+                    new.append(len(t) - 1)
+            nxt = sorted(new, key=lambda i: -sc[i])[:expand] if expand is not None else new
+            yield from grow(t, par, sc, rw, nxt, level + 1, p_all)
+
+    yield from grow([], [], [], {}, [-1], 0, 1.0)
+
+
+def sampled_tree_joint(p: Dist, q: Dist, horizon: int, widths: list[int], expand: int | None) -> dict:
+    verifier = TreeVerifier()
+    mass = {(): 1.0}
+    for length in range(horizon):
+        for seq in [s for s in mass if len(s) == length]:
+            weight = mass.pop(seq)
+            for tree_prob, tree in sampled_trees(q, seq, widths[: horizon - length - 1], expand):
+                rows = [p(seq)] + [p(seq + tuple(tree.tokens[i] for i in tree.path(n))) for n in range(len(tree))]
+                plan = verifier.plan_tree(tree, torch.tensor(np.array(rows)))
+                for end, y, prob in outcomes(plan):
+                    out = seq + tuple(tree.tokens[i] for i in tree.path(end - 1)) + (y,)
+                    mass[out] = mass.get(out, 0.0) + weight * tree_prob * prob
+    return mass
+
+
+@pytest.mark.parametrize("case", sorted(cases(4)))
+@pytest.mark.parametrize("widths,expand", [([1, 1], None), ([2, 1], None), ([4, 1], None), ([3, 2], 1), ([2, 2], 1)])
+def test_sampled_tree_output_law_equals_target_law(case: str, widths: list[int], expand: int | None) -> None:
+    """Children drawn without replacement, recursive rejection over siblings: the output law is the
+    target's exactly, for whole-vocabulary widths and for expansions chosen by the drawn values."""
+    p, q = cases(4)[case]
+    assert_same_law(sampled_tree_joint(p, q, 3, widths, expand), target_joint(p, 4, 3))
+
+
+def test_sampled_siblings_accept_more_than_one_child() -> None:
+    """Recursive rejection: when the first drawn child is rejected, the second is checked against
+    the residual with the first removed from q, so the pair is accepted more often than one child."""
+    p = torch.tensor([[0.2, 0.8, 0.0], [1, 0, 0], [1, 0, 0]], dtype=torch.float64)
+    q = torch.tensor([[0.5, 0.1, 0.4], [0, 0, 0], [0, 0, 0]], dtype=torch.float64)
+    plan = TreeVerifier().plan_tree(TokenTree([0, 1], [-1, -1], q), p)  # drew 0, then 1
+    # child 0: min(1, 0.2/0.5) = 0.4; then p' = norm(max(0, p - q)) = (0, 1, 0), q' = (0, 0.2, 0.8)
+    # child 1: min(1, 1/0.2) = 1, so it takes the remaining 0.6 and nothing ends at the root.
+    assert plan.accept_len_probs.tolist() == pytest.approx([0.0, 0.4, 0.6])
+    alone = TreeVerifier().plan_tree(TokenTree([0], [-1], q[:2]), p[:2])
+    assert alone.accept_len_probs.tolist() == pytest.approx([0.6, 0.4])
 
 
 def test_tree_verification_is_greedy_on_one_hot() -> None:

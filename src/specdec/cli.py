@@ -97,8 +97,9 @@ def add_decoding_options(parser: argparse.ArgumentParser) -> None:
                        help="--verify tree: nodes in the dynamic (EAGLE-2-style) tree (default: 16)")
     group.add_argument("--tree-depth", type=positive_int, default=None, metavar="D",
                        help="--verify tree: deepest level of the dynamic tree (default: 5)")
-    group.add_argument("--tree-static", action="store_true",
-                       help="--verify tree: use the static Medusa-style tree instead of the dynamic one")
+    group.add_argument("--tree-static", nargs="?", const="default", default=None, metavar="PATHS",
+                       help="--verify tree: a static Medusa-style tree instead of the dynamic one: the default "
+                            "shape, or rank paths joined by '|' with ranks joined by '.', e.g. 0|1|0.0")
     group.add_argument("-k", type=positive_int, default=4,
                        help="draft tokens per step; the start and maximum for adaptive policies (default: 4)")
     group.add_argument("--drafter", default="model",
@@ -141,10 +142,12 @@ def check_decoding_options(args: argparse.Namespace) -> None:
                            f"add --drafter {wanted[0]} or drop {option}", code=2)
     tree_flags = [f for f, v in (("--tree-budget", getattr(args, "tree_budget", None)),
                                  ("--tree-depth", getattr(args, "tree_depth", None)),
-                                 ("--tree-static", getattr(args, "tree_static", False) or None)) if v is not None]
+                                 ("--tree-static", getattr(args, "tree_static", None))) if v is not None]
     if tree_flags and args.verify != "tree":
         raise CLIError(f"{tree_flags[0]} is an option of --verify tree", "add --verify tree or drop it", code=2)
-    if getattr(args, "tree_static", False) and (args.tree_budget or args.tree_depth):
+    if getattr(args, "tree_static", None):
+        tree_options(args)  # a malformed shape fails here, before any model loads
+    if getattr(args, "tree_static", None) and (args.tree_budget or args.tree_depth):
         raise CLIError("--tree-static fixes the tree's shape; --tree-budget and --tree-depth shape the dynamic tree",
                        "use one or the other", code=2)
     if args.verify == "tree" and drafter not in ("model", "heads"):
@@ -165,10 +168,14 @@ def tree_options(args: argparse.Namespace) -> dict[str, Any] | None:
     """The ``tree=`` options of :func:`specdec.generate` from the --tree-* options."""
     if getattr(args, "verify", None) != "tree":
         return None
-    from specdec.drafters.tree import DEFAULT_CHOICES
+    from specdec.drafters.tree import parse_choices
 
     if args.tree_static:
-        return {"choices": DEFAULT_CHOICES}
+        try:
+            return {"choices": parse_choices(args.tree_static)}
+        except ValueError as e:
+            raise CLIError(str(e), "e.g. --tree-static 0|1|0.0, or --tree-static alone for the default shape",
+                           code=2) from None
     return {k: v for k, v in (("budget", args.tree_budget), ("depth", args.tree_depth)) if v is not None}
 
 

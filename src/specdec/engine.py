@@ -84,7 +84,7 @@ def tree_steps(
     produced = 0
     while produced < limit:
         t0 = time.perf_counter()
-        tree = drafter.propose_tree(context, sampling, max_depth=limit - produced - 1)
+        tree = drafter.propose_tree(context, sampling, max_depth=limit - produced - 1, generator=generator)
         t1 = time.perf_counter()
         p = logits_to_probs(forward_tree(target, context, tree), sampling)  # [1 + N, V]
         verdict = draw(verifier.plan_tree(tree, p), generator)

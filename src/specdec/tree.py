@@ -7,7 +7,7 @@ stored parents first (a node's parent has a smaller index), siblings in their dr
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
@@ -17,16 +17,25 @@ from specdec.backends.base import CausalLM, common_prefix_len
 
 @dataclass(frozen=True)
 class TokenTree:
-    """tokens: [N] draft token ids; parents: [N] parent node index, -1 for the root's children."""
+    """tokens: [N] draft token ids; parents: [N] parent node index, -1 for the root's children.
+
+    q: None when the children were chosen deterministically (e.g. the draft's top tokens);
+    otherwise [1 + N, V], row 0 the draft law the root's children were drawn from, row 1 + i the
+    one node i's children were drawn from, each node's children drawn from it without
+    replacement, in their order here, and their number fixed before they were drawn.
+    """
 
     tokens: list[int]
     parents: list[int]
+    q: torch.Tensor | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if len(self.tokens) != len(self.parents):
             raise ValueError("a tree needs one parent per token")
         if any(not -1 <= par < i for i, par in enumerate(self.parents)):
             raise ValueError("tree nodes must come after their parents")
+        if self.q is not None and self.q.shape[0] != 1 + len(self.tokens):
+            raise ValueError(f"a sampled tree needs 1 + N draft rows, got {self.q.shape[0]} for N = {len(self)}")
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -91,3 +100,13 @@ def top_children(probs: torch.Tensor, count: int) -> list[tuple[int, float]]:
     """The ``count`` most likely tokens of ``probs`` ([V]) with their probabilities, best first."""
     values, ids = torch.topk(probs, min(count, probs.shape[-1]))
     return [(int(t), float(v)) for t, v in zip(ids, values) if v > 0]
+
+
+def sample_children(q: torch.Tensor, count: int, generator: torch.Generator | None) -> list[int]:
+    """Draw up to ``count`` distinct tokens from ``q`` ([V]) without replacement, in draw order:
+    each draw follows q renormalised over the tokens not drawn yet. Fewer if q has fewer
+    non-zero tokens."""
+    count = min(count, int((q > 0).sum()))
+    if count <= 0:
+        return []
+    return torch.multinomial(q.float(), count, replacement=False, generator=generator).tolist()

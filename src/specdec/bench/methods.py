@@ -9,7 +9,8 @@ Grammar (fields separated by ``:``)::
                                  threshold= go to the policy; any other key is an option of the
                                  drafter (e.g. exit_layer=20, max_ngram=3, skip=3/5/7)
     spec:tree[:key=value ...]    a token tree from the draft model; keys depth=, width=, expand=,
-                                 budget= (dynamic tree) or choices=default (the static tree)
+                                 budget= (dynamic tree) or choices=default|<paths> (a static tree,
+                                 e.g. choices=0|1|0.0: rank paths joined by '|', ranks by '.')
     spec:heads:tree[:path=DIR]   a static Medusa tree from trained heads (drafter option path=)
     hf-assisted[:k=N]            transformers' assisted generation (assistant_model=); k sets
                                  num_assistant_tokens (default: transformers' own, 20 with its
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specdec.drafters import DRAFTERS
-from specdec.drafters.tree import DEFAULT_CHOICES
+from specdec.drafters.tree import TreeDrafter, parse_choices
 from specdec.policies import check_k, make_policy
 from specdec.verify import VERIFIERS
 
@@ -103,8 +104,8 @@ class MethodSpec:
     def tree_options(self) -> dict[str, Any]:
         """The API's ``tree=`` argument; ``choices=default`` is the static default tree."""
         options = {k: v for k, v in self.options if k in TREE_OPTIONS}
-        if options.get("choices") == "default":
-            options["choices"] = DEFAULT_CHOICES
+        if "choices" in options:
+            options["choices"] = parse_choices(options["choices"])
         return options
 
     def runs_at(self, temperature: float) -> str | None:
@@ -158,7 +159,8 @@ def parse_method(text: str) -> MethodSpec:
     policy = options.pop("policy", "static")
     spec = MethodSpec(
         "spec", verifier=positional[-1], drafter=drafter, k=DEFAULT_K if k is None else k,
-        policy=policy, options=tuple(sorted((key, _value(v)) for key, v in options.items())),
+        policy=policy,
+        options=tuple(sorted((key, v if key == "choices" else _value(v)) for key, v in options.items())),
     )
     _check_spec(text, spec)
     return spec
@@ -205,20 +207,23 @@ def _format(value: Any) -> str:
 
 
 def _check_spec(text: str, spec: MethodSpec) -> None:
+    if spec.is_tree and "choices" in dict(spec.options):
+        try:
+            TreeDrafter(None, choices=parse_choices(dict(spec.options)["choices"]))
+        except ValueError as e:
+            raise ValueError(f"method {text!r}: {e}") from None
     if spec.is_tree and spec.drafter == "heads":
         unknown = [key for key, _ in spec.options if key not in ("path", "choices")]
         if spec.policy != "static" or unknown:
-            raise ValueError(f"method {text!r}: a heads tree is static and takes only path= (and choices=default)")
+            raise ValueError(f"method {text!r}: a heads tree is static and takes only path= and choices=")
         return
     if spec.is_tree:
         unknown = [key for key, _ in spec.options if key not in TREE_OPTIONS]
         if spec.drafter != "model" or spec.policy != "static" or unknown:
             raise ValueError(
                 f"method {text!r}: a tree is drafted by the draft model (or spec:heads:tree) and takes "
-                f"only {', '.join(TREE_OPTIONS)} (choices=default for the static tree)"
+                f"only {', '.join(TREE_OPTIONS)} (choices=default or rank paths like 0|1|0.0)"
             )
-        if dict(spec.options).get("choices", "default") != "default":
-            raise ValueError(f"method {text!r}: choices= takes only 'default' here")
         return
     if spec.verifier not in VERIFIERS:
         raise ValueError(

@@ -74,9 +74,16 @@ class HeadsDrafter:
         return Draft(torch.tensor(tokens, dtype=torch.long), torch.stack(qs))
 
     @torch.inference_mode()
-    def propose_tree(self, context: Sequence[int], sampling: SamplingConfig, max_depth: int) -> TokenTree:
+    def propose_tree(
+        self,
+        context: Sequence[int],
+        sampling: SamplingConfig,
+        max_depth: int,
+        generator: torch.Generator | None = None,
+    ) -> TokenTree:
         """A Medusa tree: the node with child-rank path (r_1, ..., r_d) holds head d's r_d-th most
-        likely token. The tree is a function of the context alone, as the tree verifier needs.
+        likely token. The tree is a function of the context alone (``generator`` is not used), and
+        the tree verifier checks it with its rule for deterministic children.
 
         ``self.choices`` (default: :data:`~specdec.drafters.tree.DEFAULT_CHOICES` cut to the number
         of heads) lists the paths.

@@ -40,10 +40,16 @@ class ModelDrafter:
             q = logits_to_probs(logits, sampling)  # [V]
             tokens.append(sample(q, generator))
             qs.append(q)
-            if len(tokens) == k or (keep_going is not None and not keep_going(q)):
+            if len(tokens) == k or (keep_going is not None and not keep_going(_confidence(q, logits, sampling))):
                 break
             logits = self.model.forward(tokens[-1:])[-1]
         return Draft(torch.tensor(tokens, dtype=torch.long), torch.stack(qs))
 
     def observe(self, context: Sequence[int]) -> None:
         rollback(self.model, context)
+
+
+def _confidence(q: torch.Tensor, logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+    """What a draft-length policy sees: the sampling distribution, or under greedy (a one-hot q
+    that carries no confidence) the draft model's own softmax. [V]."""
+    return torch.softmax(logits.float(), -1) if sampling.greedy else q

@@ -1,8 +1,10 @@
 """Draft token trees with a draft model: static (Medusa-style choices) or dynamic (EAGLE-2-style).
 
-Children are the draft's most likely tokens at their parent, so the tree is a deterministic
-function of the context, which is what :class:`~specdec.verify.tree.TreeVerifier` needs for
-exactness. The draft scores each depth of the tree in one forward pass with a tree mask, then its
+Under greedy decoding, children are the draft's most likely tokens at their parent, so the tree
+is a deterministic function of the context. Under sampling, each node's children are drawn from
+the draft's sampling law there without replacement (their number fixed before they are drawn) and
+the tree carries those laws, which :class:`~specdec.verify.tree.TreeVerifier` checks by recursive
+rejection. The draft scores each depth of the tree in one forward pass with a tree mask, then its
 cache is rolled back to the context.
 """
 
@@ -14,7 +16,7 @@ import torch
 
 from specdec.backends.base import CausalLM, forward_after, rollback
 from specdec.sampling import SamplingConfig, logits_to_probs
-from specdec.tree import TokenTree, top_children
+from specdec.tree import TokenTree, sample_children, top_children
 
 # A small Medusa-style tree: each tuple is the path of child ranks from the root.
 DEFAULT_CHOICES: tuple[tuple[int, ...], ...] = (
@@ -26,14 +28,31 @@ DEFAULT_CHOICES: tuple[tuple[int, ...], ...] = (
 )
 
 
+def parse_choices(text: str) -> tuple[tuple[int, ...], ...]:
+    """A static tree written as text: ``default`` (:data:`DEFAULT_CHOICES`) or rank paths joined
+    by ``|``, ranks within a path by ``.``: ``0|1|0.0`` is the root's two likeliest (under
+    sampling: first two drawn) children and the first child's first child."""
+    if text == "default":
+        return DEFAULT_CHOICES
+    try:
+        return tuple(tuple(int(r) for r in path.split(".")) for path in text.split("|"))
+    except ValueError:
+        raise ValueError(
+            f"tree choices {text!r}: write 'default' or rank paths like 0|1|0.0 (paths joined by '|', "
+            "ranks by '.')"
+        ) from None
+
+
 class TreeDrafter:
     """Builds a token tree under the context with a draft model.
 
-    Static: ``choices`` lists every node as its path of child ranks. Dynamic (``choices=None``):
-    at each of ``depth`` levels, the ``expand`` best new nodes (by the product of draft
-    probabilities along their path) get their ``width`` most likely children; finally the
-    ``budget`` best nodes overall are kept (a child never scores above its parent, so the kept
-    set is a tree).
+    Static: ``choices`` lists every node as its path of child ranks (under sampling, rank r is
+    the r-th child drawn). Dynamic (``choices=None``): at each of ``depth`` levels, the ``expand``
+    best new nodes (by the product of draft probabilities along their path) get ``width``
+    children; under greedy decoding they are the most likely ones and finally the ``budget`` best
+    nodes overall are kept (a child never scores above its parent, so the kept set is a tree);
+    under sampling they are drawn, and children stop being added once ``budget`` nodes exist (a
+    drawn child is never dropped: that would bias the draws the verifier relies on).
     """
 
     name = "tree"
@@ -65,26 +84,41 @@ class TreeDrafter:
     def vocab_size(self) -> int:
         return self.model.vocab_size
 
-    def propose_tree(self, context: Sequence[int], sampling: SamplingConfig, max_depth: int) -> TokenTree:
+    def propose_tree(
+        self,
+        context: Sequence[int],
+        sampling: SamplingConfig,
+        max_depth: int,
+        generator: torch.Generator | None = None,
+    ) -> TokenTree:
         """A tree of depth at most ``max_depth`` under ``context`` (empty if max_depth is 0)."""
-        # Only for ranking: the verifier never reads these, so greedy ranks by the plain softmax.
-        ranking = sampling if not sampling.greedy else SamplingConfig(temperature=1.0)
+        sampled = not sampling.greedy
+        # Greedy ranks by the plain softmax (the verifier never reads it); sampling draws from its law.
+        law = sampling if sampled else SamplingConfig(temperature=1.0)
         tokens: list[int] = []
         parents: list[int] = []
         ranks: list[tuple[int, ...]] = []  # each node's path of child ranks
         score: list[float] = []  # product of draft probabilities along each node's path
+        drawn_from: dict[int, torch.Tensor] = {}  # sampled trees: node -> law of its children [V]
         depth = min(self.depth, max_depth)
         if depth <= 0:
-            return TokenTree([], [])
-        frontier, probs = [-1], logits_to_probs(forward_after(self.model, context), ranking)  # [1, V]
+            return TokenTree([], [], torch.zeros(1, self.vocab_size) if sampled else None)
+        frontier, probs = [-1], logits_to_probs(forward_after(self.model, context), law)  # [1, V]
         fed: list[int] = []  # tree nodes in the draft's cache after the context, in cache order
         for level in range(1, depth + 1):
             new = []
             for node, row in zip(frontier, probs):
                 prefix, base = (ranks[node], score[node]) if node >= 0 else ((), 1.0)
-                for r, (tok, prob) in enumerate(top_children(row, self._width(prefix))):
-                    if self.choices is not None and prefix + (r,) not in self.choices:
-                        continue
+                child_ranks = self._ranks(prefix, room=self.budget - len(tokens) if sampled else None)
+                if sampled:
+                    picks = sample_children(row, len(child_ranks), generator)
+                    if picks:
+                        drawn_from[node] = row
+                    children = [(r, tok, float(row[tok])) for r, tok in zip(child_ranks, picks)]
+                else:
+                    top = top_children(row, 1 + max(child_ranks, default=-1))
+                    children = [(r, *top[r]) for r in child_ranks if r < len(top)]
+                for r, tok, prob in children:
                     tokens.append(tok)
                     parents.append(node)
                     ranks.append(prefix + (r,))
@@ -94,10 +128,15 @@ class TreeDrafter:
                 frontier = sorted(new, key=lambda i: -score[i])[: self.expand]
             else:
                 frontier = [i for i in new if any(len(c) > level and c[:level] == ranks[i] for c in self.choices)]
-            if level == depth or not frontier:
+            if level == depth or not frontier or (sampled and self.choices is None and len(tokens) >= self.budget):
                 break
-            probs = logits_to_probs(self._feed(context, parents, tokens, fed, frontier), ranking)
+            probs = logits_to_probs(self._feed(context, parents, tokens, fed, frontier), law)
         rollback(self.model, context)
+        if sampled:
+            q = torch.zeros(1 + len(tokens), self.vocab_size)  # [1 + N, V]
+            for node, row in drawn_from.items():
+                q[1 + node] = row
+            return TokenTree(tokens, parents, q)
         if len(tokens) > self.budget and self.choices is None:
             return _prune(tokens, parents, score, self.budget)
         return TokenTree(tokens, parents)
@@ -105,10 +144,11 @@ class TreeDrafter:
     def observe(self, context: Sequence[int]) -> None:
         rollback(self.model, context)
 
-    def _width(self, prefix: tuple[int, ...]) -> int:
-        if self.choices is None:
-            return self.width
-        return 1 + max((c[-1] for c in self.choices if c[:-1] == prefix), default=-1)
+    def _ranks(self, prefix: tuple[int, ...], room: int | None) -> list[int]:
+        """The child ranks a node with rank path ``prefix`` gets, at most ``room`` (dynamic trees)."""
+        if self.choices is not None:
+            return sorted(c[-1] for c in self.choices if c[:-1] == prefix)
+        return list(range(self.width if room is None else max(0, min(self.width, room))))
 
     def _feed(
         self, context: Sequence[int], parents: list[int], tokens: list[int], fed: list[int], nodes: list[int]

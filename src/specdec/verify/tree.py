@@ -1,4 +1,16 @@
-"""Tree verification for trees whose children are chosen deterministically from the draft.
+"""Tree verification: one rule for trees whose children were sampled from the draft, one for trees
+whose children were chosen deterministically.
+
+Sampled children (``tree.q`` given; SpecInfer's multi-step speculative sampling with children drawn
+without replacement, as in Jeon et al.'s recursive speculative decoding): at node u the target's
+law is p_u and the children x_1, x_2, ... were drawn from q_u without replacement. Child x_i is
+accepted with probability min(1, p'(x_i) / q'(x_i)); on a rejection p' becomes the residual
+norm(max(0, p' - q')) and q' loses x_i (renormalised), starting from p' = p_u, q' = q_u. Given the
+children before it, x_i is a draw from q', so each check is a rejection-sampling step whose
+output, with the later checks standing in for a draw from the residual, follows p'; if every
+child is rejected the token is drawn from the last p'. The output follows p_u exactly.
+
+Deterministic children (``tree.q`` is None):
 
 At a node, the target's distribution there is p_u. Each child is a point-mass draft; checking the
 children one by one (accept child c with probability p'(c), else remove c from p' and renormalise)
@@ -17,7 +29,7 @@ from __future__ import annotations
 import torch
 
 from specdec.tree import TokenTree
-from specdec.verify.base import VerifyPlan
+from specdec.verify.base import VerifyPlan, residual
 
 
 class TreeVerifier:
@@ -26,8 +38,10 @@ class TreeVerifier:
 
     def plan_tree(self, tree: TokenTree, p: torch.Tensor) -> VerifyPlan:
         """tree: N nodes; p: [1 + N, V] target probabilities at the root and after each node."""
-        n = len(tree)
         p = p / p.sum(-1, keepdim=True)
+        if tree.q is not None:
+            return _plan_sampled(tree, p)
+        n = len(tree)
         reach = [1.0] + [0.0] * n  # probability that the output follows the path to each node
         end = torch.zeros(1 + n, dtype=torch.float64)
         rest = p.clone()  # row u: p_u without u's children (the recovered token's law)
@@ -43,3 +57,37 @@ class TreeVerifier:
             end[u] = reach[u] * max(0.0, 1.0 - sum(float(row[tree.tokens[c]]) for c in kids[u]))
         empty = rest.sum(-1, keepdim=True) <= 0  # every token a child: only reached w.p. 0
         return VerifyPlan(end / end.sum(), torch.where(empty, p, rest))
+
+
+def _plan_sampled(tree: TokenTree, p: torch.Tensor) -> VerifyPlan:
+    """Recursive rejection over each node's sampled children (module docstring). p: [1 + N, V]."""
+    n = len(tree)
+    q = tree.q.to(p.dtype)  # [1 + N, V]
+    reach = [1.0] + [0.0] * n  # probability that the output follows the path to each node
+    end = torch.zeros(1 + n, dtype=torch.float64)
+    rest = p.clone()  # row u: the law of the token drawn at u when every child is rejected
+    kids: list[list[int]] = [[] for _ in range(1 + n)]
+    for i, par in enumerate(tree.parents):
+        kids[par + 1].append(i)
+    for u in range(1 + n):
+        if reach[u] <= 0.0:
+            continue  # never reached: its row is never read
+        pu, qu, stay = p[u], q[u], 1.0  # p', q', P(every child so far rejected)
+        for child in kids[u]:
+            x = tree.tokens[child]
+            px, qx = float(pu[x]), float(qu[x])
+            accept = min(1.0, px / qx) if qx > 0.0 else float(px > 0.0)
+            reach[1 + child] = reach[u] * stay * accept
+            stay *= 1.0 - accept
+            if stay <= 0.0:
+                break
+            pu = residual(pu, qu)
+            pu = pu / pu.sum()
+            qu = qu.clone()
+            qu[x] = 0.0
+            if float(qu.sum()) <= 0.0:
+                break
+            qu = qu / qu.sum()
+        end[u] = reach[u] * stay
+        rest[u] = pu
+    return VerifyPlan(end / end.sum(), rest)
