@@ -2,8 +2,9 @@
  *
  * Why: on CPUs without native bf16 arithmetic (AVX2 only), PyTorch's bf16 matmul costs about n
  * times its one-row cost for n rows, so verifying k drafted tokens costs about k target steps and
- * speculative decoding cannot win. This kernel reads each weight row once per call, widens it to
- * fp32 in registers and multiplies it into every row of x: n rows cost little more than one.
+ * speculative decoding cannot win. This kernel reads each weight row from memory once per call,
+ * widens it to fp32 in registers and multiplies it into every row of x: n rows cost little more
+ * than one while the arithmetic hides under the memory traffic.
  *
  * Batch invariance: every output y[t, o] is accumulated in the same order whatever n is (one
  * 8-lane fp32 accumulator over i in steps of 8, a fixed horizontal sum, then the scalar tail), so
@@ -43,31 +44,38 @@ static inline float finish(__m256 acc, const float *x, const uint16_t *w, int64_
     return s;
 }
 
-/* R weight rows against T activation rows: R * T accumulators, each weight chunk widened once.
- * R and T are compile-time constants at every call, so the arrays live in registers. */
-static inline __attribute__((always_inline)) void block(const float *x, const uint16_t *w, float *y,
-                                                        int64_t in, int64_t out, const int R, const int T) {
-    const int64_t in8 = in & ~(int64_t)7;
+/* The weights are walked in blocks of 4 rows; within a block, in slices of KC inputs, and every
+ * group of (up to) 3 activation rows runs over a slice while it is in L1. A group's 4 x 3 partial sums
+ * are parked in memory between slices (exact), so each output is one 8-lane accumulator over i
+ * ascending whatever n is. The block PF blocks ahead is prefetched slice by slice, so reading the
+ * weights from memory overlaps the arithmetic: with more than 3 rows the kernel is compute bound,
+ * and without the overlap a 5-row call cost the 3-row memory pass plus a second pass. */
+#define KC 128
+#define PF 2
+#define GROUPS 16 /* rows are taken up to 3 * GROUPS at a time */
+
+static inline __attribute__((always_inline)) void slice(const float *x, const uint16_t *w, __m256 *park,
+                                                        int64_t in, int64_t len, const int T) {
     __m256 acc[4][3];
     #pragma GCC unroll 4
-    for (int r = 0; r < R; r++)
+    for (int r = 0; r < 4; r++)
         #pragma GCC unroll 3
-        for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < in8; i += 8) {
+        for (int t = 0; t < T; t++) acc[r][t] = park[r * 3 + t];
+    for (int64_t i = 0; i < len; i += 8) {
         #pragma GCC unroll 4
-        for (int r = 0; r < R; r++) {
+        for (int r = 0; r < 4; r++) {
             const __m256 v = load_bf16x8(w + r * in + i);
             #pragma GCC unroll 3
             for (int t = 0; t < T; t++) acc[r][t] = _mm256_fmadd_ps(v, _mm256_loadu_ps(x + t * in + i), acc[r][t]);
         }
     }
     #pragma GCC unroll 4
-    for (int r = 0; r < R; r++)
+    for (int r = 0; r < 4; r++)
         #pragma GCC unroll 3
-        for (int t = 0; t < T; t++) y[t * out + r] = finish(acc[r][t], x + t * in, w + r * in, in8, in);
+        for (int t = 0; t < T; t++) park[r * 3 + t] = acc[r][t];
 }
 
-/* One weight row against one activation row (the ragged edge). */
+/* One weight row against one activation row (the ragged edge), in the same order. */
 static float dot_1x1(const float *x, const uint16_t *w, int64_t in) {
     const int64_t in8 = in & ~(int64_t)7;
     __m256 a = _mm256_setzero_ps();
@@ -80,20 +88,56 @@ int specdec_avx2_available(void) {
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
 
-void specdec_linear_bf16(const float *x, const uint16_t *w, float *y, int64_t n, int64_t in, int64_t out,
-                         int threads) {
-    const int64_t blocks = out / 4;
-    #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t b = 0; b < blocks; b++) {
-        const int64_t o = 4 * b;
-        const uint16_t *wb = w + o * in;
-        int64_t t = 0;
-        for (; t + 2 < n; t += 3) block(x + t * in, wb, y + t * out + o, in, out, 4, 3);
-        if (n - t == 2) block(x + t * in, wb, y + t * out + o, in, out, 4, 2);
-        else if (n - t == 1) block(x + t * in, wb, y + t * out + o, in, out, 4, 1);
+/* At most 3 * GROUPS rows of x. */
+static void rows(const float *x, const uint16_t *w, float *y, int64_t n, int64_t in, int64_t out, int threads) {
+    const int64_t blocks = out / 4, in8 = in & ~(int64_t)7;
+    /* Groups of 3 rows; the remainder is spread so that no group has 1 row when n > 1 (4 = 2 + 2). */
+    const int64_t groups = (n + 2) / 3, twos = n == 1 ? 0 : (3 - n % 3) % 3;
+    int64_t first[GROUPS], size[GROUPS];
+    for (int64_t g = 0, start = 0; g < groups; start += size[g], g++) {
+        first[g] = start;
+        size[g] = n == 1 ? 1 : g >= groups - twos ? 2 : 3;
+    }
+    #pragma omp parallel num_threads(threads)
+    {
+        __m256 park[12 * GROUPS];
+        #pragma omp for schedule(static)
+        for (int64_t b = 0; b < blocks; b++) {
+            const int64_t o = 4 * b;
+            const uint16_t *wb = w + o * in;
+            for (int64_t j = 0; j < 12 * groups; j++) park[j] = _mm256_setzero_ps();
+            for (int64_t i0 = 0; i0 < in8; i0 += KC) {
+                const int64_t len = in8 - i0 < KC ? in8 - i0 : KC;
+                if (b + PF < blocks)
+                    for (int r = 0; r < 4; r++)
+                        for (int64_t i = 0; i < len; i += 32)  /* 32 bf16 = one 64-byte line */
+                            _mm_prefetch((const char *)(wb + PF * 4 * in + r * in + i0 + i), _MM_HINT_T0);
+                for (int64_t g = 0; g < groups; g++) {
+                    const float *xg = x + first[g] * in + i0;
+                    if (size[g] == 3) slice(xg, wb + i0, park + 12 * g, in, len, 3);
+                    else if (size[g] == 2) slice(xg, wb + i0, park + 12 * g, in, len, 2);
+                    else slice(xg, wb + i0, park + 12 * g, in, len, 1);
+                }
+            }
+            for (int64_t g = 0; g < groups; g++)
+                for (int r = 0; r < 4; r++)
+                    for (int t = 0; t < size[g]; t++) {
+                        const int64_t row = first[g] + t;
+                        y[row * out + o + r] = finish(park[12 * g + r * 3 + t], x + row * in, wb + r * in, in8, in);
+                    }
+        }
     }
     for (int64_t o = 4 * blocks; o < out; o++)
         for (int64_t t = 0; t < n; t++) y[t * out + o] = dot_1x1(x + t * in, w + o * in, in);
+}
+
+void specdec_linear_bf16(const float *x, const uint16_t *w, float *y, int64_t n, int64_t in, int64_t out,
+                         int threads) {
+    for (int64_t t = 0; t < n; t += 3 * GROUPS) {
+        const int64_t m = n - t < 3 * GROUPS ? n - t : 3 * GROUPS;
+        /* rows writes y with row stride out: offset x and y by whole rows */
+        rows(x + t * in, w, y + t * out, m, in, out, threads);
+    }
 }
 
 /* Attention for a few query rows, batch invariant: each query row's output depends only on its own
