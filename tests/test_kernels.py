@@ -28,6 +28,15 @@ def test_linear_matches_a_float64_reference(n_in: int, n_out: int) -> None:
 
 
 @needs_kernel
+def test_rows_past_one_call_chunk_are_computed_as_if_alone() -> None:
+    # The kernel takes rows 48 at a time (16 groups of 3): check across that boundary too.
+    x, w = _bf16((100, 40), 5).float(), _bf16((9, 40), 6)
+    alone = torch.cat([kernels.linear(x[t : t + 1], w) for t in range(100)])
+    for n in (4, 47, 48, 49, 96, 100):
+        assert torch.equal(kernels.linear(x[:n], w), alone[:n]), n
+
+
+@needs_kernel
 @pytest.mark.parametrize("n_in, n_out", [(64, 36), (37, 13), (1536, 8)])
 def test_every_row_is_computed_as_if_it_were_alone(n_in: int, n_out: int) -> None:
     x, w = _bf16((13, n_in), 3).float(), _bf16((n_out, n_in), 4)
@@ -149,3 +158,27 @@ def test_greedy_speculative_output_is_bitwise_the_autoregressive_one_in_bf16() -
         assert generate(target, prompt, draft=draft, k=k, max_new_tokens=40, eos_token_ids=[]).token_ids == ar.token_ids
     tree = generate(target, prompt, draft=draft, verify="tree", max_new_tokens=40, eos_token_ids=[])
     assert tree.token_ids == ar.token_ids
+
+
+@needs_kernel
+@pytest.mark.parametrize("n_out, n_in", [(7, 128), (36, 256), (13, 384)])
+def test_int8_weights_are_within_half_a_step_and_the_kernel_matches_a_float64_reference(n_out: int, n_in: int) -> None:
+    w = _bf16((n_out, n_in), 7)
+    q, scales = kernels.quantize_int8(w)
+    assert q.dtype == torch.int8 and scales.shape == (n_out, n_in // kernels.INT8_GROUP)
+    deq = (q.double().reshape(n_out, -1, kernels.INT8_GROUP) * scales.double()[..., None]).reshape(n_out, n_in)
+    step = scales.double().repeat_interleave(kernels.INT8_GROUP, dim=1)  # [out, in]
+    # Half a step, plus the fp32 rounding of w / scale (relative eps, on values up to 127 steps).
+    assert (deq - w.double()).abs().le(step / 2 + 127 * torch.finfo(torch.float32).eps * step).all()
+    for n in (1, 2, 3, 4, 5, 50):
+        x = _bf16((n, n_in), 8 + n).float()
+        got = kernels.linear_i8_f32(x, q, scales).double()
+        want = x.double() @ deq.T
+        # fp32 accumulation: per group of G a dot product, then scaled and summed (Higham 3.1, loosely x2).
+        bound = 2 * n_in * torch.finfo(torch.float32).eps * (x.double().abs() @ deq.abs().T)
+        assert (got - want).abs().le(bound).all(), n
+
+
+def test_int8_needs_whole_groups() -> None:
+    with pytest.raises(ValueError, match="multiple of 128"):
+        kernels.quantize_int8(torch.zeros(4, 100, dtype=torch.bfloat16))

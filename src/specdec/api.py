@@ -9,7 +9,8 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from specdec.backends.base import CausalLM
-from specdec.backends.hf import HFCausalLM, eos_token_ids
+from specdec.backends.hf import eos_token_ids
+from specdec.backends.lean import check_weights, make_backend
 from specdec.drafters.base import Drafter
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.tree import TreeDrafter
@@ -41,11 +42,13 @@ class StreamEvent:
     stats: GenerationStats = field(repr=False)
 
 
-def as_backend(model: Any) -> CausalLM:
-    """Wrap a transformers model; pass a :class:`CausalLM` through unchanged."""
+def as_backend(model: Any, weights: str = "bf16") -> CausalLM:
+    """Wrap a transformers model (:func:`~specdec.backends.lean.make_backend`: the lean backend
+    where it applies, else :class:`~specdec.backends.hf.HFCausalLM`; ``weights="int8"`` for draft
+    models only); pass a :class:`CausalLM` through unchanged."""
     if hasattr(model, "forward") and hasattr(model, "trim") and hasattr(model, "tokens"):
         return model
-    return HFCausalLM(model)
+    return make_backend(model, weights=weights)
 
 
 def stream(
@@ -53,6 +56,7 @@ def stream(
     prompt: str | Sequence[int],
     *,
     draft: Any = None,
+    draft_weights: str = "int8",
     drafter: Drafter | str | None = None,
     drafter_options: dict[str, Any] | None = None,
     tokenizer: Any = None,
@@ -80,6 +84,7 @@ def generate(
     prompt: str | Sequence[int],
     *,
     draft: Any = None,
+    draft_weights: str = "int8",
     drafter: Drafter | str | None = None,
     drafter_options: dict[str, Any] | None = None,
     tokenizer: Any = None,
@@ -98,6 +103,9 @@ def generate(
     """Generate from ``target``, speculatively if a ``draft`` model or a ``drafter`` is given.
 
     target, draft: transformers causal LMs (or :class:`CausalLM` backends) sharing a vocabulary.
+    draft_weights: ``int8`` (default) runs a llama/qwen2-style bf16 draft model on int8 copies of
+    its weights (half the bytes per draft token; the output law is unchanged, only the draft's
+    proposals shift slightly), ``bf16`` on its own weights.
     drafter: a :class:`Drafter`, or a name from :data:`specdec.drafters.DRAFTERS` (``model`` uses
     ``draft``; ``ngram``, ``early-exit``, ``layer-skip`` and ``heads`` need no draft model) built
     with ``drafter_options`` (e.g. ``{"exit_layer": 20}``, ``{"path": "heads/"}``).
@@ -132,11 +140,12 @@ class _Run:
 
     @classmethod
     def build(
-        cls, *, target, prompt, draft, drafter, drafter_options, tokenizer, verify, k, policy, temperature, top_k,
+        cls, *, target, prompt, draft, draft_weights, drafter, drafter_options, tokenizer, verify, k, policy, temperature, top_k,
         top_p, max_new_tokens, seed, stop, eos_token_ids, tree,
     ) -> "_Run":
         sampling = SamplingConfig(temperature, top_k, top_p)
         check_k(k)
+        check_weights(draft_weights, "draft_weights")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
             raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
         if stop and tokenizer is None:
@@ -170,7 +179,7 @@ class _Run:
         if draft is not None and drafter is not None:
             raise ValueError("give either a draft model or a drafter, not both")
         if drafter is None:
-            draft_backend = as_backend(draft)
+            draft_backend = as_backend(draft, draft_weights)
             draft_backend.reset()
             drafter = ModelDrafter(draft_backend)
         if drafter.vocab_size != backend.vocab_size:

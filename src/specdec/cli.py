@@ -76,6 +76,9 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--draft", default=models.DEFAULT_DRAFT, metavar="MODEL",
                        help=f"draft model, as for --target; must share the target's vocabulary; "
                             f"'none' decodes with the target alone (default: {models.DEFAULT_DRAFT})")
+    group.add_argument("--draft-weights", default="int8", choices=["int8", "bf16"],
+                       help="the draft model's weights: int8 copies (half the bytes per draft token; the "
+                            "output law is unchanged) or its own bf16 ones (default: int8)")
     group.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"],
                        help="compute dtype (default: bfloat16; on CPU verification is only cheap in bf16)")
     group.add_argument("--kernels", default="auto", choices=["auto", "torch"],
@@ -268,7 +271,7 @@ def run_generate(args: argparse.Namespace) -> int:
     target, draft, tokenizer = load_models(args, draft=uses_model)
     prompt = _prompt(args, tokenizer)
     common = dict(tokenizer=tokenizer, **decoding_kwargs(args))
-    drafting = dict(draft=draft) if uses_model else drafter_kwargs(args)
+    drafting = dict(draft=draft, draft_weights=args.draft_weights) if uses_model else drafter_kwargs(args)
     _note("generating")
     if args.stream:
         result = _stream(api.stream(target, prompt, **drafting, **common), tokenizer, args)
@@ -376,6 +379,7 @@ def _report(args: argparse.Namespace, result: Any, ar: Any) -> dict[str, Any]:
         "prompt": args.prompt,
         "target": args.target,
         "draft": args.draft,
+        "draft_weights": args.draft_weights,
         "dtype": args.dtype,
         "method": result.method,
         "exact": result.exact,

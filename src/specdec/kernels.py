@@ -51,20 +51,58 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     x: (..., in) any float dtype; weight: (out, in) bf16 contiguous on the CPU; bias: (out,) or None.
     Raises RuntimeError if the kernel is unavailable (see :func:`status`).
     """
-    lib = _load()
-    if lib is None:
-        raise RuntimeError(f"the fast bf16 kernel is unavailable: {_unavailable}")
     out_features, in_features = weight.shape
     lead = x.shape[:-1]
     rows = x.reshape(-1, in_features).to(torch.float32).contiguous()  # (n, in) fp32
-    y = torch.empty(rows.shape[0], out_features, dtype=torch.float32)  # (n, out) fp32
-    lib.specdec_linear_bf16(
-        rows.data_ptr(), weight.data_ptr(), y.data_ptr(),
-        rows.shape[0], in_features, out_features, torch.get_num_threads(),
-    )
+    y = linear_f32(rows, weight)  # (n, out) fp32
     if bias is not None:
         y += bias.to(torch.float32)
     return y.to(x.dtype).reshape(*lead, out_features)
+
+
+def linear_f32(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """rows (n, in) fp32 contiguous times weight (out, in) bf16 contiguous, transposed: (n, out) fp32."""
+    lib = _load()
+    if lib is None:
+        raise RuntimeError(f"the fast bf16 kernel is unavailable: {_unavailable}")
+    y = torch.empty(rows.shape[0], weight.shape[0], dtype=torch.float32)  # (n, out) fp32
+    lib.specdec_linear_bf16(
+        rows.data_ptr(), weight.data_ptr(), y.data_ptr(),
+        rows.shape[0], weight.shape[1], weight.shape[0], torch.get_num_threads(),
+    )
+    return y
+
+
+INT8_GROUP = 128  # inputs per int8 scale (the kernel's QG)
+
+
+def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 with one scale per row per :data:`INT8_GROUP` inputs, for draft models.
+
+    weight [out, in] (in a multiple of INT8_GROUP) -> (q [out, in] int8, scales [out, in / G] fp32)
+    with weight ~ q * scale: each entry within half a step (max |w| of its group / 127 / 2).
+    """
+    out_features, in_features = weight.shape
+    if in_features % INT8_GROUP:
+        raise ValueError(f"int8 weights need a multiple of {INT8_GROUP} inputs, got {in_features}")
+    groups = weight.detach().to(torch.float32).reshape(out_features, -1, INT8_GROUP)  # [out, in / G, G]
+    scales = groups.abs().amax(-1) / 127.0  # [out, in / G]
+    scales = torch.where(scales > 0, scales, torch.ones_like(scales))
+    q = torch.round(groups / scales[..., None]).clamp(-127, 127).to(torch.int8).reshape(out_features, in_features)
+    return q.contiguous(), scales.contiguous()
+
+
+def linear_i8_f32(rows: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """rows (n, in) fp32 contiguous times (q * scales) transposed, from :func:`quantize_int8`: (n, out) fp32."""
+    lib = _load()
+    if lib is None:
+        raise RuntimeError(f"the fast kernels are unavailable: {_unavailable}")
+    y = torch.empty(rows.shape[0], q.shape[0], dtype=torch.float32)  # (n, out) fp32
+    lib.specdec_linear_i8(
+        rows.data_ptr(), q.data_ptr(), scales.data_ptr(), y.data_ptr(),
+        rows.shape[0], q.shape[1], q.shape[0], torch.get_num_threads(),
+    )
+    return y
 
 
 def accelerate(model: torch.nn.Module) -> int:
@@ -146,14 +184,32 @@ def attention(
     q = query[0].to(torch.float32).contiguous()  # [heads, n, d]
     k = key[0].to(torch.float32).contiguous()  # [kv_heads, L, d]
     v = value[0].to(torch.float32).contiguous()  # [kv_heads, L, d]
-    vis = None if visible is None else visible.to(torch.uint8).contiguous()  # [n, L]
+    out = attention_rows(q, k, v, length, visible, scale)  # [n, heads, d]
+    return out.to(query.dtype)[None], None
+
+
+def attention_rows(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, length: int, visible: torch.Tensor | None, scale: float
+) -> torch.Tensor:
+    """The batch-invariant attention kernel on fp32 tensors: out [n, heads, d] fp32.
+
+    q [heads, n, d] contiguous; k, v [kv_heads, cap, d] contiguous with cap >= length (the first
+    ``length`` keys of each head are read, e.g. from a preallocated cache); visible [n, length]
+    bool (True = the row sees that key) or None (every row sees every key).
+    """
+    lib = _load()
+    if lib is None:
+        raise RuntimeError(f"the attention kernel is unavailable: {_unavailable}")
+    heads, n, d = q.shape
+    kv_heads, cap = k.shape[0], k.shape[1]
+    vis = None if visible is None else visible.to(torch.uint8).contiguous()  # [n, length]
     out = torch.empty(n, heads, d, dtype=torch.float32)  # [n, heads, d]
     threads = torch.get_num_threads()
     scratch = torch.empty(threads, length, dtype=torch.float32)
     lib.specdec_attention(q.data_ptr(), k.data_ptr(), v.data_ptr(), 0 if vis is None else vis.data_ptr(),
-                          out.data_ptr(), heads, kv_heads, n, length, d, ctypes.c_float(scale),
+                          out.data_ptr(), heads, kv_heads, n, length, d, cap * d, ctypes.c_float(scale),
                           scratch.data_ptr(), threads)
-    return out.to(query.dtype)[None], None
+    return out
 
 
 def use_invariant_attention(model: torch.nn.Module) -> bool:
@@ -221,7 +277,9 @@ def _build_and_open() -> ctypes.CDLL:
         raise _Unavailable("this CPU lacks AVX2/FMA")
     lib.specdec_linear_bf16.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_int]
     lib.specdec_linear_bf16.restype = None
-    lib.specdec_attention.argtypes = ([ctypes.c_void_p] * 5 + [ctypes.c_int64] * 5
+    lib.specdec_linear_i8.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+    lib.specdec_linear_i8.restype = None
+    lib.specdec_attention.argtypes = ([ctypes.c_void_p] * 5 + [ctypes.c_int64] * 6
                                       + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int])
     lib.specdec_attention.restype = None
     return lib

@@ -94,6 +94,11 @@ class HFCausalLM:
         return out.logits[0]  # [n or num_logits, V]
 
     @property
+    def keeps_hidden(self) -> bool:
+        """Whether :attr:`hidden` is kept (``keep_hidden=True``)."""
+        return self._norm is not None
+
+    @property
     def hidden(self) -> torch.Tensor:
         """[len(tokens), H]: the final normed hidden state at each cached position (the input of
         the LM head there). Needs ``keep_hidden=True``."""

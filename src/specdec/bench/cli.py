@@ -103,6 +103,8 @@ def bench_command(args: argparse.Namespace, argv: Sequence[str] | None = None) -
     models = load_models(args, methods)
     info = {"target": report.model_info(models.target, models.target_name),
             "draft": report.model_info(models.draft, models.draft_name)}
+    if info["draft"] is not None:
+        info["draft"]["weights"] = models.draft_weights
     out = Path(args.out)
     runs = []
     for s in settings:
@@ -141,7 +143,8 @@ def load_models(args: argparse.Namespace, methods: Sequence[MethodSpec]) -> Benc
     target, draft, tokenizer = load(args, draft=wants_draft)
     if draft is target:  # the peers' forward hooks must tell the two apart
         draft = copy.deepcopy(target)
-    return BenchModels(target, tokenizer, draft, args.target, args.draft if draft is not None else None)
+    return BenchModels(target, tokenizer, draft, args.target, args.draft if draft is not None else None,
+                       getattr(args, "draft_weights", "int8"))
 
 
 def _command(argv: Sequence[str] | None) -> str:

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from specdec import kernels
+from specdec.backends.lean import lean_unsupported
 from specdec.bench.methods import MethodSpec
 from specdec.bench.runner import BenchRun, Sample
 from specdec.theory import expected_speedup
@@ -250,6 +251,7 @@ def model_info(model: Any, name: str | None) -> dict[str, Any] | None:
         "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
         "vocab_size": int(model.get_output_embeddings().weight.shape[0]),
         "linear_kernels": kernels.describe_model(model),
+        "backend": "lean" if lean_unsupported(model) is None else f"transformers ({lean_unsupported(model)})",
     }
 
 

@@ -25,7 +25,7 @@ import torch
 
 import specdec
 from specdec.api import eos_token_ids_of
-from specdec.backends.hf import HFCausalLM
+from specdec.backends.lean import make_backend
 from specdec.bench.methods import PROMPT_LOOKUP_K, MethodSpec
 from specdec.bench.prompts import Prompt
 from specdec.drafters import Drafter, make_drafter, target_backend
@@ -41,6 +41,7 @@ class BenchModels:
     draft: Any = None
     target_name: str = "target"
     draft_name: str | None = None
+    draft_weights: str = "int8"  # how draft-model methods run the draft (``make_backend(weights=...)``)
 
 
 @dataclass(frozen=True)
@@ -239,7 +240,7 @@ def _build_drafter(method: MethodSpec, models: BenchModels) -> tuple[Any, Drafte
     """(target backend, drafter) for a spec method: fresh caches, built as the API builds them;
     drafters that run part of the target get the layered backend."""
     target = target_backend(method.drafter, models.target)
-    draft = HFCausalLM(models.draft) if method.drafter == "model" else None
+    draft = make_backend(models.draft, weights=models.draft_weights) if method.drafter == "model" else None
     return target, make_drafter(method.drafter, target, draft, **method.drafter_options)
 
 

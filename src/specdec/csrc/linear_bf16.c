@@ -88,16 +88,22 @@ int specdec_avx2_available(void) {
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
 
-/* At most 3 * GROUPS rows of x. */
-static void rows(const float *x, const uint16_t *w, float *y, int64_t n, int64_t in, int64_t out, int threads) {
-    const int64_t blocks = out / 4, in8 = in & ~(int64_t)7;
-    /* Groups of 3 rows; the remainder is spread so that no group has 1 row when n > 1 (4 = 2 + 2). */
+/* n <= 3 * GROUPS rows in groups of 3, the remainder spread so that no group has 1 row when n > 1
+ * (4 = 2 + 2): group g is rows first[g] .. first[g] + size[g] - 1. Returns the number of groups. */
+static int64_t split_rows(int64_t n, int64_t *first, int64_t *size) {
     const int64_t groups = (n + 2) / 3, twos = n == 1 ? 0 : (3 - n % 3) % 3;
-    int64_t first[GROUPS], size[GROUPS];
     for (int64_t g = 0, start = 0; g < groups; start += size[g], g++) {
         first[g] = start;
         size[g] = n == 1 ? 1 : g >= groups - twos ? 2 : 3;
     }
+    return groups;
+}
+
+/* At most 3 * GROUPS rows of x. */
+static void rows(const float *x, const uint16_t *w, float *y, int64_t n, int64_t in, int64_t out, int threads) {
+    const int64_t blocks = out / 4, in8 = in & ~(int64_t)7;
+    int64_t first[GROUPS], size[GROUPS];
+    const int64_t groups = split_rows(n, first, size);
     #pragma omp parallel num_threads(threads)
     {
         __m256 park[12 * GROUPS];
@@ -140,12 +146,100 @@ void specdec_linear_bf16(const float *x, const uint16_t *w, float *y, int64_t n,
     }
 }
 
+/* y = x @ (scale * q).T with int8 weights q and one fp32 scale per row per QG inputs: half the bytes
+ * of bf16, for draft models, whose numerics never change the output law (the verifier corrects
+ * for whatever the draft proposes). Same walk as the bf16 kernel; each QG-long slice is summed on
+ * its own and added to the parked total times its scale.
+ *
+ * Shapes: x (n, in) fp32; q (out, in) int8; scales (out, in / QG) fp32; y (n, out) fp32; in % QG == 0.
+ */
+#define QG KC
+
+static inline __m256 load_i8x8(const int8_t *p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+
+static inline __attribute__((always_inline)) void slice_i8(const float *x, const int8_t *w, const float *scale,
+                                                           int64_t sstride, __m256 *park, int64_t in, const int T) {
+    __m256 acc[4][3];
+    #pragma GCC unroll 4
+    for (int r = 0; r < 4; r++)
+        #pragma GCC unroll 3
+        for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < QG; i += 8) {
+        #pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            const __m256 v = load_i8x8(w + r * in + i);
+            #pragma GCC unroll 3
+            for (int t = 0; t < T; t++) acc[r][t] = _mm256_fmadd_ps(v, _mm256_loadu_ps(x + t * in + i), acc[r][t]);
+        }
+    }
+    #pragma GCC unroll 4
+    for (int r = 0; r < 4; r++) {
+        const __m256 s = _mm256_set1_ps(scale[r * sstride]);
+        #pragma GCC unroll 3
+        for (int t = 0; t < T; t++) park[r * 3 + t] = _mm256_fmadd_ps(acc[r][t], s, park[r * 3 + t]);
+    }
+}
+
+static void rows_i8(const float *x, const int8_t *w, const float *scales, float *y, int64_t n, int64_t in,
+                    int64_t out, int threads) {
+    const int64_t blocks = out / 4, ng = in / QG;
+    int64_t first[GROUPS], size[GROUPS];
+    const int64_t groups = split_rows(n, first, size);
+    #pragma omp parallel num_threads(threads)
+    {
+        __m256 park[12 * GROUPS];
+        #pragma omp for schedule(static)
+        for (int64_t b = 0; b < blocks + (out % 4 ? 1 : 0); b++) {
+            const int64_t o = 4 * b;
+            const int R = out - o < 4 ? (int)(out - o) : 4;
+            const int8_t *wb = w + o * in;
+            for (int64_t j = 0; j < 12 * groups; j++) park[j] = _mm256_setzero_ps();
+            for (int64_t c = 0; c < ng; c++) {
+                const int64_t i0 = c * QG;
+                if (b + PF < blocks)
+                    for (int r = 0; r < 4; r++)
+                        for (int64_t i = 0; i < QG; i += 64) _mm_prefetch((const char *)(wb + PF * 4 * in + r * in + i0 + i), _MM_HINT_T0);
+                for (int64_t g = 0; g < groups; g++) {
+                    const float *xg = x + first[g] * in + i0;
+                    const float *sc = scales + o * ng + c;
+                    if (R < 4) {  /* the ragged edge: one row at a time, one token at a time */
+                        for (int r = 0; r < R; r++)
+                            for (int t = 0; t < size[g]; t++) {
+                                __m256 a = _mm256_setzero_ps();
+                                for (int64_t i = 0; i < QG; i += 8)
+                                    a = _mm256_fmadd_ps(load_i8x8(wb + r * in + i0 + i), _mm256_loadu_ps(xg + t * in + i), a);
+                                park[12 * g + r * 3 + t] = _mm256_fmadd_ps(a, _mm256_set1_ps(sc[r * ng]), park[12 * g + r * 3 + t]);
+                            }
+                    } else if (size[g] == 3) slice_i8(xg, wb + i0, sc, ng, park + 12 * g, in, 3);
+                    else if (size[g] == 2) slice_i8(xg, wb + i0, sc, ng, park + 12 * g, in, 2);
+                    else slice_i8(xg, wb + i0, sc, ng, park + 12 * g, in, 1);
+                }
+            }
+            for (int64_t g = 0; g < groups; g++)
+                for (int r = 0; r < R; r++)
+                    for (int t = 0; t < size[g]; t++) y[(first[g] + t) * out + o + r] = hsum8(park[12 * g + r * 3 + t]);
+        }
+    }
+}
+
+void specdec_linear_i8(const float *x, const int8_t *w, const float *scales, float *y, int64_t n, int64_t in,
+                       int64_t out, int threads) {
+    for (int64_t t = 0; t < n; t += 3 * GROUPS) {
+        const int64_t m = n - t < 3 * GROUPS ? n - t : 3 * GROUPS;
+        rows_i8(x + t * in, w, scales, y + t * out, m, in, out, threads);
+    }
+}
+
 /* Attention for a few query rows, batch invariant: each query row's output depends only on its own
  * query and the keys and values it may see, taken in cache order, never on the other rows.
  * A row computes exactly what a one-token decoding step at its position computes.
  *
- * q (heads, nq, d), k and v (kv_heads, L, d), all fp32 contiguous; visible (nq, L) bytes, 1 = the
- * row sees that key, or NULL for every row seeing every key; out (nq, heads, d) fp32.
+ * q (heads, nq, d) fp32 contiguous; k and v (kv_heads, L, d) fp32, each head's L keys contiguous and
+ * kv_stride floats apart from the next head's (L * d when packed; more for a preallocated cache);
+ * visible (nq, L) bytes, 1 = the row sees that key, or NULL for every row seeing every key;
+ * out (nq, heads, d) fp32.
  * Head h reads kv head h / (heads / kv_heads). scores: a scratch of threads * L floats.
  */
 #include <math.h>
@@ -160,14 +254,14 @@ static inline float dot_f32(const float *a, const float *b, int64_t d) {
 }
 
 void specdec_attention(const float *q, const float *k, const float *v, const uint8_t *visible, float *out,
-                       int64_t heads, int64_t kv_heads, int64_t nq, int64_t L, int64_t d, float scale,
-                       float *scores, int threads) {
+                       int64_t heads, int64_t kv_heads, int64_t nq, int64_t L, int64_t d, int64_t kv_stride,
+                       float scale, float *scores, int threads) {
     const int64_t group = heads / kv_heads;
     #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t job = 0; job < heads * nq; job++) {
         const int64_t h = job / nq, row = job % nq;
         const float *qr = q + (h * nq + row) * d;
-        const float *kh = k + (h / group) * L * d, *vh = v + (h / group) * L * d;
+        const float *kh = k + (h / group) * kv_stride, *vh = v + (h / group) * kv_stride;
         const uint8_t *vis = visible ? visible + row * L : NULL;
         float *s = scores + (int64_t)omp_get_thread_num() * L;
         float *o = out + (row * heads + h) * d;

@@ -9,7 +9,7 @@
 
 ``early-exit`` and ``layer-skip`` run inside the target and need it wrapped as
 :class:`~specdec.backends.hf_layers.HFLayeredCausalLM` (see :data:`LAYERED_DRAFTERS`); ``heads``
-and ``eagle`` read the target's hidden states and need ``HFCausalLM(model, keep_hidden=True)``.
+and ``eagle`` read the target's hidden states and need ``make_backend(model, keep_hidden=True)``.
 :func:`target_backend` builds the backend a drafter needs.
 """
 
@@ -32,12 +32,12 @@ LAYERED_DRAFTERS = ("early-exit", "layer-skip")  # these need an HFLayeredCausal
 
 def target_backend(drafter: str, model: Any) -> Any:
     """The backend of the target ``model`` that drafter ``drafter`` needs (fresh cache)."""
-    from specdec.backends.hf import HFCausalLM
     from specdec.backends.hf_layers import HFLayeredCausalLM
+    from specdec.backends.lean import make_backend
 
     if drafter in LAYERED_DRAFTERS:
         return HFLayeredCausalLM(model)
-    return HFCausalLM(model, keep_hidden=drafter in FEATURE_DRAFTERS)
+    return make_backend(model, keep_hidden=drafter in FEATURE_DRAFTERS)
 
 
 def make_drafter(name: str, target_backend: Any, draft_backend: Any = None, **options: Any) -> Drafter:

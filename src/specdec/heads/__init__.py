@@ -112,11 +112,9 @@ def load_pack(cls: Any, config_cls: Any, directory: str | Path, weights: str, dt
 def feature_target_head(target: Any, config: Any, drafter: str) -> torch.nn.Module:
     """The target's output embedding, after checking ``target`` keeps hidden states and matches the
     hidden size and vocabulary ``config`` was trained for; ValueError saying what to do otherwise."""
-    from specdec.backends.hf import HFCausalLM
-
-    if not isinstance(target, HFCausalLM) or target._norm is None:
+    if not getattr(target, "keeps_hidden", False):
         raise ValueError(f"the {drafter} drafter reads the target's hidden states: build the target as "
-                         "HFCausalLM(model, keep_hidden=True)")
+                         "make_backend(model, keep_hidden=True) (specdec.backends.lean)")
     head = target.model.get_output_embeddings()
     if config.hidden_size != head.weight.shape[1] or config.vocab_size != head.weight.shape[0]:
         raise ValueError(
