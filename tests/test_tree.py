@@ -167,6 +167,76 @@ def test_sampled_tree_output_law_equals_target_law(case: str, widths: list[int],
     assert_same_law(sampled_tree_joint(p, q, 3, widths, expand), target_joint(p, 4, 3))
 
 
+def confident_trees(q: Dist, context: tuple[int, ...], threshold: float, width: int, depth: int):
+    """Every tree the confident drafter (``TreeDrafter(threshold=...)``, sampled) can build, with
+    its probability: at a node whose q has a top probability of at least ``threshold`` one child
+    is drawn, and drafted on if its own probability is at least ``threshold``; otherwise ``width``
+    children are drawn without replacement and the tree ends."""
+    vocab = len(q(context))
+    if depth <= 0:  # no room left: the drafter proposes nothing
+        yield 1.0, TokenTree([], [], torch.zeros(1, vocab, dtype=torch.float64))
+        return
+
+    def grow(tokens, parents, rows, node, ctx, level, prob):
+        row = q(ctx)
+        sure = row.max() >= threshold
+        for seq, p_seq in orderings(row, 1 if sure else width):
+            t, par = tokens + list(seq), parents + [node] * len(seq)
+            rw = {**rows, node: row}
+            if sure and level < depth and row[seq[0]] >= threshold:
+                yield from grow(t, par, rw, len(tokens), ctx + (seq[0],), level + 1, prob * p_seq)
+                continue
+            law = torch.zeros(1 + len(t), vocab, dtype=torch.float64)
+            for at, r in rw.items():
+                law[1 + at] = torch.tensor(r)
+            yield prob * p_seq, TokenTree(t, par, law)
+
+    yield from grow([], [], {}, -1, context, 1, 1.0)
+
+
+@pytest.mark.parametrize("case", sorted(cases(4)))
+@pytest.mark.parametrize("threshold,width", [(0.3, 2), (0.5, 4), (0.7, 2)])
+def test_confident_tree_output_law_equals_target_law(case: str, threshold: float, width: int) -> None:
+    """The confident tree's shape depends on the draft's probabilities and on the drawn children
+    (which child is drafted on): the output law is still the target's exactly."""
+    p, q = cases(4)[case]
+    assert_same_law(confident_tree_joint(p, q, 3, confident_trees, threshold, width), target_joint(p, 4, 3))
+
+
+def test_a_tree_that_drops_a_drawn_child_is_caught() -> None:
+    """Negative control: drafting like the confident tree but dropping a drawn sibling the draft
+    gives less than 0.3 (its count is then no longer fixed before the draws) biases the output,
+    and the enumeration sees it."""
+
+    def dropping(q, context, threshold, width, depth):
+        for prob, tree in confident_trees(q, context, threshold, width, depth):
+            keep = [i for i in range(len(tree)) if i == 0 or tree.q[1 + tree.parents[i]][tree.tokens[i]] >= 0.3]
+            if len(keep) == len(tree) or any(tree.parents[i] >= 0 for i in range(len(tree))):
+                yield prob, tree
+                continue
+            yield prob, TokenTree([tree.tokens[i] for i in keep], [-1] * len(keep), tree.q[: 1 + len(keep)])
+
+    p, q = cases(4)["random"]
+    with pytest.raises(AssertionError, match="laws differ"):
+        assert_same_law(confident_tree_joint(p, q, 3, dropping, 0.9, 4), target_joint(p, 4, 3))
+
+
+def confident_tree_joint(p: Dist, q: Dist, horizon: int, trees, threshold: float, width: int) -> dict:
+    """The exact law of the output over ``horizon`` tokens when each step drafts one of ``trees``."""
+    verifier = TreeVerifier()
+    mass = {(): 1.0}
+    for length in range(horizon):
+        for seq in [s for s in mass if len(s) == length]:
+            weight = mass.pop(seq)
+            for tree_prob, tree in trees(q, seq, threshold, width, horizon - length - 1):
+                rows = [p(seq)] + [p(seq + tuple(tree.tokens[i] for i in tree.path(n))) for n in range(len(tree))]
+                plan = verifier.plan_tree(tree, torch.tensor(np.array(rows)))
+                for end, y, prob in outcomes(plan):
+                    out = seq + tuple(tree.tokens[i] for i in tree.path(end - 1)) + (y,)
+                    mass[out] = mass.get(out, 0.0) + weight * tree_prob * prob
+    return mass
+
+
 def test_sampled_siblings_accept_more_than_one_child() -> None:
     """Recursive rejection: when the first drawn child is rejected, the second is checked against
     the residual with the first removed from q, so the pair is accepted more often than one child."""
@@ -203,6 +273,7 @@ TREES = {
     "static-chain": dict(choices=[(0,), (0, 0), (0, 0, 0)]),
     "dynamic": dict(),
     "dynamic-small": dict(depth=3, width=2, expand=2, budget=5),
+    "confident": dict(threshold=0.6, width=2, depth=8),
 }
 
 
@@ -247,7 +318,7 @@ def test_target_cache_keeps_only_the_accepted_path(pair) -> None:
     torch.testing.assert_close(cached, fresh, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("shape", ["static-default", "dynamic-small"])
+@pytest.mark.parametrize("shape", ["static-default", "dynamic-small", "confident"])
 def test_tree_output_follows_target_law(shape: str) -> None:
     vocab = 5
     target = tiny_llama(0, vocab=vocab, sharpness=6.0)
@@ -265,3 +336,15 @@ def test_tree_output_follows_target_law(shape: str) -> None:
         accepted += r.stats.accepted_tokens
     assert accepted > SAMPLES // 2
     assert chi_square_p_value(counts, law) > SIGNIFICANCE
+
+
+def test_the_default_tree_is_the_confident_tree(pair) -> None:
+    target, draft = pair
+    default = generate(target, PROMPT, draft=draft, verify="tree", max_new_tokens=12)
+    assert default.method.endswith("tree:threshold=0.8")
+    dynamic = generate(target, PROMPT, draft=draft, verify="tree", tree={}, max_new_tokens=12)
+    assert dynamic.method.endswith("tree:budget=16")
+    with pytest.raises(ValueError, match="threshold"):
+        TreeDrafter(None, threshold=1.5)
+    with pytest.raises(ValueError, match="fixed shape"):
+        TreeDrafter(None, threshold=0.5, choices=[(0,)])

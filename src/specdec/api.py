@@ -13,7 +13,7 @@ from specdec.backends.hf import eos_token_ids
 from specdec.backends.lean import check_weights, make_backend
 from specdec.drafters.base import Drafter
 from specdec.drafters.model import ModelDrafter
-from specdec.drafters.tree import TreeDrafter
+from specdec.drafters.tree import DEFAULT_TREE, TreeDrafter
 from specdec.engine import autoregressive_steps, speculative_steps, tree_steps
 from specdec.policies import DraftLengthPolicy, check_k, make_policy
 from specdec.sampling import SamplingConfig
@@ -111,7 +111,9 @@ def generate(
     with ``drafter_options`` (e.g. ``{"exit_layer": 20}``, ``{"path": "heads/"}``).
     prompt: text (needs ``tokenizer``) or token ids. verify: ``greedy``, ``token``, ``block``, or
     ``tree`` (the draft model builds a token tree; ``tree`` holds :class:`TreeDrafter` options:
-    ``choices`` for a static tree, else ``depth``, ``width``, ``expand``, ``budget``).
+    ``choices`` for a static tree, ``threshold`` (with ``width``, ``depth``, ``budget``) for the
+    confident tree, else ``depth``, ``width``, ``expand``, ``budget`` for the EAGLE-2-style
+    dynamic tree; None: :data:`~specdec.drafters.tree.DEFAULT_TREE`, the confident tree).
     k: draft tokens per step (the starting/maximum length for adaptive policies).
     temperature 0 means greedy; top_k 0 and top_p 1 disable those filters. seed fixes sampling.
     stop: strings that end generation (the text is cut before them; needs ``tokenizer``).
@@ -189,8 +191,9 @@ class _Run:
             )
         if verify == "tree":
             if isinstance(drafter, ModelDrafter):
-                tree_drafter = TreeDrafter(drafter.model, **(tree or {}))
-                shape = "static" if tree_drafter.choices else f"budget={tree_drafter.budget}"
+                tree_drafter = TreeDrafter(drafter.model, **(DEFAULT_TREE if tree is None else tree))
+                shape = ("static" if tree_drafter.choices else f"threshold={tree_drafter.threshold}"
+                         if tree_drafter.threshold is not None else f"budget={tree_drafter.budget}")
             elif hasattr(drafter, "propose_tree"):  # e.g. the heads drafter: a static Medusa tree
                 if tree and set(tree) - {"choices"}:
                     raise ValueError(f"the {drafter.name} drafter's tree takes only 'choices'")

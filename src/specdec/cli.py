@@ -95,11 +95,18 @@ def add_decoding_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("decoding")
     group.add_argument("--verify", default="block", choices=sorted([*VERIFIERS, "tree"]),
                        help="verification rule; 'tree' drafts a token tree with the draft model and "
-                            "verifies it in one pass; 'typical' is lossy (default: block)")
+                            "verifies it in one pass (by default the confident tree, threshold 0.8); "
+                            "'typical' is lossy (default: block)")
+    group.add_argument("--tree-threshold", type=probability, default=None, metavar="P",
+                       help="--verify tree: the confident tree: a chain while the draft's top probability is at "
+                            "least P, a fork of --tree-width children where it is not (default tree: P = 0.8)")
     group.add_argument("--tree-budget", type=positive_int, default=None, metavar="N",
-                       help="--verify tree: nodes in the dynamic (EAGLE-2-style) tree (default: 16)")
+                       help="--verify tree: most nodes in the tree (default: 16); without --tree-threshold, "
+                            "--tree-budget, --tree-depth and --tree-width shape the EAGLE-2-style dynamic tree")
     group.add_argument("--tree-depth", type=positive_int, default=None, metavar="D",
-                       help="--verify tree: deepest level of the dynamic tree (default: 5)")
+                       help="--verify tree: deepest level (default: 12 confident, 5 dynamic)")
+    group.add_argument("--tree-width", type=positive_int, default=None, metavar="W",
+                       help="--verify tree: children per expanded node (default: 2 confident, 4 dynamic)")
     group.add_argument("--tree-static", nargs="?", const="default", default=None, metavar="PATHS",
                        help="--verify tree: a static Medusa-style tree instead of the dynamic one: the default "
                             "shape, or rank paths joined by '|' with ranks joined by '.', e.g. 0|1|0.0")
@@ -145,13 +152,17 @@ def check_decoding_options(args: argparse.Namespace) -> None:
                            f"add --drafter {wanted[0]} or drop {option}", code=2)
     tree_flags = [f for f, v in (("--tree-budget", getattr(args, "tree_budget", None)),
                                  ("--tree-depth", getattr(args, "tree_depth", None)),
+                                 ("--tree-threshold", getattr(args, "tree_threshold", None)),
+                                 ("--tree-width", getattr(args, "tree_width", None)),
                                  ("--tree-static", getattr(args, "tree_static", None))) if v is not None]
     if tree_flags and args.verify != "tree":
         raise CLIError(f"{tree_flags[0]} is an option of --verify tree", "add --verify tree or drop it", code=2)
     if getattr(args, "tree_static", None):
         tree_options(args)  # a malformed shape fails here, before any model loads
-    if getattr(args, "tree_static", None) and (args.tree_budget or args.tree_depth):
-        raise CLIError("--tree-static fixes the tree's shape; --tree-budget and --tree-depth shape the dynamic tree",
+    if getattr(args, "tree_static", None) and (args.tree_budget or args.tree_depth or args.tree_threshold is not None
+                                               or args.tree_width):
+        raise CLIError("--tree-static fixes the tree's shape; --tree-threshold, --tree-budget, --tree-depth and "
+                       "--tree-width shape the confident and the dynamic trees",
                        "use one or the other", code=2)
     if args.verify == "tree" and drafter not in ("model", "heads"):
         raise CLIError(f"--verify tree drafts its tree with the draft model or the heads, not --drafter {drafter}",
@@ -179,7 +190,9 @@ def tree_options(args: argparse.Namespace) -> dict[str, Any] | None:
         except ValueError as e:
             raise CLIError(str(e), "e.g. --tree-static 0|1|0.0, or --tree-static alone for the default shape",
                            code=2) from None
-    return {k: v for k, v in (("budget", args.tree_budget), ("depth", args.tree_depth)) if v is not None}
+    given = {k: v for k, v in (("budget", args.tree_budget), ("depth", args.tree_depth),
+                               ("threshold", args.tree_threshold), ("width", args.tree_width)) if v is not None}
+    return given or None  # None: the API's default tree (the confident tree)
 
 
 def drafter_kwargs(args: argparse.Namespace) -> dict[str, Any]:

@@ -71,5 +71,19 @@ def logits_to_probs(logits: torch.Tensor, config: SamplingConfig) -> torch.Tenso
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    """Draw one token id from ``probs`` ([V], non-negative, need not be normalised)."""
-    return int(torch.multinomial(probs, 1, generator=generator).item())
+    """Draw one token id from ``probs`` ([V], non-negative, need not be normalised).
+
+    By inversion: one uniform draw against the float64 cumulative sum, so token i is drawn with
+    probability probs[i] / sum(probs) (to float64 rounding) and a zero-probability token, whose
+    interval is empty, never. About 5x faster than ``torch.multinomial`` on a 150k vocabulary,
+    which costs milliseconds per call: several calls a step.
+    """
+    cdf = torch.cumsum(probs.to(torch.float64), 0)  # [V]
+    total = cdf[-1]
+    if not total > 0:
+        raise ValueError("cannot sample from a distribution with no positive mass")
+    u = torch.rand((), dtype=torch.float64, generator=generator) * total
+    i = int(torch.searchsorted(cdf, u, right=True))  # the first i with cdf[i] > u
+    if i >= cdf.shape[0]:  # u rounded up to the total: take the last token with mass
+        i = int(torch.nonzero(probs > 0)[-1])
+    return i

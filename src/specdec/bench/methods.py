@@ -9,7 +9,8 @@ Grammar (fields separated by ``:``)::
                                  threshold= go to the policy; any other key is an option of the
                                  drafter (e.g. exit_layer=20, max_ngram=3, skip=3/5/7)
     spec:tree[:key=value ...]    a token tree from the draft model; keys depth=, width=, expand=,
-                                 budget= (dynamic tree) or choices=default|<paths> (a static tree,
+                                 budget= (dynamic tree), threshold= (with width=, depth=, budget=:
+                                 the confident tree) or choices=default|<paths> (a static tree,
                                  e.g. choices=0|1|0.0: rank paths joined by '|', ranks by '.')
     spec:heads:tree[:path=DIR]   a static Medusa tree from trained heads (drafter option path=)
     hf-assisted[:k=N]            transformers' assisted generation (assistant_model=); k sets
@@ -39,7 +40,7 @@ from specdec.verify import VERIFIERS
 DEFAULT_K = 4
 PROMPT_LOOKUP_K = 10  # transformers' documented example value for prompt_lookup_num_tokens
 POLICY_OPTIONS = ("k_max", "threshold")
-TREE_OPTIONS = ("depth", "width", "expand", "budget", "choices")
+TREE_OPTIONS = ("depth", "width", "expand", "budget", "choices", "threshold")
 # Which peer a project drafter is measured against.
 PEER_OF_DRAFTER = {"model": "hf-assisted", "ngram": "hf-prompt-lookup"}
 PEERS = ("hf-assisted", "hf-prompt-lookup", "hf-ar")

@@ -18,6 +18,10 @@ from specdec.backends.base import CausalLM, forward_after, rollback
 from specdec.sampling import SamplingConfig, logits_to_probs
 from specdec.tree import TokenTree, sample_children, top_children
 
+# The tree that --verify tree drafts unless told otherwise: the confident tree with the confidence
+# policy's threshold (the best tree measured on the default pair, see README *Performance*).
+DEFAULT_TREE: dict = {"threshold": 0.8}
+
 # A small Medusa-style tree: each tuple is the path of child ranks from the root.
 DEFAULT_CHOICES: tuple[tuple[int, ...], ...] = (
     (0,), (1,), (2,),
@@ -47,7 +51,11 @@ class TreeDrafter:
     """Builds a token tree under the context with a draft model.
 
     Static: ``choices`` lists every node as its path of child ranks (under sampling, rank r is
-    the r-th child drawn). Dynamic (``choices=None``): at each of ``depth`` levels, the ``expand``
+    the r-th child drawn). Confident (``threshold`` given): the confidence policy's chain with a
+    fork where it stops; at each node the draft's top probability decides: at least ``threshold``,
+    one child, which is drafted on if its own probability is at least ``threshold`` too; below
+    it, ``width`` children and the tree ends there (at most ``depth`` levels, ``budget`` nodes).
+    Dynamic (``choices=None``): at each of ``depth`` levels, the ``expand``
     best new nodes (by the product of draft probabilities along their path) get ``width``
     children; under greedy decoding they are the most likely ones and finally the ``budget`` best
     nodes overall are kept (a child never scores above its parent, so the kept set is a tree);
@@ -62,11 +70,16 @@ class TreeDrafter:
         model: CausalLM,
         *,
         choices: Sequence[tuple[int, ...]] | None = None,
-        depth: int = 5,
-        width: int = 4,
+        depth: int | None = None,
+        width: int | None = None,
         expand: int = 4,
         budget: int = 16,
+        threshold: float | None = None,
     ) -> None:
+        """depth and width default to 12 and 2 for a confident tree, 5 and 4 for a dynamic one."""
+        confident = threshold is not None
+        depth = (12 if confident else 5) if depth is None else depth
+        width = (2 if confident else 4) if width is None else width
         for label, value in (("depth", depth), ("width", width), ("expand", expand), ("budget", budget)):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"tree {label} must be a positive integer, got {value!r}")
@@ -76,6 +89,11 @@ class TreeDrafter:
             if not choices or any(not c or (len(c) > 1 and c[:-1] not in known) for c in choices):
                 raise ValueError("tree choices must be non-empty rank paths whose prefixes are listed too")
             depth = len(choices[-1])
+        if threshold is not None and not 0.0 <= threshold <= 1.0:
+            raise ValueError(f"the tree's confidence threshold must be in [0, 1], got {threshold}")
+        if threshold is not None and choices is not None:
+            raise ValueError("a static tree (choices) has a fixed shape; a threshold shapes a confident tree")
+        self.threshold = threshold
         self.model = model
         self.choices = choices
         self.depth, self.width, self.expand, self.budget = depth, width, expand, budget
@@ -95,6 +113,8 @@ class TreeDrafter:
         sampled = not sampling.greedy
         # Greedy ranks by the plain softmax (the verifier never reads it); sampling draws from its law.
         law = sampling if sampled else SamplingConfig(temperature=1.0)
+        if self.threshold is not None:
+            return self._propose_confident(context, law, sampled, min(self.depth, max_depth), generator)
         tokens: list[int] = []
         parents: list[int] = []
         ranks: list[tuple[int, ...]] = []  # each node's path of child ranks
@@ -140,6 +160,46 @@ class TreeDrafter:
         if len(tokens) > self.budget and self.choices is None:
             return _prune(tokens, parents, score, self.budget)
         return TokenTree(tokens, parents)
+
+    def _propose_confident(
+        self, context: Sequence[int], law: SamplingConfig, sampled: bool, depth: int,
+        generator: torch.Generator | None,
+    ) -> TokenTree:
+        """The confident tree (class docstring): a chain while the draft is sure, a fork where it
+        is not. A node's number of children is fixed by its own distribution before they are
+        drawn, and whether a child is drafted on depends only on its path, as the sampled tree's
+        verifier requires."""
+        tokens: list[int] = []
+        parents: list[int] = []
+        drawn_from: dict[int, torch.Tensor] = {}  # sampled trees: node -> law of its children [V]
+        fed: list[int] = []  # nodes in the draft's cache after the context, in cache order
+        node = -1
+        row = logits_to_probs(forward_after(self.model, context), law)[-1] if depth > 0 else None  # [V]
+        for level in range(1, depth + 1):
+            sure = float(row.max()) >= self.threshold
+            count = min(1 if sure else self.width, self.budget - len(tokens))
+            if sampled:
+                picks = sample_children(row, count, generator)
+                if picks:
+                    drawn_from[node] = row
+            else:
+                picks = [tok for tok, _ in top_children(row, count)]
+            for tok in picks:
+                tokens.append(tok)
+                parents.append(node)
+            if not (sure and picks and level < depth and len(tokens) < self.budget):
+                break
+            if float(row[picks[0]]) < self.threshold:  # a sampled child the draft was not sure of
+                break
+            node = len(tokens) - 1
+            row = logits_to_probs(self._feed(context, parents, tokens, fed, [node]), law)[-1]
+        rollback(self.model, context)
+        if not sampled:
+            return TokenTree(tokens, parents)
+        q = torch.zeros(1 + len(tokens), self.vocab_size)  # [1 + N, V]
+        for at, law_row in drawn_from.items():
+            q[1 + at] = law_row
+        return TokenTree(tokens, parents, q)
 
     def observe(self, context: Sequence[int]) -> None:
         rollback(self.model, context)
