@@ -315,6 +315,25 @@ def test_self_drafting_accepts_everything(greedy_run):
             assert sum(s.step_accepted) + len(s.step_accepted) == s.new_tokens
 
 
+def test_the_first_step_is_timed_apart_from_decoding(greedy_run):
+    """Each run knows when its first target forward (the prefill) ended and what it produced, for
+    the project's methods and for the peers alike, and decoding figures are computed from the rest."""
+    for s in greedy_run.samples:
+        assert s.first_step_seconds is not None and 0 < s.first_step_seconds < s.seconds, s.method
+        assert 1 <= s.first_step_tokens <= s.new_tokens, s.method
+        if s.method == "ar":
+            assert s.first_step_tokens == 1
+        if s.method == "spec:block:k=3":  # a copy of the target drafts: the first step keeps all 3
+            assert s.first_step_tokens == 4
+    methods = report.summarize(greedy_run)
+    assert methods["ar"]["decode_speedup_vs_ar"] == pytest.approx(1.0)
+    ar = [s for s in greedy_run.samples if s.method == "ar"]
+    decode = sum(s.new_tokens - s.first_step_tokens for s in ar) / sum(s.seconds - s.first_step_seconds for s in ar)
+    assert methods["ar"]["decode_tokens_per_second"] == pytest.approx(decode)
+    for name, m in methods.items():
+        assert m["decode_speedup_vs_ar"] > 0 and m["first_step_seconds"] > 0, name
+
+
 def test_results_json_table_and_plots(greedy_run, tiny_models, tmp_path):
     env = report.environment("specdec bench --test", "float32")
     info = {"target": report.model_info(tiny_models.target, "tiny"), "draft": None}
@@ -336,6 +355,7 @@ def test_results_json_table_and_plots(greedy_run, tiny_models, tmp_path):
     assert saved["methods"]["spec:block:k=3"]["predicted_speedup"] is not None
     table = (out / "results.md").read_text()
     assert all(f"`{name}`" in table for name in saved["methods"])
+    assert "decoding speed-up" in table and "first step (s)" in table
     assert "`spec:typical:k=2` (LOSSY)" in table and "FAILED" in table
     for png in report.PLOTS:
         assert (out / png).read_bytes()[:4] == b"\x89PNG"

@@ -6,6 +6,11 @@ Definitions (per method, over all its timed runs):
 - ``speedup_vs_ar``: tokens_per_second / ar's tokens_per_second -- the ratio of total time for the
   same tokens when the token counts are equal (they are when EOS is ignored).
   ``speedup_vs_ar_geomean``: geometric mean over prompts of the same ratio per prompt.
+- ``decode_speedup_vs_ar``: the same ratio for decoding alone: each run's tokens and time after
+  its first step (the first target forward, which prefills the prompt; for draft-model methods the
+  draft's prefill comes before it). ``first_step_seconds``: the mean time to that point. With
+  prompts of a few hundred tokens and 64 new ones, prefill is a large share of a run, and it is
+  the same work with or without speculation (plus the draft's own prefill).
 - ``mean_accepted_per_forward``: new tokens / target forward passes (1 for ar).
 - ``acceptance_rate``: accepted draft tokens / drafted tokens. ``alpha``: accepted / (accepted +
   rejections), the per-token acceptance probability the closed forms assume (a step that keeps
@@ -60,11 +65,19 @@ def summarize(run: BenchRun) -> dict[str, dict[str, Any]]:
     ar = by_method.get("ar", [])
     ar_runs = {(s.prompt, s.repeat): s for s in ar}
     ar_tps = _tps(ar)
+    ar_decode = _decode_tps(ar)
     ar_step = _median([s.step_seconds for s in ar])
     summary = {}
     for method in run.methods:
         samples = by_method.get(method.name, [])
         summary[method.name] = _method_summary(method, samples, ar, ar_runs, ar_tps, ar_step, run)
+        decode = _decode_tps(samples)
+        firsts = [s.first_step_seconds for s in samples if s.first_step_seconds is not None]
+        summary[method.name].update(
+            decode_tokens_per_second=decode,
+            decode_speedup_vs_ar=decode / ar_decode if decode and ar_decode else None,
+            first_step_seconds=statistics.fmean(firsts) if firsts and len(firsts) == len(samples) else None,
+        )
     _compare_with_peers(run.methods, summary)
     return summary
 
@@ -109,6 +122,15 @@ def _method_summary(method, samples, ar, ar_runs, ar_tps, ar_step, run) -> dict[
     )
     out.update(_identity(samples, ar_runs, run.settings.greedy))
     return out
+
+
+def _decode_tps(samples: Sequence[Sample]) -> float | None:
+    """Tokens per second after the first step, over all runs; None if some run lacks its first step."""
+    if not samples or any(s.first_step_seconds is None or s.first_step_tokens is None for s in samples):
+        return None
+    seconds = sum(s.seconds - s.first_step_seconds for s in samples)
+    tokens = sum(s.new_tokens - s.first_step_tokens for s in samples)
+    return tokens / seconds if seconds > 0 else None
 
 
 def _tps(samples: Sequence[Sample]) -> float:
@@ -327,6 +349,8 @@ COLUMNS = [
     ("tok/s", "tokens_per_second"),
     ("speed-up vs ar", "speedup_vs_ar"),
     ("geomean", "speedup_vs_ar_geomean"),
+    ("decoding speed-up", "decode_speedup_vs_ar"),
+    ("first step (s)", "first_step_seconds"),
     ("tokens/forward", "mean_accepted_per_forward"),
     ("acceptance", "acceptance_rate"),
     ("α", "alpha"),
@@ -356,7 +380,7 @@ def markdown(data: dict[str, Any]) -> str:
                 cells.append(_split(m))
             elif key == "vs_peer":
                 cells.append(f"{_fmt(m.get(key), 'x')} {m['peer']}" if m.get("peer") else "–")
-            elif key in ("speedup_vs_ar", "speedup_vs_ar_geomean", "predicted_speedup"):
+            elif key in ("speedup_vs_ar", "speedup_vs_ar_geomean", "predicted_speedup", "decode_speedup_vs_ar"):
                 cells.append(_fmt(m.get(key), "x"))
             elif key in ("acceptance_rate", "alpha"):
                 cells.append(_fmt(m.get(key), "%"))
@@ -368,7 +392,9 @@ def markdown(data: dict[str, Any]) -> str:
     for name, error in data.get("failed", {}).items():
         lines.append(f"\n`{name}` FAILED and is left out: {error}")
     lines.append(
-        "\nSpeed-up: ratio of tokens per second to `ar` over all prompts (geomean: per prompt). "
+        "\nSpeed-up: ratio of tokens per second to `ar` over all prompts (geomean: per prompt); "
+        "decoding speed-up: the same after each run's first step, which prefills the prompt "
+        "(first step: its mean time). "
         "tokens/forward: new tokens per target forward. α: per-token acceptance; k: drafts per step; "
         "c: one draft token's time / one `ar` step; predicted: (1-α^(k+1)) / ((1-α)(kc+1)). "
         "vs peer: speed-up over the fastest peer of the same kind (draft model: `hf-assisted`; "

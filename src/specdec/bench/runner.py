@@ -74,6 +74,9 @@ class Sample:
     step_drafted[i] / step_accepted[i]: draft tokens proposed / kept at target forward i (empty
     when unknown). draft_token_seconds: median time to draft one token (steps after the first);
     step_seconds: median time of one target step after the first (the prefill).
+    first_step_seconds / first_step_tokens: wall time from the start to the end of the first
+    target forward (the prompt's prefill in every model, and the first step's drafting) and the
+    tokens that step produced; the rest of the run is the decoding that speculation speeds up.
     """
 
     method: str
@@ -90,6 +93,8 @@ class Sample:
     verify_seconds: float = 0.0
     draft_token_seconds: float | None = None
     step_seconds: float | None = None
+    first_step_seconds: float | None = None
+    first_step_tokens: int | None = None
 
     @property
     def new_tokens(self) -> int:
@@ -216,7 +221,10 @@ def _run_project(method, models, prompt_ids, temperature, max_new_tokens, eos, s
     tokens: list[int] = []
     drafted, accepted, draft_s, verify_s = [], [], [], []
     stats = None
+    first: tuple[float, int] | None = None  # (seconds, tokens) of the first step
     for event in specdec.stream(target, prompt_ids, **kwargs):
+        if first is None:
+            first = (time.perf_counter() - start, len(event.token_ids))
         stats = event.stats  # cumulative; the per-step figures are its increments
         tokens += event.token_ids
         accepted.append(sum(event.from_draft))
@@ -233,6 +241,7 @@ def _run_project(method, models, prompt_ids, temperature, max_new_tokens, eos, s
         step_accepted=accepted if method.kind == "spec" else [],
         draft_seconds=sum(draft_s), verify_seconds=sum(verify_s),
         draft_token_seconds=_median(per_token), step_seconds=_median(verify_s[1:]),
+        first_step_seconds=first[0] if first else None, first_step_tokens=first[1] if first else None,
     )
 
 
@@ -285,8 +294,9 @@ def _run_peer(method, models, prompt_ids, temperature, max_new_tokens, eos, seed
     input_ids = torch.tensor([prompt_ids], dtype=torch.long, device=target.device)
     target_calls: list[tuple[int, int, float]] = []
     draft_calls: list[tuple[int, int, float]] = []
+    target_ends: list[float] = []  # perf_counter at the end of each target forward
     with _generation_config(target, config), _generation_config(assistant, assistant_config), \
-            _forward_timer(target, target_calls), _forward_timer(assistant, draft_calls):
+            _forward_timer(target, target_calls, target_ends), _forward_timer(assistant, draft_calls):
         torch.manual_seed(seed)
         start = time.perf_counter()
         out = target.generate(input_ids, attention_mask=torch.ones_like(input_ids), **kwargs)
@@ -304,6 +314,8 @@ def _run_peer(method, models, prompt_ids, temperature, max_new_tokens, eos, seed
         draft_seconds=sum(t for _, _, t in draft_calls), verify_seconds=sum(target_times),
         draft_token_seconds=_median([t for _, _, t in draft_calls[1:]]),
         step_seconds=_median(target_times[1:]),
+        first_step_seconds=target_ends[0] - start if target_ends else None,
+        first_step_tokens=min(len(tokens), 1 + (accepted[0] if accepted else 0)) if target_ends else None,
     )
 
 
@@ -355,8 +367,9 @@ def _generation_config(model: Any, config: Any) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _forward_timer(model: Any, calls: list[tuple[int, int, float]]) -> Iterator[None]:
-    """Record (cache length at start, tokens fed, seconds) for each forward of ``model``."""
+def _forward_timer(model: Any, calls: list[tuple[int, int, float]], ends: list[float] | None = None) -> Iterator[None]:
+    """Record (cache length at start, tokens fed, seconds) for each forward of ``model``, and in
+    ``ends`` the ``perf_counter`` at the end of each."""
     if model is None:
         yield
         return
@@ -375,7 +388,10 @@ def _forward_timer(model: Any, calls: list[tuple[int, int, float]]) -> Iterator[
 
     def after(module, args, kwargs, output):
         cached, fed, t0 = started.pop()
-        calls.append((cached, fed, time.perf_counter() - t0))
+        end = time.perf_counter()
+        calls.append((cached, fed, end - t0))
+        if ends is not None:
+            ends.append(end)
 
     handles = [
         model.register_forward_pre_hook(before, with_kwargs=True),
