@@ -303,3 +303,54 @@ def test_float32_near_equal_drafts_give_a_valid_plan(verifier: str) -> None:
         assert (plan.accept_len_probs >= 0).all() and (plan.next_token_probs >= 0).all()
         assert float(plan.accept_len_probs.sum()) == pytest.approx(1.0, abs=1e-9)
         draw(plan, gen)  # samplable
+
+
+def adaptive_joint(verifier_name: str, p: Dist, q: Dist, vocab: int, horizon: int, k_max: int, stop) -> dict:
+    """Like :func:`speculative_joint` with a draft length chosen as drafting goes: after drafting
+    token i from q_i, drafting stops if ``stop(q_i, x_i)`` (a draft-length policy, which may look
+    at the law and at the token drawn), or at ``k_max`` or the horizon."""
+    verifier = make_verifier(verifier_name)
+    mass: dict[tuple[int, ...], float] = {(): 1.0}
+
+    def drafts(seq, prefix, prob, cap):
+        if len(prefix) == cap:
+            yield prefix, prob
+            return
+        row = q(seq + prefix)
+        for x in range(vocab):
+            if row[x] == 0.0:
+                continue
+            if stop(row, x) or len(prefix) + 1 == cap:
+                yield prefix + (x,), prob * row[x]
+            else:
+                yield from drafts(seq, prefix + (x,), prob * row[x], cap)
+
+    for length in range(horizon):
+        for seq in [s for s in mass if len(s) == length]:
+            weight = mass.pop(seq)
+            for draft, draft_prob in drafts(seq, (), 1.0, min(k_max, horizon - length - 1)):
+                k = len(draft)
+                q_rows = np.array([q(seq + draft[:i]) for i in range(k)]).reshape(k, vocab)
+                p_rows = np.array([p(seq + draft[:i]) for i in range(k + 1)])
+                plan = verifier.plan(torch.tensor(draft, dtype=torch.long), torch.tensor(q_rows), torch.tensor(p_rows))
+                for n, y, prob in outcomes(plan):
+                    out = seq + draft[:n] + (y,)
+                    mass[out] = mass.get(out, 0.0) + weight * draft_prob * prob
+    return mass
+
+
+STOPS = {
+    "confidence-0.5": lambda row, x: row.max() < 0.5,  # the confidence policy: the law's top probability
+    "confidence-0.7": lambda row, x: row.max() < 0.7,
+    "drawn-token-0.3": lambda row, x: row[x] < 0.3,  # on the token just drawn (the confident tree's rule)
+}
+
+
+@pytest.mark.parametrize("case", sorted(cases(4)))
+@pytest.mark.parametrize("verifier_name", ["token", "block"])
+@pytest.mark.parametrize("stop", sorted(STOPS))
+def test_adaptive_draft_lengths_keep_the_rules_exact(case: str, verifier_name: str, stop: str) -> None:
+    """The adaptive policies choose k while drafting, from the draft's probabilities and draws;
+    token and block verification stay exact for such stopping rules (k_max 3, horizon 4)."""
+    p, q = cases(4)[case]
+    assert_same_law(adaptive_joint(verifier_name, p, q, 4, 4, 3, STOPS[stop]), target_joint(p, 4, 4))

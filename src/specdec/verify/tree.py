@@ -10,6 +10,11 @@ children before it, x_i is a draw from q', so each check is a rejection-sampling
 output, with the later checks standing in for a draw from the residual, follows p'; if every
 child is rejected the token is drawn from the last p'. The output follows p_u exactly.
 
+A sampled chain, or a chain whose last node forks into leaves (the confident tree's shapes), is
+verified as a block instead (``specdec.verify.block``, Sun et al.): block verification keeps more
+of a chain than token-by-token rejection does, and when it keeps the whole chain the token after
+it is one draw from the target, which recursive rejection over the fork provides.
+
 Deterministic children (``tree.q`` is None):
 
 At a node, the target's distribution there is p_u. Each child is a point-mass draft; checking the
@@ -60,7 +65,11 @@ class TreeVerifier:
 
 
 def _plan_sampled(tree: TokenTree, p: torch.Tensor) -> VerifyPlan:
-    """Recursive rejection over each node's sampled children (module docstring). p: [1 + N, V]."""
+    """Sampled children (module docstring). p: [1 + N, V]. A chain, or a chain whose last node
+    forks into leaves (the confident tree's shapes), gets block verification along the chain."""
+    shape = _chain_and_fork(tree)
+    if shape is not None:
+        return _plan_chain_fork(tree, p, *shape)
     n = len(tree)
     q = tree.q.to(p.dtype)  # [1 + N, V]
     reach = [1.0] + [0.0] * n  # probability that the output follows the path to each node
@@ -72,22 +81,77 @@ def _plan_sampled(tree: TokenTree, p: torch.Tensor) -> VerifyPlan:
     for u in range(1 + n):
         if reach[u] <= 0.0:
             continue  # never reached: its row is never read
-        pu, qu, stay = p[u], q[u], 1.0  # p', q', P(every child so far rejected)
-        for child in kids[u]:
-            x = tree.tokens[child]
-            px, qx = float(pu[x]), float(qu[x])
-            accept = min(1.0, px / qx) if qx > 0.0 else float(px > 0.0)
-            reach[1 + child] = reach[u] * stay * accept
-            stay *= 1.0 - accept
-            if stay <= 0.0:
-                break
-            pu = residual(pu, qu)
-            pu = pu / pu.sum()
-            qu = qu.clone()
-            qu[x] = 0.0
-            if float(qu.sum()) <= 0.0:
-                break
-            qu = qu / qu.sum()
+        chances, stay, rest[u] = _recursive_rejection(p[u], q[u], [tree.tokens[c] for c in kids[u]])
+        for child, chance in zip(kids[u], chances):
+            reach[1 + child] = reach[u] * chance
         end[u] = reach[u] * stay
-        rest[u] = pu
+    return VerifyPlan(end / end.sum(), rest)
+
+
+def _recursive_rejection(pu: torch.Tensor, qu: torch.Tensor, tokens: list[int]) -> tuple[list[float], float, torch.Tensor]:
+    """Check children ``tokens``, drawn from ``qu`` without replacement, one after another against
+    ``pu`` ([V] each). Returns each child's chance of being the one accepted, the chance that none
+    is, and the law of the token drawn then (the last residual)."""
+    chances, stay = [], 1.0  # stay: P(every child so far rejected)
+    for x in tokens:
+        px, qx = float(pu[x]), float(qu[x])
+        accept = min(1.0, px / qx) if qx > 0.0 else float(px > 0.0)
+        chances.append(stay * accept)
+        stay *= 1.0 - accept
+        if stay <= 0.0:
+            break
+        pu = residual(pu, qu)
+        pu = pu / pu.sum()
+        qu = qu.clone()
+        qu[x] = 0.0
+        if float(qu.sum()) <= 0.0:
+            break
+        qu = qu / qu.sum()
+    chances += [0.0] * (len(tokens) - len(chances))
+    return chances, stay, pu
+
+
+def _chain_and_fork(tree: TokenTree) -> tuple[list[int], list[int]] | None:
+    """(chain, fork) when the tree is a chain of nodes, each its parent's only child, whose last
+    node (or the root) has ``fork`` as its children, all of them leaves (a pure chain has an empty
+    fork); None for any other shape."""
+    kids: list[list[int]] = [[] for _ in range(1 + len(tree))]
+    for i, par in enumerate(tree.parents):
+        kids[par + 1].append(i)
+    chain, node = [], -1
+    while len(kids[node + 1]) == 1:
+        node = kids[node + 1][0]
+        chain.append(node)
+    fork = kids[node + 1]
+    if any(kids[1 + f] for f in fork) or len(chain) + len(fork) != len(tree):
+        return None
+    return chain, fork
+
+
+def _plan_chain_fork(tree: TokenTree, p: torch.Tensor, chain: list[int], fork: list[int]) -> VerifyPlan:
+    """Block verification of the chain's tokens (each drawn from its parent's law), then, only if
+    every one is kept, recursive rejection over the fork at its last node.
+
+    Exact: block verification's outcome follows the target's law for the chain, and when it keeps
+    the whole chain the next token is a draw from the target's law there (the bonus); recursive
+    rejection over children drawn from the draft there is one such draw, continued by a bonus
+    after the child it keeps. So the fork only replaces how that one token is drawn."""
+    from specdec.verify.block import BlockVerifier
+
+    q = tree.q.to(p.dtype)  # [1 + N, V]
+    tips = [0] + [1 + c for c in chain]  # plan rows: the root, then each chain node
+    tokens = torch.tensor([tree.tokens[c] for c in chain], dtype=torch.long)  # [j]
+    block = BlockVerifier().plan(tokens, q[tips[:-1]], p[tips])  # j + 1 outcomes
+    end = torch.zeros(1 + len(tree), dtype=torch.float64)
+    rest = p.clone()
+    for i, row in enumerate(tips):
+        end[row] = block.accept_len_probs[i]
+        rest[row] = block.next_token_probs[i].to(p.dtype)
+    if fork:
+        whole = float(block.accept_len_probs[-1])
+        tip = tips[-1]
+        chances, stay, rest[tip] = _recursive_rejection(p[tip], q[tip], [tree.tokens[f] for f in fork])
+        for f, chance in zip(fork, chances):
+            end[1 + f] = whole * chance  # the bonus after f is drawn from p[1 + f], its row
+        end[tip] = whole * stay
     return VerifyPlan(end / end.sum(), rest)
