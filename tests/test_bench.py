@@ -111,6 +111,7 @@ def test_canonical_names():
     assert parse_method("spec:token").needs_draft_model and parse_method("hf-assisted").needs_draft_model
     assert not parse_method("hf-prompt-lookup").needs_draft_model
     assert parse_method("spec:tree:choices=0|1|0.0").tree_options == {"choices": ((0,), (1,), (0, 0))}
+    assert parse_method("spec:tree").tree_options is None  # the API's default tree, as generate() has it
     assert parse_method("spec:heads:tree:choices=default").tree_options["choices"][:2] == ((0,), (1,))
 
 

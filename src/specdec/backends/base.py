@@ -60,6 +60,24 @@ class CausalLM(Protocol):
         ...
 
 
+class ModelFacts:
+    """The protocol's plain properties, read from ``_vocab`` and ``_max_context``, which a
+    backend sets in its constructor (shared by the backends here)."""
+
+    _vocab: int
+    _max_context: int | None
+
+    @property
+    def vocab_size(self) -> int:
+        """Width V of the logits."""
+        return self._vocab
+
+    @property
+    def max_context(self) -> int | None:
+        """Longest sequence the model accepts, or None if unknown."""
+        return self._max_context
+
+
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     """Length of the longest common prefix of two token sequences."""
     n = min(len(a), len(b))

@@ -6,8 +6,10 @@ from typing import Any, Sequence
 
 import torch
 
+from specdec.backends.base import ModelFacts
 
-class HFCausalLM:
+
+class HFCausalLM(ModelFacts):
     """One sequence's view of a transformers causal LM, with a trimmable KV cache.
 
     Refuses (``ValueError``) a model whose cache cannot be trimmed back, since rollback of rejected
@@ -28,14 +30,6 @@ class HFCausalLM:
         head = model.get_output_embeddings()
         self._vocab = int(head.weight.shape[0]) if head is not None else int(model.config.vocab_size)
         self._max_context = getattr(model.config, "max_position_embeddings", None)
-
-    @property
-    def vocab_size(self) -> int:
-        return self._vocab
-
-    @property
-    def max_context(self) -> int | None:
-        return self._max_context
 
     @property
     def tokens(self) -> list[int]:

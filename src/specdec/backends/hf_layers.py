@@ -26,12 +26,12 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
-from specdec.backends.base import common_prefix_len
+from specdec.backends.base import ModelFacts, common_prefix_len
 
 _SUPPORTED_ATTENTION = ("sdpa", "eager", "specdec")  # specdec: specdec.kernels.attention
 
 
-class HFLayeredCausalLM:
+class HFLayeredCausalLM(ModelFacts):
     """One sequence's view of a llama/qwen2-style transformers model, run layer by layer."""
 
     def __init__(self, model: Any) -> None:
@@ -47,14 +47,6 @@ class HFLayeredCausalLM:
         self.reset()
 
     # -- the CausalLM protocol ------------------------------------------------------------------
-
-    @property
-    def vocab_size(self) -> int:
-        return self._vocab
-
-    @property
-    def max_context(self) -> int | None:
-        return self._max_context
 
     @property
     def num_layers(self) -> int:

@@ -24,6 +24,7 @@ from typing import Any, Sequence
 import torch
 
 from specdec import kernels
+from specdec.backends.base import ModelFacts
 
 LEAN_MODEL_TYPES = ("llama", "qwen2", "mistral")
 _FIRST_CAPACITY = 256  # cached positions allocated at first; the cache doubles when full
@@ -119,7 +120,7 @@ class _Linear:
         return y.to(torch.bfloat16)
 
 
-class LeanCausalLM:
+class LeanCausalLM(ModelFacts):
     """One sequence's view of a llama/qwen2-style model, computed as transformers computes it.
 
     Implements :class:`~specdec.backends.base.CausalLM` (trees included: ``attend`` and
@@ -156,14 +157,6 @@ class LeanCausalLM:
         self.reset()
 
     # -- the CausalLM protocol ------------------------------------------------------------------
-
-    @property
-    def vocab_size(self) -> int:
-        return self._vocab
-
-    @property
-    def max_context(self) -> int | None:
-        return self._max_context
 
     @property
     def tokens(self) -> list[int]:

@@ -8,7 +8,8 @@ Grammar (fields separated by ``:``)::
                                  model), k= (default 4), policy= (default static); k_max= and
                                  threshold= go to the policy; any other key is an option of the
                                  drafter (e.g. exit_layer=20, max_ngram=3, skip=3/5/7)
-    spec:tree[:key=value ...]    a token tree from the draft model; keys depth=, width=, expand=,
+    spec:tree[:key=value ...]    a token tree from the draft model: bare, the API's default (the
+                                 confident tree, threshold 0.8); keys depth=, width=, expand=,
                                  budget= (dynamic tree), threshold= (with width=, depth=, budget=:
                                  the confident tree) or choices=default|<paths> (a static tree,
                                  e.g. choices=0|1|0.0: rank paths joined by '|', ranks by '.')
@@ -102,9 +103,12 @@ class MethodSpec:
         return {k: v for k, v in self.options if k not in POLICY_OPTIONS and k not in TREE_OPTIONS}
 
     @property
-    def tree_options(self) -> dict[str, Any]:
-        """The API's ``tree=`` argument; ``choices=default`` is the static default tree."""
+    def tree_options(self) -> dict[str, Any] | None:
+        """The API's ``tree=`` argument: None (the API's default tree) without tree options;
+        ``choices=default`` is the static default tree."""
         options = {k: v for k, v in self.options if k in TREE_OPTIONS}
+        if not options:
+            return None
         if "choices" in options:
             options["choices"] = parse_choices(options["choices"])
         return options
