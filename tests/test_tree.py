@@ -266,10 +266,19 @@ def test_sampled_chains_get_block_verification() -> None:
     token = TokenVerifier().plan(chain, q[:2], p)
     assert torch.allclose(plan.accept_len_probs, block.accept_len_probs)
     assert float(plan.accept_len_probs[-1]) > 2 * float(token.accept_len_probs[-1])
-    # with a fork of two leaves at the chain's end, the chain's outcomes below the tip are unchanged
-    forked = TreeVerifier().plan_tree(TokenTree([1, 2, 0, 3], [-1, 0, 1, 1], torch.cat([q, q[:2]])), torch.cat([p, p[:2]]))
-    assert torch.allclose(forked.accept_len_probs[:2], block.accept_len_probs[:2])
-    assert float(forked.accept_len_probs[2:].sum()) == pytest.approx(float(block.accept_len_probs[-1]))
+    # A fork of two leaves at the chain's end: the chain and the first child are one block, and
+    # where the block ends at the chain's last node the second child is tried for the token it
+    # appends there, so each outcome of the block keeps its mass and the second child adds some.
+    gen = torch.Generator().manual_seed(3)  # a case where the block can end at the chain's end
+    p = torch.softmax(torch.randn(3, 4, generator=gen, dtype=torch.float64), -1)
+    q = torch.softmax(torch.randn(3, 4, generator=gen, dtype=torch.float64), -1)
+    rows_q = torch.cat([q, q[:2]])  # [1 + 4, V]: node 2 and 3 are leaves (their rows unread)
+    forked = TreeVerifier().plan_tree(TokenTree([1, 2, 0, 3], [-1, 0, 1, 1], rows_q), torch.cat([p, p[:2]]))
+    whole = BlockVerifier().plan(torch.tensor([1, 2, 0]), q, torch.cat([p, p[:1]]))
+    got = forked.accept_len_probs  # by node: root, 0, 1 (the tip), 2 (first child), 3 (second)
+    assert torch.allclose(got[[0, 1, 3]], whole.accept_len_probs[[0, 1, 3]])
+    assert float(got[2] + got[4]) == pytest.approx(float(whole.accept_len_probs[2]))
+    assert float(got[4]) > 0.0
 
 
 def test_tree_verification_is_greedy_on_one_hot() -> None:

@@ -11,9 +11,11 @@ output, with the later checks standing in for a draw from the residual, follows 
 child is rejected the token is drawn from the last p'. The output follows p_u exactly.
 
 A sampled chain, or a chain whose last node forks into leaves (the confident tree's shapes), is
-verified as a block instead (``specdec.verify.block``, Sun et al.): block verification keeps more
-of a chain than token-by-token rejection does, and when it keeps the whole chain the token after
-it is one draw from the target, which recursive rejection over the fork provides.
+verified as a block instead (``specdec.verify.block``, Sun et al.): the chain and the fork's first
+child form one block, since block verification keeps more of a longer block than token-by-token
+rejection does; where the block ends at the chain's last node, the fork's other children are
+checked against the law of the token block verification appends there (:func:`_plan_chain_fork`).
+So such a tree keeps at least what the chain of its first children would.
 
 Deterministic children (``tree.q`` is None):
 
@@ -129,29 +131,38 @@ def _chain_and_fork(tree: TokenTree) -> tuple[list[int], list[int]] | None:
 
 
 def _plan_chain_fork(tree: TokenTree, p: torch.Tensor, chain: list[int], fork: list[int]) -> VerifyPlan:
-    """Block verification of the chain's tokens (each drawn from its parent's law), then, only if
-    every one is kept, recursive rejection over the fork at its last node.
+    """Block verification of the chain and the fork's first child as one block (each token drawn
+    from its parent's law); where it keeps the whole chain but not that child, recursive rejection
+    over the fork's other children for the token it would draw.
 
-    Exact: block verification's outcome follows the target's law for the chain, and when it keeps
-    the whole chain the next token is a draw from the target's law there (the bonus); recursive
-    rejection over children drawn from the draft there is one such draw, continued by a bonus
-    after the child it keeps. So the fork only replaces how that one token is drawn."""
+    Exact: block verification's outcome follows the target's law for the block. Where it ends at
+    the chain's last node, it appends a token drawn from a law r that it computes (given the
+    block); the fork's other children, drawn from the draft there without replacement after the
+    first, are checked one by one against r exactly as the module docstring checks siblings
+    against p, so the appended token is still a draw from r, and after a kept child the bonus is
+    the target's next token there. So the other children only change how that token is drawn,
+    and each one kept adds a bonus token."""
     from specdec.verify.block import BlockVerifier
 
     q = tree.q.to(p.dtype)  # [1 + N, V]
     tips = [0] + [1 + c for c in chain]  # plan rows: the root, then each chain node
-    tokens = torch.tensor([tree.tokens[c] for c in chain], dtype=torch.long)  # [j]
-    block = BlockVerifier().plan(tokens, q[tips[:-1]], p[tips])  # j + 1 outcomes
+    block_nodes = chain + fork[:1]
+    rows = tips + [1 + f for f in fork[:1]]  # [j + 1]: the target's law after each block prefix
+    tokens = torch.tensor([tree.tokens[c] for c in block_nodes], dtype=torch.long)  # [j]
+    block = BlockVerifier().plan(tokens, q[tips[: len(block_nodes)]], p[rows])  # j + 1 outcomes
     end = torch.zeros(1 + len(tree), dtype=torch.float64)
     rest = p.clone()
-    for i, row in enumerate(tips):
+    for i, row in enumerate(rows):
         end[row] = block.accept_len_probs[i]
         rest[row] = block.next_token_probs[i].to(p.dtype)
-    if fork:
-        whole = float(block.accept_len_probs[-1])
-        tip = tips[-1]
-        chances, stay, rest[tip] = _recursive_rejection(p[tip], q[tip], [tree.tokens[f] for f in fork])
-        for f, chance in zip(fork, chances):
-            end[1 + f] = whole * chance  # the bonus after f is drawn from p[1 + f], its row
-        end[tip] = whole * stay
+    if len(fork) > 1:
+        tip, first = tips[-1], tree.tokens[fork[0]]
+        law = rest[tip] / rest[tip].sum()  # r: the token block verification appends at the tip
+        others = q[tip].clone()
+        others[first] = 0.0
+        others = others / others.sum()  # the law the second child was drawn from
+        chances, stay, rest[tip] = _recursive_rejection(law, others, [tree.tokens[f] for f in fork[1:]])
+        for f, chance in zip(fork[1:], chances):
+            end[1 + f] = end[tip] * chance  # the bonus after f is drawn from p[1 + f], its row
+        end[tip] = end[tip] * stay
     return VerifyPlan(end / end.sum(), rest)
