@@ -104,7 +104,8 @@ def add_decoding_options(parser: argparse.ArgumentParser) -> None:
                        help="--verify tree: most nodes in the tree (default: 16); without --tree-threshold, "
                             "--tree-budget, --tree-depth and --tree-width shape the EAGLE-2-style dynamic tree")
     group.add_argument("--tree-depth", type=positive_int, default=None, metavar="D",
-                       help="--verify tree: deepest level (default: 12 confident, 5 dynamic)")
+                       help="--verify tree: deepest level (default: 16 confident, the confidence policy's "
+                            "k_max; 5 dynamic)")
     group.add_argument("--tree-width", type=positive_int, default=None, metavar="W",
                        help="--verify tree: children per expanded node (default: 2 confident, 4 dynamic)")
     group.add_argument("--tree-static", nargs="?", const="default", default=None, metavar="PATHS",

@@ -15,6 +15,7 @@ from typing import Sequence
 import torch
 
 from specdec.backends.base import CausalLM, forward_after, rollback
+from specdec.policies import DEFAULT_K_MAX
 from specdec.sampling import SamplingConfig, logits_to_probs
 from specdec.tree import TokenTree, sample_children, top_children
 
@@ -76,9 +77,10 @@ class TreeDrafter:
         budget: int = 16,
         threshold: float | None = None,
     ) -> None:
-        """depth and width default to 12 and 2 for a confident tree, 5 and 4 for a dynamic one."""
+        """depth and width default to 16 (the confidence policy's k_max) and 2 for a confident tree,
+        5 and 4 for a dynamic one."""
         confident = threshold is not None
-        depth = (12 if confident else 5) if depth is None else depth
+        depth = (DEFAULT_K_MAX if confident else 5) if depth is None else depth
         width = (2 if confident else 4) if width is None else width
         for label, value in (("depth", depth), ("width", width), ("expand", expand), ("budget", budget)):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
