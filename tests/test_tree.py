@@ -170,8 +170,8 @@ def test_sampled_tree_output_law_equals_target_law(case: str, widths: list[int],
 def confident_trees(q: Dist, context: tuple[int, ...], threshold: float, width: int, depth: int):
     """Every tree the confident drafter (``TreeDrafter(threshold=...)``, sampled) can build, with
     its probability: at a node whose q has a top probability of at least ``threshold`` one child
-    is drawn, and drafted on if its own probability is at least ``threshold``; otherwise ``width``
-    children are drawn without replacement and the tree ends."""
+    is drawn and drafted on (whichever token it is); otherwise ``width`` children are drawn
+    without replacement and the tree ends."""
     vocab = len(q(context))
     if depth <= 0:  # no room left: the drafter proposes nothing
         yield 1.0, TokenTree([], [], torch.zeros(1, vocab, dtype=torch.float64))
@@ -183,7 +183,7 @@ def confident_trees(q: Dist, context: tuple[int, ...], threshold: float, width: 
         for seq, p_seq in orderings(row, 1 if sure else width):
             t, par = tokens + list(seq), parents + [node] * len(seq)
             rw = {**rows, node: row}
-            if sure and level < depth and row[seq[0]] >= threshold:
+            if sure and level < depth:
                 yield from grow(t, par, rw, len(tokens), ctx + (seq[0],), level + 1, prob * p_seq)
                 continue
             law = torch.zeros(1 + len(t), vocab, dtype=torch.float64)

@@ -54,8 +54,9 @@ class TreeDrafter:
     Static: ``choices`` lists every node as its path of child ranks (under sampling, rank r is
     the r-th child drawn). Confident (``threshold`` given): the confidence policy's chain with a
     fork where it stops; at each node the draft's top probability decides: at least ``threshold``,
-    one child, which is drafted on if its own probability is at least ``threshold`` too; below
-    it, ``width`` children and the tree ends there (at most ``depth`` levels, ``budget`` nodes).
+    one child, which is drafted on (under sampling even if the draw was not the top token, as the
+    confidence policy's chain does); below it, ``width`` children and the tree ends there (at
+    most ``depth`` levels, ``budget`` nodes).
     Dynamic (``choices=None``): at each of ``depth`` levels, the ``expand``
     best new nodes (by the product of draft probabilities along their path) get ``width``
     children; under greedy decoding they are the most likely ones and finally the ``budget`` best
@@ -190,8 +191,6 @@ class TreeDrafter:
                 tokens.append(tok)
                 parents.append(node)
             if not (sure and picks and level < depth and len(tokens) < self.budget):
-                break
-            if float(row[picks[0]]) < self.threshold:  # a sampled child the draft was not sure of
                 break
             node = len(tokens) - 1
             row = logits_to_probs(self._feed(context, parents, tokens, fed, [node]), law)[-1]
