@@ -29,6 +29,7 @@ TREE = TokenTree(tokens=[5, 6, 7, 8, 9], parents=[-1, -1, 0, 0, 2])
 def test_tree_structure() -> None:
     assert TREE.depths == [1, 1, 2, 2, 3]
     assert TREE.children(-1) == [0, 1] and TREE.children(0) == [2, 3]
+    assert TREE.child_lists() == [[0, 1], [2, 3], [], [4], [], []]
     assert TREE.path(4) == [0, 2, 4] and TREE.path(-1) == []
     expected = torch.tensor(
         [[1, 0, 0, 0, 0], [0, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 0, 0, 1, 0], [1, 0, 1, 0, 1]], dtype=torch.bool
@@ -76,26 +77,33 @@ def top_tree(q: Dist, context: tuple[int, ...], widths: list[int]) -> TokenTree:
     return TokenTree(tokens, parents)
 
 
-def tree_joint(p: Dist, q: Dist, vocab: int, horizon: int, widths: list[int]) -> dict:
+def drafted_tree_joint(p: Dist, horizon: int, trees_at) -> dict:
+    """The exact law of the output over ``horizon`` tokens when each step drafts a tree from
+    ``trees_at(context, room)`` (pairs of probability and tree, at most ``room`` levels deep)
+    and verifies it with :class:`TreeVerifier`."""
     verifier = TreeVerifier()
     mass = {(): 1.0}
     for length in range(horizon):
         for seq in [s for s in mass if len(s) == length]:
             weight = mass.pop(seq)
-            tree = top_tree(q, seq, widths[: horizon - length - 1])
-            rows = [p(seq)] + [p(seq + tuple(tree.tokens[i] for i in tree.path(n))) for n in range(len(tree))]
-            plan = verifier.plan_tree(tree, torch.tensor(np.array(rows)))
-            for end, y, prob in outcomes(plan):
-                out = seq + tuple(tree.tokens[i] for i in tree.path(end - 1)) + (y,)
-                mass[out] = mass.get(out, 0.0) + weight * prob
+            for tree_prob, tree in trees_at(seq, horizon - length - 1):
+                rows = [p(seq)] + [p(seq + tuple(tree.tokens[i] for i in tree.path(n))) for n in range(len(tree))]
+                plan = verifier.plan_tree(tree, torch.tensor(np.array(rows)))
+                for end, y, prob in outcomes(plan):
+                    out = seq + tuple(tree.tokens[i] for i in tree.path(end - 1)) + (y,)
+                    mass[out] = mass.get(out, 0.0) + weight * tree_prob * prob
     return mass
+
+
+def tree_joint(p: Dist, q: Dist, horizon: int, widths: list[int]) -> dict:
+    return drafted_tree_joint(p, horizon, lambda seq, room: [(1.0, top_tree(q, seq, widths[:room]))])
 
 
 @pytest.mark.parametrize("case", sorted(cases(4)))
 @pytest.mark.parametrize("widths", [[1, 1, 1], [2, 1, 1], [3, 2, 1], [4, 4, 4]])
 def test_tree_output_law_equals_target_law(case: str, widths: list[int]) -> None:
     p, q = cases(4)[case]
-    assert_same_law(tree_joint(p, q, 4, 4, widths), target_joint(p, 4, 4))
+    assert_same_law(tree_joint(p, q, 4, widths), target_joint(p, 4, 4))
 
 
 def orderings(dist: np.ndarray, width: int) -> list[tuple[tuple[int, ...], float]]:
@@ -144,18 +152,7 @@ def sampled_trees(q: Dist, context: tuple[int, ...], widths: list[int], expand: 
 
 
 def sampled_tree_joint(p: Dist, q: Dist, horizon: int, widths: list[int], expand: int | None) -> dict:
-    verifier = TreeVerifier()
-    mass = {(): 1.0}
-    for length in range(horizon):
-        for seq in [s for s in mass if len(s) == length]:
-            weight = mass.pop(seq)
-            for tree_prob, tree in sampled_trees(q, seq, widths[: horizon - length - 1], expand):
-                rows = [p(seq)] + [p(seq + tuple(tree.tokens[i] for i in tree.path(n))) for n in range(len(tree))]
-                plan = verifier.plan_tree(tree, torch.tensor(np.array(rows)))
-                for end, y, prob in outcomes(plan):
-                    out = seq + tuple(tree.tokens[i] for i in tree.path(end - 1)) + (y,)
-                    mass[out] = mass.get(out, 0.0) + weight * tree_prob * prob
-    return mass
+    return drafted_tree_joint(p, horizon, lambda seq, room: sampled_trees(q, seq, widths[:room], expand))
 
 
 @pytest.mark.parametrize("case", sorted(cases(4)))
@@ -222,19 +219,8 @@ def test_a_tree_that_drops_a_drawn_child_is_caught() -> None:
 
 
 def confident_tree_joint(p: Dist, q: Dist, horizon: int, trees, threshold: float, width: int) -> dict:
-    """The exact law of the output over ``horizon`` tokens when each step drafts one of ``trees``."""
-    verifier = TreeVerifier()
-    mass = {(): 1.0}
-    for length in range(horizon):
-        for seq in [s for s in mass if len(s) == length]:
-            weight = mass.pop(seq)
-            for tree_prob, tree in trees(q, seq, threshold, width, horizon - length - 1):
-                rows = [p(seq)] + [p(seq + tuple(tree.tokens[i] for i in tree.path(n))) for n in range(len(tree))]
-                plan = verifier.plan_tree(tree, torch.tensor(np.array(rows)))
-                for end, y, prob in outcomes(plan):
-                    out = seq + tuple(tree.tokens[i] for i in tree.path(end - 1)) + (y,)
-                    mass[out] = mass.get(out, 0.0) + weight * tree_prob * prob
-    return mass
+    """The exact law of the output when each step drafts one of ``trees`` (``confident_trees``'s signature)."""
+    return drafted_tree_joint(p, horizon, lambda seq, room: trees(q, seq, threshold, width, room))
 
 
 def test_sampled_siblings_accept_more_than_one_child() -> None:

@@ -52,6 +52,13 @@ class TokenTree:
         """Children of ``node`` (-1 for the root), in drafting order."""
         return [i for i, par in enumerate(self.parents) if par == node]
 
+    def child_lists(self) -> list[list[int]]:
+        """Every node's children at once: entry 1 + u lists node u's (entry 0 the root's), in drafting order."""
+        kids: list[list[int]] = [[] for _ in range(1 + len(self))]
+        for i, par in enumerate(self.parents):
+            kids[par + 1].append(i)
+        return kids
+
     def path(self, node: int) -> list[int]:
         """Nodes from the root's child down to ``node`` (empty for the root, -1)."""
         path = []

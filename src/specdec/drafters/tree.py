@@ -156,10 +156,7 @@ class TreeDrafter:
             probs = logits_to_probs(self._feed(context, parents, tokens, fed, frontier), law)
         rollback(self.model, context)
         if sampled:
-            q = torch.zeros(1 + len(tokens), self.vocab_size)  # [1 + N, V]
-            for node, row in drawn_from.items():
-                q[1 + node] = row
-            return TokenTree(tokens, parents, q)
+            return self._sampled_tree(tokens, parents, drawn_from)
         if len(tokens) > self.budget and self.choices is None:
             return _prune(tokens, parents, score, self.budget)
         return TokenTree(tokens, parents)
@@ -195,11 +192,14 @@ class TreeDrafter:
             node = len(tokens) - 1
             row = logits_to_probs(self._feed(context, parents, tokens, fed, [node]), law)[-1]
         rollback(self.model, context)
-        if not sampled:
-            return TokenTree(tokens, parents)
+        return self._sampled_tree(tokens, parents, drawn_from) if sampled else TokenTree(tokens, parents)
+
+    def _sampled_tree(self, tokens: list[int], parents: list[int], drawn_from: dict[int, torch.Tensor]) -> TokenTree:
+        """The tree with its draft laws: row 1 + u of q [1 + N, V] is the law node u's children
+        were drawn from (zeros for a node without children)."""
         q = torch.zeros(1 + len(tokens), self.vocab_size)  # [1 + N, V]
-        for at, law_row in drawn_from.items():
-            q[1 + at] = law_row
+        for node, row in drawn_from.items():
+            q[1 + node] = row
         return TokenTree(tokens, parents, q)
 
     def observe(self, context: Sequence[int]) -> None:

@@ -37,6 +37,7 @@ import torch
 
 from specdec.tree import TokenTree
 from specdec.verify.base import VerifyPlan, residual
+from specdec.verify.block import BlockVerifier
 
 
 class TreeVerifier:
@@ -52,9 +53,7 @@ class TreeVerifier:
         reach = [1.0] + [0.0] * n  # probability that the output follows the path to each node
         end = torch.zeros(1 + n, dtype=torch.float64)
         rest = p.clone()  # row u: p_u without u's children (the recovered token's law)
-        kids = [[] for _ in range(1 + n)]
-        for i, par in enumerate(tree.parents):
-            kids[par + 1].append(i)
+        kids = tree.child_lists()
         for u in range(1 + n):
             row = p[u]
             for child in kids[u]:
@@ -77,9 +76,7 @@ def _plan_sampled(tree: TokenTree, p: torch.Tensor) -> VerifyPlan:
     reach = [1.0] + [0.0] * n  # probability that the output follows the path to each node
     end = torch.zeros(1 + n, dtype=torch.float64)
     rest = p.clone()  # row u: the law of the token drawn at u when every child is rejected
-    kids: list[list[int]] = [[] for _ in range(1 + n)]
-    for i, par in enumerate(tree.parents):
-        kids[par + 1].append(i)
+    kids = tree.child_lists()
     for u in range(1 + n):
         if reach[u] <= 0.0:
             continue  # never reached: its row is never read
@@ -117,9 +114,7 @@ def _chain_and_fork(tree: TokenTree) -> tuple[list[int], list[int]] | None:
     """(chain, fork) when the tree is a chain of nodes, each its parent's only child, whose last
     node (or the root) has ``fork`` as its children, all of them leaves (a pure chain has an empty
     fork); None for any other shape."""
-    kids: list[list[int]] = [[] for _ in range(1 + len(tree))]
-    for i, par in enumerate(tree.parents):
-        kids[par + 1].append(i)
+    kids = tree.child_lists()
     chain, node = [], -1
     while len(kids[node + 1]) == 1:
         node = kids[node + 1][0]
@@ -142,8 +137,6 @@ def _plan_chain_fork(tree: TokenTree, p: torch.Tensor, chain: list[int], fork: l
     against p, so the appended token is still a draw from r, and after a kept child the bonus is
     the target's next token there. So the other children only change how that token is drawn,
     and each one kept adds a bonus token."""
-    from specdec.verify.block import BlockVerifier
-
     q = tree.q.to(p.dtype)  # [1 + N, V]
     tips = [0] + [1 + c for c in chain]  # plan rows: the root, then each chain node
     block_nodes = chain + fork[:1]
