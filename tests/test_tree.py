@@ -158,7 +158,7 @@ def sampled_tree_joint(p: Dist, q: Dist, horizon: int, widths: list[int], expand
 @pytest.mark.parametrize("case", sorted(cases(4)))
 @pytest.mark.parametrize("widths,expand", [([1, 1], None), ([2, 1], None), ([4, 1], None), ([3, 2], 1), ([2, 2], 1)])
 def test_sampled_tree_output_law_equals_target_law(case: str, widths: list[int], expand: int | None) -> None:
-    """Children drawn without replacement, recursive rejection over siblings: the output law is the
+    """Children drawn without replacement, traversal verification: the output law is the
     target's exactly, for whole-vocabulary widths and for expansions chosen by the drawn values."""
     p, q = cases(4)[case]
     assert_same_law(sampled_tree_joint(p, q, 3, widths, expand), target_joint(p, 4, 3))
@@ -224,22 +224,24 @@ def confident_tree_joint(p: Dist, q: Dist, horizon: int, trees, threshold: float
 
 
 def test_sampled_siblings_accept_more_than_one_child() -> None:
-    """Recursive rejection: when the first drawn child is rejected, the second is checked against
-    the residual with the first removed from q, so the pair is accepted more often than one child."""
+    """At the root (weight 1) traversal verification checks siblings as recursive rejection does:
+    when the first drawn child is rejected, the second is checked against the residual with the
+    first removed from q, so the pair is accepted more often than one child."""
     p = torch.tensor([[0.2, 0.8, 0.0], [1, 0, 0], [1, 0, 0]], dtype=torch.float64)
     q = torch.tensor([[0.5, 0.1, 0.4], [0, 0, 0], [0, 0, 0]], dtype=torch.float64)
     plan = TreeVerifier().plan_tree(TokenTree([0, 1], [-1, -1], q), p)  # drew 0, then 1
-    # child 0: min(1, 0.2/0.5) = 0.4; then p' = norm(max(0, p - q)) = (0, 1, 0), q' = (0, 0.2, 0.8)
-    # child 1: min(1, 1/0.2) = 1, so it takes the remaining 0.6 and nothing ends at the root.
+    # child 0: min(1, 0.2/0.5) = 0.4; then P = norm(max(0, p - q)) = (0, 1, 0), the root's weight
+    # S / (S + 1 - 1) = 1, Q = (0, 0.2, 0.8); child 1: min(1, 1 * 1/0.2) = 1, so it takes the
+    # remaining 0.6 and nothing ends at the root.
     assert plan.accept_len_probs.tolist() == pytest.approx([0.0, 0.4, 0.6])
     alone = TreeVerifier().plan_tree(TokenTree([0], [-1], q[:2]), p[:2])
     assert alone.accept_len_probs.tolist() == pytest.approx([0.6, 0.4])
 
 
-def test_sampled_chains_get_block_verification() -> None:
-    """A sampled chain (and a chain ending in a fork) is verified as a block: the plan along the
-    chain is block verification's, which here keeps the whole chain more than twice as often as
-    token-by-token rejection would."""
+def test_sampled_trees_get_block_verification_along_paths() -> None:
+    """A sampled chain is verified as block verification verifies it (which here keeps the whole
+    chain more than twice as often as token-by-token rejection would); a sibling drafted beside
+    the chain's first token only takes mass from the outcome that keeps nothing."""
     from specdec.verify.block import BlockVerifier
     from specdec.verify.token import TokenVerifier
 
@@ -252,19 +254,15 @@ def test_sampled_chains_get_block_verification() -> None:
     token = TokenVerifier().plan(chain, q[:2], p)
     assert torch.allclose(plan.accept_len_probs, block.accept_len_probs)
     assert float(plan.accept_len_probs[-1]) > 2 * float(token.accept_len_probs[-1])
-    # A fork of two leaves at the chain's end: the chain and the first child are one block, and
-    # where the block ends at the chain's last node the second child is tried for the token it
-    # appends there, so each outcome of the block keeps its mass and the second child adds some.
-    gen = torch.Generator().manual_seed(3)  # a case where the block can end at the chain's end
-    p = torch.softmax(torch.randn(3, 4, generator=gen, dtype=torch.float64), -1)
-    q = torch.softmax(torch.randn(3, 4, generator=gen, dtype=torch.float64), -1)
-    rows_q = torch.cat([q, q[:2]])  # [1 + 4, V]: node 2 and 3 are leaves (their rows unread)
-    forked = TreeVerifier().plan_tree(TokenTree([1, 2, 0, 3], [-1, 0, 1, 1], rows_q), torch.cat([p, p[:2]]))
-    whole = BlockVerifier().plan(torch.tensor([1, 2, 0]), q, torch.cat([p, p[:1]]))
-    got = forked.accept_len_probs  # by node: root, 0, 1 (the tip), 2 (first child), 3 (second)
-    assert torch.allclose(got[[0, 1, 3]], whole.accept_len_probs[[0, 1, 3]])
-    assert float(got[2] + got[4]) == pytest.approx(float(whole.accept_len_probs[2]))
-    assert float(got[4]) > 0.0
+    # The same chain with a second root child (token 3, a leaf) drawn after it: the chain's two
+    # nodes are visited first, with block verification's chances; the sibling comes after them.
+    rows_q = torch.cat([q[:2], torch.zeros(2, 4, dtype=torch.float64)])  # [1 + 3, V]
+    rows_p = torch.cat([p, p[:1]])  # row 3: after the sibling (any law; only its bonus reads it)
+    forked = TreeVerifier().plan_tree(TokenTree([1, 2, 3], [-1, 0, -1], rows_q), rows_p)
+    got = forked.accept_len_probs  # by node: root, chain node 0, chain node 1, sibling
+    assert torch.allclose(got[[1, 2]], block.accept_len_probs[[1, 2]])
+    assert float(got[0] + got[3]) == pytest.approx(float(block.accept_len_probs[0]))
+    assert float(got[3]) > 0.0
 
 
 def test_tree_verification_is_greedy_on_one_hot() -> None:

@@ -3,8 +3,8 @@
 Under greedy decoding, children are the draft's most likely tokens at their parent, so the tree
 is a deterministic function of the context. Under sampling, each node's children are drawn from
 the draft's sampling law there without replacement (their number fixed before they are drawn) and
-the tree carries those laws, which :class:`~specdec.verify.tree.TreeVerifier` checks by recursive
-rejection. The draft scores each depth of the tree in one forward pass with a tree mask, then its
+the tree carries those laws, which :class:`~specdec.verify.tree.TreeVerifier` needs (traversal
+verification). The draft scores each depth of the tree in one forward pass with a tree mask, then its
 cache is rolled back to the context.
 """
 

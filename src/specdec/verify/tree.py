@@ -1,21 +1,26 @@
 """Tree verification: one rule for trees whose children were sampled from the draft, one for trees
 whose children were chosen deterministically.
 
-Sampled children (``tree.q`` given; SpecInfer's multi-step speculative sampling with children drawn
-without replacement, as in Jeon et al.'s recursive speculative decoding): at node u the target's
-law is p_u and the children x_1, x_2, ... were drawn from q_u without replacement. Child x_i is
-accepted with probability min(1, p'(x_i) / q'(x_i)); on a rejection p' becomes the residual
-norm(max(0, p' - q')) and q' loses x_i (renormalised), starting from p' = p_u, q' = q_u. Given the
-children before it, x_i is a draw from q', so each check is a rejection-sampling step whose
-output, with the later checks standing in for a draw from the residual, follows p'; if every
-child is rejected the token is drawn from the last p'. The output follows p_u exactly.
+Sampled children (``tree.q`` given): *traversal verification* (Weng et al., "Traversal Verification
+for Speculative Tree Decoding", NeurIPS 2025), block verification (``specdec.verify.block``, Sun et
+al.) generalised from a chain to a tree. Each node u carries a target law P_u (at first p_u), a
+draft law Q_u (at first q_u, the law its children were drawn from without replacement) and a
+weight w_u: w = 1 at the root and w_c = min(1, w_u P_u(c) / Q_u(c)) for a child c of u, the
+chance that the path to c survives as a whole, judged on the whole path's p/q rather than token by
+token. Nodes are visited leaves first, children before their parent and siblings in drafting order
+(post-order). The visited node v ends the verification with probability w_v: its path is kept and
+the appended token is drawn from P_v. Otherwise v is dropped and its parent u absorbs it: with
+r = max(0, w_u P_u - Q_u) and S = sum(r), P_u becomes r / S, w_u becomes S / (S + 1 - w_u), Q_u
+loses v's token (renormalised: the law u's next child was drawn from), and the weights of u's
+remaining subtrees are recomputed from them. If every node is dropped the root ends it.
 
-A sampled chain, or a chain whose last node forks into leaves (the confident tree's shapes), is
-verified as a block instead (``specdec.verify.block``, Sun et al.): the chain and the fork's first
-child form one block, since block verification keeps more of a longer block than token-by-token
-rejection does; where the block ends at the chain's last node, the fork's other children are
-checked against the law of the token block verification appends there (:func:`_plan_chain_fork`).
-So such a tree keeps at least what the chain of its first children would.
+On a chain this is block verification run from the deepest position back: w at the leaf is its
+keep probability, and S / (S + 1 - w) is block verification's chance of accepting a position.
+Weng et al. prove the output follows the target's law for a tree whose children were drawn without
+replacement; the tests check it by exact enumeration for every sampled shape the drafters build.
+Unlike checking siblings token by token (SpecInfer's recursive rejection), a path keeps block
+verification's gain: a token the draft over-weights does not cost the path if later tokens make up
+for it. The rule needs each node's number of children fixed before they are drawn.
 
 Deterministic children (``tree.q`` is None):
 
@@ -36,8 +41,7 @@ from __future__ import annotations
 import torch
 
 from specdec.tree import TokenTree
-from specdec.verify.base import VerifyPlan, residual
-from specdec.verify.block import BlockVerifier
+from specdec.verify.base import VerifyPlan
 
 
 class TreeVerifier:
@@ -66,96 +70,59 @@ class TreeVerifier:
 
 
 def _plan_sampled(tree: TokenTree, p: torch.Tensor) -> VerifyPlan:
-    """Sampled children (module docstring). p: [1 + N, V]. A chain, or a chain whose last node
-    forks into leaves (the confident tree's shapes), gets block verification along the chain."""
-    shape = _chain_and_fork(tree)
-    if shape is not None:
-        return _plan_chain_fork(tree, p, *shape)
+    """Traversal verification of a tree with sampled children (module docstring). p: [1 + N, V],
+    normalised, the caller's own copy: its rows become the plan's appended-token laws."""
     n = len(tree)
-    q = tree.q.to(p.dtype)  # [1 + N, V]
-    reach = [1.0] + [0.0] * n  # probability that the output follows the path to each node
+    kids = tree.child_lists()
+    # Only nodes with children have laws that change; each keeps P_u, and the draft law unnormalised
+    # (Q_u = drawn[u] / left[u]). The weights are Python floats; every probability formed from them
+    # stays in [0, 1] whatever the rounding of p's dtype.
+    law = {u: p[u] for u in range(1 + n) if kids[u]}  # row u: P_u [V]
+    drawn = {u: tree.q[u].to(p.dtype, copy=True) for u in law}  # row u: Q_u * left[u] [V]
+    left = {u: float(drawn[u].sum()) for u in law}
+    weight = [1.0] + [0.0] * n  # w, by plan row (0 the root, 1 + i node i)
+    dropped = [False] * (1 + n)
+
+    def reweigh(u: int) -> None:
+        """Recompute the weights of row u's remaining subtrees from w_u, P_u and Q_u."""
+        for c in kids[u]:
+            if dropped[1 + c]:
+                continue
+            tok = tree.tokens[c]
+            qc = float(drawn[u][tok]) / left[u]
+            weight[1 + c] = min(1.0, weight[u] * float(law[u][tok]) / qc) if qc > 0.0 else 0.0
+            reweigh(1 + c)
+
+    order: list[int] = []  # plan rows, children before parents, siblings in drafting order
+
+    def visit(u: int) -> None:
+        for c in kids[u]:
+            visit(1 + c)
+        order.append(u)
+
+    reweigh(0)
+    visit(0)
     end = torch.zeros(1 + n, dtype=torch.float64)
-    rest = p.clone()  # row u: the law of the token drawn at u when every child is rejected
-    kids = tree.child_lists()
-    for u in range(1 + n):
-        if reach[u] <= 0.0:
-            continue  # never reached: its row is never read
-        chances, stay, rest[u] = _recursive_rejection(p[u], q[u], [tree.tokens[c] for c in kids[u]])
-        for child, chance in zip(kids[u], chances):
-            reach[1 + child] = reach[u] * chance
-        end[u] = reach[u] * stay
-    return VerifyPlan(end / end.sum(), rest)
-
-
-def _recursive_rejection(pu: torch.Tensor, qu: torch.Tensor, tokens: list[int]) -> tuple[list[float], float, torch.Tensor]:
-    """Check children ``tokens``, drawn from ``qu`` without replacement, one after another against
-    ``pu`` ([V] each). Returns each child's chance of being the one accepted, the chance that none
-    is, and the law of the token drawn then (the last residual)."""
-    chances, stay = [], 1.0  # stay: P(every child so far rejected)
-    for x in tokens:
-        px, qx = float(pu[x]), float(qu[x])
-        accept = min(1.0, px / qx) if qx > 0.0 else float(px > 0.0)
-        chances.append(stay * accept)
-        stay *= 1.0 - accept
-        if stay <= 0.0:
-            break
-        pu = residual(pu, qu)
-        pu = pu / pu.sum()
-        qu = qu.clone()
-        qu[x] = 0.0
-        if float(qu.sum()) <= 0.0:
-            break
-        qu = qu / qu.sum()
-    chances += [0.0] * (len(tokens) - len(chances))
-    return chances, stay, pu
-
-
-def _chain_and_fork(tree: TokenTree) -> tuple[list[int], list[int]] | None:
-    """(chain, fork) when the tree is a chain of nodes, each its parent's only child, whose last
-    node (or the root) has ``fork`` as its children, all of them leaves (a pure chain has an empty
-    fork); None for any other shape."""
-    kids = tree.child_lists()
-    chain, node = [], -1
-    while len(kids[node + 1]) == 1:
-        node = kids[node + 1][0]
-        chain.append(node)
-    fork = kids[node + 1]
-    if any(kids[1 + f] for f in fork) or len(chain) + len(fork) != len(tree):
-        return None
-    return chain, fork
-
-
-def _plan_chain_fork(tree: TokenTree, p: torch.Tensor, chain: list[int], fork: list[int]) -> VerifyPlan:
-    """Block verification of the chain and the fork's first child as one block (each token drawn
-    from its parent's law); where it keeps the whole chain but not that child, recursive rejection
-    over the fork's other children for the token it would draw.
-
-    Exact: block verification's outcome follows the target's law for the block. Where it ends at
-    the chain's last node, it appends a token drawn from a law r that it computes (given the
-    block); the fork's other children, drawn from the draft there without replacement after the
-    first, are checked one by one against r exactly as the module docstring checks siblings
-    against p, so the appended token is still a draw from r, and after a kept child the bonus is
-    the target's next token there. So the other children only change how that token is drawn,
-    and each one kept adds a bonus token."""
-    q = tree.q.to(p.dtype)  # [1 + N, V]
-    tips = [0] + [1 + c for c in chain]  # plan rows: the root, then each chain node
-    block_nodes = chain + fork[:1]
-    rows = tips + [1 + f for f in fork[:1]]  # [j + 1]: the target's law after each block prefix
-    tokens = torch.tensor([tree.tokens[c] for c in block_nodes], dtype=torch.long)  # [j]
-    block = BlockVerifier().plan(tokens, q[tips[: len(block_nodes)]], p[rows])  # j + 1 outcomes
-    end = torch.zeros(1 + len(tree), dtype=torch.float64)
-    rest = p.clone()
-    for i, row in enumerate(rows):
-        end[row] = block.accept_len_probs[i]
-        rest[row] = block.next_token_probs[i].to(p.dtype)
-    if len(fork) > 1:
-        tip, first = tips[-1], tree.tokens[fork[0]]
-        law = rest[tip] / rest[tip].sum()  # r: the token block verification appends at the tip
-        others = q[tip].clone()
-        others[first] = 0.0
-        others = others / others.sum()  # the law the second child was drawn from
-        chances, stay, rest[tip] = _recursive_rejection(law, others, [tree.tokens[f] for f in fork[1:]])
-        for f, chance in zip(fork[1:], chances):
-            end[1 + f] = end[tip] * chance  # the bonus after f is drawn from p[1 + f], its row
-        end[tip] = end[tip] * stay
-    return VerifyPlan(end / end.sum(), rest)
+    stay = 1.0  # P(every node visited so far was dropped)
+    for v in order[:-1]:  # the root, last, ends it if nothing else did
+        end[v] = stay * weight[v]
+        stay *= 1.0 - weight[v]
+        dropped[v] = True
+        u, tok = 1 + tree.parents[v - 1], tree.tokens[v - 1]
+        w = weight[u]
+        if w > 0.0:
+            r = torch.mul(law[u], w * left[u]).sub_(drawn[u]).clamp_min_(0.0)  # [V]: left * max(0, w P_u - Q_u)
+            total = float(r.sum())
+            mass = total / left[u]  # S
+            if total > 0.0:
+                law[u] = r.div_(total)
+            weight[u] = mass / (mass + (1.0 - w)) if mass > 0.0 else 0.0
+        left[u] -= float(drawn[u][tok])
+        drawn[u][tok] = 0.0
+        if left[u] <= 0.0:
+            left[u] = 1.0  # no draft mass left: u has no child left to weigh
+        reweigh(u)
+    end[0] = stay
+    for u, row in law.items():  # the appended token's law at each node: P_u as left when u was visited
+        p[u] = row
+    return VerifyPlan(end / end.sum(), p)
