@@ -1,12 +1,20 @@
-"""The confident tree against the confidence policy's chain, paired from the same contexts.
+"""The confident tree against the chain it grows from, at temperature 1, paired draw by draw.
 
 For contexts taken along sampled continuations of a few prompts (written here, not benchmark
-prompts), draws the confident tree and the confidence chain from the draft at temperature 1 and
-computes, exactly from each verification plan and the target's probabilities, the expected
-number of tokens the target forward yields (kept draft tokens plus the appended one). A paired
-difference over the same contexts has far less variance than two end-to-end runs, whose sampled
-continuations part ways after the first step. Prints running means and writes
-tree-vs-chain.json beside this file.
+prompts), draws the confident tree from the draft and computes, exactly from the verification
+plan and the target's probabilities, the expected number of tokens the target forward yields
+(kept draft tokens plus the appended one). The tree's path of first children is a draw of the
+confidence policy's chain (each token drawn from the draft's law at its parent, drafted on while
+the draft's top probability is at least the threshold, the first token below it kept), so the same
+draw also gives the chain's expected tokens under block verification: the difference is what the
+fork's other children add, with no noise from drafting.
+
+It also bounds what any exact verifier could get from them: a node's path can only be kept if
+the target's own sample starts with it, so a fork child adds at most P_target(its path) tokens.
+And it times what they cost: one target forward over as many new tokens as each shape verifies
+(rows), and a draft forward per level (the fork's leaves need none), interleaved, medians; the
+predicted wall-clock ratio of tree to chain is tokens per step over time per step. Prints running
+means and writes tree-vs-chain.json beside this file.
 
     python benchmarks/tree_vs_chain.py [--threads 2] [--draws 3] [--tokens 40] [--every 3]
 """
@@ -17,6 +25,7 @@ import argparse
 import json
 import math
 import statistics
+import time
 from pathlib import Path
 
 import torch
@@ -24,10 +33,9 @@ import torch
 from specdec import generate, models
 from specdec.api import as_backend
 from specdec.backends.base import forward_after
-from specdec.drafters.model import ModelDrafter
 from specdec.drafters.tree import DEFAULT_TREE, TreeDrafter
-from specdec.policies import ConfidenceStop
 from specdec.sampling import SamplingConfig, logits_to_probs
+from specdec.tree import forward_tree
 from specdec.verify.block import BlockVerifier
 from specdec.verify.tree import TreeVerifier
 
@@ -39,12 +47,31 @@ PROMPTS = (
 )
 
 
+def mean_se(values: list[float]) -> tuple[float, float]:
+    return statistics.mean(values), statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else math.nan
+
+
+def forward_ms(model, context: list[int], rows: list[int], repeats: int) -> dict[int, float]:
+    """Median time of one forward over each number of rows (the last context token and r - 1
+    more) after ``context``, interleaved."""
+    times: dict[int, list[float]] = {r: [] for r in rows}
+    forward_after(model, context)
+    for _ in range(repeats):
+        for r in rows:
+            start = time.perf_counter()
+            forward_after(model, context, list(range(1000, 999 + r)))
+            times[r].append(1000 * (time.perf_counter() - start))
+            forward_after(model, context)  # back to the context alone
+    return {r: statistics.median(t) for r, t in times.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--draws", type=int, default=3, help="drafts per context for each method")
+    parser.add_argument("--draws", type=int, default=3, help="trees drawn per context")
     parser.add_argument("--tokens", type=int, default=40, help="length of each prompt's continuation")
     parser.add_argument("--every", type=int, default=3, help="a context every this many tokens")
+    parser.add_argument("--repeats", type=int, default=5, help="timed forwards per row count")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     target_model, tokenizer = models.load(models.DEFAULT_TARGET, progress=False)
@@ -57,37 +84,61 @@ def main() -> None:
         out = generate(target, ids, temperature=1.0, seed=i, max_new_tokens=args.tokens, eos_token_ids=[]).token_ids
         contexts += [ids + out[:j] for j in range(0, args.tokens, args.every)]
 
-    def target_law(context: list[int], extra: list[int]) -> torch.Tensor:
-        return logits_to_probs(forward_after(target, context, extra), law).double()  # [1 + len(extra), V]
-
-    tree_drafter, chain_drafter = TreeDrafter(draft, **DEFAULT_TREE), ModelDrafter(draft)
-    tree_tokens, chain_tokens, tree_nodes, chain_nodes = [], [], [], []
+    drafter = TreeDrafter(draft, **DEFAULT_TREE)
+    draws = []  # per draw: tree tokens, chain tokens, the fork children's bound, nodes, chain nodes
     for n, context in enumerate(contexts):
         for r in range(args.draws):
-            tree = tree_drafter.propose_tree(context, law, tree_drafter.depth, torch.Generator().manual_seed(1000 * n + r))
-            rows = [target_law(context + [tree.tokens[i] for i in tree.path(node)], [])[-1] for node in range(-1, len(tree))]
-            plan = TreeVerifier().plan_tree(tree, torch.stack(rows))
+            tree = drafter.propose_tree(context, law, drafter.depth, torch.Generator().manual_seed(1000 * n + r))
+            p = logits_to_probs(forward_tree(target, context, tree), law).double()  # [1 + N, V]
             depth = [0] + tree.depths
-            tree_tokens.append(sum(float(plan.accept_len_probs[u]) * (depth[u] + 1) for u in range(1 + len(tree))))
-            tree_nodes.append(len(tree))
-            policy = ConfidenceStop()
-            drafted = chain_drafter.propose(context, policy.k_max, law, torch.Generator().manual_seed(1000 * n + r),
-                                            keep_going=policy.keep_going)
-            chain = BlockVerifier().plan(drafted.tokens, drafted.q.double(), target_law(context, drafted.tokens.tolist()))
-            chain_tokens.append(sum(float(prob) * (i + 1) for i, prob in enumerate(chain.accept_len_probs)))
-            chain_nodes.append(len(drafted.tokens))
-        diffs = [t - c for t, c in zip(tree_tokens, chain_tokens)]
-        summary = {
-            "contexts": n + 1, "draws": len(diffs),
-            "tree_tokens_per_forward": statistics.mean(tree_tokens), "tree_nodes": statistics.mean(tree_nodes),
-            "chain_tokens_per_forward": statistics.mean(chain_tokens), "chain_nodes": statistics.mean(chain_nodes),
-            "difference": statistics.mean(diffs),
-            "standard_error": statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else float("nan"),
-        }
+            plan = TreeVerifier().plan_tree(tree, p)
+            tree_tokens = sum(float(plan.accept_len_probs[u]) * (depth[u] + 1) for u in range(1 + len(tree)))
+            kids, chain, u = tree.child_lists(), [], 0
+            while kids[u]:
+                chain.append(kids[u][0])
+                u = 1 + kids[u][0]
+            rows = [0] + [1 + c for c in chain]
+            block = BlockVerifier().plan(torch.tensor([tree.tokens[c] for c in chain], dtype=torch.long),
+                                         tree.q.double()[rows[:-1]], p[rows])
+            chain_tokens = sum(float(x) * (i + 1) for i, x in enumerate(block.accept_len_probs))
+            reach = [1.0] + [0.0] * len(tree)  # P_target(path to each node)
+            for i, par in enumerate(tree.parents):
+                reach[1 + i] = reach[1 + par] * float(p[1 + par, tree.tokens[i]])
+            bound = sum(reach[1 + i] for i in range(len(tree)) if i not in chain)
+            draws.append((tree_tokens, chain_tokens, bound, len(tree), len(chain)))
         if (n + 1) % 10 == 0 or n + 1 == len(contexts):
-            print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in summary.items()}), flush=True)
+            gain = mean_se([d[0] - d[1] for d in draws])
+            print(json.dumps({"contexts": n + 1, "tree": round(statistics.mean(d[0] for d in draws), 3),
+                              "chain": round(statistics.mean(d[1] for d in draws), 3),
+                              "gain": f"{gain[0]:.3f} +- {gain[1]:.3f}",
+                              "bound": round(statistics.mean(d[2] for d in draws), 3)}), flush=True)
+
+    # What a step costs: the draft forwards (one per chain level, the fork's leaves need none) and
+    # one target forward over the verified rows (every node and the root).
+    most = max(d[3] for d in draws) + 1
+    verify = forward_ms(target, contexts[-1], list(range(1, most + 1)), args.repeats)
+    draft_step = forward_ms(draft, contexts[-1], [1], args.repeats)[1]
+    tree_time = [d[4] * draft_step + verify[d[3] + 1] for d in draws]
+    chain_time = [d[4] * draft_step + verify[d[4] + 1] for d in draws]
+    tokens = {k: statistics.mean(d[i] for d in draws) for k, i in (("tree", 0), ("chain", 1))}
+    ratio = (tokens["tree"] / statistics.mean(tree_time)) / (tokens["chain"] / statistics.mean(chain_time))
+    gain, gain_se = mean_se([d[0] - d[1] for d in draws])
+    extra_nodes = statistics.mean(d[3] - d[4] for d in draws)
+    summary = {
+        "contexts": len(contexts), "draws": len(draws),
+        "tree_tokens_per_forward": tokens["tree"], "tree_nodes": statistics.mean(d[3] for d in draws),
+        "chain_tokens_per_forward": tokens["chain"], "chain_nodes": statistics.mean(d[4] for d in draws),
+        "gain": gain, "gain_standard_error": gain_se,
+        "bound_on_gain": statistics.mean(d[2] for d in draws),
+        "extra_nodes": extra_nodes,
+        "step_ms": {"tree": statistics.mean(tree_time), "chain": statistics.mean(chain_time)},
+        "verify_ms_by_rows": verify, "draft_ms_per_level": draft_step,
+        "predicted_tree_over_chain_speed": ratio,
+        "tokens_needed_to_break_even": tokens["chain"] * (statistics.mean(tree_time) / statistics.mean(chain_time) - 1),
+    }
+    print(json.dumps({k: v for k, v in summary.items() if k != "verify_ms_by_rows"}, indent=1))
     command = (f"python benchmarks/tree_vs_chain.py --threads {args.threads} --draws {args.draws} "
-               f"--tokens {args.tokens} --every {args.every}")
+               f"--tokens {args.tokens} --every {args.every} --repeats {args.repeats}")
     Path(__file__).with_name("tree-vs-chain.json").write_text(json.dumps(
         {**summary, "tree": DEFAULT_TREE, "torch": torch.__version__, "command": command}, indent=1))
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec.verify.base import VerifyPlan, residual
+from specdec.verify.base import VerifyPlan
 
 
 class BlockVerifier:
@@ -32,16 +32,20 @@ class BlockVerifier:
         for r in ratio:
             keep.append(min(1.0, keep[-1] * r))
         keep_t = torch.tensor(keep, dtype=torch.float64)  # [k + 1]
-        # All in float64: mixing a float32 keep with a float64 one can push h past 1 and a
-        # probability below 0 by rounding.
-        scaled_p = p.double() * keep_t[:, None]  # [k + 1, V]
-        residual_mass = (scaled_p[:k] - q.double()).clamp_min(0.0).sum(-1)  # [k]
+        # The [k, V] work runs in p's dtype; the per-position masses and h in float64. h stays in
+        # [0, 1] however the masses round (mass >= 0, keep <= 1), so no probability goes negative.
+        scaled_p = p[:k] * keep_t[:k, None].to(p.dtype)  # [k, V]
+        res = (scaled_p - q.to(p.dtype)).clamp_min_(0.0)  # [k, V]: max(0, keep p - q)
+        res_mass = res.sum(-1)  # [k]
+        # A row with no residual mass is reached with probability 0; keep it drawable (as residual()).
+        residual_rows = torch.where(res_mass[:, None] > 0, res, scaled_p)  # [k, V]
+        residual_mass = res_mass.double()  # [k]
         mass = torch.cat([residual_mass, keep_t[k:]])  # [k + 1]
-        denom = mass + 1.0 - keep_t
+        denom = mass + (1.0 - keep_t)
         h = torch.where(denom > 0, mass / denom, torch.zeros_like(mass)).clamp(0.0, 1.0)  # [k + 1]
         h[0] = 1.0  # keep[0] = 1: position 0 is accepted whenever no longer prefix is
         # P(n = i) = h[i] * prod_{j > i} (1 - h[j])
         none_after = torch.flip(torch.cumprod(torch.flip(1.0 - h, [0]), 0), [0])  # prod_{j >= i}
         none_after = torch.cat([none_after[1:], torch.ones(1, dtype=torch.float64)])
-        next_token_probs = torch.cat([residual(scaled_p[:k], q.double()), p[k:].double()])  # [k + 1, V]
+        next_token_probs = torch.cat([residual_rows, p[k:]])  # [k + 1, V]
         return VerifyPlan(h * none_after, next_token_probs)
