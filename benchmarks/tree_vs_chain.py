@@ -1,4 +1,4 @@
-"""The confident tree against the chain it grows from, at temperature 1, paired draw by draw.
+"""The confident tree against the chain it grows from, paired draw by draw (temperature 1 or greedy).
 
 For contexts taken along sampled continuations of a few prompts (written here, not benchmark
 prompts), draws the confident tree from the draft and computes, exactly from the verification
@@ -6,17 +6,18 @@ plan and the target's probabilities, the expected number of tokens the target fo
 (kept draft tokens plus the appended one). The tree's path of first children is a draw of the
 confidence policy's chain (each token drawn from the draft's law at its parent, drafted on while
 the draft's top probability is at least the threshold, the first token below it kept), so the same
-draw also gives the chain's expected tokens under block verification: the difference is what the
-fork's other children add, with no noise from drafting.
+draw also gives the chain's expected tokens (its plan by the same verifier, which on a chain is
+block verification): the difference is what the fork's other children add, with no noise from
+drafting. Greedy (``--temperature 0``), the tree is a function of the context, one draw each.
 
 It also bounds what any exact verifier could get from them: a node's path can only be kept if
 the target's own sample starts with it, so a fork child adds at most P_target(its path) tokens.
 And it times what they cost: one target forward over as many new tokens as each shape verifies
 (rows), and a draft forward per level (the fork's leaves need none), interleaved, medians; the
 predicted wall-clock ratio of tree to chain is tokens per step over time per step. Prints running
-means and writes tree-vs-chain.json beside this file.
+means and writes tree-vs-chain.json (tree-vs-chain-greedy.json greedy) beside this file.
 
-    python benchmarks/tree_vs_chain.py [--threads 2] [--draws 3] [--tokens 40] [--every 3]
+    python benchmarks/tree_vs_chain.py [--temperature 1] [--threads 2] [--draws 3] [--tokens 40] [--every 3]
 """
 
 from __future__ import annotations
@@ -35,8 +36,7 @@ from specdec.api import as_backend
 from specdec.backends.base import forward_after
 from specdec.drafters.tree import DEFAULT_TREE, TreeDrafter
 from specdec.sampling import SamplingConfig, logits_to_probs
-from specdec.tree import forward_tree
-from specdec.verify.block import BlockVerifier
+from specdec.tree import TokenTree, forward_tree
 from specdec.verify.tree import TreeVerifier
 
 PROMPTS = (
@@ -67,6 +67,7 @@ def forward_ms(model, context: list[int], rows: list[int], repeats: int) -> dict
 
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--temperature", type=float, default=1.0, help="1 or 0 (greedy)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--draws", type=int, default=3, help="trees drawn per context")
     parser.add_argument("--tokens", type=int, default=40, help="length of each prompt's continuation")
@@ -77,17 +78,19 @@ def main() -> None:
     target_model, tokenizer = models.load(models.DEFAULT_TARGET, progress=False)
     draft_model, _ = models.load(models.DEFAULT_DRAFT, progress=False)
     target, draft = as_backend(target_model), as_backend(draft_model, "int8")
-    law = SamplingConfig(temperature=1.0)
+    law = SamplingConfig(temperature=args.temperature)
+    draws_each = 1 if law.greedy else args.draws
     contexts = []
     for i, text in enumerate(PROMPTS):
         ids = tokenizer(text)["input_ids"]
-        out = generate(target, ids, temperature=1.0, seed=i, max_new_tokens=args.tokens, eos_token_ids=[]).token_ids
+        out = generate(target, ids, temperature=args.temperature, seed=i, max_new_tokens=args.tokens,
+                       eos_token_ids=[]).token_ids
         contexts += [ids + out[:j] for j in range(0, args.tokens, args.every)]
 
     drafter = TreeDrafter(draft, **DEFAULT_TREE)
     draws = []  # per draw: tree tokens, chain tokens, the fork children's bound, nodes, chain nodes
     for n, context in enumerate(contexts):
-        for r in range(args.draws):
+        for r in range(draws_each):
             tree = drafter.propose_tree(context, law, drafter.depth, torch.Generator().manual_seed(1000 * n + r))
             p = logits_to_probs(forward_tree(target, context, tree), law).double()  # [1 + N, V]
             depth = [0] + tree.depths
@@ -97,10 +100,11 @@ def main() -> None:
             while kids[u]:
                 chain.append(kids[u][0])
                 u = 1 + kids[u][0]
-            rows = [0] + [1 + c for c in chain]
-            block = BlockVerifier().plan(torch.tensor([tree.tokens[c] for c in chain], dtype=torch.long),
-                                         tree.q.double()[rows[:-1]], p[rows])
-            chain_tokens = sum(float(x) * (i + 1) for i, x in enumerate(block.accept_len_probs))
+            rows = [0] + [1 + c for c in chain]  # the chain's rows of the tree's p and q
+            alone = TokenTree([tree.tokens[c] for c in chain], list(range(-1, len(chain) - 1)),
+                              None if tree.q is None else tree.q[rows])
+            chain_plan = TreeVerifier().plan_tree(alone, p[rows])
+            chain_tokens = sum(float(x) * (i + 1) for i, x in enumerate(chain_plan.accept_len_probs))
             reach = [1.0] + [0.0] * len(tree)  # P_target(path to each node)
             for i, par in enumerate(tree.parents):
                 reach[1 + i] = reach[1 + par] * float(p[1 + par, tree.tokens[i]])
@@ -137,9 +141,10 @@ def main() -> None:
         "tokens_needed_to_break_even": tokens["chain"] * (statistics.mean(tree_time) / statistics.mean(chain_time) - 1),
     }
     print(json.dumps({k: v for k, v in summary.items() if k != "verify_ms_by_rows"}, indent=1))
-    command = (f"python benchmarks/tree_vs_chain.py --threads {args.threads} --draws {args.draws} "
-               f"--tokens {args.tokens} --every {args.every} --repeats {args.repeats}")
-    Path(__file__).with_name("tree-vs-chain.json").write_text(json.dumps(
+    command = (f"python benchmarks/tree_vs_chain.py --temperature {args.temperature:g} --threads {args.threads} "
+               f"--draws {args.draws} --tokens {args.tokens} --every {args.every} --repeats {args.repeats}")
+    name = "tree-vs-chain-greedy.json" if law.greedy else "tree-vs-chain.json"
+    Path(__file__).with_name(name).write_text(json.dumps(
         {**summary, "tree": DEFAULT_TREE, "torch": torch.__version__, "command": command}, indent=1))
 
 
