@@ -32,13 +32,17 @@ class BlockVerifier:
         for r in ratio:
             keep.append(min(1.0, keep[-1] * r))
         keep_t = torch.tensor(keep, dtype=torch.float64)  # [k + 1]
-        # The [k, V] work runs in p's dtype; the per-position masses and h in float64. h stays in
-        # [0, 1] however the masses round (mass >= 0, keep <= 1), so no probability goes negative.
-        scaled_p = p[:k] * keep_t[:k, None].to(p.dtype)  # [k, V]
-        res = (scaled_p - q.to(p.dtype)).clamp_min_(0.0)  # [k, V]: max(0, keep p - q)
+        # The [k, V] work runs in p's dtype, in place in the plan's own rows; the per-position masses
+        # and h in float64. h stays in [0, 1] however the masses round (mass >= 0, keep <= 1).
+        next_token_probs = torch.empty(k + 1, p.shape[-1], dtype=p.dtype)  # [k + 1, V]
+        keep_col = keep_t[:k, None].to(p.dtype)  # [k, 1]
+        res = torch.mul(p[:k], keep_col, out=next_token_probs[:k])  # [k, V]: keep p ...
+        res.sub_(q.to(p.dtype)).clamp_min_(0.0)  # ... then max(0, keep p - q)
         res_mass = res.sum(-1)  # [k]
-        # A row with no residual mass is reached with probability 0; keep it drawable (as residual()).
-        residual_rows = torch.where(res_mass[:, None] > 0, res, scaled_p)  # [k, V]
+        empty = res_mass <= 0
+        if bool(empty.any()):  # reached with probability 0; keep the row drawable (as residual())
+            res[empty] = p[:k][empty] * keep_col[empty]
+        next_token_probs[k] = p[k]  # the bonus token's law
         residual_mass = res_mass.double()  # [k]
         mass = torch.cat([residual_mass, keep_t[k:]])  # [k + 1]
         denom = mass + (1.0 - keep_t)
@@ -47,5 +51,4 @@ class BlockVerifier:
         # P(n = i) = h[i] * prod_{j > i} (1 - h[j])
         none_after = torch.flip(torch.cumprod(torch.flip(1.0 - h, [0]), 0), [0])  # prod_{j >= i}
         none_after = torch.cat([none_after[1:], torch.ones(1, dtype=torch.float64)])
-        next_token_probs = torch.cat([residual_rows, p[k:]])  # [k + 1, V]
         return VerifyPlan(h * none_after, next_token_probs)
