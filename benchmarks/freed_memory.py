@@ -1,0 +1,97 @@
+"""What keeping freed memory (``specdec.memory``) is worth in a decode loop.
+
+glibc's own defaults cannot be restored inside a process once changed (setting a threshold turns
+off its dynamic adjustment), so this alternates whole processes: one with ``SPECDEC_MALLOC=system``
+(glibc's defaults), one with freed memory kept, ``--rounds`` times each, every process running the
+same generations (fixed seeds, so the very same tokens). Reports each method's time ratio and
+writes freed-memory.json beside this file.
+
+    python benchmarks/freed_memory.py [--threads 2] [--rounds 2] [--tokens 48]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+PROMPTS = (
+    'def merge_sorted(a, b):\n    """Merge two sorted lists."""\n',
+    "Explain how a hash map handles collisions.\n",
+)
+METHODS = {
+    "ar": {},
+    "spec:block:policy=confidence": {"policy": "confidence"},
+    "spec:tree": {"verify": "tree"},
+}
+
+
+def one_process(args: argparse.Namespace) -> None:
+    """Run every generation once after a warm-up; print {method: seconds} and the tokens as JSON."""
+    import torch
+
+    from specdec import generate, models
+    from specdec.api import as_backend
+
+    torch.set_num_threads(args.threads)
+    target_model, tokenizer = models.load(models.DEFAULT_TARGET, progress=False)
+    draft_model, _ = models.load(models.DEFAULT_DRAFT, progress=False)
+    target, draft = as_backend(target_model), as_backend(draft_model, "int8")
+    seconds, tokens = {name: 0.0 for name in METHODS}, {}
+    for counted in (False, True):
+        for i, text in enumerate(PROMPTS):
+            ids = tokenizer(text)["input_ids"]
+            for name, options in METHODS.items():
+                start = time.perf_counter()
+                out = generate(target, ids, draft=None if name == "ar" else draft, temperature=args.temperature,
+                               seed=i, max_new_tokens=args.tokens, eos_token_ids=[], **options).token_ids
+                if counted:
+                    seconds[name] += time.perf_counter() - start
+                    tokens[f"{name} {i}"] = out
+    print(json.dumps({"seconds": seconds, "tokens": tokens}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--tokens", type=int, default=48)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        one_process(args)
+        return
+    runs = {"system": [], "kept": []}
+    for r in range(args.rounds):
+        for mode in (("system", "kept") if r % 2 == 0 else ("kept", "system")):
+            env = dict(os.environ)
+            env.pop("SPECDEC_MALLOC", None)
+            if mode == "system":
+                env["SPECDEC_MALLOC"] = "system"
+            argv = [sys.executable, __file__, "--one", "--threads", str(args.threads), "--tokens", str(args.tokens),
+                    "--temperature", str(args.temperature)]
+            out = subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout
+            runs[mode].append(json.loads(out.strip().splitlines()[-1]))
+            print(mode, {k: round(v, 2) for k, v in runs[mode][-1]["seconds"].items()}, flush=True)
+    first = runs["system"][0]["tokens"]
+    same = all(run["tokens"] == first for mode in runs for run in runs[mode])
+    result = {}
+    for name in METHODS:
+        system = sum(run["seconds"][name] for run in runs["system"])
+        kept = sum(run["seconds"][name] for run in runs["kept"])
+        result[name] = {"seconds_system": system, "seconds_kept": kept, "speed_up": system / kept}
+        print(f"{name}: {system:.1f} s -> {kept:.1f} s, {system / kept:.3f}x", flush=True)
+    print("identical tokens in every process:", same)
+    command = (f"python benchmarks/freed_memory.py --threads {args.threads} --rounds {args.rounds} "
+               f"--tokens {args.tokens} --temperature {args.temperature:g}")
+    Path(__file__).with_name("freed-memory.json").write_text(json.dumps(
+        {"methods": result, "identical_tokens": same, "prompts": len(PROMPTS), "command": command}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
