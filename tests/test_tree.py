@@ -218,6 +218,18 @@ def test_a_tree_that_drops_a_drawn_child_is_caught() -> None:
         assert_same_law(confident_tree_joint(p, q, 3, dropping, 0.9, 4), target_joint(p, 4, 3))
 
 
+def test_a_wrong_parent_weight_is_caught(monkeypatch) -> None:
+    """Negative control for the verifier: giving a parent the residual mass S itself as its chance,
+    instead of S / (S + 1 - w), looks plausible token by token and biases the output; the
+    enumeration sees it."""
+    import specdec.verify.tree as tree_rules
+
+    monkeypatch.setattr(tree_rules, "_folded_weight", lambda mass, w: min(1.0, mass))
+    p, q = cases(4)["random"]
+    with pytest.raises(AssertionError, match="laws differ"):
+        assert_same_law(sampled_tree_joint(p, q, 3, [2, 1], None), target_joint(p, 4, 3))
+
+
 def confident_tree_joint(p: Dist, q: Dist, horizon: int, trees, threshold: float, width: int) -> dict:
     """The exact law of the output when each step drafts one of ``trees`` (``confident_trees``'s signature)."""
     return drafted_tree_joint(p, horizon, lambda seq, room: trees(q, seq, threshold, width, room))

@@ -69,6 +69,12 @@ class TreeVerifier:
         return VerifyPlan(end / end.sum(), torch.where(empty, p, rest))
 
 
+def _folded_weight(mass: float, w: float) -> float:
+    """A node's weight once a child is dropped into it: S / (S + 1 - w), with S the residual mass
+    sum(max(0, w P - Q)) and w its weight before (block verification's chance of ending there)."""
+    return mass / (mass + (1.0 - w)) if mass > 0.0 else 0.0
+
+
 def _plan_sampled(tree: TokenTree, p: torch.Tensor) -> VerifyPlan:
     """Traversal verification of a tree with sampled children (module docstring). p: [1 + N, V],
     normalised, the caller's own copy: its rows become the plan's appended-token laws."""
@@ -116,7 +122,7 @@ def _plan_sampled(tree: TokenTree, p: torch.Tensor) -> VerifyPlan:
             mass = total / left[u]  # S
             if total > 0.0:
                 law[u] = r.div_(total)
-            weight[u] = mass / (mass + (1.0 - w)) if mass > 0.0 else 0.0
+            weight[u] = _folded_weight(mass, w)
         left[u] -= float(drawn[u][tok])
         drawn[u][tok] = 0.0
         if left[u] <= 0.0:
