@@ -16,8 +16,9 @@ remaining subtrees are recomputed from them. If every node is dropped the root e
 
 On a chain this is block verification run from the deepest position back: w at the leaf is its
 keep probability, and S / (S + 1 - w) is block verification's chance of accepting a position.
-Weng et al. prove the output follows the target's law for a tree whose children were drawn without
-replacement; the tests check it by exact enumeration for every sampled shape the drafters build.
+Weng et al. prove their traversal lossless for trees whose children were drawn without
+replacement; this implementation of it is checked by exact enumeration of the output law for every
+sampled shape the drafters build, beside a negative control with a wrong parent weight.
 Unlike checking siblings token by token (SpecInfer's recursive rejection), a path keeps block
 verification's gain: a token the draft over-weights does not cost the path if later tokens make up
 for it. The rule needs each node's number of children fixed before they are drawn.
