@@ -19,10 +19,9 @@ import sys
 import time
 from pathlib import Path
 
-PROMPTS = (
-    'def merge_sorted(a, b):\n    """Merge two sorted lists."""\n',
-    "Explain how a hash map handles collisions.\n",
-)
+from tree_vs_chain import PROMPTS as ALL_PROMPTS  # benchmarks/ is on the path when run as a script
+
+PROMPTS = ALL_PROMPTS[:2]  # one code prompt, one prose prompt
 METHODS = {
     "ar": {},
     "spec:block:policy=confidence": {"policy": "confidence"},

@@ -28,7 +28,6 @@ TREE = TokenTree(tokens=[5, 6, 7, 8, 9], parents=[-1, -1, 0, 0, 2])
 
 def test_tree_structure() -> None:
     assert TREE.depths == [1, 1, 2, 2, 3]
-    assert TREE.children(-1) == [0, 1] and TREE.children(0) == [2, 3]
     assert TREE.child_lists() == [[0, 1], [2, 3], [], [4], [], []]
     assert TREE.path(4) == [0, 2, 4] and TREE.path(-1) == []
     expected = torch.tensor(

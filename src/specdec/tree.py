@@ -48,10 +48,6 @@ class TokenTree:
             depth.append(1 if par < 0 else depth[par] + 1)
         return depth
 
-    def children(self, node: int) -> list[int]:
-        """Children of ``node`` (-1 for the root), in drafting order."""
-        return [i for i, par in enumerate(self.parents) if par == node]
-
     def child_lists(self) -> list[list[int]]:
         """Every node's children at once: entry 1 + u lists node u's (entry 0 the root's), in drafting order."""
         kids: list[list[int]] = [[] for _ in range(1 + len(self))]

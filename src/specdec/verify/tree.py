@@ -66,8 +66,10 @@ class TreeVerifier:
                 reach[1 + child] = reach[u] * mass
                 rest[u, tree.tokens[child]] = 0.0
             end[u] = reach[u] * max(0.0, 1.0 - sum(float(row[tree.tokens[c]]) for c in kids[u]))
-        empty = rest.sum(-1, keepdim=True) <= 0  # every token a child: only reached w.p. 0
-        return VerifyPlan(end / end.sum(), torch.where(empty, p, rest))
+        empty = rest.sum(-1) <= 0  # every token a child: only reached w.p. 0; keep the row drawable
+        if bool(empty.any()):
+            rest[empty] = p[empty]
+        return VerifyPlan(end / end.sum(), rest)
 
 
 def _folded_weight(mass: float, w: float) -> float:
