@@ -1,4 +1,4 @@
-"""What the trimmed vocabulary saves and what it costs (issue 7).
+"""What the trimmed vocabulary of trained draft heads saves and what it costs.
 
 Saves: the time of the drafter's LM head, full (V rows) against trimmed (the kept rows of the
 shipped heads), on 1 and 4 feature rows, interleaved, median of ``--repeats`` rounds.
@@ -6,8 +6,8 @@ Costs: a drafter that scores only the kept ids can never propose another token, 
 the target's own tokens outside the kept set bounds the acceptance lost per drafted position.
 Measured on the tokens the target produced in a benchmark run (``--results``, ``ar`` samples).
 
-    python benchmarks/trimmed_head.py --results benchmarks/qwen2.5-coder-1.5b-bf16-heads/greedy/results.json \
-        --results benchmarks/qwen2.5-coder-1.5b-bf16-heads/t1/results.json --out benchmarks/trimmed-head.json
+    python benchmarks/trimmed_head.py --results benchmarks/default-pair-bf16-draft-and-heads/greedy/results.json \
+        --results benchmarks/default-pair-bf16-draft-and-heads/t1/results.json --repeats 30 --out benchmarks/trimmed-head.json
 """
 
 from __future__ import annotations
