@@ -1,4 +1,4 @@
-"""Draft-length policies: how many tokens to draft next (the seeds' "termination conditions").
+"""Draft-length policies: how many tokens to draft next (termination conditions for drafting).
 
 - ``static``: always k.
 - ``heuristic``: grow k by 2 after a fully accepted draft, shrink it by 1 after a rejection
@@ -7,9 +7,9 @@
   threshold (adaptive thresholding on per-token confidence).
 - ``theory``: keep running estimates of the acceptance rate alpha, of the cost ratio c and of
   the acceptance chance at each level of draft confidence, and draft while one more token is
-  expected to pay for itself: the token-by-token form of maximising the seeds' speed-up
-  (1 - alpha^(k+1)) / ((1 - alpha)(kc + 1)) (:func:`specdec.theory.optimal_k` when every token
-  has the same alpha).
+  expected to pay for itself: the token-by-token form of maximising the speed-up
+  (1 - alpha^(k+1)) / ((1 - alpha)(kc + 1)) of Leviathan et al. 2023 (:func:`specdec.theory.optimal_k`
+  when every token has the same alpha).
 
 A policy sees each :class:`~specdec.stats.Step` after it is taken; ``describe`` reports its state
 (for ``theory`` its estimates), which the API copies into ``GenerationStats.policy``.
@@ -144,8 +144,8 @@ class ConfidenceStop:
 class TheoryK:
     """Draft the length that maximises expected tokens per unit of time, from running estimates.
 
-    The seeds' speed-up (1 - alpha^(k+1)) / ((1 - alpha)(kc + 1)) is E[tokens per step] over the
-    step's cost when every draft token is accepted with the same chance alpha. Here the chance of
+    Leviathan et al. (2023)'s speed-up (1 - alpha^(k+1)) / ((1 - alpha)(kc + 1)) is E[tokens per
+    step] over the step's cost when every draft token is accepted with the same chance alpha. Here the chance of
     the i-th draft token, a_i, is read from the draft's own confidence (its top probability, mapped
     to an acceptance chance by a running calibration table), so E[tokens] = 1 + sum_i prod_{j<=i}
     a_j and the length is chosen token by token: after drafting token i (the chance that the whole

@@ -13,9 +13,9 @@ full model (first draft token, bf16, four short code and prose prompts):
 - Qwen2.5-Coder-1.5B (28 layers): L = 14: 0.03, 21: 0.26, 24: 0.63, 26: 0.79, 27: 0.93.
 - SmolLM2-135M (30 layers): L = 15: 0.09, 21: 0.21, 24: 0.32, 26: 0.41, 28: 0.45, 29: 0.53.
 
-With c = L/N of the weights read per draft token, the seeds' formula predicts no speed-up for any
-L on these models (best: 0.98 at L = 27 on the 1.5B); the default, two layers below the top,
-keeps most of the agreement. Tune ``exit_layer`` per model.
+With c = L/N of the weights read per draft token, the speed-up formula (Leviathan et al. 2023)
+predicts no speed-up for any L on these models (best: 0.98 at L = 27 on the 1.5B); the default,
+two layers below the top, keeps most of the agreement. Tune ``exit_layer`` per model.
 """
 
 from __future__ import annotations

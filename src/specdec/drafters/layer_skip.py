@@ -169,7 +169,7 @@ def search_skip_set(
        whose first draft token agrees most often with the target's next token on the reference
        text, drafted as the engine drafts it: over the full model's cache of the context
        (:class:`_ContextKV`, all positions in one pass per set).
-    3. Predict each set's speed-up from the seeds' formula (alpha = that agreement, c = the share
+    3. Predict each set's speed-up from Leviathan et al. 2023 (alpha = that agreement, c = the share
        of the weights it reads per token), measure the ``measure_top`` best with the engine
        (greedy verification, static k = the predicted optimum), each beside a fresh timing of
        the baseline, and keep the fastest.
