@@ -92,7 +92,7 @@ def assert_one_line_error(err: str, *, contains: str = "") -> None:
         (["generate", "x", "--verify", "greedy", "--temperature", "0.7"], "--verify greedy"),
         (["generate", "x", "--json", "--stream"], "not allowed with argument"),
         (["generate"], "the following arguments are required: PROMPT"),
-        (["generate", "  "], "the prompt is empty"),
+        (["generate", "  "], "the prompt is whitespace-only"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
         ([], "the following arguments are required: COMMAND"),
     ],

@@ -17,6 +17,7 @@ import argparse
 import importlib
 import importlib.util
 import json
+import math
 import os
 import sys
 from typing import Any, Callable, Sequence
@@ -59,8 +60,22 @@ def _number(kind: Callable[[str], Any], test: Callable[[Any], bool], wanted: str
 
 positive_int = _number(int, lambda v: v > 0, "a positive integer")
 non_negative_int = _number(int, lambda v: v >= 0, "an integer >= 0")
-non_negative_float = _number(float, lambda v: v >= 0.0, "a number >= 0")  # also rejects NaN
+non_negative_float = _number(float, lambda v: math.isfinite(v) and v >= 0.0, "a finite number >= 0")  # no NaN, inf
 probability = _number(float, lambda v: 0.0 < v <= 1.0, "a number in (0, 1]")
+seed_int = _number(int, lambda v: 0 <= v < 2**64, "an integer in [0, 2**64)")  # what torch.manual_seed takes
+
+
+class _Given(argparse.Action):
+    """Store the value and remember that the option was given (so a default can be told apart)."""
+
+    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option_string: Any = None) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.given = getattr(namespace, "given", frozenset()) | {self.dest}
+
+
+def given(args: argparse.Namespace, dest: str) -> bool:
+    """Whether the option stored in ``dest`` was typed on the command line (options using :class:`_Given`)."""
+    return dest in getattr(args, "given", frozenset())
 
 
 # ------------------------------------------------------------------------------------------------
@@ -73,7 +88,7 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--target", default=models.DEFAULT_TARGET, metavar="MODEL",
                        help=f"pack name ({packs}), local Hugging Face model directory or .gguf file "
                             f"(default: {models.DEFAULT_TARGET})")
-    group.add_argument("--draft", default=models.DEFAULT_DRAFT, metavar="MODEL",
+    group.add_argument("--draft", default=models.DEFAULT_DRAFT, metavar="MODEL", action=_Given,
                        help=f"draft model, as for --target; must share the target's vocabulary; "
                             f"'none' decodes with the target alone (default: {models.DEFAULT_DRAFT})")
     group.add_argument("--draft-weights", default="int8", choices=["int8", "bf16"],
@@ -93,7 +108,7 @@ def add_decoding_options(parser: argparse.ArgumentParser) -> None:
     from specdec.verify import VERIFIERS
 
     group = parser.add_argument_group("decoding")
-    group.add_argument("--verify", default="block", choices=sorted([*VERIFIERS, "tree"]),
+    group.add_argument("--verify", default="block", choices=sorted([*VERIFIERS, "tree"]), action=_Given,
                        help="verification rule; 'tree' drafts a token tree with the draft model and "
                             "verifies it in one pass (by default the confident tree, threshold 0.8); "
                             "'typical' is lossy (default: block)")
@@ -132,7 +147,7 @@ def add_decoding_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--top-k", type=non_negative_int, default=0, help="0 disables (default: 0)")
     group.add_argument("--top-p", type=probability, default=1.0, help="1 disables (default: 1)")
     group.add_argument("--max-new-tokens", type=positive_int, default=128, help="(default: 128)")
-    group.add_argument("--seed", type=int, default=None, help="fixes sampling")
+    group.add_argument("--seed", type=seed_int, default=None, help="fixes sampling (an integer in [0, 2**64))")
     group.add_argument("--stop", action="append", default=[], metavar="TEXT",
                        help="end generation at this text (repeatable)")
 
@@ -168,6 +183,21 @@ def check_decoding_options(args: argparse.Namespace) -> None:
     if args.verify == "tree" and drafter not in ("model", "heads"):
         raise CLIError(f"--verify tree drafts its tree with the draft model or the heads, not --drafter {drafter}",
                        "drop --drafter, or use --verify block", code=2)
+    _check_draft_choice(args, drafter)
+
+
+def _check_draft_choice(args: argparse.Namespace, drafter: str) -> None:
+    """--draft none leaves nothing to verify; --draft with a drafter that does not use it is ignored."""
+    draft = str(getattr(args, "draft", None)).lower()
+    policy = getattr(args, "policy", "static")
+    if drafter == "model" and draft == "none" and (given(args, "verify") or policy != "static"):
+        option = f"--verify {args.verify}" if given(args, "verify") else f"--policy {policy}"
+        raise CLIError(f"--draft none decodes with the target alone, so {option} has nothing to act on",
+                       f"drop {option.split()[0]}, or give a draft (--draft {models.DEFAULT_DRAFT}) or a "
+                       "drafter that needs none (--drafter ngram)", code=2)
+    if drafter != "model" and given(args, "draft") and draft != "none":
+        _note(f"warning: --drafter {drafter} drafts without a draft model; --draft {args.draft} is ignored "
+              "(drop --draft, or use --drafter model to draft with it)")
 
 
 def decoding_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -275,8 +305,7 @@ def run_generate(args: argparse.Namespace) -> int:
 
     check_decoding_options(args)
     _check_sampling(args)
-    if not args.prompt.strip() and not args.chat:
-        raise CLIError("the prompt is empty", "give some text to continue", code=2)
+    check_prompt_text(args.prompt, allow_blank=args.chat)
     if args.threads:
         import torch
 
@@ -303,6 +332,25 @@ def run_generate(args: argparse.Namespace) -> int:
             _print_text(args, result.text)
         _print_summary(result, ar, args)
     return 0
+
+
+def check_prompt_text(prompt: str, *, allow_blank: bool = False) -> None:
+    """A prompt must be UTF-8 text (the shell passes undecodable bytes as lone surrogates) with
+    something to continue."""
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as err:
+        char = prompt[err.start]
+        what = (f"the byte 0x{ord(char) - 0xDC00:02x}, which is not UTF-8" if 0xDC80 <= ord(char) <= 0xDCFF
+                else f"a lone surrogate U+{ord(char):04X}")
+        raise CLIError(f"the prompt is not valid text: character {err.start} is {what}",
+                       "pass the prompt as UTF-8 text (e.g. convert the file with iconv -t UTF-8)", code=2) from None
+    if allow_blank or prompt.strip():
+        return
+    if not prompt:
+        raise CLIError("the prompt is empty", "give some text to continue", code=2)
+    raise CLIError(f"the prompt is whitespace-only ({len(prompt)} whitespace characters)",
+                   "give some text to continue", code=2)
 
 
 def _check_sampling(args: argparse.Namespace) -> None:
@@ -419,7 +467,7 @@ def _print_summary(result: Any, ar: Any, args: argparse.Namespace) -> None:
         lines = [f"autoregressive: {s.new_tokens} tokens in {s.seconds:.1f} s = {s.tokens_per_second:.2f} tokens/s"]
     else:
         lines = [
-            f"speculative ({args.verify}, k={args.k}): {s.new_tokens} tokens in {s.seconds:.1f} s = "
+            f"speculative ({method_label(args)}): {s.new_tokens} tokens in {s.seconds:.1f} s = "
             f"{s.tokens_per_second:.2f} tokens/s; {s.mean_accepted_per_forward:.2f} tokens per target "
             f"forward; {s.acceptance_rate:.0%} of draft tokens accepted"
         ]
@@ -435,6 +483,28 @@ def _print_summary(result: Any, ar: Any, args: argparse.Namespace) -> None:
         )
     for line in lines:
         print(line, file=sys.stderr)
+
+
+def method_label(args: argparse.Namespace) -> str:
+    """How the run drafts and verifies, in words: 'block, k=4' or the tree's shape."""
+    drafter = getattr(args, "drafter", "model")
+    words = [] if drafter == "model" else [f"{drafter} drafter"]
+    if args.verify != "tree":
+        words += [args.verify, f"k={args.k}"]
+        if getattr(args, "policy", "static") != "static":
+            words.append(f"policy {args.policy}")
+        return ", ".join(words)
+    from specdec.drafters.tree import DEFAULT_TREE, TreeDrafter
+
+    tree = TreeDrafter(None, **(tree_options(args) or DEFAULT_TREE))  # only its shape is read
+    if tree.choices is not None:
+        words.append(f"static tree: {len(tree.choices)} nodes, depth {tree.depth}")
+    elif tree.threshold is not None:
+        words.append(f"confident tree: threshold {tree.threshold:g}, width {tree.width}, depth up to {tree.depth}, "
+                     f"up to {tree.budget} nodes")
+    else:
+        words.append(f"dynamic tree: depth {tree.depth}, width {tree.width}, up to {tree.budget} nodes")
+    return ", ".join(words)
 
 
 def _speedup(result: Any, ar: Any) -> float:
@@ -512,7 +582,8 @@ def _optional_parsers() -> list[Callable[[Any], None]]:
     """``add_<name>_parser`` functions of subcommands that live in optional modules."""
     found = []
     for package, module, function in [("specdec.bench", "specdec.bench.cli", "add_bench_parser"),
-                                      ("specdec.heads", "specdec.heads.cli", "add_train_heads_parser")]:
+                                      ("specdec.heads", "specdec.heads.cli", "add_train_heads_parser"),
+                                      ("specdec.server", "specdec.server.cli", "add_serve_parser")]:
         if importlib.util.find_spec(package) is None or importlib.util.find_spec(module) is None:
             continue
         found.append(getattr(importlib.import_module(module), function))
