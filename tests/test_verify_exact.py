@@ -191,7 +191,7 @@ def test_a_wrong_rule_is_caught() -> None:
         assert_same_law(law, target_joint(p, V, 3))
 
 
-# --- the seed's two-token example and the optimality of block verification -------------------
+# --- the two-token example of Sun et al. 2024 and the optimality of block verification ---------
 
 
 def expected_accepted(verifier_name: str, p: Dist, q: Dist, vocab: int, k: int) -> float:
@@ -216,8 +216,8 @@ def constant(dist: list[float]) -> Dist:
 
 
 @pytest.mark.parametrize("verifier, expected", [("token", Fraction(10, 9)), ("block", Fraction(11, 9))])
-def test_seed_two_token_example(verifier: str, expected: Fraction) -> None:
-    """Seed 002: M_b(A)=1/3, M_b(B)=2/3 (target p); M_s(A)=2/3, M_s(B)=1/3 (draft q); gamma = 2."""
+def test_sun_et_al_two_token_example(verifier: str, expected: Fraction) -> None:
+    """Sun et al. 2024: M_b(A)=1/3, M_b(B)=2/3 (target p); M_s(A)=2/3, M_s(B)=1/3 (draft q); gamma = 2."""
     got = expected_accepted(verifier, constant([1 / 3, 2 / 3]), constant([2 / 3, 1 / 3]), 2, 2)
     assert got == pytest.approx(float(expected), abs=1e-12)
 
@@ -233,11 +233,11 @@ def test_block_accepts_at_least_as_many_as_token(seed: int, k: int) -> None:
         assert block == pytest.approx(token, abs=1e-12)
 
 
-# --- block verification against the seed's reference algorithm --------------------------------
+# --- block verification against the reference code of Sun et al. 2024 -------------------------
 
 
-def seed_block_reference(ps: np.ndarray, qs: np.ndarray, drafts: list[int]) -> dict[tuple[int, int], float]:
-    """The law of (n, y) under the seed's appendix code for Algorithm 2, enumerated exactly.
+def reference_block_law(ps: np.ndarray, qs: np.ndarray, drafts: list[int]) -> dict[tuple[int, int], float]:
+    """The law of (n, y) under Sun et al. 2024's appendix code for Algorithm 2, enumerated exactly.
 
     That code walks i = 0..gamma (q padded with a zero row): with ``keep`` the running acceptance
     probability, it draws from weights max(0, keep * p[i] - q[i]) plus a "reject" weight 1 - keep;
@@ -264,7 +264,7 @@ def seed_block_reference(ps: np.ndarray, qs: np.ndarray, drafts: list[int]) -> d
 
 
 @pytest.mark.parametrize("seed", range(20))
-def test_block_plan_matches_seed_reference(seed: int) -> None:
+def test_block_plan_matches_the_papers_reference_code(seed: int) -> None:
     rng = np.random.default_rng(seed)
     gamma, vocab = 1 + seed % 5, 4
     ps = rng.dirichlet(np.full(vocab, 0.5), size=gamma + 1)
@@ -272,7 +272,7 @@ def test_block_plan_matches_seed_reference(seed: int) -> None:
     drafts = [int(rng.choice(vocab, p=qs[i])) for i in range(gamma)]
     plan = make_verifier("block").plan(torch.tensor(drafts), torch.tensor(qs), torch.tensor(ps))
     ours = {(n, y): pr for n, y, pr in outcomes(plan)}
-    ref = seed_block_reference(ps, qs, drafts)
+    ref = reference_block_law(ps, qs, drafts)
     assert sum(ref.values()) == pytest.approx(1.0, abs=1e-12)
     keys = set(ours) | set(ref)
     assert max(abs(ours.get(k_, 0.0) - ref.get(k_, 0.0)) for k_ in keys) <= 1e-12
