@@ -2,7 +2,7 @@
 
 Head i (i = 1..K) maps the hidden state h_j at position j, whose LM-head output is the target's
 distribution of token j+1, to a guess at token j+1+i: ``h + SiLU(W_i h + b_i)`` (the residual
-feed-forward block of the seed, Stern et al. 2018; Medusa's ResBlock) followed by the target's own
+feed-forward block of Stern et al. 2018; Medusa's ResBlock) followed by the target's own
 LM head, restricted to a *trimmed vocabulary* of the most frequent tokens. The target's weights stay
 frozen; only W_i, b_i are trained (:mod:`specdec.heads.train`).
 
