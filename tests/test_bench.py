@@ -26,13 +26,8 @@ from specdec.bench.prompts import (
     read_sharegpt,
     sharegpt_prompts,
 )
-from specdec.bench.runner import (
-    BenchModels,
-    BenchSettings,
-    _steps_from_forwards,
-    run_bench,
-    schedule,
-)
+from specdec.bench.peers import _steps_from_forwards
+from specdec.bench.runner import BenchModels, BenchSettings, run_bench, schedule
 from tiny import tiny_llama
 
 VOCAB = 32
@@ -94,6 +89,12 @@ class ChatTokenizer(CharTokenizer):
         ("hf-assisted:k=5", MethodSpec("hf-assisted", k=5)),
         ("hf-prompt-lookup", MethodSpec("hf-prompt-lookup")),
         (" hf-ar ", MethodSpec("hf-ar")),
+        ("ar:backend=llamacpp", MethodSpec("ar", backend="llamacpp")),
+        ("ar:backend=torch", MethodSpec("ar")),
+        ("spec:block:k=4:backend=llamacpp", MethodSpec("spec", "block", "model", 4, "static", backend="llamacpp")),
+        ("spec:ngram:block:backend=llamacpp:k=3", MethodSpec("spec", "block", "ngram", 3, "static", backend="llamacpp")),
+        ("llamacpp-ar", MethodSpec("llamacpp-ar")),
+        ("llamacpp-prompt-lookup:k=6", MethodSpec("llamacpp-prompt-lookup", k=6)),
     ],
 )
 def test_parse_method(text, expected):
@@ -121,7 +122,10 @@ def test_canonical_names():
     "text, message",
     [
         ("beam", "unknown method"),
-        ("ar:k=2", "unknown method"),
+        ("ar:k=2", "unknown key 'k'"),
+        ("ar:backend=gpu", "unknown backend"),
+        ("llamacpp-ar:k=2", "unknown key"),
+        ("spec:early-exit:block:backend=llamacpp", "runs on backend=torch only"),
         ("spec", "expected spec:"),
         ("spec:k=4", "expected spec:"),
         ("spec:nope:k=4", "unknown verifier"),
@@ -438,3 +442,167 @@ def test_add_bench_parser_registers_the_subcommand():
     add_bench_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["bench", "--prompts", "humaneval:2", "--temperature", "0", "1"])
     assert args.prompts == "humaneval:2" and args.temperature == [0.0, 1.0] and callable(args.func)
+
+
+# ------------------------------------------------------------------------------------------
+# Backends, llama.cpp peers and divergences (the parts that need no llama.cpp binding)
+
+
+def test_parse_methods_runs_unmarked_methods_on_each_backend():
+    both = parse_methods("spec:block:k=4,spec:ngram:block:backend=torch,llamacpp-ar,hf-ar", ("torch", "llamacpp"))
+    assert [s.name for s in both] == [
+        "ar", "ar:backend=llamacpp", "spec:block:k=4", "spec:block:k=4:backend=llamacpp",
+        "spec:ngram:block:k=4", "llamacpp-ar", "hf-ar",
+    ]
+    only = parse_methods("spec:block:k=2,llamacpp-prompt-lookup", ("llamacpp",))
+    assert [s.name for s in only] == ["ar:backend=llamacpp", "spec:block:k=2:backend=llamacpp", "llamacpp-prompt-lookup"]
+    assert [s.name for s in parse_methods("hf-ar")] == ["ar", "hf-ar"]
+    assert [s.backend for s in only] == ["llamacpp"] * 3
+    with pytest.raises(ValueError, match="unknown backend"):
+        parse_methods("ar", ("cuda",))
+    with pytest.raises(ValueError, match="runs on backend=torch only"):
+        parse_methods("spec:layer-skip:block", ("torch", "llamacpp"))
+
+
+def test_each_method_is_compared_with_its_own_backend():
+    llama_block = parse_method("spec:block:k=4:backend=llamacpp")
+    assert llama_block.ar == MethodSpec("ar", backend="llamacpp") and llama_block.ar.name == "ar:backend=llamacpp"
+    assert parse_method("hf-prompt-lookup").ar.name == "ar" and parse_method("llamacpp-ar").ar.name == "ar:backend=llamacpp"
+    assert parse_method("spec:ngram:block:backend=llamacpp").peer == "llamacpp-prompt-lookup"
+    assert parse_method("spec:ngram:block").peer == "hf-prompt-lookup"
+    assert parse_method("spec:block:backend=llamacpp").peer is None  # the binding has no draft-model peer
+    assert not parse_method("llamacpp-prompt-lookup").needs_draft_model
+
+
+def _sample(method, prompt, tokens, seconds, first=None):
+    from specdec.bench.sample import Sample
+
+    return Sample(method=method, prompt=prompt, repeat=0, order=0, seed=0, token_ids=tokens, seconds=seconds,
+                  target_forwards=len(tokens), first_step_seconds=first, first_step_tokens=1 if first else None)
+
+
+def test_report_against_llamacpp_ar_and_each_backends_ar():
+    """Speed-ups against the same backend's ar and against llamacpp-ar, per prompt, per set and in the
+    table, computed from known times."""
+    from specdec.bench.runner import BenchRun
+
+    methods = parse_methods("spec:ngram:block:k=2,llamacpp-ar", ("torch", "llamacpp"))
+    seconds = {  # method -> seconds on prompt 0 (set "code") and prompt 1 (set "chat"); 10 tokens each
+        "ar": (2.0, 2.0), "ar:backend=llamacpp": (1.0, 1.0), "spec:ngram:block:k=2": (1.0, 2.0),
+        "spec:ngram:block:k=2:backend=llamacpp": (0.5, 1.25), "llamacpp-ar": (1.0, 1.0),
+    }
+    samples = [_sample(name, p, list(range(10)), t) for name, times in seconds.items() for p, t in enumerate(times)]
+    samples[-3].token_ids = [0, 1, 2, 7, 7, 7, 7, 7, 7, 7]  # spec on llama.cpp leaves its ar on prompt 1
+    prompts = [Prompt("code", "c/0", text="x"), Prompt("chat", "t/0", text="y")]
+    run = BenchRun(BenchSettings(max_new_tokens=10), methods, {}, {}, prompts, [3, 3], samples, 1.0)
+    summary = report.summarize(run)
+    spec = summary["spec:ngram:block:k=2:backend=llamacpp"]
+    assert spec["ar"] == "ar:backend=llamacpp"
+    assert spec["speedup_vs_ar"] == pytest.approx(2 / 1.75)  # 20 tokens in 1.75 s vs 20 in 2 s
+    assert spec["speedup_vs_llamacpp_ar"] == pytest.approx(2 / 1.75)
+    assert spec["speedup_vs_llamacpp_ar_min"] == pytest.approx(0.8)
+    assert spec["speedup_vs_llamacpp_ar_geomean"] == pytest.approx((2 * 0.8) ** 0.5)
+    assert spec["speedup_vs_llamacpp_ar_by_set"] == pytest.approx({"code": 2.0, "chat": 0.8})
+    assert spec["ms_per_token"] == pytest.approx(1000 * 1.75 / 20)
+    assert spec["identical_prompts"] == "1/2"
+    torch_spec = summary["spec:ngram:block:k=2"]
+    assert torch_spec["ar"] == "ar" and torch_spec["speedup_vs_ar"] == pytest.approx(4 / 3)
+    assert torch_spec["speedup_vs_llamacpp_ar"] == pytest.approx(2 / 3) and torch_spec["identical_prompts"] == "2/2"
+    assert summary["llamacpp-ar"]["speedup_vs_ar"] == pytest.approx(1.0)
+    assert summary["ar"]["speedup_vs_llamacpp_ar"] == pytest.approx(0.5)
+    data = {"settings": {"greedy": True, "temperature": 0.0, "max_new_tokens": 10, "repeats": 1},
+            "models": {"target": {"name": "t"}, "draft": None}, "environment": {"dtype": "bfloat16"},
+            "prompts": [p.to_dict() for p in prompts], "methods": summary}
+    table = report.markdown(data)
+    for column in ("ms/token", "vs llamacpp-ar", "speed-up vs ar"):
+        assert f"| {column} |" in table
+    assert "| `spec:ngram:block:k=2:backend=llamacpp` | 11.4 | 87.5 | 1.14× |" in table
+    assert "| `spec:ngram:block:k=2:backend=llamacpp` | 2.00× | 0.80× |" in table  # per set: code, chat
+    data["methods"] = report.summarize(BenchRun(BenchSettings(), methods[:1], {}, {}, prompts[:1], [3],
+                                                samples[:1], 1.0))
+    assert "vs llamacpp-ar" not in report.markdown(data)  # no llamacpp-ar, no column
+
+
+def test_the_recorder_sees_the_row_that_chose_each_greedy_token(tiny_models, prompts):
+    """Replaying greedy ar through a LogitsRecorder: each new token is the top-1 of the recorded row
+    at the position before it, and its margin is the gap between the two best logits of that row
+    as a fresh forward of the same context computes it."""
+    from specdec.backends.lean import make_backend
+    from specdec.bench.divergence import LogitsRecorder, explain, first_difference
+
+    import specdec
+
+    prompt = prompts[0].token_ids(tiny_models.tokenizer)
+    recorder = LogitsRecorder(make_backend(tiny_models.target))
+    tokens = specdec.generate(recorder, prompt, max_new_tokens=8, eos_token_ids=[]).token_ids
+    for i, token in enumerate(tokens):
+        row = recorder.row(len(prompt) + i - 1, ([*prompt, *tokens][len(prompt) + i - 1]))
+        assert row is not None and row.top[0] == token
+        with torch.no_grad():
+            logits = tiny_models.target(torch.tensor([prompt + tokens[:i]])).logits[0, -1]
+        best = torch.topk(logits, 2)
+        assert row.top[1] == int(best.indices[1])
+        assert row.margin == pytest.approx(float(best.values[0] - best.values[1]), abs=1e-4)
+    other = tokens[:3] + [(tokens[3] + 1) % VOCAB] + tokens[4:]
+    found = explain(prompt, other, tokens, None, recorder)
+    assert (found.position, found.token, found.ar_token) == (3, other[3], tokens[3])
+    assert found.ar_top[0] == tokens[3] and found.ar_margin > 0 and found.margin is None
+    assert explain(prompt, tokens, tokens, recorder, recorder) is None
+    assert first_difference([1, 2], [1, 2, 3]) == 2 and first_difference([1], [2]) == 0
+
+
+class BatchRounding:
+    """A backend whose multi-token passes perturb the logits a little, by position: a stand-in for
+    batched kernels that round differently from one-token steps (one-token steps stay exact)."""
+
+    def __init__(self, backend, scale):
+        self.backend, self.scale = backend, scale
+
+    def __getattr__(self, name):
+        return getattr(self.backend, name)
+
+    def forward(self, tokens, num_logits=0, **kwargs):
+        start = len(self.backend.tokens)
+        logits = self.backend.forward(tokens, num_logits, **kwargs)
+        if len(tokens) == 1:
+            return logits
+        rows = torch.arange(start + len(tokens) - logits.shape[0], start + len(tokens), dtype=torch.float32)
+        wobble = torch.sin(rows[:, None] * 1.7 + torch.arange(logits.shape[1]) * 2.3)  # [rows, V]
+        return logits + self.scale * wobble
+
+
+def test_a_near_tie_flipped_by_batched_rounding_is_explained(monkeypatch, prompts):
+    """Greedy block verification on a target whose batched passes round differently leaves ar; the
+    run says where, the two tokens, and the top-2 margins in ar's pass (whose best is ar's token) and
+    in the method's own pass (whose best is the method's token), as a fresh pass of each kind gives them."""
+    from specdec.backends.lean import make_backend
+    from specdec.bench import runner
+
+    target = tiny_llama(0, vocab=VOCAB, sharpness=1.0)
+    models = BenchModels(target, CharTokenizer(), copy.deepcopy(target))
+    monkeypatch.setattr(runner, "target_backend", lambda drafter, model: BatchRounding(make_backend(model), 0.05))
+    settings = BenchSettings(max_new_tokens=16, temperature=0.0, warmup_tokens=0)
+    run = run_bench(models, parse_methods("spec:block:k=4"), prompts, settings, progress=False)
+    summary = report.summarize(run)
+    assert summary["spec:block:k=4"]["identical_to_ar_fraction"] < 1, "the wobble flipped no token: raise it"
+    assert [d["prompt"] for d in run.divergences] == [p for p in range(2) if _differs(run, p)]
+    for d in run.divergences:
+        ar, mine = (next(s for s in run.samples if s.method == name and s.prompt == d["prompt"])
+                    for name in ("ar", "spec:block:k=4"))
+        p = d["position"]
+        assert ar.token_ids[:p] == mine.token_ids[:p] and (d["token"], d["ar_token"]) == (mine.token_ids[p], ar.token_ids[p])
+        assert d["replayed"] == {"ar": True, "method": True}
+        assert d["ar_top"][0] == d["ar_token"] and d["top"][0] == d["token"]  # each pass's greedy choice
+        context = torch.tensor([prompts[d["prompt"]].token_ids(models.tokenizer) + ar.token_ids[:p]])
+        with torch.no_grad():
+            exact = torch.topk(target(context).logits[0, -1], 2)
+        assert d["ar_margin"] == pytest.approx(float(exact.values[0] - exact.values[1]), abs=1e-4)
+        assert d["ar_margin"] < 2 * 0.05 * 2  # a near-tie: within what the wobble can move two logits
+    table = report.markdown(report.results(run, report.environment("x", "float32"), {"target": None, "draft": None})
+                            | {"models": {"target": {"name": "tiny"}, "draft": None}})
+    assert "`spec:block:k=4` leaves `ar` on" in table and "top-2 logit margin" in table
+
+
+def _differs(run, prompt):
+    ar, mine = (next(s for s in run.samples if s.method == name and s.prompt == prompt) for name in ("ar", "spec:block:k=4"))
+    return ar.token_ids != mine.token_ids

@@ -2,12 +2,13 @@
 
 Grammar (fields separated by ``:``)::
 
-    ar                           the target alone, through the project's backend
+    ar[:backend=B]               the target alone, through the project's backend
     spec:[<drafter>:]<verifier>[:key=value ...]
                                  a project speculative configuration. Keys: drafter= (default
-                                 model), k= (default 4), policy= (default static); k_max= and
-                                 threshold= go to the policy; any other key is an option of the
-                                 drafter (e.g. exit_layer=20, max_ngram=3, skip=3/5/7)
+                                 model), k= (default 4), policy= (default static), backend=
+                                 (torch or llamacpp, default torch); k_max= and threshold= go to
+                                 the policy; any other key is an option of the drafter (e.g.
+                                 exit_layer=20, max_ngram=3, skip=3/5/7)
     spec:tree[:key=value ...]    a token tree from the draft model: bare, the API's default (the
                                  confident tree, threshold 0.8); keys depth=, width=, expand=,
                                  budget= (dynamic tree), threshold= (with width=, depth=, budget=:
@@ -20,10 +21,20 @@ Grammar (fields separated by ``:``)::
     hf-prompt-lookup[:k=N]       transformers' prompt lookup; k = prompt_lookup_num_tokens
                                  (default 10)
     hf-ar                        transformers' own generate without an assistant (a reference)
+    llamacpp-ar                  llama-cpp-python's own generation (``Llama.generate``) on the
+                                 target's GGUF: what a llama.cpp user runs
+    llamacpp-prompt-lookup[:k=N] the same with llama-cpp-python's prompt lookup
+                                 (``LlamaPromptLookupDecoding``); k = num_pred_tokens (default 10)
+
+``backend=llamacpp`` runs a project method on the llama.cpp backend (the target's GGUF, and the
+draft's), ``backend=torch`` (the default) on transformers' weights; the bench's ``--backend``
+changes the default, and ``both`` runs each method on both. On llama.cpp the drafters are the
+draft model and the n-gram drafter (the others read the transformers model's layers).
 
 Examples: ``spec:block:k=4``, ``spec:token:k=2``, ``spec:ngram:block:k=4`` (the same as
 ``spec:block:drafter=ngram:k=4``), ``spec:block:policy=theory``,
-``spec:early-exit:block:k=3:exit_layer=20``, ``spec:tree:budget=16``. Parsing checks the verifier, the drafter and the
+``spec:early-exit:block:k=3:exit_layer=20``, ``spec:tree:budget=16``,
+``spec:block:k=4:backend=llamacpp``. Parsing checks the verifier, the drafter and the
 policy against what the project has, so a typo fails before any model loads; drafter options are
 checked when the drafter is first built (the warm-up).
 """
@@ -31,7 +42,7 @@ checked when the drafter is first built (the warm-up).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 from specdec.drafters import DRAFTERS
 from specdec.drafters.tree import TreeDrafter, parse_choices
@@ -44,15 +55,23 @@ POLICY_OPTIONS = ("k_max", "threshold")
 TREE_OPTIONS = ("depth", "width", "expand", "budget", "choices", "threshold")
 # Which peer a project drafter is measured against.
 PEER_OF_DRAFTER = {"model": "hf-assisted", "ngram": "hf-prompt-lookup"}
-PEERS = ("hf-assisted", "hf-prompt-lookup", "hf-ar")
-_PEER_KEYS = {"hf-assisted": {"k"}, "hf-prompt-lookup": {"k"}, "hf-ar": set()}
+LLAMACPP_PEER_OF_DRAFTER = {"ngram": "llamacpp-prompt-lookup"}
+HF_PEERS = ("hf-assisted", "hf-prompt-lookup", "hf-ar")
+LLAMACPP_PEERS = ("llamacpp-ar", "llamacpp-prompt-lookup")
+PEERS = HF_PEERS + LLAMACPP_PEERS
+_PEER_KEYS = {"hf-assisted": {"k"}, "hf-prompt-lookup": {"k"}, "hf-ar": set(),
+              "llamacpp-ar": set(), "llamacpp-prompt-lookup": {"k"}}
+BACKENDS = ("torch", "llamacpp")
+# Drafters that run on the llama.cpp backend: the others read the transformers model's layers.
+LLAMACPP_DRAFTERS = ("model", "ngram")
 
 
 @dataclass(frozen=True)
 class MethodSpec:
     """One method. ``kind`` is ``ar``, ``spec`` or a peer name; the other fields serve ``spec``
     (and ``k`` the peers, None meaning the peer's default). ``options``: sorted (key, value)
-    pairs for the policy (:data:`POLICY_OPTIONS`) and the drafter."""
+    pairs for the policy (:data:`POLICY_OPTIONS`) and the drafter. ``backend``: where the target
+    runs, ``torch`` or ``llamacpp`` (a peer's is fixed by its kind)."""
 
     kind: str
     verifier: str | None = None
@@ -60,17 +79,23 @@ class MethodSpec:
     k: int | None = None
     policy: str | None = None
     options: tuple[tuple[str, Any], ...] = ()
+    backend: str = "torch"
+
+    def __post_init__(self) -> None:
+        if self.kind in PEERS:  # a peer runs where its library runs
+            object.__setattr__(self, "backend", "llamacpp" if self.kind in LLAMACPP_PEERS else "torch")
 
     @property
     def name(self) -> str:
         """The canonical string; ``parse_method(spec.name) == spec``."""
+        backend = "" if self.backend == "torch" or self.is_peer else f":backend={self.backend}"
         if self.kind != "spec":
-            return self.kind if self.k is None else f"{self.kind}:k={self.k}"
+            return (self.kind if self.k is None else f"{self.kind}:k={self.k}") + backend
         drafter = "" if self.drafter == "model" else f"{self.drafter}:"
         k = "" if self.is_tree else f":k={self.k}"
         policy = "" if self.policy == "static" else f":policy={self.policy}"
         options = "".join(f":{key}={_format(value)}" for key, value in self.options)
-        return f"spec:{drafter}{self.verifier}{k}{policy}{options}"
+        return f"spec:{drafter}{self.verifier}{k}{policy}{options}{backend}"
 
     @property
     def is_tree(self) -> bool:
@@ -91,8 +116,15 @@ class MethodSpec:
 
     @property
     def peer(self) -> str | None:
-        """The peer a project method is measured against (by its drafter), if any."""
-        return PEER_OF_DRAFTER.get(self.drafter) if self.kind == "spec" else None
+        """The peer a project method is measured against (by its drafter and backend), if any."""
+        if self.kind != "spec":
+            return None
+        return (LLAMACPP_PEER_OF_DRAFTER if self.backend == "llamacpp" else PEER_OF_DRAFTER).get(self.drafter)
+
+    @property
+    def ar(self) -> "MethodSpec":
+        """The ``ar`` of this method's backend: what its greedy output must equal."""
+        return MethodSpec("ar", backend=self.backend)
 
     @property
     def policy_options(self) -> dict[str, Any]:
@@ -123,12 +155,13 @@ class MethodSpec:
         return self.name
 
 
-def parse_method(text: str) -> MethodSpec:
-    """Parse one method string (see the module docstring); raises ValueError naming the problem."""
+def parse_method(text: str, default_backend: str = "torch") -> MethodSpec:
+    """Parse one method string (see the module docstring); raises ValueError naming the problem.
+
+    ``default_backend``: where ``ar`` and ``spec`` methods without ``backend=`` run.
+    """
     kind, *fields = [f.strip() for f in text.strip().split(":")]
-    if kind == "ar" and not fields:
-        return MethodSpec("ar")
-    if kind != "spec" and kind not in PEERS:
+    if kind != "spec" and kind != "ar" and kind not in PEERS:
         raise ValueError(
             f"unknown method {text!r}; use ar, spec:<verifier>[:key=value...], "
             f"or a peer: {', '.join(PEERS)}"
@@ -138,17 +171,19 @@ def parse_method(text: str) -> MethodSpec:
     for f in fields:
         if "=" in f:
             key, _, value = f.partition("=")
-            if kind != "spec" and key not in _PEER_KEYS[kind]:
-                allowed = ", ".join(sorted(_PEER_KEYS[kind])) or "none"
+            allowed_keys = {"backend"} if kind == "ar" else _PEER_KEYS.get(kind)
+            if allowed_keys is not None and key not in allowed_keys:
+                allowed = ", ".join(sorted(allowed_keys)) or "none"
                 raise ValueError(f"method {text!r}: unknown key {key!r} (keys for {kind}: {allowed})")
             if key in options:
                 raise ValueError(f"method {text!r}: {key}= given twice")
             options[key] = value
+    backend = _parse_backend(text, options.pop("backend", default_backend))
     k = _parse_k(text, options.pop("k")) if "k" in options else None
     if kind != "spec":
         if positional:
             raise ValueError(f"method {text!r}: unexpected field {positional[0]!r}")
-        return MethodSpec(kind, k=k)
+        return MethodSpec(kind, k=k, backend=backend)
     if len(positional) == 2:
         if "drafter" in options:
             raise ValueError(f"method {text!r}: the drafter is given twice")
@@ -166,21 +201,41 @@ def parse_method(text: str) -> MethodSpec:
         "spec", verifier=positional[-1], drafter=drafter, k=DEFAULT_K if k is None else k,
         policy=policy,
         options=tuple(sorted((key, v if key == "choices" else _value(v)) for key, v in options.items())),
+        backend=backend,
     )
     _check_spec(text, spec)
+    if backend == "llamacpp" and drafter not in LLAMACPP_DRAFTERS:
+        raise ValueError(
+            f"method {text!r}: the {drafter} drafter reads the transformers model's layers, so it runs on "
+            f"backend=torch only; on llamacpp draft with {' or '.join(LLAMACPP_DRAFTERS)}"
+        )
     return spec
 
 
-def parse_methods(text: str) -> list[MethodSpec]:
-    """A comma-separated list; duplicates are dropped and ``ar`` is put first (added if missing)."""
+def parse_methods(text: str, backends: Sequence[str] = ("torch",)) -> list[MethodSpec]:
+    """A comma-separated list; duplicates are dropped. A method without ``backend=`` runs on each
+    of ``backends`` in turn. ``ar`` comes first, once per backend the methods use (torch's at
+    least when a method runs there or a transformers peer needs it)."""
+    unknown = [b for b in backends if b not in BACKENDS]
+    if unknown or not backends:
+        raise ValueError(f"unknown backend {unknown[0] if unknown else ''!r}; choose from {', '.join(BACKENDS)}")
     specs: list[MethodSpec] = []
     for part in text.split(","):
-        if part.strip():
-            spec = parse_method(part)
+        if not part.strip():
+            continue
+        for backend in backends:
+            spec = parse_method(part, default_backend=backend)
             if spec not in specs:
                 specs.append(spec)
-    ar = MethodSpec("ar")
-    return [ar] + [s for s in specs if s != ar]
+    used = [b for b in BACKENDS if any(s.backend == b for s in specs)] or list(backends[:1])
+    ars = [MethodSpec("ar", backend=b) for b in used]
+    return ars + [s for s in specs if s not in ars]
+
+
+def _parse_backend(text: str, value: str) -> str:
+    if value not in BACKENDS:
+        raise ValueError(f"method {text!r}: unknown backend {value!r}; choose one of {', '.join(BACKENDS)}")
+    return value
 
 
 def _parse_k(text: str, value: str) -> int:

@@ -1,0 +1,232 @@
+"""The peers: other libraries' own generation on the same models, prompts and settings.
+
+transformers' ``generate`` (plain, with an assistant model, with prompt lookup) on the torch
+models, and llama-cpp-python's ``Llama.generate`` (plain, and with its prompt lookup drafter) on
+the target's GGUF. Each run's wall time covers the whole call, prefill included, as for the
+project's methods. Hooks on the target's forward (transformers) or ``Llama.eval`` (llama.cpp)
+count target forwards and recover, from the cache length each forward starts at, how many tokens
+each forward drafted and kept -- so peers get the same per-step figures as the project's methods.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import time
+from typing import Any, Iterator, Sequence
+
+import torch
+
+from specdec.bench.methods import PROMPT_LOOKUP_K, MethodSpec
+from specdec.bench.sample import Sample, median as _median
+
+
+def run_peer(method: MethodSpec, models: Any, prompt_ids: list[int], temperature: float,
+             max_new_tokens: int, eos: list[int], seed: int) -> Any:
+    """One timed generation by a peer; returns a :class:`~specdec.bench.runner.Sample`."""
+    if method.backend == "llamacpp":
+        return _run_llamacpp_peer(method, models, prompt_ids, temperature, max_new_tokens, eos, seed)
+    return _run_hf_peer(method, models, prompt_ids, temperature, max_new_tokens, eos, seed)
+
+
+# ------------------------------------------------------------------------------------------
+# transformers' generate
+
+
+
+def _run_hf_peer(method, models, prompt_ids, temperature, max_new_tokens, eos, seed) -> Any:
+    from transformers import GenerationConfig
+
+    greedy = temperature == 0.0
+    target, assistant = models.target, None
+    config = GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        do_sample=not greedy,
+        temperature=temperature if not greedy else 1.0,
+        top_k=0 if not greedy else None,
+        top_p=1.0,
+        # transformers' prompt lookup needs some EOS id: with EOS ignored, give one past the
+        # vocabulary, which no model can produce.
+        eos_token_id=eos or [_vocab_size(target)],
+        pad_token_id=eos[0] if eos else _pad_id(models),
+    )
+    kwargs: dict[str, Any] = {}
+    assistant_config = None
+    if method.kind == "hf-assisted":
+        assistant = models.draft
+        assistant_config = GenerationConfig()  # transformers' defaults, fresh for every run
+        if method.k is not None:
+            assistant_config.num_assistant_tokens = method.k
+        kwargs["assistant_model"] = assistant
+    elif method.kind == "hf-prompt-lookup":
+        kwargs["prompt_lookup_num_tokens"] = method.k or PROMPT_LOOKUP_K
+    input_ids = torch.tensor([prompt_ids], dtype=torch.long, device=target.device)
+    target_calls: list[tuple[int, int, float]] = []
+    draft_calls: list[tuple[int, int, float]] = []
+    target_ends: list[float] = []  # perf_counter at the end of each target forward
+    with _generation_config(target, config), _generation_config(assistant, assistant_config), \
+            _forward_timer(target, target_calls, target_ends), _forward_timer(assistant, draft_calls):
+        torch.manual_seed(seed)
+        start = time.perf_counter()
+        out = target.generate(input_ids, attention_mask=torch.ones_like(input_ids), **kwargs)
+        seconds = time.perf_counter() - start
+    tokens = out[0, len(prompt_ids):].tolist()
+    drafted, accepted = _steps_from_forwards(target_calls, len(prompt_ids), len(tokens))
+    tokens = tokens[:max_new_tokens]  # prompt lookup can overshoot by part of its last step
+    if method.kind == "hf-ar":
+        drafted, accepted = [], []
+    target_times = [t for _, _, t in target_calls]
+    return Sample(
+        method=method.name, prompt=0, repeat=0, order=0, seed=seed, token_ids=tokens,
+        seconds=seconds, target_forwards=len(target_calls),
+        step_drafted=drafted, step_accepted=accepted,
+        draft_seconds=sum(t for _, _, t in draft_calls), verify_seconds=sum(target_times),
+        draft_token_seconds=_median([t for _, _, t in draft_calls[1:]]),
+        step_seconds=_median(target_times[1:]),
+        first_step_seconds=target_ends[0] - start if target_ends else None,
+        first_step_tokens=min(len(tokens), 1 + (accepted[0] if accepted else 0)) if target_ends else None,
+    )
+
+
+def _vocab_size(model: Any) -> int:
+    return int(model.get_output_embeddings().weight.shape[0])
+
+
+def _pad_id(models: Any) -> int:
+    pad = getattr(models.tokenizer, "pad_token_id", None)
+    return pad if isinstance(pad, int) else 0
+
+
+def _steps_from_forwards(calls: list[tuple[int, int, float]], prompt_len: int, new_tokens: int) -> tuple[list[int], list[int]]:
+    """Per target forward (start position, tokens fed): draft tokens proposed and kept.
+
+    transformers keeps every output token but the newest in the target's cache, so forward i
+    starts at s_i = C_i - 1, where C_i is the output length before it (C_0 is the prompt length and
+    the first forward starts at 0). It feeds the C_i - s_i uncached tokens and then the drafts,
+    and the kept drafts are what the output grew by, minus the one token the target adds.
+    Returns empty lists if the forwards do not fit this pattern.
+    """
+    drafted, accepted = [], []
+    context = prompt_len
+    for i, (start, fed, _) in enumerate(calls):
+        following = calls[i + 1][0] + 1 if i + 1 < len(calls) else prompt_len + new_tokens
+        n = fed - (context - start)
+        a = following - context - 1
+        if n < 0 or not 0 <= a <= n:
+            return [], []
+        drafted.append(n)
+        accepted.append(a)
+        context = following
+    return drafted, accepted
+
+
+@contextlib.contextmanager
+def _generation_config(model: Any, config: Any) -> Iterator[None]:
+    """Give ``model`` exactly ``config`` for one call, so nothing from its saved defaults (or
+    state transformers mutates during assisted generation) leaks between runs."""
+    if model is None or config is None:
+        yield
+        return
+    saved = model.generation_config
+    model.generation_config = copy.deepcopy(config)
+    try:
+        yield
+    finally:
+        model.generation_config = saved
+
+
+@contextlib.contextmanager
+def _forward_timer(model: Any, calls: list[tuple[int, int, float]], ends: list[float] | None = None) -> Iterator[None]:
+    """Record (cache length at start, tokens fed, seconds) for each forward of ``model``, and in
+    ``ends`` the ``perf_counter`` at the end of each."""
+    if model is None:
+        yield
+        return
+    started: list[tuple[int, int, float]] = []
+
+    def before(module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        fed = int(ids.shape[-1]) if ids is not None else 0
+        position = kwargs.get("cache_position")
+        if position is not None and position.numel():
+            cached = int(position[0])
+        else:
+            cache = kwargs.get("past_key_values")
+            cached = int(cache.get_seq_length()) if cache is not None else 0
+        started.append((cached, fed, time.perf_counter()))
+
+    def after(module, args, kwargs, output):
+        cached, fed, t0 = started.pop()
+        end = time.perf_counter()
+        calls.append((cached, fed, end - t0))
+        if ends is not None:
+            ends.append(end)
+
+    handles = [
+        model.register_forward_pre_hook(before, with_kwargs=True),
+        model.register_forward_hook(after, with_kwargs=True),
+    ]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+# ------------------------------------------------------------------------------------------
+# llama-cpp-python's Llama.generate
+
+
+def _run_llamacpp_peer(method, models, prompt_ids, temperature, max_new_tokens, eos, seed) -> Sample:
+    """``Llama.generate`` on the prompt's token ids (tokenized by transformers, as for every
+    method), greedy at temperature 0 and otherwise plain sampling at ``temperature``: no top-k,
+    top-p, min-p, typical or repetition penalty, seeded with ``seed``."""
+    llm = models.llamacpp.peer(method)
+    greedy = temperature == 0.0
+    sampling = dict(temp=0.0 if greedy else temperature, top_k=1 if greedy else 0, top_p=1.0, min_p=0.0,
+                    typical_p=1.0, repeat_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0)
+    calls: list[tuple[int, int, float]] = []
+    ends: list[float] = []
+    llm.reset()  # no prefix of an earlier run is reused from the cache
+    llm.set_seed(seed)
+    tokens: list[int] = []
+    with _eval_timer(llm, calls, ends):
+        start = time.perf_counter()
+        for token in llm.generate(list(prompt_ids), reset=True, **sampling):
+            tokens.append(int(token))
+            if len(tokens) >= max_new_tokens or token in eos:
+                break
+        seconds = time.perf_counter() - start
+    drafted, accepted = _steps_from_forwards(calls, len(prompt_ids), len(tokens))
+    if method.kind == "llamacpp-ar":
+        drafted, accepted = [], []
+    times = [t for _, _, t in calls]
+    return Sample(
+        method=method.name, prompt=0, repeat=0, order=0, seed=seed, token_ids=tokens,
+        seconds=seconds, target_forwards=len(calls),
+        step_drafted=drafted, step_accepted=accepted,
+        draft_seconds=0.0, verify_seconds=sum(times),
+        step_seconds=_median(times[1:]),
+        first_step_seconds=ends[0] - start if ends else None,
+        first_step_tokens=min(len(tokens), 1 + (accepted[0] if accepted else 0)) if ends else None,
+    )
+
+
+@contextlib.contextmanager
+def _eval_timer(llm: Any, calls: list[tuple[int, int, float]], ends: list[float]) -> Iterator[None]:
+    """Record (cached tokens at start, tokens fed, seconds) for each ``llm.eval``, the binding's
+    one target forward, and in ``ends`` the ``perf_counter`` at the end of each."""
+    original = llm.eval
+
+    def timed(tokens: Sequence[int]) -> None:
+        cached, t0 = llm.n_tokens, time.perf_counter()
+        original(tokens)
+        end = time.perf_counter()
+        calls.append((cached, len(tokens), end - t0))
+        ends.append(end)
+
+    llm.eval = timed  # generate() calls self.eval, so the instance attribute is what it finds
+    try:
+        yield
+    finally:
+        del llm.eval

@@ -1,0 +1,48 @@
+"""One timed run of one benchmark method on one prompt (what the runner and the peers return)."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+
+@dataclass
+class Sample:
+    """One timed run of one method on one prompt.
+
+    step_drafted[i] / step_accepted[i]: draft tokens proposed / kept at target forward i (empty
+    when unknown). draft_token_seconds: median time to draft one token (steps after the first);
+    step_seconds: median time of one target step after the first (the prefill).
+    first_step_seconds / first_step_tokens: wall time from the start to the end of the first
+    target forward (the prompt's prefill in every model, and the first step's drafting) and the
+    tokens that step produced; the rest of the run is the decoding that speculation speeds up.
+    """
+
+    method: str
+    prompt: int
+    repeat: int
+    order: int
+    seed: int
+    token_ids: list[int]
+    seconds: float
+    target_forwards: int
+    step_drafted: list[int] = field(default_factory=list)
+    step_accepted: list[int] = field(default_factory=list)
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    draft_token_seconds: float | None = None
+    step_seconds: float | None = None
+    first_step_seconds: float | None = None
+    first_step_tokens: int | None = None
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.token_ids)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self) | {"new_tokens": self.new_tokens}
+
+
+def median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
