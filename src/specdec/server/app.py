@@ -1,0 +1,412 @@
+"""The FastAPI application: OpenAI-style completions and chat over one loaded model pair.
+
+Endpoints: ``GET /health`` (never needs the key), ``GET /metrics`` (Prometheus text),
+``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions`` and ``GET /`` (a page
+that streams a completion and colours each token by where it came from).
+
+A generation request is checked (body, model, method, prompt) before it joins the queue, waits
+for the single worker (:mod:`specdec.server.worker`), and is answered either as one JSON object or,
+with ``"stream": true``, as server-sent events ending with ``data: [DONE]``. The response is only
+started once the generation has produced its first tokens, so an error found when the generation
+is built (a prompt longer than the context, a drafter option the drafter refuses) still gets its
+4xx status. Every chunk carries a non-standard ``speculative`` object: the step's ``token_ids``,
+``from_draft`` (which of them were draft tokens the target accepted), ``draft_chars`` (how many
+leading characters of the chunk's text those make) and ``drafted`` (draft tokens proposed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import importlib.resources
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+import specdec
+from specdec.api import eos_token_ids_of
+from specdec.bench.methods import MethodSpec
+from specdec.server import requests as rq
+from specdec.server.metrics import Metrics
+from specdec.server.requests import APIError, ChatBody, CompletionBody, Generation
+from specdec.server.worker import Job, QueueFull, Scheduler
+
+COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+GRACE_SECONDS = 0.5  # past a request's deadline, how long to wait for the worker to notice it
+POLL_SECONDS = 0.25  # how often a waiting non-streamed request checks that its client is still there
+
+
+@dataclass
+class ServedModels:
+    """The loaded models; ``name`` is the model id clients pass (``GET /v1/models``)."""
+
+    target: Any
+    tokenizer: Any
+    draft: Any = None
+    name: str = "specdec"
+    draft_name: str | None = None
+    draft_weights: str = "int8"
+
+
+@dataclass
+class ServerOptions:
+    method: MethodSpec  # used when a request names none
+    max_queue: int = 16
+    request_timeout: float = 600.0
+    api_key: str | None = None
+    max_tokens: int = 2048  # the most a request may ask for; also the chat default
+
+
+def create_app(models: ServedModels, options: ServerOptions) -> FastAPI:
+    """The application; its worker thread starts and stops with the app's lifespan."""
+    metrics = Metrics()
+    scheduler = Scheduler(options.max_queue, metrics)
+    state = _State(models, options, metrics, scheduler, rq.has_fim_tokens(models.tokenizer),
+                   eos_token_ids_of(models.target, models.tokenizer))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        scheduler.start()
+        yield
+        scheduler.close()
+
+    app = FastAPI(title="specdec", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.specdec = state
+    _add_error_handlers(app, metrics)
+    app.include_router(_public_routes(state))
+    app.include_router(_private_routes(state), dependencies=[Depends(_key_check(options.api_key, metrics))])
+    return app
+
+
+@dataclass
+class _State:
+    models: ServedModels
+    options: ServerOptions
+    metrics: Metrics
+    scheduler: Scheduler
+    fim: bool
+    eos: set[int]
+
+
+def _public_routes(state: _State) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok"}
+
+    return router
+
+
+def _private_routes(state: _State) -> APIRouter:
+    router = APIRouter()
+    models, options = state.models, state.options
+
+    @router.get("/", response_class=HTMLResponse)
+    async def page() -> HTMLResponse:
+        return HTMLResponse(importlib.resources.files("specdec.server").joinpath("page.html").read_text("utf-8"))
+
+    @router.get("/metrics")
+    async def metrics() -> Response:
+        return Response(state.metrics.render(), media_type=state.metrics.content_type)
+
+    @router.get("/v1/models")
+    async def list_models() -> dict[str, Any]:
+        return {"object": "list", "data": [{
+            "id": models.name, "object": "model", "created": 0, "owned_by": "specdec",
+            "speculative": {"method": options.method.name, "draft": models.draft_name,
+                            "draft_weights": models.draft_weights if models.draft is not None else None},
+        }]}
+
+    @router.post("/v1/completions")
+    async def completions(body: CompletionBody, request: Request) -> Response:
+        _check_model(body.model, models.name)
+        method = rq.choose_method(body, options.method, models.draft is not None)
+        prompt = rq.completion_prompt(body, models.tokenizer, state.fim)
+        max_tokens = _max_tokens(body.max_tokens or COMPLETION_DEFAULT_MAX_TOKENS, "max_tokens", options)
+        gen = _generation("completion", prompt, body, method, max_tokens, models.tokenizer)
+        return await _serve(state, request, gen)
+
+    @router.post("/v1/chat/completions")
+    async def chat(body: ChatBody, request: Request) -> Response:
+        _check_model(body.model, models.name)
+        method = rq.choose_method(body, options.method, models.draft is not None)
+        prompt = rq.chat_prompt(body, models.tokenizer)
+        if body.max_tokens is not None and body.max_completion_tokens is not None:
+            raise APIError(400, "give max_tokens or max_completion_tokens, not both", param="max_tokens")
+        asked, field = ((body.max_completion_tokens, "max_completion_tokens") if body.max_completion_tokens
+                        else (body.max_tokens, "max_tokens"))
+        max_tokens = _max_tokens(asked or options.max_tokens, field, options)
+        gen = _generation("chat", prompt, body, method, max_tokens, models.tokenizer)
+        return await _serve(state, request, gen)
+
+    return router
+
+
+def _generation(kind: str, prompt: str | list[int], body: Any, method: MethodSpec, max_tokens: int,
+                tokenizer: Any) -> Generation:
+    ids = tokenizer(prompt, add_special_tokens=True)["input_ids"] if isinstance(prompt, str) else list(prompt)
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    if body.stream_options is not None and not body.stream:
+        raise APIError(400, "stream_options goes with \"stream\": true", param="stream_options")
+    return Generation(kind, ids, len(ids), method, rq.sampling_kwargs(body, max_tokens), body.stream,
+                      include_usage, list(body.stop or []))
+
+
+def _check_model(asked: str | None, served: str) -> None:
+    if asked is not None and asked != served:
+        raise APIError(404, f"model: the model {asked!r} does not exist; this server serves {served!r} "
+                            "(GET /v1/models)", param="model", code="model_not_found")
+
+
+def _max_tokens(asked: int, field: str, options: ServerOptions) -> int:
+    if asked > options.max_tokens:
+        raise APIError(400, f"{field}: {asked} is more than this server allows ({options.max_tokens}, "
+                            "its --max-tokens)", param=field)
+    return asked
+
+
+# ------------------------------------------------------------------------------------------------
+# Running a generation and answering it
+
+
+async def _serve(state: _State, request: Request, gen: Generation) -> Response:
+    endpoint = request.url.path
+    job = _job(state, gen)
+    try:
+        state.scheduler.submit(job)
+    except QueueFull:
+        raise APIError(429, f"the queue is full ({state.options.max_queue} requests waiting); retry later",
+                       code="queue_full", type="rate_limit_error") from None
+    first = await _next(job, request, poll=True)
+    if first is None:  # the client went away while waiting
+        state.metrics.outcome(endpoint, "cancelled")
+        return Response(status_code=499)
+    if first[0] == "error":
+        raise first[1]
+    answer = _Answer(gen, state.models.name)
+    if gen.stream:
+        return StreamingResponse(_events(state, job, request, first, answer, endpoint),
+                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    message = first
+    while message is not None and message[0] == "step":  # the whole text comes with "done"
+        message = await _next(job, request, poll=True)
+    if message is None:
+        state.metrics.outcome(endpoint, "cancelled")
+        return Response(status_code=499)
+    if message[0] == "error":
+        raise message[1]
+    state.metrics.outcome(endpoint, "ok")
+    return JSONResponse(answer.whole(message[1][1]))
+
+
+def _job(state: _State, gen: Generation) -> Job:
+    models, tokenizer = state.models, state.models.tokenizer
+    kwargs = rq.method_kwargs(gen.method, models.draft, models.draft_weights)
+
+    def start() -> Any:
+        return specdec.stream(models.target, gen.prompt, tokenizer=tokenizer, **kwargs, **gen.sampling)
+
+    def decode(ids: list[int]) -> str:
+        return tokenizer.decode(ids, skip_special_tokens=True)
+
+    def finish(ids: list[int], text: str, stats: Any) -> dict[str, Any]:
+        return _summary(gen, ids, text, stats, decode, state.eos)
+
+    return Job(start, decode, finish, time.monotonic() + state.options.request_timeout,
+               asyncio.get_running_loop(), gen.stop)
+
+
+async def _next(job: Job, request: Request, poll: bool) -> tuple[str, Any] | None:
+    """The job's next message; None if the client disconnected (checked every POLL_SECONDS when
+    ``poll``: a streaming response is cancelled by the server itself instead). Past the deadline
+    (and a grace for the worker to report it) the job is stopped and a timeout error returned."""
+    while True:
+        left = job.deadline + GRACE_SECONDS - time.monotonic()
+        if left <= 0:
+            job.stop()
+            return "error", APIError(504, "the request ran past the server's --request-timeout",
+                                     code="timeout", type="timeout_error")
+        try:
+            return await asyncio.wait_for(job.out.get(), min(left, POLL_SECONDS) if poll else left)
+        except asyncio.TimeoutError:
+            if poll and await request.is_disconnected():
+                job.stop()
+                return None
+
+
+async def _events(state: _State, job: Job, request: Request, first: tuple[str, Any], answer: "_Answer",
+                  endpoint: str) -> AsyncIterator[str]:
+    """Server-sent events; if the client goes away, the server cancels this generator and the
+    ``finally`` stops the job."""
+    outcome = "cancelled"
+    try:
+        message: tuple[str, Any] | None = first
+        while message is not None:
+            kind, payload = message
+            if kind == "step":
+                yield _sse(answer.chunk(payload))
+            elif kind == "done":
+                for chunk in answer.last_chunks(*payload):
+                    yield _sse(chunk)
+                yield "data: [DONE]\n\n"
+                outcome = "ok"
+                return
+            else:
+                outcome = "timeout" if payload.status == 504 else "bad_request" if payload.status < 500 else "error"
+                yield _sse(payload.body())
+                yield "data: [DONE]\n\n"
+                return
+            message = await _next(job, request, poll=False)
+    finally:
+        job.stop()
+        state.metrics.outcome(endpoint, outcome)
+
+
+def _sse(obj: dict[str, Any]) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+class _Answer:
+    """Builds the OpenAI-shaped response: chunks as steps arrive, or the whole at the end."""
+
+    def __init__(self, gen: Generation, model: str) -> None:
+        self.gen, self.model = gen, model
+        chat = gen.kind == "chat"
+        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        self.created = int(time.time())
+        self.object = "chat.completion" if chat else "text_completion"
+        self.sent_role = False
+
+    def _head(self, chunk: bool) -> dict[str, Any]:
+        obj = self.object + (".chunk" if chunk and self.gen.kind == "chat" else "")
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    def _choice(self, text: str | None, finish: str | None, chunk: bool) -> dict[str, Any]:
+        if self.gen.kind == "completion":
+            return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+        if not chunk:
+            return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                    "finish_reason": finish}
+        delta: dict[str, Any] = {} if text is None else {"content": text}
+        if not self.sent_role:
+            delta = {"role": "assistant", **delta}
+            self.sent_role = True
+        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+
+    def chunk(self, step: Any) -> dict[str, Any]:
+        return {**self._head(True), "choices": [self._choice(step.text, None, True)],
+                "speculative": {"token_ids": step.token_ids, "from_draft": step.from_draft,
+                                "draft_chars": step.draft_chars, "drafted": step.drafted}}
+
+    def last_chunks(self, rest: str, summary: dict[str, Any]) -> list[dict[str, Any]]:
+        """The chunk with finish_reason (and any held-back text), then usage if asked for."""
+        last = {**self._head(True), "choices": [self._choice(rest or None, summary["finish_reason"], True)],
+                "speculative": summary["speculative"]}
+        chunks = [last]
+        if self.gen.include_usage:
+            chunks.append({**self._head(True), "choices": [], "usage": summary["usage"]})
+        return chunks
+
+    def whole(self, summary: dict[str, Any]) -> dict[str, Any]:
+        return {**self._head(False), "choices": [self._choice(summary["text"], summary["finish_reason"], False)],
+                "usage": summary["usage"], "speculative": summary["speculative"]}
+
+
+def _summary(gen: Generation, ids: list[int], text: str, stats: Any, decode: Any, eos: set[int]) -> dict[str, Any]:
+    """The text, finish_reason, usage and the speculative figures of a finished generation."""
+    full = decode(ids)
+    stopped = bool(ids and ids[-1] in eos) or any(s in full for s in gen.stop)
+    method = gen.method
+    spec = {
+        "method": method.name, "exact": method.exact,
+        "policy": None if method.kind != "spec" or method.is_tree else method.policy,
+        "policy_state": stats.policy if stats is not None else {},
+        "target_forwards": stats.target_forwards if stats else 0,
+        "tokens_per_forward": stats.mean_accepted_per_forward if stats else 0.0,
+        "drafted_tokens": stats.drafted_tokens if stats else 0,
+        "accepted_tokens": stats.accepted_tokens if stats else 0,
+        "acceptance_rate": stats.acceptance_rate if stats else 0.0,
+        "draft_seconds": stats.draft_seconds if stats else 0.0,
+        "verify_seconds": stats.verify_seconds if stats else 0.0,
+        "seconds": stats.seconds if stats else 0.0,
+        "tokens_per_second": stats.tokens_per_second if stats else 0.0,
+    }
+    usage = {"prompt_tokens": gen.prompt_tokens, "completion_tokens": len(ids),
+             "total_tokens": gen.prompt_tokens + len(ids)}
+    return {"text": text, "finish_reason": "stop" if stopped else "length", "usage": usage, "speculative": spec}
+
+
+# ------------------------------------------------------------------------------------------------
+# Keys and errors
+
+
+def _key_check(api_key: str | None, metrics: Metrics) -> Any:
+    async def check(request: Request) -> None:
+        if api_key is None:
+            return
+        header = request.headers.get("authorization", "")
+        if header[:7].lower() == "bearer ":
+            given = header[7:].strip()
+        else:  # a browser opening the page cannot send a header: GET /?key=KEY
+            given = request.query_params.get("key", "") if request.url.path == "/" else ""
+        if not given or not hmac.compare_digest(given.encode(), api_key.encode()):
+            raise APIError(401, "a valid API key is required: send 'Authorization: Bearer KEY'",
+                           code="invalid_api_key")
+
+    return check
+
+
+def _add_error_handlers(app: FastAPI, metrics: Metrics) -> None:
+    def answer(request: Request, err: APIError) -> JSONResponse:
+        outcome = {401: "unauthorized", 404: "not_found", 429: "queue_full", 504: "timeout"}.get(
+            err.status, "bad_request" if err.status < 500 else "error")
+        route = request.scope.get("route")
+        metrics.outcome(route.path if route is not None else "other", outcome)
+        return JSONResponse(err.body(), status_code=err.status)
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, err: APIError) -> JSONResponse:
+        return answer(request, err)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, err: RequestValidationError) -> JSONResponse:
+        return answer(request, _validation_error(err))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
+        message = {404: f"no such endpoint: {request.method} {request.url.path}",
+                   405: f"{request.method} is not allowed on {request.url.path}"}.get(err.status_code, str(err.detail))
+        return answer(request, APIError(err.status_code, message, code="not_found" if err.status_code == 404 else None))
+
+    @app.exception_handler(Exception)
+    async def fault(request: Request, err: Exception) -> JSONResponse:
+        return answer(request, APIError(500, "the server failed on this request; see its log"))
+
+
+def _validation_error(err: RequestValidationError) -> APIError:
+    """The first problem (an unknown field first of all), as a 400 naming the field (``messages.0.role``)."""
+    errors = err.errors()
+    first = next((e for e in errors if e.get("type") == "extra_forbidden"), errors[0])
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    param = ".".join(loc) or None
+    kind, message = first.get("type", ""), str(first.get("msg", "invalid value"))
+    if kind == "json_invalid":
+        return APIError(400, "the request body is not valid JSON", param=None)
+    if kind == "missing" and not loc:
+        return APIError(400, "the request needs a JSON object body", param=None)
+    if kind == "extra_forbidden":
+        return APIError(400, f"{param}: unknown field; this server does not support it", param=param,
+                        code="unsupported_field")
+    if kind == "model_attributes_type" or (kind.endswith("_type") and not loc):
+        return APIError(400, "the request body must be a JSON object", param=None)
+    message = message.removeprefix("Value error, ")
+    return APIError(400, message if param and message.startswith(param) else f"{param}: {message}", param=param)

@@ -1,0 +1,100 @@
+"""``specdec serve``: load the models once and serve them over HTTP (see :mod:`specdec.server.app`)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from specdec import cli
+
+API_KEY_ENV = "SPECDEC_API_KEY"
+
+
+def add_serve_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "serve", help="serve the models over an OpenAI-compatible HTTP API",
+        description="Load the target (and draft) once and serve OpenAI-style /v1/completions and "
+                    "/v1/chat/completions, with streaming, /metrics for Prometheus and a page at / "
+                    "that shows which tokens the draft supplied. One generation runs at a time; "
+                    "other requests wait in a bounded queue.",
+    )
+    cli.add_model_options(parser)
+    group = parser.add_argument_group("server")
+    group.add_argument("--host", default="127.0.0.1",
+                       help="address to bind (default: 127.0.0.1, this machine only; 0.0.0.0 exposes the server)")
+    group.add_argument("--port", type=cli.positive_int, default=8000, help="(default: 8000)")
+    group.add_argument("--method", default=None, metavar="METHOD",
+                       help="decoding method for requests that name none, as 'specdec bench --methods' takes "
+                            "it, e.g. spec:block:k=4, spec:tree, spec:ngram:block, ar (default: spec:block:k=4; "
+                            "ar with --draft none); a request may pick its own with "
+                            "\"speculative\": {\"method\": ...}")
+    group.add_argument("--max-queue", type=cli.non_negative_int, default=16, metavar="N",
+                       help="requests that may wait while one generates; more get 429 (default: 16)")
+    group.add_argument("--request-timeout", type=_seconds, default=600.0, metavar="S",
+                       help="seconds a request may take, queue wait included (default: 600)")
+    group.add_argument("--max-tokens", type=cli.positive_int, default=2048, metavar="N",
+                       help="the most tokens a request may ask for; the chat default (default: 2048)")
+    group.add_argument("--api-key", default=os.environ.get(API_KEY_ENV), metavar="KEY",
+                       help=f"require 'Authorization: Bearer KEY' on every endpoint but /health "
+                            f"(default: ${API_KEY_ENV}, else none)")
+    group.add_argument("--threads", type=cli.positive_int, default=None,
+                       help="CPU threads for torch (default: torch's choice)")
+    group.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
+                       help="uvicorn's log level (default: info)")
+    parser.set_defaults(func=run_serve)
+
+
+def _seconds(text: str) -> float:
+    value = cli.non_negative_float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    return value
+
+
+def default_method(args: argparse.Namespace) -> Any:
+    """The server's default method, checked before any model loads."""
+    from specdec.bench.methods import parse_method
+
+    no_draft = args.draft is None or args.draft.lower() == "none"
+    text = args.method or ("ar" if no_draft else "spec:block:k=4")
+    try:
+        method = parse_method(text)
+    except ValueError as err:
+        raise cli.CLIError(f"--method: {err}", "e.g. --method spec:block:k=4 or --method spec:tree", code=2) from None
+    if method.is_peer:
+        raise cli.CLIError(f"--method: {method.kind} is a benchmark peer, not a method the server runs",
+                           "use ar or a spec:... method", code=2)
+    if method.needs_draft_model and no_draft:
+        raise cli.CLIError(f"--method {method.name} needs a draft model, but --draft is none",
+                           "drop --draft none, or use a drafter of its own, e.g. --method spec:ngram:block", code=2)
+    return method
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    method = default_method(args)
+    if args.api_key is not None and not args.api_key.strip():
+        raise cli.CLIError("--api-key is empty", f"give a key, or unset ${API_KEY_ENV}", code=2)
+    import uvicorn
+
+    from specdec.server.app import ServedModels, ServerOptions, create_app
+
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    target, draft, tokenizer = cli.load_models(args)
+    models = ServedModels(target, tokenizer, draft, name=args.target, draft_name=args.draft if draft else None,
+                          draft_weights=args.draft_weights)
+    options = ServerOptions(method, max_queue=args.max_queue, request_timeout=args.request_timeout,
+                            api_key=args.api_key, max_tokens=args.max_tokens)
+    app = create_app(models, options)
+    print(f"specdec: serving {args.target} ({method.name}) on http://{_url_host(args.host)}:{args.port}/ "
+          "(the page is at /, metrics at /metrics)", file=sys.stderr, flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+    return 0
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host

@@ -1,0 +1,247 @@
+"""Request bodies of the OpenAI-style endpoints, and how a request becomes :func:`specdec.stream` arguments.
+
+Bodies are pydantic models with ``extra="forbid"`` and strict types: a field the server does not
+know is refused by name, and a value of the wrong type is never coerced. A few OpenAI fields that
+change nothing at their default value (``echo``, ``logprobs``, the penalties, ...) are accepted at
+that value only, so clients that always send them work, and a request that asks for their effect
+is told the server does not have it.
+
+Non-standard fields: ``top_k`` (0 disables) and ``speculative``: ``{"method": "spec:block:k=4"}``,
+a method string as ``specdec bench --methods`` takes it (:mod:`specdec.bench.methods`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from specdec.bench.methods import MethodSpec, parse_method
+from specdec.policies import make_policy
+
+MAX_STOP = 4  # as OpenAI's API
+FIM_TOKENS = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")
+# Fields accepted only at the value that makes them do nothing.
+_NEUTRAL = {
+    "echo": (False,), "logprobs": (None, False), "top_logprobs": (None, 0), "best_of": (None, 1),
+    "presence_penalty": (None, 0), "frequency_penalty": (None, 0), "logit_bias": (None, {}),
+    "parallel_tool_calls": (None,), "tools": (None, []), "tool_choice": (None, "none"),
+}
+
+
+class APIError(Exception):
+    """An error answered as OpenAI does: ``{"error": {"message", "type", "param", "code"}}``."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+                 type: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.type = type or ("invalid_request_error" if status < 500 else "server_error")
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    include_usage: bool = False
+
+
+class SpeculativeOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    method: str
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    model: str | None = None
+    temperature: float = Field(1.0, ge=0.0, le=2.0)  # OpenAI's default; 0 is greedy
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=0)
+    seed: int | None = None
+    stop: Any = None
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None  # a label for the caller; it changes nothing
+    speculative: SpeculativeOptions | None = None
+    presence_penalty: Any = None
+    frequency_penalty: Any = None
+    logit_bias: Any = None
+    logprobs: Any = None
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, n: int) -> int:
+        if n != 1:
+            raise ValueError("n must be 1: the server returns one choice per request")
+        return n
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, stop: Any) -> list[str]:
+        stops = [stop] if isinstance(stop, str) else stop if stop is not None else []
+        if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+            raise ValueError("stop must be a non-empty string or a list of them")
+        if len(stops) > MAX_STOP:
+            raise ValueError(f"stop takes at most {MAX_STOP} strings, got {len(stops)}")
+        return stops
+
+    @field_validator("presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "echo", "best_of",
+                     "top_logprobs", "tools", "tool_choice", "parallel_tool_calls", check_fields=False)
+    @classmethod
+    def _neutral(cls, value: Any, info: Any) -> Any:
+        allowed = _NEUTRAL[info.field_name]
+        if not any(_same(value, a) for a in allowed):
+            shown = " or ".join("null" if a is None else str(a).lower() for a in allowed)
+            raise ValueError(f"{info.field_name} is not supported by this server (only {shown})")
+        return value
+
+
+class CompletionBody(_Body):
+    prompt: Any
+    suffix: str | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    echo: Any = False
+    best_of: Any = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, prompt: Any) -> str | list[int]:
+        """One prompt: text, token ids, or a list holding one of those (OpenAI's batch form)."""
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("prompt is empty: give at least one token of text")
+            return prompt
+        if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            return prompt
+        if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+            raise ValueError("prompt holds several prompts; this server takes one prompt per request")
+        raise ValueError("prompt must be a string or a non-empty list of token ids")
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    role: Literal["system", "developer", "user", "assistant"]
+    content: Any
+    name: str | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _content(cls, content: Any) -> str:
+        """Text, or a list of ``{"type": "text", "text": ...}`` parts (joined)."""
+        if isinstance(content, str):
+            return content
+        if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                             and isinstance(p.get("text"), str) and set(p) <= {"type", "text"}
+                                             for p in content):
+            return "".join(p["text"] for p in content)
+        raise ValueError("content must be a string or a list of {\"type\": \"text\", \"text\": ...} parts")
+
+
+class ChatBody(_Body):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    top_logprobs: Any = None
+    tools: Any = None
+    tool_choice: Any = None
+    parallel_tool_calls: Any = None
+
+
+def _same(value: Any, neutral: Any) -> bool:
+    """Whether ``value`` is the neutral value (0 and 0.0 alike; False is not 0)."""
+    if isinstance(neutral, (int, float)) and not isinstance(neutral, bool):
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and value == neutral
+    return type(value) is type(neutral) and value == neutral
+
+
+@dataclass
+class Generation:
+    """What the worker runs: :func:`specdec.stream` arguments, and how the answer is shaped."""
+
+    kind: Literal["completion", "chat"]
+    prompt: str | list[int]
+    prompt_tokens: int
+    method: MethodSpec
+    sampling: dict[str, Any]  # temperature, top_k, top_p, max_new_tokens, seed, stop
+    stream: bool = False
+    include_usage: bool = False
+    stop: list[str] = field(default_factory=list)
+
+
+def choose_method(body: _Body, default: MethodSpec, has_draft: bool) -> MethodSpec:
+    """The request's method (``speculative.method``), checked against what this server can run."""
+    if body.speculative is None:
+        method = default
+    else:
+        try:
+            method = parse_method(body.speculative.method)
+        except ValueError as err:
+            raise APIError(400, f"speculative.method: {err}", param="speculative.method") from None
+        if method.is_peer:
+            raise APIError(400, f"speculative.method: {method.kind} is a benchmark peer; the server runs ar "
+                                "or spec:... methods", param="speculative.method")
+    if getattr(method, "backend", "torch") != "torch":
+        raise APIError(400, f"speculative.method: the server runs its models with torch; drop backend= "
+                            f"from {method.name}", param="speculative.method")
+    if method.needs_draft_model and not has_draft:
+        raise APIError(400, f"speculative.method: {method.name} needs a draft model, but the server runs "
+                            "without one (--draft none); use ar or a drafter of its own, e.g. spec:ngram:block",
+                       param="speculative.method")
+    reason = method.runs_at(body.temperature)
+    if reason is not None:
+        raise APIError(400, f"speculative.method: {method.name} cannot sample at temperature "
+                            f"{body.temperature}: {reason}", param="speculative.method")
+    return method
+
+
+def method_kwargs(method: MethodSpec, draft: Any, draft_weights: str) -> dict[str, Any]:
+    """The :func:`specdec.stream` keyword arguments that run ``method`` (as the benchmark runs it)."""
+    if method.kind == "ar":
+        return {}
+    kwargs: dict[str, Any] = {"verify": method.verifier}
+    if method.drafter == "model":
+        kwargs.update(draft=draft, draft_weights=draft_weights)
+    else:
+        kwargs.update(drafter=method.drafter, drafter_options=method.drafter_options or None)
+    if method.is_tree:
+        kwargs["tree"] = method.tree_options
+    else:
+        kwargs.update(k=method.k, policy=make_policy(method.policy, method.k, **method.policy_options))
+    return kwargs
+
+
+def sampling_kwargs(body: _Body, max_tokens: int) -> dict[str, Any]:
+    return dict(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, max_new_tokens=max_tokens,
+                seed=body.seed, stop=list(body.stop or []))
+
+
+def completion_prompt(body: CompletionBody, tokenizer: Any, fim: bool) -> str | list[int]:
+    """The prompt, wrapped in the fill-in-the-middle tokens when ``suffix`` is given."""
+    if body.suffix is None:
+        return body.prompt
+    if not fim:
+        raise APIError(400, "suffix: this model's tokenizer has no fill-in-the-middle tokens "
+                            f"({', '.join(FIM_TOKENS)}); drop suffix", param="suffix")
+    if not isinstance(body.prompt, str):
+        raise APIError(400, "suffix goes with a text prompt, not token ids", param="suffix")
+    prefix, suffix, middle = FIM_TOKENS
+    return f"{prefix}{body.prompt}{suffix}{body.suffix}{middle}"
+
+
+def chat_prompt(body: ChatBody, tokenizer: Any) -> list[int]:
+    if not getattr(tokenizer, "chat_template", None):
+        raise APIError(400, "messages: this model has no chat template; use /v1/completions", param="messages")
+    messages = [m.model_dump(exclude_none=True) for m in body.messages]
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return [int(t) for t in (ids["input_ids"] if isinstance(ids, dict) else ids)]
+
+
+def has_fim_tokens(tokenizer: Any) -> bool:
+    vocab = tokenizer.get_vocab()
+    return all(token in vocab for token in FIM_TOKENS)

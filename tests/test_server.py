@@ -1,0 +1,519 @@
+"""``specdec serve`` on a tiny model built in code, driven by the official ``openai`` client over loopback.
+
+Under greedy decoding (and when sampling with a seed) the server's output must be the very tokens
+:func:`specdec.generate` gives with the same settings; errors are OpenAI-shaped 4xx naming the field.
+A real-model test (SmolLM2, marked slow) closes the file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+import time
+from typing import Any, Iterator
+
+import httpx
+import openai
+import pytest
+import torch
+
+from specdec import generate, models
+from specdec.bench.methods import parse_method
+from specdec.server.app import ServedModels, ServerOptions, create_app
+
+FIM = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"]
+CHAT_TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}<assistant>"
+
+
+# ------------------------------------------------------------------------------------------------
+# A tiny model pair with a byte-level tokenizer, and a server on a loopback port (helpers shared by
+# test_server_load.py and test_server_page.py)
+
+
+def tiny_tokenizer(fim: bool = True) -> Any:
+    """Byte-level BPE over the 256 bytes (no merges), the FIM tokens, a chat template; no EOS, so a
+    generation always runs to its token limit."""
+    from tokenizers import Tokenizer, decoders, pre_tokenizers
+    from tokenizers.models import BPE
+    from transformers import PreTrainedTokenizerFast
+    from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
+
+    vocab = {token: i for i, token in enumerate(bytes_to_unicode().values())}
+    backend = Tokenizer(BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend)
+    tokenizer.add_special_tokens({"additional_special_tokens": FIM if fim else ["<|x1|>", "<|x2|>", "<|x3|>"]})
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def tiny_pair(noise: float = 0.05) -> tuple[Any, Any]:
+    """A 2-layer llama over the tokenizer's 259 ids, and a draft that mostly agrees with it."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tiny import noisy_copy
+
+    config = LlamaConfig(
+        vocab_size=259, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.5, tie_word_embeddings=False,
+        bos_token_id=None, eos_token_id=None,
+    )
+    torch.manual_seed(0)
+    target = LlamaForCausalLM(config).float().eval()
+    target.generation_config.eos_token_id = None
+    return target, noisy_copy(target, noise)
+
+
+class Server:
+    """uvicorn on 127.0.0.1 in a thread, on a port the OS picked; a context manager."""
+
+    def __init__(self, app: Any) -> None:
+        import uvicorn
+
+        self.app = app
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    def __enter__(self) -> "Server":
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert self.thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+        self.sock.close()
+
+    @property
+    def scheduler(self) -> Any:
+        return self.app.state.specdec.scheduler
+
+    def client(self, key: str = "unused") -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=60,
+                             http_client=httpx.Client(trust_env=False))
+
+
+def serve(target: Any, tokenizer: Any, draft: Any = None, **options: Any) -> Server:
+    method = options.pop("method", "spec:block:k=4" if draft is not None else "ar")
+    served = ServedModels(target, tokenizer, draft, name="tiny", draft_name="tiny-draft" if draft is not None else None)
+    return Server(create_app(served, ServerOptions(parse_method(method), **options)))
+
+
+def sse_events(response: httpx.Response) -> list[Any]:
+    """The data of each server-sent event (parsed JSON, or the string [DONE])."""
+    events = []
+    for line in response.iter_lines():
+        if line.startswith("data: "):
+            data = line[len("data: "):]
+            events.append(data if data == "[DONE]" else json.loads(data))
+    return events
+
+
+# ------------------------------------------------------------------------------------------------
+# Fixtures
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target, draft = tiny_pair()
+    return target, draft, tiny_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def server(pair):
+    target, draft, tokenizer = pair
+    with serve(target, tokenizer, draft) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return server.client()
+
+
+def reference(pair, prompt, **kwargs):
+    """specdec.generate with the server's default method (block verification, k=4)."""
+    target, draft, tokenizer = pair
+    defaults = dict(draft=draft, tokenizer=tokenizer, verify="block", k=4)
+    return generate(target, prompt, **{**defaults, **kwargs})
+
+
+# ------------------------------------------------------------------------------------------------
+# Completions and chat: the same tokens as specdec.generate
+
+
+def test_models_lists_the_served_model(client):
+    listed = client.models.list()
+    assert [m.id for m in listed.data] == ["tiny"]
+    assert listed.data[0].speculative == {"method": "spec:block:k=4", "draft": "tiny-draft", "draft_weights": "int8"}
+
+
+def test_greedy_completion_equals_generate(pair, client):
+    want = reference(pair, "def quicksort(arr):", max_new_tokens=24, temperature=0)
+    got = client.completions.create(model="tiny", prompt="def quicksort(arr):", max_tokens=24, temperature=0)
+    assert got.choices[0].text == want.text
+    assert got.choices[0].finish_reason == "length"
+    assert got.usage.completion_tokens == 24 == len(want.token_ids)
+    assert got.usage.prompt_tokens == len(pair[2]("def quicksort(arr):")["input_ids"])
+    spec = got.speculative
+    assert spec["method"] == "spec:block:k=4" and spec["exact"] is True and spec["policy"] == "static"
+    assert spec["target_forwards"] == want.stats.target_forwards
+    assert spec["accepted_tokens"] == want.stats.accepted_tokens
+    assert spec["drafted_tokens"] == want.stats.drafted_tokens
+    assert spec["tokens_per_forward"] == pytest.approx(24 / want.stats.target_forwards)
+
+
+def test_streamed_completion_equals_generate_token_by_token(pair, client):
+    want = reference(pair, "class Stack:", max_new_tokens=32, temperature=0)
+    chunks = list(client.completions.create(model="tiny", prompt="class Stack:", max_tokens=32, temperature=0,
+                                            stream=True, stream_options={"include_usage": True}))
+    steps = [c for c in chunks if c.choices and (c.speculative or {}).get("token_ids")]
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == want.text
+    assert [t for c in steps for t in c.speculative["token_ids"]] == want.token_ids
+    assert len(steps) == want.stats.target_forwards  # one chunk per target forward
+    assert sum(sum(c.speculative["from_draft"]) for c in steps) == want.stats.accepted_tokens
+    assert sum(c.speculative["drafted"] for c in steps) == want.stats.drafted_tokens
+    for c in steps:
+        draft_kept = sum(c.speculative["from_draft"])
+        assert c.speculative["from_draft"] == [True] * draft_kept + [False] * (len(c.speculative["token_ids"]) - draft_kept)
+        assert 0 <= c.speculative["draft_chars"] <= len(c.choices[0].text)
+    assert chunks[-2].choices[0].finish_reason == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 32
+
+
+def test_stream_ends_with_done(server):
+    body = {"prompt": "x = ", "max_tokens": 5, "temperature": 0, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, trust_env=False) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = sse_events(response)
+    assert events[-1] == "[DONE]"
+    assert events[-2]["choices"][0]["finish_reason"] == "length"
+
+
+def test_seeded_sampling_equals_generate_with_the_seed(pair, client):
+    want = reference(pair, "import os", max_new_tokens=20, temperature=1.0, top_p=0.9, seed=7)
+    got = client.completions.create(model="tiny", prompt="import os", max_tokens=20, temperature=1.0, top_p=0.9,
+                                    seed=7)
+    assert got.choices[0].text == want.text
+
+
+def test_chat_equals_generate_on_the_chat_template(pair, client):
+    target, draft, tokenizer = pair
+    messages = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "Sort a list."}]
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    ids = ids["input_ids"] if isinstance(ids, dict) else ids
+    want = reference(pair, ids, max_new_tokens=20, temperature=0)
+    got = client.chat.completions.create(model="tiny", messages=messages, max_tokens=20, temperature=0)
+    assert got.choices[0].message.role == "assistant"
+    assert got.choices[0].message.content == want.text
+    assert got.usage.prompt_tokens == len(ids) and got.usage.completion_tokens == 20
+    chunks = list(client.chat.completions.create(model="tiny", messages=messages, max_completion_tokens=20,
+                                                 temperature=0, stream=True))
+    assert chunks[0].object == "chat.completion.chunk" and chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == want.text
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_a_request_picks_its_method(pair, client):
+    for method, kwargs in [("spec:token:k=2", dict(verify="token", k=2)), ("ar", dict(draft=None)),
+                           ("spec:block:k=3:policy=heuristic", dict(k=3, policy="heuristic")),
+                           ("spec:ngram:block:k=3", dict(draft=None, drafter="ngram", k=3))]:
+        want = reference(pair, "while True:", max_new_tokens=16, temperature=0, **kwargs)
+        got = client.completions.create(model="tiny", prompt="while True:", max_tokens=16, temperature=0,
+                                        extra_body={"speculative": {"method": method}})
+        assert got.choices[0].text == want.text, method
+        assert got.speculative["method"] == parse_method(method).name
+        assert got.speculative["target_forwards"] == want.stats.target_forwards, method
+
+
+def test_stop_strings_end_the_text_as_generate_does(pair, client):
+    free = reference(pair, "for i in", max_new_tokens=24, temperature=0).text
+    stop = free[8:10]
+    want = reference(pair, "for i in", max_new_tokens=24, temperature=0, stop=[stop])
+    got = client.completions.create(model="tiny", prompt="for i in", max_tokens=24, temperature=0, stop=stop)
+    assert got.choices[0].text == want.text and stop not in got.choices[0].text
+    assert got.choices[0].finish_reason == "stop"
+
+
+def test_fill_in_the_middle_wraps_prompt_and_suffix_in_fim_tokens(pair, client):
+    prompt, suffix = "def add(a, b):\n    ", "\n    return c\n"
+    want = reference(pair, f"<|fim_prefix|>{prompt}<|fim_suffix|>{suffix}<|fim_middle|>", max_new_tokens=12,
+                     temperature=0)
+    got = client.completions.create(model="tiny", prompt=prompt, suffix=suffix, max_tokens=12, temperature=0)
+    assert got.choices[0].text == want.text
+    assert got.usage.prompt_tokens == len(prompt) + len(suffix) + 3  # bytes and the three FIM tokens
+
+
+def test_fill_in_the_middle_without_fim_tokens_is_a_400():
+    target, _ = tiny_pair()
+    with serve(target, tiny_tokenizer(fim=False)) as running:
+        with pytest.raises(openai.BadRequestError) as err:
+            running.client().completions.create(model="tiny", prompt="a", suffix="b", max_tokens=2)
+    assert err.value.body["param"] == "suffix" and "fill-in-the-middle" in err.value.body["message"]
+
+
+# ------------------------------------------------------------------------------------------------
+# Errors: OpenAI's shape, a 4xx naming the field
+
+
+@pytest.mark.parametrize("extra, param, words", [
+    ({"logprobs_please": True}, "logprobs_please", "unknown field"),
+    ({"n": 2}, "n", "n must be 1"),
+    ({"temperature": -1}, "temperature", "greater than or equal to 0"),
+    ({"temperature": "0.5"}, "temperature", "valid number"),
+    ({"top_p": 0}, "top_p", "greater than 0"),
+    ({"max_tokens": 0}, "max_tokens", "greater than or equal to 1"),
+    ({"max_tokens": 100000}, "max_tokens", "--max-tokens"),
+    ({"presence_penalty": 0.5}, "presence_penalty", "not supported"),
+    ({"echo": True}, "echo", "not supported"),
+    ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4"),
+    ({"prompt": ["one", "two"]}, "prompt", "one prompt per request"),
+    ({"prompt": ""}, "prompt", "empty"),
+    ({"prompt": [1, 2, 100000]}, None, "outside the vocabulary"),
+    ({"speculative": {"method": "spec:bogus:k=4"}}, "speculative.method", "unknown verifier"),
+    ({"speculative": {"method": "hf-assisted"}}, "speculative.method", "peer"),
+    ({"speculative": {"method": "spec:greedy:k=4"}, "temperature": 1.0}, "speculative.method", "greedy"),
+    ({"speculative": {"methd": "ar"}}, "speculative.methd", "unknown field"),
+    ({"stream_options": {"include_usage": True}}, "stream_options", "stream"),
+])
+def test_bad_completion_requests_get_a_400_naming_the_field(server, extra, param, words):
+    body = {"model": "tiny", "prompt": "x", "max_tokens": 2, **extra}
+    response = httpx.post(server.url + "/v1/completions", json=body, trust_env=False)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
+    assert error["param"] == param and words in error["message"], error
+
+
+@pytest.mark.parametrize("messages, param", [
+    ([], "messages"),
+    ([{"role": "wizard", "content": "hi"}], "messages.0.role"),
+    ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], "messages.0.content"),
+    ([{"role": "user", "content": "hi", "tool_call_id": "1"}], "messages.0.tool_call_id"),
+])
+def test_bad_chat_requests_get_a_400_naming_the_field(server, messages, param):
+    response = httpx.post(server.url + "/v1/chat/completions", json={"messages": messages}, trust_env=False)
+    assert response.status_code == 400 and response.json()["error"]["param"] == param, response.text
+
+
+def test_the_openai_client_sees_the_errors(client):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model="tiny", prompt="x", max_tokens=2, extra_body={"best_of": 3})
+    assert err.value.body["param"] == "best_of"
+    with pytest.raises(openai.NotFoundError) as err:
+        client.completions.create(model="gpt-4", prompt="x", max_tokens=2)
+    assert err.value.body["code"] == "model_not_found" and "tiny" in err.value.body["message"]
+
+
+def test_malformed_bodies_and_unknown_endpoints(server):
+    bad_json = httpx.post(server.url + "/v1/completions", content=b"{not json", trust_env=False,
+                          headers={"content-type": "application/json"})
+    assert bad_json.status_code == 400 and "not valid JSON" in bad_json.json()["error"]["message"]
+    not_object = httpx.post(server.url + "/v1/completions", json=[1, 2], trust_env=False)
+    assert not_object.status_code == 400 and not_object.json()["error"]["message"]
+    missing = httpx.post(server.url + "/v1/completions", json={"max_tokens": 2}, trust_env=False)
+    assert missing.status_code == 400 and missing.json()["error"]["param"] == "prompt"
+    nowhere = httpx.get(server.url + "/v1/engines", trust_env=False)
+    assert nowhere.status_code == 404 and nowhere.json()["error"]["code"] == "not_found"
+    wrong_verb = httpx.get(server.url + "/v1/completions", trust_env=False)
+    assert wrong_verb.status_code == 405 and "GET" in wrong_verb.json()["error"]["message"]
+
+
+def test_api_key_guards_everything_but_health(pair):
+    target, draft, tokenizer = pair
+    with serve(target, tokenizer, api_key="s3cret") as running:
+        assert httpx.get(running.url + "/health", trust_env=False).status_code == 200
+        for path in ("/", "/metrics", "/v1/models"):
+            response = httpx.get(running.url + path, trust_env=False)
+            assert response.status_code == 401, path
+            assert response.json()["error"]["code"] == "invalid_api_key"
+        with pytest.raises(openai.AuthenticationError):
+            running.client("wrong").completions.create(model="tiny", prompt="x", max_tokens=2)
+        got = running.client("s3cret").completions.create(model="tiny", prompt="x", max_tokens=2, temperature=0)
+        assert got.usage.completion_tokens == 2
+        assert httpx.get(running.url + "/?key=s3cret", trust_env=False).status_code == 200
+        assert httpx.get(running.url + "/metrics?key=s3cret", trust_env=False).status_code == 401  # page only
+
+
+# ------------------------------------------------------------------------------------------------
+# The queue, disconnects, timeouts, metrics
+
+
+@contextlib.contextmanager
+def running_stream(server: Server, max_tokens: int = 480) -> Iterator[httpx.Response]:
+    """A streaming request that is generating (its first chunk has arrived) until the block ends,
+    when the client disconnects."""
+    body = {"prompt": "0", "max_tokens": max_tokens, "temperature": 0, "stream": True}
+    with httpx.Client(trust_env=False, timeout=60) as http:
+        with http.stream("POST", server.url + "/v1/completions", json=body) as response:
+            assert response.status_code == 200
+            lines = response.iter_lines()
+            assert next(line for line in lines if line.startswith("data: "))
+            yield response
+
+
+def wait_for(condition, seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.01)
+
+
+def test_full_queue_answers_429_and_a_disconnect_stops_the_generation_within_one_step(pair):
+    target, _, tokenizer = pair
+    with serve(target, tokenizer, max_queue=0) as running:
+        with running_stream(running):
+            with pytest.raises(openai.RateLimitError) as err:
+                running.client().completions.create(model="tiny", prompt="x", max_tokens=2)
+            assert err.value.body["code"] == "queue_full"
+        wait_for(lambda: len(running.scheduler.history) == 1)
+        job = running.scheduler.history[0]
+        assert job.outcome == "cancelled" and job.steps < 480
+        assert job.steps - job.steps_at_stop <= 1  # at most the step under way when the client left
+        got = running.client().completions.create(model="tiny", prompt="x", max_tokens=2)  # served again
+        assert got.usage.completion_tokens == 2
+        metrics = httpx.get(running.url + "/metrics", trust_env=False).text
+        assert 'specdec_requests_total{endpoint="/v1/completions",outcome="queue_full"} 1.0' in metrics
+        assert 'specdec_requests_total{endpoint="/v1/completions",outcome="cancelled"} 1.0' in metrics
+
+
+def test_queued_requests_run_in_arrival_order(pair):
+    target, _, tokenizer = pair
+    with serve(target, tokenizer, max_queue=4) as running:
+        results: dict[int, Any] = {}
+
+        def ask(i: int) -> None:
+            results[i] = running.client().completions.create(model="tiny", prompt=f"{i}", max_tokens=3, temperature=0)
+
+        with running_stream(running):
+            threads = []
+            for i in range(3):
+                threads.append(threading.Thread(target=ask, args=(i,)))
+                threads[-1].start()
+                wait_for(lambda: running.app.state.specdec.metrics.registry.get_sample_value("specdec_queue_length") == i + 1)
+        for t in threads:
+            t.join(30)
+        wait_for(lambda: len(running.scheduler.history) == 4)  # a job is logged just after its answer
+        order = [job for job in running.scheduler.history][1:]
+        assert [job.outcome for job in order] == ["ok"] * 3
+        assert [results[i].choices[0].text for i in range(3)] == [
+            generate(target, f"{i}", tokenizer=tokenizer, max_new_tokens=3).text for i in range(3)]
+        assert [j.arrived for j in order] == sorted(j.arrived for j in order)
+
+
+def test_a_request_past_its_timeout_gets_504(pair):
+    target, _, tokenizer = pair
+    with serve(target, tokenizer, request_timeout=0.2) as running:
+        start = time.monotonic()
+        with pytest.raises(openai.APIStatusError) as err:
+            running.client().completions.create(model="tiny", prompt="x", max_tokens=480, temperature=0)
+        assert err.value.status_code == 504 and err.value.body["code"] == "timeout"
+        assert time.monotonic() - start < 5
+        wait_for(lambda: len(running.scheduler.history) == 1)
+        assert running.scheduler.history[0].outcome in ("timeout", "cancelled")
+        assert running.scheduler.history[0].steps < 480
+
+
+def test_metrics_count_requests_tokens_and_latencies(pair):
+    target, draft, tokenizer = pair
+    with serve(target, tokenizer, draft) as running:
+        client = running.client()
+        runs = [list(client.completions.create(model="tiny", prompt=p, max_tokens=10, temperature=0, stream=True))
+                for p in ("a", "b")]
+        with pytest.raises(openai.BadRequestError):
+            client.completions.create(model="tiny", prompt="a", max_tokens=10, n=3)
+        text = httpx.get(running.url + "/metrics", trust_env=False).text
+    from prometheus_client.parser import text_string_to_metric_families
+
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(text) for s in family.samples}
+
+    def value(name: str, **labels: str) -> float:
+        return samples[(name, tuple(sorted(labels.items())))]
+
+    summaries = [run[-1].speculative for run in runs]
+    first_step_tokens = sum(len(run[0].speculative["token_ids"]) for run in runs)
+    assert value("specdec_requests_total", endpoint="/v1/completions", outcome="ok") == 2
+    assert value("specdec_requests_total", endpoint="/v1/completions", outcome="bad_request") == 1
+    assert value("specdec_generated_tokens_total") == 20
+    assert value("specdec_target_forwards_total") == sum(s["target_forwards"] for s in summaries)
+    assert value("specdec_drafted_tokens_total") == sum(s["drafted_tokens"] for s in summaries)
+    assert value("specdec_accepted_tokens_total") == sum(s["accepted_tokens"] for s in summaries)
+    assert value("specdec_time_to_first_token_seconds_count") == 2
+    # one observation per token after each request's first step (whose wait is the time to first token)
+    assert value("specdec_inter_token_latency_seconds_count") == 20 - first_step_tokens
+    assert value("specdec_queue_length") == 0 and value("specdec_running") == 0
+
+
+def test_the_page_is_self_contained(server):
+    page = httpx.get(server.url + "/", trust_env=False)
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert "/v1/completions" in page.text and "from_draft" in page.text
+    assert "http://" not in page.text and "https://" not in page.text  # no CDN: everything inline
+
+
+def test_health(server):
+    assert httpx.get(server.url + "/health", trust_env=False).json() == {"status": "ok"}
+
+
+# ------------------------------------------------------------------------------------------------
+# The command line
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--method", "spec:bogus"], "unknown verifier"),
+    (["--method", "hf-assisted"], "benchmark peer"),
+    (["--draft", "none", "--method", "spec:block:k=4"], "needs a draft model"),
+    (["--max-queue", "-1"], "--max-queue"),
+    (["--request-timeout", "0"], "--request-timeout"),
+    (["--api-key", " "], "--api-key is empty"),
+])
+def test_serve_refuses_bad_options_before_loading(capsys, args, words):
+    from specdec import cli
+
+    code = cli.main(["serve", "--target", "/nonexistent-model-dir", *args])
+    err = capsys.readouterr().err
+    assert code == 2 and words in err and "Traceback" not in err, err
+
+
+# ------------------------------------------------------------------------------------------------
+# A real model
+
+
+@pytest.mark.slow
+def test_smollm2_server_matches_generate():
+    pack = models.PACKS["smollm2-135m"]
+    missing = models.missing_parts(pack)
+    if missing:
+        pytest.skip(f"pack smollm2-135m is not installed: {pack.install_command(missing)}")
+    target, tokenizer = models.load("smollm2-135m")
+    served = ServedModels(target, tokenizer, target, name="smollm2-135m", draft_name="smollm2-135m",
+                          draft_weights="bf16")
+    app = create_app(served, ServerOptions(parse_method("spec:block:k=4")))
+    prompt = "def fibonacci(n):"
+    want = generate(target, prompt, draft=target, draft_weights="bf16", tokenizer=tokenizer, max_new_tokens=24)
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    ids = ids["input_ids"] if isinstance(ids, dict) else ids
+    want_chat = generate(target, ids, draft=target, draft_weights="bf16", tokenizer=tokenizer, max_new_tokens=24)
+    with Server(app) as running:
+        client = running.client()
+        got = client.completions.create(model="smollm2-135m", prompt=prompt, max_tokens=24, temperature=0)
+        chunks = list(client.chat.completions.create(model="smollm2-135m", messages=messages, max_tokens=24,
+                                                     temperature=0, stream=True))
+    assert got.choices[0].text == want.text
+    assert got.speculative["acceptance_rate"] == 1.0  # drafting for itself under greedy
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == want_chat.text
+    assert chunks[-1].choices[0].finish_reason == ("stop" if len(want_chat.token_ids) < 24 else "length")
