@@ -53,6 +53,7 @@ class Job:
     out: asyncio.Queue = field(default_factory=asyncio.Queue)
     stopped: threading.Event = field(default_factory=threading.Event)
     steps: int = 0
+    tokens: int = 0
     steps_at_stop: int | None = None
     outcome: str | None = None
 
@@ -172,6 +173,7 @@ class Scheduler:
             if job.steps == 1:
                 self.metrics.ttft.observe(now - job.arrived)
             ids += step.token_ids
+            job.tokens = len(ids)
             drafted = stats.drafted_tokens
             last = now
             job.post("step", step)
