@@ -141,6 +141,90 @@ class ConfidenceStop:
         }
 
 
+class AcceptanceEstimates:
+    """Running estimates of how often draft tokens are accepted (shared by ``theory`` and ``auto``).
+
+    alpha: each step tests ``accepted`` positions that passed and, if the draft was cut short, one
+    that failed (positions after it were never tested), so alpha = sum accepted / sum (accepted +
+    [rejected]). Per position i (0-based): the same ratio over the steps that tested position i,
+    i.e. the chance that draft token i is accepted given that tokens 0..i-1 were. Calibration: per
+    bin of the draft's top probability (``see`` records it while drafting), accepted / tested.
+    alpha and the positions decay by ``decay`` per drafting step (the estimates follow a drifting
+    workload); the calibration table does not. Priors count as ``prior_weight`` observations
+    (``prior_alpha`` for alpha and the positions, a bin's own confidence for the bin).
+    """
+
+    BINS = 10  # calibration bins of the draft's top probability, equal width on [0, 1]
+
+    def __init__(self, *, decay: float, prior_alpha: float, prior_weight: float, positions: int) -> None:
+        self.decay = decay
+        self._prior_weight = prior_weight
+        self._accepted = prior_alpha * prior_weight  # decayed sum of accepted positions
+        self._tested = prior_weight  # decayed sum of tested positions
+        self._pos_accepted = [prior_alpha * prior_weight] * positions  # the same, per draft position
+        self._pos_tested = [prior_weight] * positions
+        centres = [(b + 0.5) / self.BINS for b in range(self.BINS)]
+        self._bin_accepted = [prior_weight * m for m in centres]  # not decayed
+        self._bin_tested = [prior_weight] * self.BINS
+        self._confidences: list[float] = []  # top draft probabilities seen in the current step
+
+    def start_step(self) -> None:
+        """A new step starts: forget the confidences seen while drafting the last one."""
+        self._confidences = []
+
+    def see(self, confidence: float) -> float:
+        """Record the top draft probability of the token just drafted; return its calibrated chance."""
+        self._confidences.append(confidence)
+        return self.accept_chance(confidence)
+
+    def record(self, step: Step) -> None:
+        """Learn from a step's outcome (and the confidences seen while drafting it)."""
+        d = self.decay
+        if step.drafted > 0:
+            rejected = 1.0 if step.accepted < step.drafted else 0.0
+            self._accepted = d * self._accepted + step.accepted
+            self._tested = d * self._tested + step.accepted + rejected
+            for i in range(len(self._pos_tested)):
+                tested = i < step.drafted and i <= step.accepted
+                self._pos_tested[i] = d * self._pos_tested[i] + tested
+                self._pos_accepted[i] = d * self._pos_accepted[i] + (i < step.accepted)
+        for i, confidence in enumerate(self._confidences[: step.accepted + 1]):
+            if i < step.drafted:
+                b = self._bin(confidence)
+                self._bin_tested[b] += 1.0
+                self._bin_accepted[b] += float(i < step.accepted)
+        self._confidences = []
+
+    def _bin(self, confidence: float) -> int:
+        return min(self.BINS - 1, max(0, int(confidence * self.BINS)))
+
+    def accept_chance(self, confidence: float) -> float:
+        """Calibrated chance that a draft token whose draft top probability is ``confidence`` is accepted."""
+        b = self._bin(confidence)
+        return self._bin_accepted[b] / self._bin_tested[b]
+
+    @property
+    def alpha(self) -> float:
+        """Estimated chance that a draft token is accepted given the ones before it were."""
+        return min(self._accepted / self._tested, 0.999) if self._tested > 0 else 0.0
+
+    def position_alpha(self, i: int) -> float:
+        """Estimated chance that draft token i (0-based) is accepted given tokens 0..i-1 were
+        (positions past the table share the last one's estimate)."""
+        i = min(i, len(self._pos_tested) - 1)
+        return min(self._pos_accepted[i] / self._pos_tested[i], 0.999) if self._pos_tested[i] > 0 else 0.0
+
+    def top_chance(self) -> float:
+        """The chance of the most confident calibration bin with data (alpha before any), below 1."""
+        seen = [b for b in range(self.BINS) if self._bin_tested[b] >= self._prior_weight + 1.0]
+        top = max((self._bin_accepted[b] / self._bin_tested[b] for b in seen), default=self.alpha)
+        return min(top, 0.999)
+
+    def calibration(self) -> list[float]:
+        """Each bin's acceptance chance, rounded, for reports."""
+        return [round(self._bin_accepted[b] / self._bin_tested[b], 3) for b in range(self.BINS)]
+
+
 class TheoryK:
     """Draft the length that maximises expected tokens per unit of time, from running estimates.
 
@@ -172,7 +256,6 @@ class TheoryK:
     """
 
     name = "theory"
-    BINS = 10  # calibration bins of the draft's top probability, equal width on [0, 1]
 
     def __init__(
         self,
@@ -190,8 +273,9 @@ class TheoryK:
         self.k_max = max(k, k_max)
         self.k = k
         self.decay = decay
-        self._accepted = prior_alpha * prior_weight  # decayed sum of accepted positions
-        self._tested = prior_weight  # decayed sum of tested positions
+        self.acceptance = AcceptanceEstimates(
+            decay=decay, prior_alpha=prior_alpha, prior_weight=prior_weight, positions=self.k_max
+        )
         self._draft_seconds = 0.0
         self._drafted = 0.0
         # Decayed sums for verify_seconds ~ v0 + v1 * drafted: weight, x, y, xx, xy.
@@ -199,22 +283,15 @@ class TheoryK:
         self._tokens = 0.0  # decayed sum of tokens produced
         self._seconds = 0.0  # decayed sum of step seconds (draft + verify)
         self._steps = 0
-        # Calibration: per bin of draft confidence, accepted and tested counts (not decayed).
-        centres = [(b + 0.5) / self.BINS for b in range(self.BINS)]
-        self._bin_accepted = [prior_weight * m for m in centres]
-        self._bin_tested = [prior_weight] * self.BINS
-        self._prior_weight = prior_weight
-        self._confidences: list[float] = []  # top draft probabilities seen in the current step
         self._reach = 1.0  # P_i: chance the current step's draft so far is all accepted
 
     def next_k(self) -> int:
-        self._confidences, self._reach = [], 1.0  # a new step starts
+        self.acceptance.start_step()  # a new step starts
+        self._reach = 1.0
         return self.k
 
     def keep_going(self, q: torch.Tensor) -> bool:
-        confidence = float(q.max())
-        self._confidences.append(confidence)
-        chance = self.accept_chance(confidence)
+        chance = self.acceptance.see(float(q.max()))
         self._reach *= chance
         # The next token is expected to be as predictable as this one (confidence runs in stretches).
         return self._reach * chance >= self.c * self.rate
@@ -222,18 +299,11 @@ class TheoryK:
     def update(self, step: Step) -> None:
         d = self.decay
         self._steps += 1
+        self.acceptance.record(step)
         if step.drafted > 0:
-            rejected = 1.0 if step.accepted < step.drafted else 0.0
-            self._accepted = d * self._accepted + step.accepted
-            self._tested = d * self._tested + step.accepted + rejected
             self._draft_seconds = d * self._draft_seconds + step.draft_seconds
             self._drafted = d * self._drafted + step.drafted
-        for i, confidence in enumerate(self._confidences[: step.accepted + 1]):
-            if i < step.drafted:
-                b = self._bin(confidence)
-                self._bin_tested[b] += 1.0
-                self._bin_accepted[b] += float(i < step.accepted)
-        self._confidences, self._reach = [], 1.0
+        self._reach = 1.0
         x, y = float(step.drafted), step.verify_seconds
         self._w = d * self._w + 1.0
         self._x = d * self._x + x
@@ -244,18 +314,12 @@ class TheoryK:
         self._seconds = d * self._seconds + step.draft_seconds + step.verify_seconds
         self.k = self._cap()
 
-    def _bin(self, confidence: float) -> int:
-        return min(self.BINS - 1, max(0, int(confidence * self.BINS)))
-
     def accept_chance(self, confidence: float) -> float:
         """Calibrated chance that a draft token whose draft top probability is ``confidence`` is accepted."""
-        b = self._bin(confidence)
-        return self._bin_accepted[b] / self._bin_tested[b]
+        return self.acceptance.accept_chance(confidence)
 
     def _cap(self) -> int:
-        seen = [b for b in range(self.BINS) if self._bin_tested[b] >= self._prior_weight + 1.0]
-        top = max((self._bin_accepted[b] / self._bin_tested[b] for b in seen), default=self.alpha)
-        top = min(top, 0.999)
+        top = self.acceptance.top_chance()
         cost = self.c * self.rate
         k, reach = 1, top
         while k < self.k_max and reach * top >= cost:
@@ -265,7 +329,7 @@ class TheoryK:
     @property
     def alpha(self) -> float:
         """Estimated chance that a draft token is accepted given the ones before it were."""
-        return min(self._accepted / self._tested, 0.999) if self._tested > 0 else 0.0
+        return self.acceptance.alpha
 
     @property
     def rate(self) -> float:
@@ -315,12 +379,12 @@ class TheoryK:
             "c_verify": self.c_verify,
             "rate": self.rate,
             "k_iid": optimal_k(self.alpha, self.c, self.k_max),
-            "calibration": [round(self._bin_accepted[b] / self._bin_tested[b], 3) for b in range(self.BINS)],
+            "calibration": self.acceptance.calibration(),
             "steps": self._steps,
         }
 
 
-POLICIES = ("static", "heuristic", "confidence", "theory")
+POLICIES = ("static", "heuristic", "confidence", "theory", "auto")  # auto: specdec.planner.AutoPolicy
 
 
 def check_k(k: int) -> None:
@@ -333,7 +397,8 @@ def make_policy(
 ) -> DraftLengthPolicy:
     """Build a policy by name.
 
-    k: the static length (``static``) or the starting length (``heuristic``, ``theory``).
+    k: the static length (``static``) or the starting length (``heuristic``, ``theory``; ``auto``
+    plans every step's length itself, 0 included, from measured costs: :mod:`specdec.planner`).
     k_max: the longest draft an adaptive policy may ask for (default max(k, 16)); for
     ``confidence`` it is the length drafted when the draft stays confident. threshold: the
     ``confidence`` policy's stopping threshold on the draft's top probability (default 0.8).
@@ -350,4 +415,8 @@ def make_policy(
         return ConfidenceStop(k_max, DEFAULT_THRESHOLD if threshold is None else threshold)
     if name == "theory":
         return TheoryK(k, k_max)
+    if name == "auto":
+        from specdec.planner import AutoPolicy  # the planner builds on this module
+
+        return AutoPolicy(k_max)
     raise ValueError(f"unknown draft-length policy {name!r}; choose one of {', '.join(POLICIES)}")

@@ -1,0 +1,446 @@
+"""The planner (``policy="auto"``): each step, draft the length -- 0 included -- that maximises
+expected tokens per second on this machine, with these weights and this pair.
+
+Whether speculation pays is a property of the machine: on a memory-bound backend (bf16 weights on
+two cores) five verified rows cost about 1.2x one, and a draft chain gains; on a compute-bound one
+(4-bit weights) every extra row costs about half a step, and a plain target step is fastest. So the
+planner measures, once per machine, backend, model, dtype and thread count (:func:`cost_key`;
+results cached as JSON under the cache directory), what a target forward of n new rows costs for
+n = 1..16 and what a drafted token costs, and weighs those costs against running acceptance
+estimates (:class:`~specdec.policies.AcceptanceEstimates`, shared with the ``theory`` policy).
+
+The model of a step that drafts k tokens (k = 0: a plain target step of one row):
+
+- cost T(k) = draft(k) + target(k + 1): k drafted tokens at the draft's per-token cost, then one
+  verify pass of k + 1 rows at the measured curve (scaled online to the verify seconds the steps
+  really take, which include sampling and the verifier and grow with the context).
+- expected tokens E(k) = 1 + sum_{i=1..k} prod_{j<=i} a_j, where a_j is the measured chance that
+  draft position j is accepted given the ones before it were. That is token verification's
+  formula (Leviathan et al. 2023) with per-position rates. The rates are measured from the steps
+  actually verified, so under block verification (Sun et al. 2024) they already hold its gain at
+  the lengths drafted so far; block verification accepts at least what token verification does
+  for every draft, so for other lengths E(k) is a lower bound.
+
+``next_k`` takes the k in 0..k_max that maximises E(k) / T(k) (ties to the shorter). If that is 0
+the step is a plain target step. Otherwise it returns a cap (the longest draft that could pay if
+every token were as sure as the most confident calibration bin) and ``keep_going`` decides token
+by token: after drafting token i, whose calibrated chance (from the draft's own top probability)
+makes the whole draft so far survive with P_i, it drafts on iff for some m > i the expected extra
+tokens P_i (a + a^2 + ... + a^(m-i)) pay for the extra time T(m) - T(i) at the planned rate R* =
+E(k*) / T(k*) (the optimal-stopping rule for tokens per second; a = the chance of token i: the
+next tokens are expected to be as predictable as this one). With a cost curve that grows
+linearly that is the one-token test "P_i a >= R* (draft cost + one more verify row)".
+
+When no draft would pay even if it were always accepted, the planner never drafts and the output
+is the target's own autoregressive chain. When a draft could pay but the estimates say it does
+not, it drafts one token after every :data:`PROBE_EVERY` plain steps, so the estimates can
+recover when the text becomes predictable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from specdec.policies import DEFAULT_K_MAX, AcceptanceEstimates, check_k
+from specdec.stats import Step
+
+MAX_ROWS = 16  # the longest verify pass measured (k_max drafts + 1)
+GRID = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16)  # row counts timed; the rest interpolated
+REPEATS = (3, 7)  # sweeps of the grid: at least 3, up to 7 while within MEASURE_SECONDS
+MEASURE_SECONDS = 4.0
+DUMMY_CONTEXT = 32  # tokens prefilled before timing, so the rows attend to a context
+PROBE_EVERY = 32  # plain steps between one-token probes when a draft could pay but is not expected to
+CACHE_FORMAT = 1  # bump when what is measured changes: older cache files are measured again
+# Before any measurement (a policy never bound to its models): a verify row is assumed to cost a
+# tenth of a one-row pass and drafting to be free; both are learnt from the steps' timings.
+ASSUMED_ROW_COST = 0.1
+
+
+@dataclass
+class CostModel:
+    """What a step costs. target[n - 1]: seconds for a target forward of n new rows (logits for
+    all n); draft: seconds per drafted token (None: not known yet). source says where they came from."""
+
+    target: list[float]
+    draft: float | None = None
+    source: str = "injected"
+    draft_source: str = "injected"
+
+    def __post_init__(self) -> None:
+        if not self.target or any(not t > 0 for t in self.target):
+            raise ValueError(f"the target cost curve must be positive seconds for 1..n rows, got {self.target!r}")
+        if self.draft is not None and not self.draft >= 0:
+            raise ValueError(f"the draft cost must be seconds >= 0 per token, got {self.draft!r}")
+
+    def target_cost(self, rows: int) -> float:
+        """Seconds for ``rows`` new rows; past the curve, extended along its last segment."""
+        t = self.target
+        if rows <= len(t):
+            return t[rows - 1]
+        slope = t[-1] - t[-2] if len(t) > 1 else t[-1]
+        return t[-1] + slope * (rows - len(t))
+
+    def relative(self, rows: int) -> float:
+        """A ``rows``-row pass in units of a one-row pass."""
+        return self.target_cost(rows) / self.target[0]
+
+
+# ------------------------------------------------------------------------------------------------
+# Measuring, and the cache
+
+
+def measure_rows(model: Any, max_rows: int = MAX_ROWS, *, repeats: tuple[int, int] = REPEATS) -> list[float]:
+    """Seconds of a forward pass of n new rows, logits for all n, for n = 1..max_rows.
+
+    Times the row counts of :data:`GRID` after a short dummy context in sweeps over the grid (so
+    drift hits every n alike; at least ``repeats[0]`` sweeps, more up to ``repeats[1]`` while
+    within :data:`MEASURE_SECONDS`), keeps each count's fastest time (other work on the machine
+    only ever adds time, and a median of a few is still thrown by it: on a loaded 2-core machine
+    the medians of three were out by 10x), interpolates the other counts and makes the curve
+    non-decreasing. The cache is rolled back by absolute length: what ``model`` held before is
+    untouched, nothing after it is kept.
+    """
+    saved = len(model.tokens)
+    room = (model.max_context - saved) if model.max_context is not None else DUMMY_CONTEXT + max_rows
+    max_rows = max(1, min(max_rows, room - 1))
+    vocab = model.vocab_size
+    ids = [(17 + 7919 * i) % vocab for i in range(DUMMY_CONTEXT + max_rows)]
+    context, rows = ids[: max(0, min(DUMMY_CONTEXT, room - max_rows))], ids[DUMMY_CONTEXT:]
+    grid = sorted({n for n in GRID if n < max_rows} | {max_rows})
+    times: dict[int, list[float]] = {n: [] for n in grid}
+    try:
+        if context:
+            model.forward(context, num_logits=1)
+        base = saved + len(context)
+        model.forward(rows[:1], num_logits=1)  # warm-up
+        model.trim(base)
+        began = time.perf_counter()
+        for sweep in range(repeats[1]):
+            if sweep >= repeats[0] and time.perf_counter() - began > MEASURE_SECONDS:
+                break
+            for n in grid:
+                t0 = time.perf_counter()
+                model.forward(rows[:n], num_logits=n)
+                times[n].append(time.perf_counter() - t0)
+                model.trim(base)
+    finally:
+        model.trim(saved)
+    fastest = [min(times[n]) for n in grid]
+    curve = [float(v) for v in torch.tensor(_interpolate(grid, fastest, max_rows)).cummax(0).values]
+    return [max(v, 1e-9) for v in curve]
+
+
+def _interpolate(xs: Sequence[int], ys: Sequence[float], n: int) -> list[float]:
+    """Piecewise-linear values at 1..n from points (xs ascending, xs[0] = 1, xs[-1] = n)."""
+    out = []
+    for x in range(1, n + 1):
+        j = next(i for i, v in enumerate(xs) if v >= x)
+        if xs[j] == x:
+            out.append(ys[j])
+        else:
+            w = (x - xs[j - 1]) / (xs[j] - xs[j - 1])
+            out.append(ys[j - 1] + w * (ys[j] - ys[j - 1]))
+    return out
+
+
+def cost_key(model: Any) -> dict[str, Any]:
+    """What a cost curve depends on: machine, backend class, model, dtype and threads.
+
+    A backend may describe itself with a ``cost_key()`` method returning a dict (model identity,
+    dtype, threads); otherwise a transformers-backed one is read from its ``model``'s config and
+    parameters and torch's thread count.
+    """
+    key: dict[str, Any] = {
+        "machine": machine(),
+        "cores": os.cpu_count(),
+        "backend": f"{type(model).__module__}.{type(model).__qualname__}",
+    }
+    own = getattr(model, "cost_key", None)
+    if callable(own):
+        return {**key, **own()}
+    inner = getattr(model, "model", None)
+    config = getattr(inner, "config", None)
+    described = config.to_json_string(use_diff=False) if hasattr(config, "to_json_string") else repr(config)
+    param = next(inner.parameters(), None) if hasattr(inner, "parameters") else None
+    dtype = str(param.dtype).removeprefix("torch.") if param is not None else "unknown"
+    weights = getattr(model, "weights", None)  # the lean backend's int8 copies
+    return {
+        **key,
+        "model": str(getattr(config, "_name_or_path", "") or getattr(config, "model_type", "unknown")),
+        "config": hashlib.sha256(described.encode()).hexdigest()[:16],
+        "dtype": dtype if weights in (None, "bf16") else f"{dtype}/{weights}",
+        "threads": torch.get_num_threads(),
+    }
+
+
+def machine() -> str:
+    """The CPU's model name (from /proc/cpuinfo where there is one), else what platform says."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def cache_file(key: dict[str, Any], cache_dir: str | Path | None = None) -> Path:
+    """Where the curve for ``key`` is kept: ``<cache root>/planner/<hash of the key>.json``."""
+    from specdec.models import cache_root
+
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+    return cache_root(cache_dir) / "planner" / f"{digest}.json"
+
+
+def row_costs(model: Any, max_rows: int = MAX_ROWS, *, cache_dir: str | Path | None = None,
+              refresh: bool = False) -> tuple[list[float], str]:
+    """``model``'s cost curve for 1..max_rows rows and where it came from (``cache`` or ``measured``).
+
+    Reads the cache file for :func:`cost_key` when it holds a curve at least that long (and
+    ``refresh`` is false); otherwise measures with :func:`measure_rows` and writes it (atomically;
+    an unwritable cache only costs the measurement next time).
+    """
+    key = cost_key(model)
+    path = cache_file(key, cache_dir)
+    if not refresh:
+        try:
+            saved = json.loads(path.read_text())
+            curve = [float(v) for v in saved["seconds"]]
+            if saved.get("format") == CACHE_FORMAT and saved.get("key") == key and len(curve) >= max_rows:
+                if all(v > 0 for v in curve):
+                    return curve[:max_rows], "cache"
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # missing or unreadable: measure
+    curve = measure_rows(model, max_rows)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"format": CACHE_FORMAT, "key": key, "seconds": curve}, indent=1))
+        os.replace(tmp, path)
+    except OSError:
+        pass
+    return curve, "measured"
+
+
+# ------------------------------------------------------------------------------------------------
+# The policy
+
+
+def best_length(alphas: Sequence[float], times: Sequence[float]) -> tuple[int, float, float]:
+    """(k, E(k), E(k) / times[k]) for the k in 0..len(times) - 1 with the most expected tokens per
+    second (ties to the shorter). alphas[j]: the chance draft token j is accepted given the ones
+    before it were; times[k]: the seconds of a step that drafts k tokens."""
+    best = (0, 1.0, 1.0 / times[0])
+    expected, reach = 1.0, 1.0
+    for k in range(1, len(times)):
+        reach *= alphas[k - 1]
+        expected += reach
+        rate = expected / times[k]
+        if rate > best[2] * (1.0 + 1e-12):
+            best = (k, expected, rate)
+    return best
+
+
+class AutoPolicy:
+    """Draft the length (0 included) with the most expected tokens per second; see the module doc.
+
+    costs: a :class:`CostModel` to use instead of measuring (tests inject curves). Without it,
+    :meth:`bind` measures the target's rows and the draft model's token (or reads them from the
+    cache), and a policy never bound assumes a row costs :data:`ASSUMED_ROW_COST` of a pass.
+    adapt_costs: learn the draft's seconds per token and a scale of the target curve from the
+    steps' timings (default: only when the costs were not injected). The acceptance estimates
+    (per position, per confidence level) are :class:`~specdec.policies.AcceptanceEstimates`.
+    """
+
+    name = "auto"
+
+    def __init__(
+        self,
+        k_max: int = DEFAULT_K_MAX,
+        *,
+        costs: CostModel | None = None,
+        adapt_costs: bool | None = None,
+        decay: float = 0.95,
+        prior_alpha: float = 0.6,
+        prior_weight: float = 2.0,
+        cache_dir: str | Path | None = None,
+    ) -> None:
+        check_k(k_max)
+        if not 0.0 < decay <= 1.0:
+            raise ValueError(f"decay must be in (0, 1], got {decay}")
+        self.k_max = k_max
+        self.costs = costs
+        self.adapt_costs = costs is None if adapt_costs is None else adapt_costs
+        self.decay = decay
+        self.cache_dir = cache_dir
+        self.acceptance = AcceptanceEstimates(
+            decay=decay, prior_alpha=prior_alpha, prior_weight=prior_weight, positions=k_max
+        )
+        # Decayed sums for the online costs: draft seconds and tokens, verify seconds and the curve's prediction.
+        self._draft_seconds = self._drafted = self._verify_seconds = self._verify_predicted = 0.0
+        self._times: list[float] = []  # this step's T(0..k_max)
+        self._rate = 0.0  # R*: the planned tokens per second this step's drafting must beat
+        self._cap = 0
+        self._reach = 1.0
+        self._drafted_now = 0
+        self._plain_run = 0  # plain steps planned since the last draft
+        self._last_drafted = 0
+        self._steps = self._probes = 0
+        self._planned: dict[int, int] = {}
+        self._drafted_hist: dict[int, int] = {}
+        self._reasons: dict[int, str] = {}
+
+    def bind(self, target: Any, drafter: Any) -> None:
+        """Measure, or read from the cache, the target's cost per 1..16 rows and the draft model's
+        per token (other drafters' token cost is learnt online). Done once; injected costs stay."""
+        if self.costs is not None:
+            return
+        curve, source = row_costs(target, MAX_ROWS, cache_dir=self.cache_dir)
+        draft, draft_source = None, "learnt online"
+        draft_model = getattr(drafter, "model", None) if getattr(drafter, "name", None) == "model" else None
+        if draft_model is not None:
+            draft_curve, draft_source = row_costs(draft_model, 1, cache_dir=self.cache_dir)
+            draft = draft_curve[0]
+        self.costs = CostModel(curve, draft, source, draft_source)
+
+    def _ensure_costs(self) -> CostModel:
+        if self.costs is None:  # never bound: an assumed curve in units of a pass, scaled online
+            curve = [1.0 + ASSUMED_ROW_COST * n for n in range(MAX_ROWS)]
+            self.costs = CostModel(curve, None, "assumed (not measured)", "learnt online")
+        return self.costs
+
+    @property
+    def draft_cost(self) -> float:
+        """Seconds per drafted token: learnt from the steps once there are some, else the measured one."""
+        if self.adapt_costs and self._drafted > 0:
+            return self._draft_seconds / self._drafted
+        return self._ensure_costs().draft or 0.0
+
+    @property
+    def scale(self) -> float:
+        """Verify seconds the steps took over what the curve predicted for them (1 before any)."""
+        if self.adapt_costs and self._verify_predicted > 0:
+            return self._verify_seconds / self._verify_predicted
+        return 1.0
+
+    def step_times(self) -> list[float]:
+        """T(k) for k = 0..k_max: k drafted tokens and a verify pass of k + 1 rows, in seconds."""
+        costs, d, s = self._ensure_costs(), self.draft_cost, self.scale
+        return [k * d + s * costs.target_cost(k + 1) for k in range(self.k_max + 1)]
+
+    def next_k(self) -> int:
+        self.acceptance.start_step()
+        self._reach, self._drafted_now = 1.0, 0
+        self._times = times = self.step_times()
+        alphas = [self.acceptance.position_alpha(i) for i in range(self.k_max)]
+        k, expected, rate = best_length(alphas, times)
+        could = best_length([0.999] * self.k_max, times)[0]  # a draft accepted in full
+        if k == 0 and could > 0 and self._plain_run >= PROBE_EVERY:
+            self._cap, self._rate = 1, 1.0 / times[0]  # one token at the plain rate: never more
+            self._probes += 1
+        elif k == 0:
+            self._cap = 0
+            self._reasons[0] = self._why_not(could == 0, alphas[0])
+        else:
+            top = best_length([self.acceptance.top_chance()] * self.k_max, times)[0]
+            self._cap, self._rate = max(k, top), rate
+            self._reasons[k] = self._why(k, expected, alphas[0])
+        self._plain_run = self._plain_run + 1 if self._cap == 0 else 0
+        self._planned[k] = self._planned.get(k, 0) + 1
+        return self._cap
+
+    def _ratios(self) -> tuple[float, float]:
+        """(a 2-row pass, a draft token) in units of a one-row pass."""
+        one = self.scale * self._ensure_costs().target_cost(1)
+        return self._ensure_costs().relative(2), self.draft_cost / one
+
+    def _why_not(self, never: bool, alpha: float) -> str:
+        rows, draft = self._ratios()
+        if never:
+            return (f"k=0: even a draft accepted in full does not pay: a 2-row pass costs {rows:.2f}x "
+                    f"a 1-row one and a draft token {draft:.2f}x")
+        return (f"k=0: a 2-row pass costs {rows:.2f}x a 1-row one, a draft token {draft:.2f}x, "
+                f"and alpha={alpha:.2f} does not pay for it")
+
+    def _why(self, k: int, expected: float, alpha: float) -> str:
+        rows, draft = self._ratios()
+        gain = expected / self._times[k] * self._times[0]
+        return (f"k={k}: {expected:.2f} expected tokens for {self._times[k] / self._times[0]:.2f}x a plain "
+                f"step, {gain:.2f}x its tokens per second (alpha={alpha:.2f}; a 2-row pass costs {rows:.2f}x "
+                f"a 1-row one, a draft token {draft:.2f}x)")
+
+    def keep_going(self, q: torch.Tensor) -> bool:
+        chance = self.acceptance.see(float(q.max()))
+        self._drafted_now += 1
+        i = self._drafted_now
+        self._reach *= chance
+        gain, reach = 0.0, self._reach
+        for m in range(i + 1, min(self._cap, len(self._times) - 1) + 1):
+            reach *= chance  # the next tokens are expected to be as predictable as this one
+            gain += reach
+            extra = self._times[m] - self._times[i]
+            if extra <= 0.0 or gain >= self._rate * extra:
+                return True
+        return False
+
+    def update(self, step: Step) -> None:
+        first = self._steps == 0
+        self._steps += 1
+        self.acceptance.record(step)
+        self._drafted_hist[step.drafted] = self._drafted_hist.get(step.drafted, 0) + 1
+        if self.adapt_costs and not first:  # the first step's timings include the prompt's prefill
+            d = self.decay
+            # A draft after a plain step also catches the draft model up on the tokens it missed.
+            if step.drafted > 0 and self._last_drafted > 0:
+                self._draft_seconds = d * self._draft_seconds + step.draft_seconds
+                self._drafted = d * self._drafted + step.drafted
+            self._verify_seconds = d * self._verify_seconds + step.verify_seconds
+            self._verify_predicted = d * self._verify_predicted + self._ensure_costs().target_cost(step.drafted + 1)
+        self._last_drafted = step.drafted
+
+    def describe(self) -> dict:
+        costs = self._ensure_costs()
+        common = max(self._planned, key=lambda k: (self._planned[k], -k)) if self._planned else None
+        return {
+            "name": self.name,
+            "k_max": self.k_max,
+            "costs": {
+                "source": costs.source,
+                "target_ms": [round(1000 * costs.target_cost(n), 3) for n in range(1, MAX_ROWS + 1)],
+                "draft_ms_per_token": round(1000 * self.draft_cost, 3),
+                "draft_source": costs.draft_source if not (self.adapt_costs and self._drafted > 0) else "learnt online",
+                "verify_scale": round(self.scale, 3),
+            },
+            "alpha": self.acceptance.alpha,
+            "alpha_by_position": [round(self.acceptance.position_alpha(i), 3) for i in range(self.k_max)],
+            "calibration": self.acceptance.calibration(),
+            "planned": {str(k): n for k, n in sorted(self._planned.items())},
+            "drafted": {str(k): n for k, n in sorted(self._drafted_hist.items())},
+            "reasons": {str(k): r for k, r in sorted(self._reasons.items())},
+            "reason": self._reasons.get(common, "no step planned yet"),
+            "probes": self._probes,
+            "steps": self._steps,
+        }
+
+
+def summary_line(state: dict) -> str:
+    """One line from :meth:`AutoPolicy.describe`: what it drafted, the costs it used, and why."""
+    costs = state["costs"]
+    ms = costs["target_ms"]
+    drafted = ", ".join(f"k={k} x{n}" for k, n in state["drafted"].items()) or "no steps"
+    curve = ", ".join(f"{n} rows {ms[n - 1] / ms[0]:.2f}x" for n in (2, 4, 8, 16) if n <= len(ms))
+    scale = costs["verify_scale"]
+    steps = f", verify steps take {scale:.2f}x that" if abs(scale - 1.0) > 0.005 else ""
+    return (f"planner: drafted {drafted}; target pass {ms[0]:.1f} ms for 1 row{steps}, {curve} ({costs['source']}); "
+            f"draft {costs['draft_ms_per_token']:.1f} ms/token ({costs['draft_source']}); "
+            f"alpha {state['alpha']:.2f}; {state['reason']}")

@@ -1,0 +1,302 @@
+"""The planner (policy="auto"): its choice under injected cost curves, a 0-token draft through every
+drafter and verifier, the measurement and its cache, and the output law with k switching between steps.
+
+No test here asserts on a timing: the cost curves are injected, and where the real measurement
+runs it is only checked for what it leaves behind (the model's cache) and its shape.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from test_cli import run_main, tiny  # noqa: F401  (tiny is a fixture)
+from test_eagle import random_head
+from test_engine import PROMPT, SAMPLES, SIGNIFICANCE, chi_square_p_value, chi_square_power, exact_target_law
+from test_heads import random_heads
+from tiny import noisy_copy, tiny_llama
+
+from specdec import generate
+from specdec.backends.base import forward_after
+from specdec.backends.hf import HFCausalLM
+from specdec.backends.hf_layers import HFLayeredCausalLM
+from specdec.drafters import make_drafter
+from specdec.drafters.eagle import EagleDrafter
+from specdec.drafters.heads import HeadsDrafter
+from specdec.drafters.model import ModelDrafter
+from specdec.drafters.ngram import NGramDrafter
+from specdec.engine import autoregressive_steps, speculative_steps
+from specdec.planner import AutoPolicy, CostModel, best_length, cost_key, measure_rows, row_costs, summary_line
+from specdec.policies import make_policy
+from specdec.sampling import SamplingConfig
+from specdec.stats import Step
+from specdec.verify import VERIFIERS, make_verifier
+
+GREEDY = SamplingConfig()
+ROWS = range(1, 17)
+CHEAP_ROWS = CostModel([1.0 + 0.05 * (n - 1) for n in ROWS], draft=0.05)  # memory-bound: rows nearly free
+DEAR_ROWS = CostModel([0.9 * n for n in ROWS], draft=0.05)  # compute-bound: every row a full step
+# On the edge: one draft token pays at alpha = 0.6 (the prior), not after a rejection (alpha ~ 0.39).
+EDGE_ROWS = CostModel([1.0 + 0.4 * (n - 1) for n in ROWS], draft=0.0)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target = tiny_llama(0, vocab=16, sharpness=10.0)
+    return target, noisy_copy(target, 0.3)
+
+
+def ar_tokens(model, prompt, n: int) -> list[int]:
+    steps = autoregressive_steps(HFCausalLM(model), prompt, sampling=GREEDY, max_new_tokens=n)
+    return [t for s in steps for t in s.tokens]
+
+
+def planner_chose_plain(steps, limit: int) -> tuple[int, int]:
+    """(steps that drafted nothing though there was room, steps that drafted): the planner's choices."""
+    produced, plain, drafting = 0, 0, 0
+    for s in steps:
+        if s.drafted == 0 and produced < limit - 1:
+            plain += 1
+        drafting += s.drafted > 0
+        produced += len(s.tokens)
+    return plain, drafting
+
+
+# --- the choice, from injected costs --------------------------------------------------------------
+
+
+def test_best_length_weighs_expected_tokens_against_time():
+    assert best_length([0.9] * 4, [1.0, 1.05, 1.1, 1.15, 1.2])[0] == 4  # cheap rows: draft all
+    assert best_length([0.9] * 4, [0.9, 1.8, 2.7, 3.6, 4.5])[0] == 0  # a row costs a step: never
+    # E(1) = 1.6 for 1.4x a plain step pays (1.14x); E(2) = 1.96 for 1.8x pays less
+    k, expected, rate = best_length([0.6, 0.6], [1.0, 1.4, 1.8])
+    assert (k, expected, rate) == (1, pytest.approx(1.6), pytest.approx(1.6 / 1.4))
+
+
+def test_cheap_rows_and_high_acceptance_speculate_long(pair):
+    target, _ = pair
+    policy = AutoPolicy(costs=CHEAP_ROWS)
+    result = generate(target, PROMPT, draft=target, verify="block", policy=policy, max_new_tokens=100)
+    state = result.stats.policy
+    assert result.token_ids == ar_tokens(target, PROMPT, 100)
+    planned = {int(k): n for k, n in state["planned"].items()}
+    assert min(planned) >= 3  # every step planned at least 3 drafts
+    # keep_going cuts drafts at tokens the draft is unsure of until the calibration learns that
+    # this draft (the target itself) is always right there; over the run it drafts long
+    assert result.stats.drafted_tokens / result.stats.target_forwards >= 3
+    assert state["reason"].startswith(f"k={max(planned, key=planned.get)}:")
+    assert state["costs"]["source"] == "injected" and state["costs"]["target_ms"][0] == 1000.0
+
+
+def test_expensive_rows_choose_plain_steps_and_reproduce_ar_exactly(pair):
+    target, draft = pair
+    policy = AutoPolicy(costs=DEAR_ROWS)
+    result = generate(target, PROMPT, draft=draft, verify="block", policy=policy, max_new_tokens=30)
+    assert result.token_ids == ar_tokens(target, PROMPT, 30)
+    assert result.stats.drafted_tokens == 0 and result.stats.target_forwards == 30
+    state = result.stats.policy
+    assert state["planned"] == {"0": 30} and state["probes"] == 0
+    assert state["reason"].startswith("k=0: even a draft accepted in full does not pay: a 2-row pass costs 2.00x")
+    line = summary_line(state)
+    assert line.startswith("planner: drafted k=0 x30;") and "2 rows 2.00x" in line and "\n" not in line
+
+
+def test_the_planner_drafts_less_after_rejections_and_probes_back():
+    policy = AutoPolicy(k_max=4, costs=EDGE_ROWS)
+    assert policy.next_k() >= 1  # the prior alpha (0.6) pays for one token
+    policy.update(Step([5], 1, 0, 0.0, 1.0))  # rejected
+    assert policy.next_k() == 0
+    assert "alpha=0.39 does not pay" in policy.describe()["reason"]
+    plans = [policy.next_k() for _ in range(40)]  # no drafting: the estimates stay, a probe comes
+    assert plans.count(1) == 1 and plans.index(1) == 31 and policy.describe()["probes"] == 1
+
+
+def test_keep_going_stops_where_the_next_token_does_not_pay():
+    policy = AutoPolicy(k_max=8, costs=CostModel([1.0 + 0.1 * (n - 1) for n in ROWS], draft=0.1))
+    assert policy.next_k() >= 2
+    sure, unsure = torch.tensor([0.97, 0.03]), torch.tensor([0.2, 0.2, 0.2, 0.2, 0.2])
+    assert policy.keep_going(sure)  # chance 0.95: 0.9 extra tokens for 0.2 extra time
+    assert not policy.keep_going(unsure)  # chance 0.25 of a draft already at 0.95 x 0.25
+
+
+def test_auto_is_a_policy_by_name():
+    policy = make_policy("auto", 4)
+    assert isinstance(policy, AutoPolicy) and policy.k_max == 16
+    assert make_policy("auto", 4, k_max=6).k_max == 6
+    with pytest.raises(ValueError, match="positive"):
+        CostModel([1.0, 0.0])
+    with pytest.raises(ValueError, match="decay"):
+        AutoPolicy(decay=0.0)
+
+
+# --- a 0-token draft is a plain target step, through every drafter and verifier -------------------
+
+
+def drafter_for(name: str, model):
+    """(target backend, drafter) for each drafter, on a tiny target."""
+    if name == "model":
+        return HFCausalLM(model), ModelDrafter(HFCausalLM(noisy_copy(model, 0.3)))
+    if name == "ngram":
+        return HFCausalLM(model), NGramDrafter(model.config.vocab_size)
+    if name in ("early-exit", "layer-skip"):
+        backend = HFLayeredCausalLM(model)
+        options = {"exit_layer": 1} if name == "early-exit" else {"skip": [1]}
+        return backend, make_drafter(name, backend, **options)
+    backend = HFCausalLM(model, keep_hidden=True)
+    kept = list(range(model.config.vocab_size))
+    if name == "heads":
+        return backend, HeadsDrafter(backend, random_heads(model, 2, kept))
+    return backend, EagleDrafter(backend, random_head(model, kept))
+
+
+@pytest.mark.parametrize("drafter_name", ["model", "ngram", "early-exit", "layer-skip", "heads", "eagle"])
+def test_plain_steps_through_every_drafter_and_verifier_equal_ar(drafter_name):
+    model = tiny_llama(3, vocab=16, layers=2, sharpness=4.0)
+    prompt = [1, 2, 3, 1, 2, 3, 1]
+    expected = ar_tokens(model, prompt, 12)
+    for verify in VERIFIERS:
+        target, drafter = drafter_for(drafter_name, model)
+        steps = list(speculative_steps(
+            target, drafter, make_verifier(verify), AutoPolicy(costs=DEAR_ROWS), prompt,
+            sampling=GREEDY, max_new_tokens=12,
+        ))
+        assert [t for s in steps for t in s.tokens] == expected, verify
+        assert all(s.drafted == 0 and len(s.tokens) == 1 for s in steps)
+        assert target.tokens == (prompt + expected)[: len(target.tokens)]  # nothing stale cached
+
+
+# --- measurement and cache -------------------------------------------------------------------------
+
+
+def test_measuring_leaves_the_models_cache_as_it_was():
+    model = tiny_llama(4, vocab=16)
+    backend = HFCausalLM(model)
+    context = [1, 2, 3, 4, 5]
+    forward_after(backend, context[:-1])
+    before = list(backend.tokens)
+    curve = measure_rows(backend, 5, repeats=(1, 1))
+    assert backend.tokens == before
+    assert len(curve) == 5 and all(b >= a > 0 for a, b in zip(curve, curve[1:]))
+    cached = forward_after(backend, context)[-1]
+    with torch.no_grad():
+        fresh = model(torch.tensor([context])).logits[0, -1]
+    torch.testing.assert_close(cached, fresh, atol=1e-5, rtol=1e-5)
+
+
+def fake_measure(calls: list):
+    def measure(model, max_rows=16, **_):
+        calls.append(max_rows)
+        return [1.0 + 0.5 * n for n in range(max_rows)]
+
+    return measure
+
+
+def test_the_cache_round_trips_and_its_key_follows_threads_and_dtype(tmp_path, monkeypatch):
+    import specdec.planner as planner
+
+    calls: list[int] = []
+    monkeypatch.setattr(planner, "measure_rows", fake_measure(calls))
+    backend = HFCausalLM(tiny_llama(5, vocab=16))
+    curve, source = row_costs(backend, cache_dir=tmp_path)
+    assert source == "measured" and calls == [16]
+    again, source = row_costs(backend, cache_dir=tmp_path)
+    assert (again, source) == (curve, "cache") and calls == [16]
+    assert row_costs(backend, 4, cache_dir=tmp_path) == (curve[:4], "cache")
+    files = list((tmp_path / "planner").glob("*.json"))
+    assert len(files) == 1 and json.loads(files[0].read_text())["key"] == cost_key(backend)
+    files[0].write_text("{not json")
+    assert row_costs(backend, cache_dir=tmp_path) == (curve, "measured") and len(calls) == 2
+
+    key = cost_key(backend)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads + 1)
+        assert cost_key(backend)["threads"] == threads + 1 and cost_key(backend) != key
+    finally:
+        torch.set_num_threads(threads)
+    half = HFCausalLM(tiny_llama(5, vocab=16).to(torch.bfloat16))
+    assert cost_key(half)["dtype"] == "bfloat16" and key["dtype"] == "float32"
+    assert {k: v for k, v in cost_key(half).items() if k != "dtype"} == {k: v for k, v in key.items() if k != "dtype"}
+    assert row_costs(half, cache_dir=tmp_path)[1] == "measured"  # its own entry
+    assert len(list((tmp_path / "planner").glob("*.json"))) == 2
+
+
+def test_bind_measures_the_target_and_the_draft_model_once(tmp_path, monkeypatch):
+    import specdec.planner as planner
+
+    calls: list[int] = []
+    monkeypatch.setattr(planner, "measure_rows", fake_measure(calls))
+    target = HFCausalLM(tiny_llama(5, vocab=16))
+    policy = AutoPolicy(cache_dir=tmp_path)
+    policy.bind(target, ModelDrafter(HFCausalLM(tiny_llama(6, vocab=16, layers=1))))
+    assert calls == [16, 1] and policy.costs.draft == 1.0 and policy.costs.source == "measured"
+    other = AutoPolicy(cache_dir=tmp_path)
+    other.bind(target, NGramDrafter(16))
+    assert calls == [16, 1] and other.costs.source == "cache"
+    assert other.costs.draft is None and other.describe()["costs"]["draft_source"] == "learnt online"
+    injected = AutoPolicy(costs=CHEAP_ROWS)
+    injected.bind(target, NGramDrafter(16))
+    assert injected.costs is CHEAP_ROWS and calls == [16, 1]
+
+
+# --- exactness with k switching between steps -------------------------------------------------------
+
+
+def test_greedy_output_is_ar_while_the_planner_switches_k(pair):
+    target, draft = pair
+    target_backend, draft_backend = HFCausalLM(target), HFCausalLM(draft)
+    policy = AutoPolicy(k_max=4, costs=EDGE_ROWS)
+    steps = list(speculative_steps(
+        target_backend, ModelDrafter(draft_backend), make_verifier("block"), policy, PROMPT,
+        sampling=GREEDY, max_new_tokens=60,
+    ))
+    assert [t for s in steps for t in s.tokens] == ar_tokens(target, PROMPT, 60)
+    plain, drafting = planner_chose_plain(steps, 60)
+    assert plain > 0 and drafting > 0  # both choices made in one run
+
+
+@pytest.mark.parametrize("verify", ["token", "block"])
+def test_sampled_output_follows_the_target_law_while_the_planner_switches_k(verify):
+    vocab, horizon = 5, 3
+    target = tiny_llama(0, vocab=vocab, sharpness=6.0)
+    draft = noisy_copy(target, 0.5)
+    sampling = SamplingConfig(temperature=1.0)
+    law = exact_target_law(target, sampling, vocab)
+    # Stated power, as in test_engine: a deviation of Cohen's w = 0.15 is caught with prob. >= 0.95.
+    assert chi_square_power(law, SAMPLES, effect=0.15) >= 0.95
+    target_backend, draft_backend = HFCausalLM(target), HFCausalLM(draft)
+    counts = np.zeros_like(law)
+    plain = drafting = 0
+    for seed in range(SAMPLES):
+        target_backend.reset()
+        draft_backend.reset()
+        steps = list(speculative_steps(
+            target_backend, ModelDrafter(draft_backend), make_verifier(verify), AutoPolicy(k_max=4, costs=EDGE_ROWS),
+            PROMPT, sampling=sampling, max_new_tokens=horizon, generator=torch.Generator().manual_seed(seed),
+        ))
+        counts[tuple(t for s in steps for t in s.tokens)] += 1
+        p, d = planner_chose_plain(steps, horizon)
+        plain, drafting = plain + p, drafting + d
+    # the planner really switched: plain steps after rejections, drafts otherwise
+    assert plain > SAMPLES // 10 and drafting > SAMPLES // 2
+    assert chi_square_p_value(counts, law) > SIGNIFICANCE
+
+
+# --- the command line ---------------------------------------------------------------------------------
+
+
+def test_generate_says_what_the_planner_chose_in_one_line(tiny, capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    args = ["generate", "hello", "--target", tiny["target"], "--draft", tiny["draft"], "--dtype", "float32",
+            "--max-new-tokens", "12", "--policy", "auto", "--compare-ar"]
+    code, out, err = run_main(args, capsys)
+    assert code == 0, err
+    planner_lines = [line for line in err.splitlines() if line.startswith("planner: ")]
+    assert len(planner_lines) == 1 and "(measured)" in planner_lines[0], err
+    assert "identical output: yes" in err
+    code, out, err = run_main(args + ["--json"], capsys)  # the second run reads the cache
+    report = json.loads(out)
+    assert report["stats"]["policy"]["costs"]["source"] == "cache" and report["ar"]["identical"] is True
+    assert len(list((tmp_path / "planner").glob("*.json"))) == 2  # the target's and the draft's
