@@ -235,10 +235,25 @@ def test_bind_measures_the_target_and_the_draft_model_once(tmp_path, monkeypatch
     other = AutoPolicy(cache_dir=tmp_path)
     other.bind(target, NGramDrafter(16))
     assert calls == [16, 1] and other.costs.source == "cache"
-    assert other.costs.draft is None and other.describe()["costs"]["draft_source"] == "learnt online"
+    assert other.costs.draft == 0.0 and other.describe()["costs"]["draft_source"] == "taken as free"
+    layered = HFLayeredCausalLM(tiny_llama(5, vocab=16))
+    part = AutoPolicy(cache_dir=tmp_path)
+    part.bind(layered, make_drafter("early-exit", layered, exit_layer=1))
+    assert part.costs.draft == part.costs.target[0] / 2 and part.costs.draft_source == "1 of 2 target layers"
     injected = AutoPolicy(costs=CHEAP_ROWS)
     injected.bind(target, NGramDrafter(16))
-    assert injected.costs is CHEAP_ROWS and calls == [16, 1]
+    assert injected.costs is CHEAP_ROWS and calls == [16, 1, 16]  # the layered backend was measured once
+
+
+def test_a_seed_fixes_the_output_with_measured_costs(pair, tmp_path, monkeypatch):
+    """The choices depend on the cached curve and the outcomes, never on a step's timing."""
+    monkeypatch.setenv("SPECDEC_PLANNER_CACHE", str(tmp_path))
+    target, draft = pair
+    kw = dict(draft=draft, verify="block", policy="auto", temperature=1.0, max_new_tokens=30, seed=11)
+    first = generate(target, PROMPT, **kw)  # measures
+    second = generate(target, PROMPT, **kw)  # reads the cache
+    assert first.stats.policy["costs"]["source"] == "measured" and second.stats.policy["costs"]["source"] == "cache"
+    assert first.token_ids == second.token_ids and first.stats.policy["planned"] == second.stats.policy["planned"]
 
 
 # --- exactness with k switching between steps -------------------------------------------------------

@@ -12,8 +12,9 @@ estimates (:class:`~specdec.policies.AcceptanceEstimates`, shared with the ``the
 The model of a step that drafts k tokens (k = 0: a plain target step of one row):
 
 - cost T(k) = draft(k) + target(k + 1): k drafted tokens at the draft's per-token cost, then one
-  verify pass of k + 1 rows at the measured curve (scaled online to the verify seconds the steps
-  really take, which include sampling and the verifier and grow with the context).
+  verify pass of k + 1 rows at the measured curve. A draft model's token is measured like a
+  target row; a drafter that runs some of the target's layers costs their share of a one-row
+  pass; other drafters (n-gram lookup, heads) are taken as free.
 - expected tokens E(k) = 1 + sum_{i=1..k} prod_{j<=i} a_j, where a_j is the measured chance that
   draft position j is accepted given the ones before it were. That is token verification's
   formula (Leviathan et al. 2023) with per-position rates. The rates are measured from the steps
@@ -30,6 +31,11 @@ tokens P_i (a + a^2 + ... + a^(m-i)) pay for the extra time T(m) - T(i) at the p
 E(k*) / T(k*) (the optimal-stopping rule for tokens per second; a = the chance of token i: the
 next tokens are expected to be as predictable as this one). With a cost curve that grows
 linearly that is the one-token test "P_i a >= R* (draft cost + one more verify row)".
+
+The choice depends only on the cost curves (fixed once measured: the cache holds the measured
+values) and on the outcomes of earlier steps, never on a step's own timing, so a seed still fixes
+the output. (``adapt_costs=True`` also learns the draft's cost and a scale of the target curve
+from the steps' timings -- closer to the truth as the context grows, but no longer reproducible.)
 
 When no draft would pay even if it were always accepted, the planner never drafts and the output
 is the target's own autoregressive chain. When a draft could pay but the estimates say it does
@@ -59,6 +65,7 @@ REPEATS = (3, 7)  # sweeps of the grid: at least 3, up to 7 while within MEASURE
 MEASURE_SECONDS = 4.0
 DUMMY_CONTEXT = 32  # tokens prefilled before timing, so the rows attend to a context
 PROBE_EVERY = 32  # plain steps between one-token probes when a draft could pay but is not expected to
+CACHE_ENV = "SPECDEC_PLANNER_CACHE"  # a folder for the planner's cost curves alone (tests point it elsewhere)
 CACHE_FORMAT = 1  # bump when what is measured changes: older cache files are measured again
 # Before any measurement (a policy never bound to its models): a verify row is assumed to cost a
 # tenth of a one-row pass and drafting to be free; both are learnt from the steps' timings.
@@ -195,11 +202,14 @@ def machine() -> str:
 
 
 def cache_file(key: dict[str, Any], cache_dir: str | Path | None = None) -> Path:
-    """Where the curve for ``key`` is kept: ``<cache root>/planner/<hash of the key>.json``."""
+    """Where the curve for ``key`` is kept: ``<folder>/<hash of the key>.json``, the folder being
+    ``<cache_dir>/planner`` if ``cache_dir`` is given, else ``$SPECDEC_PLANNER_CACHE``, else
+    ``planner`` under the cache directory (``$SPECDEC_CACHE`` or ``~/.cache/specdec``)."""
     from specdec.models import cache_root
 
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
-    return cache_root(cache_dir) / "planner" / f"{digest}.json"
+    folder = os.environ.get(CACHE_ENV) if cache_dir is None else None
+    return (Path(folder).expanduser() if folder else cache_root(cache_dir) / "planner") / f"{digest}.json"
 
 
 def row_costs(model: Any, max_rows: int = MAX_ROWS, *, cache_dir: str | Path | None = None,
@@ -258,7 +268,8 @@ class AutoPolicy:
     :meth:`bind` measures the target's rows and the draft model's token (or reads them from the
     cache), and a policy never bound assumes a row costs :data:`ASSUMED_ROW_COST` of a pass.
     adapt_costs: learn the draft's seconds per token and a scale of the target curve from the
-    steps' timings (default: only when the costs were not injected). The acceptance estimates
+    steps' timings (off by default: the choices, and so a seeded output, would then depend on
+    timing noise). The acceptance estimates
     (per position, per confidence level) are :class:`~specdec.policies.AcceptanceEstimates`.
     """
 
@@ -269,7 +280,7 @@ class AutoPolicy:
         k_max: int = DEFAULT_K_MAX,
         *,
         costs: CostModel | None = None,
-        adapt_costs: bool | None = None,
+        adapt_costs: bool = False,
         decay: float = 0.95,
         prior_alpha: float = 0.6,
         prior_weight: float = 2.0,
@@ -280,13 +291,13 @@ class AutoPolicy:
             raise ValueError(f"decay must be in (0, 1], got {decay}")
         self.k_max = k_max
         self.costs = costs
-        self.adapt_costs = costs is None if adapt_costs is None else adapt_costs
+        self.adapt_costs = adapt_costs
         self.decay = decay
         self.cache_dir = cache_dir
         self.acceptance = AcceptanceEstimates(
             decay=decay, prior_alpha=prior_alpha, prior_weight=prior_weight, positions=k_max
         )
-        # Decayed sums for the online costs: draft seconds and tokens, verify seconds and the curve's prediction.
+        # adapt_costs: decayed sums of draft seconds and tokens, verify seconds and the curve's prediction.
         self._draft_seconds = self._drafted = self._verify_seconds = self._verify_predicted = 0.0
         self._times: list[float] = []  # this step's T(0..k_max)
         self._rate = 0.0  # R*: the planned tokens per second this step's drafting must beat
@@ -302,21 +313,25 @@ class AutoPolicy:
 
     def bind(self, target: Any, drafter: Any) -> None:
         """Measure, or read from the cache, the target's cost per 1..16 rows and the draft model's
-        per token (other drafters' token cost is learnt online). Done once; injected costs stay."""
+        per token (see the module doc for other drafters). Done once; injected costs stay."""
         if self.costs is not None:
             return
         curve, source = row_costs(target, MAX_ROWS, cache_dir=self.cache_dir)
-        draft, draft_source = None, "learnt online"
         draft_model = getattr(drafter, "model", None) if getattr(drafter, "name", None) == "model" else None
+        layers, of = getattr(drafter, "layers", None), getattr(getattr(drafter, "target", None), "num_layers", None)
         if draft_model is not None:
             draft_curve, draft_source = row_costs(draft_model, 1, cache_dir=self.cache_dir)
             draft = draft_curve[0]
+        elif layers is not None and of:
+            draft, draft_source = curve[0] * len(layers) / of, f"{len(layers)} of {of} target layers"
+        else:
+            draft, draft_source = 0.0, "taken as free"
         self.costs = CostModel(curve, draft, source, draft_source)
 
     def _ensure_costs(self) -> CostModel:
-        if self.costs is None:  # never bound: an assumed curve in units of a pass, scaled online
+        if self.costs is None:  # never bound: an assumed curve in units of a one-row pass
             curve = [1.0 + ASSUMED_ROW_COST * n for n in range(MAX_ROWS)]
-            self.costs = CostModel(curve, None, "assumed (not measured)", "learnt online")
+            self.costs = CostModel(curve, 0.0, "assumed (not measured)", "taken as free")
         return self.costs
 
     @property
