@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from typing import Any, Iterator
@@ -389,6 +392,17 @@ def test_full_queue_answers_429_and_a_disconnect_stops_the_generation_within_one
         assert 'specdec_requests_total{endpoint="/v1/completions",outcome="cancelled"} 1.0' in metrics
 
 
+def test_a_non_streaming_client_that_leaves_stops_its_generation(pair):
+    target, _, tokenizer = pair
+    with serve(target, tokenizer) as running:
+        body = {"prompt": "0", "max_tokens": 480, "temperature": 0}
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(running.url + "/v1/completions", json=body, trust_env=False, timeout=0.5)
+        wait_for(lambda: len(running.scheduler.history) == 1)
+        job = running.scheduler.history[0]
+        assert job.outcome == "cancelled" and job.steps < 480 and job.steps - job.steps_at_stop <= 1
+
+
 def test_queued_requests_run_in_arrival_order(pair):
     target, _, tokenizer = pair
     with serve(target, tokenizer, max_queue=4) as running:
@@ -486,6 +500,41 @@ def test_serve_refuses_bad_options_before_loading(capsys, args, words):
     code = cli.main(["serve", "--target", "/nonexistent-model-dir", *args])
     err = capsys.readouterr().err
     assert code == 2 and words in err and "Traceback" not in err, err
+
+
+def test_the_serve_command_serves_on_loopback(tmp_path):
+    """``specdec serve`` itself: loads a model directory, binds 127.0.0.1, answers, stops on SIGTERM."""
+    from test_cli import make_model_dir
+
+    path = str(make_model_dir(tmp_path / "model", chat=True))
+    with socket.socket() as probe:  # a free port (the command binds it itself)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "specdec", "serve", "--target", path, "--draft", path, "--dtype", "float32",
+               "--port", str(port), "--threads", "1", "--log-level", "warning"]
+    proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert proc.poll() is None, proc.stderr.read()
+            assert time.monotonic() < deadline, "specdec serve did not start"
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(url + "/health", trust_env=False).status_code == 200:
+                    break
+            time.sleep(0.2)
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0,
+                               http_client=httpx.Client(trust_env=False))
+        got = client.completions.create(model=path, prompt="def f(x):", max_tokens=12, temperature=0)
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=60)
+    target, tokenizer = models.load(path, dtype="float32")
+    want = generate(target, "def f(x):", draft=target, tokenizer=tokenizer, max_new_tokens=12)
+    assert got.choices[0].text == want.text
+    assert got.speculative["method"] == "spec:block:k=4"
+    assert f"on http://127.0.0.1:{port}/" in err and "Traceback" not in err, err
+    assert proc.returncode in (0, -signal.SIGTERM)  # uvicorn shuts down, then re-raises the signal
 
 
 # ------------------------------------------------------------------------------------------------

@@ -186,7 +186,8 @@ async def _serve(state: _State, request: Request, gen: Generation) -> Response:
     except QueueFull:
         raise APIError(429, f"the queue is full ({state.options.max_queue} requests waiting); retry later",
                        code="queue_full", type="rate_limit_error") from None
-    first = await _next(job, request, poll=True)
+    watch = _Watch(request)
+    first = await _next(job, watch)
     if first is None:  # the client went away while waiting
         state.metrics.outcome(endpoint, "cancelled")
         return Response(status_code=499)
@@ -194,11 +195,11 @@ async def _serve(state: _State, request: Request, gen: Generation) -> Response:
         raise first[1]
     answer = _Answer(gen, state.models.name)
     if gen.stream:
-        return StreamingResponse(_events(state, job, request, first, answer, endpoint),
+        return StreamingResponse(_events(state, job, first, answer, endpoint),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     message = first
     while message is not None and message[0] == "step":  # the whole text comes with "done"
-        message = await _next(job, request, poll=True)
+        message = await _next(job, watch)
     if message is None:
         state.metrics.outcome(endpoint, "cancelled")
         return Response(status_code=499)
@@ -225,25 +226,39 @@ def _job(state: _State, gen: Generation) -> Job:
                asyncio.get_running_loop(), gen.stop)
 
 
-async def _next(job: Job, request: Request, poll: bool) -> tuple[str, Any] | None:
-    """The job's next message; None if the client disconnected (checked every POLL_SECONDS when
-    ``poll``: a streaming response is cancelled by the server itself instead). Past the deadline
-    (and a grace for the worker to report it) the job is stopped and a timeout error returned."""
+class _Watch:
+    """Whether a client waiting for a whole answer is still there, asked at most every POLL_SECONDS
+    (steps arrive far more often; a streaming response is cancelled by the server itself instead)."""
+
+    def __init__(self, request: Request) -> None:
+        self.request, self.asked = request, time.monotonic()
+
+    async def gone(self) -> bool:
+        if time.monotonic() - self.asked < POLL_SECONDS:
+            return False
+        self.asked = time.monotonic()
+        return await self.request.is_disconnected()
+
+
+async def _next(job: Job, watch: _Watch | None) -> tuple[str, Any] | None:
+    """The job's next message; None if the watched client disconnected. Past the deadline (and a
+    grace for the worker to report it) the job is stopped and a timeout error returned."""
     while True:
         left = job.deadline + GRACE_SECONDS - time.monotonic()
         if left <= 0:
             job.stop()
             return "error", APIError(504, "the request ran past the server's --request-timeout",
                                      code="timeout", type="timeout_error")
+        if watch is not None and await watch.gone():
+            job.stop()
+            return None
         try:
-            return await asyncio.wait_for(job.out.get(), min(left, POLL_SECONDS) if poll else left)
+            return await asyncio.wait_for(job.out.get(), min(left, POLL_SECONDS) if watch else left)
         except asyncio.TimeoutError:
-            if poll and await request.is_disconnected():
-                job.stop()
-                return None
+            pass
 
 
-async def _events(state: _State, job: Job, request: Request, first: tuple[str, Any], answer: "_Answer",
+async def _events(state: _State, job: Job, first: tuple[str, Any], answer: "_Answer",
                   endpoint: str) -> AsyncIterator[str]:
     """Server-sent events; if the client goes away, the server cancels this generator and the
     ``finally`` stops the job."""
@@ -265,7 +280,7 @@ async def _events(state: _State, job: Job, request: Request, first: tuple[str, A
                 yield _sse(payload.body())
                 yield "data: [DONE]\n\n"
                 return
-            message = await _next(job, request, poll=False)
+            message = await _next(job, None)
     finally:
         job.stop()
         state.metrics.outcome(endpoint, outcome)

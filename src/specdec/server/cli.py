@@ -90,10 +90,23 @@ def run_serve(args: argparse.Namespace) -> int:
     options = ServerOptions(method, max_queue=args.max_queue, request_timeout=args.request_timeout,
                             api_key=args.api_key, max_tokens=args.max_tokens)
     app = create_app(models, options)
+    _warm_up(models, method)
     print(f"specdec: serving {args.target} ({method.name}) on http://{_url_host(args.host)}:{args.port}/ "
           "(the page is at /, metrics at /metrics)", file=sys.stderr, flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
     return 0
+
+
+def _warm_up(models: Any, method: Any) -> None:
+    """Two tokens with the default method before serving, so the first request does not pay for
+    one-time work (the draft's int8 weights, the kernels' first calls)."""
+    import specdec
+    from specdec.server.requests import method_kwargs
+
+    print("specdec: warming up", file=sys.stderr, flush=True)
+    prompt = models.tokenizer("def", add_special_tokens=True)["input_ids"] or [0]
+    specdec.generate(models.target, prompt, max_new_tokens=2,
+                     **method_kwargs(method, models.draft, models.draft_weights))
 
 
 def _url_host(host: str) -> str:
