@@ -16,6 +16,12 @@ from specdec import cli, models
 from test_cli import assert_one_line_error, make_model_dir, run_main
 
 
+def assert_error_after_notes(err: str, *, contains: str) -> None:
+    """As assert_one_line_error, after the progress notes ('specdec: loading ...') that precede it."""
+    notes = [line for line in err.splitlines() if line.startswith("specdec: ") and not line.startswith("specdec: error: ")]
+    assert_one_line_error("\n".join(line for line in err.splitlines() if line not in notes), contains=contains)
+
+
 @pytest.fixture
 def no_model_work(monkeypatch):
     """Fail the test if a model is loaded or a pack converted."""
@@ -87,3 +93,209 @@ def test_tree_runs_show_the_tree(tiny, capsys, extra, shown):
     assert code == 0, err
     summary = [line for line in err.splitlines() if line.startswith("speculative (")]
     assert summary and shown in summary[0] and "k=" not in summary[0], err
+
+
+# ------------------------------------------------------------------------------------------------
+# specdec bench
+
+
+def bench_args(tiny, tmp_path, *extra):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "def f(x):"}\n')
+    return ["bench", "--target", tiny["target"], "--draft", "none", "--dtype", "float32", "--methods", "",
+            "--prompts", f"{prompts}:1", "--max-new-tokens", "3", "--warmup-tokens", "0", "--no-progress", *extra]
+
+
+@pytest.mark.parametrize("extra, contains", [
+    (["--warmup-tokens", "-1"], "argument --warmup-tokens: expected an integer >= 0"),
+    (["--temperature", "0", "inf"], "argument --temperature"),
+    (["--repeats", "0"], "argument --repeats"),
+    (["--methods", "spec:magic"], "spec:magic"),
+    (["--methods", "spec:block:k=4"], "spec:block:k=4 needs a draft model, but --draft is none"),
+])
+def test_bench_errors_are_one_line_with_a_hint(tiny, tmp_path, capsys, no_model_work, extra, contains):
+    code, out, err = run_main(bench_args(tiny, tmp_path, "--out", str(tmp_path / "out"), *extra), capsys)
+    assert (code, out) == (2, "")
+    assert_one_line_error(err, contains=contains)
+
+
+def test_bench_checks_out_before_any_work(tiny, tmp_path, capsys, no_model_work):
+    taken = tmp_path / "results.txt"
+    taken.write_text("not a folder")
+    for out in (taken, taken / "sub"):
+        code, _, err = run_main(bench_args(tiny, tmp_path, "--out", str(out)), capsys)
+        assert code == 2
+        assert_one_line_error(err, contains=f"--out: {taken} is a file, not a folder")
+    assert taken.read_text() == "not a folder"
+
+
+def test_bench_never_loses_a_finished_run(tiny, tmp_path, capsys, monkeypatch):
+    from specdec.bench import report
+
+    write_run = report.write_run
+    failures = []
+
+    def disk_full_once(data, folder):
+        if not failures:
+            failures.append(folder)
+            raise OSError(28, "No space left on device")
+        return write_run(data, folder)
+
+    monkeypatch.setattr(report, "write_run", disk_full_once)
+    code, out, err = run_main(bench_args(tiny, tmp_path, "--out", str(tmp_path / "out")), capsys)
+    assert code == 0, err
+    line = next(x for x in err.splitlines() if "could not write into" in x)
+    fallback = Path(line.rsplit("writing to ", 1)[1].removesuffix(" instead"))
+    saved = json.loads((fallback / "results.json").read_text())
+    assert saved["methods"]["ar"]["new_tokens"] == 3 if "new_tokens" in saved["methods"]["ar"] else saved["samples"]
+    assert f"(written to {fallback})" in out
+
+
+def test_bench_with_only_ar_warns_of_nothing(tiny, tmp_path, capsys, recwarn):
+    code, _, err = run_main(bench_args(tiny, tmp_path, "--out", str(tmp_path / "out")), capsys)
+    assert code == 0, err
+    assert not [w for w in recwarn if "legend" in str(w.message)], [str(w.message) for w in recwarn]
+    assert (tmp_path / "out" / "greedy" / "k_sweep.png").is_file()
+
+
+@pytest.mark.parametrize("line, contains", [
+    ('{"prompt": ', "line 1 is not valid JSON: expecting value at the end of the line"),
+    ('{"prompt": x}', "line 1 is not valid JSON: expecting value at column 12"),
+    ("[1, 2]", "line 1 is a JSON list, not an object"),
+])
+def test_broken_prompt_file_is_named_in_full(tiny, tmp_path, capsys, no_model_work, line, contains):
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text(line + "\n")
+    args = bench_args(tiny, tmp_path, "--out", str(tmp_path / "out"))
+    args[args.index("--prompts") + 1] = f"{broken}:1"
+    code, _, err = run_main(args, capsys)
+    assert code == 2
+    assert_one_line_error(err, contains=contains)
+
+
+# ------------------------------------------------------------------------------------------------
+# The cache and damaged model files
+
+
+@pytest.mark.parametrize("command", [["generate", "x"], ["models"]])
+def test_cache_dir_that_is_a_file(tmp_path, capsys, no_model_work, command):
+    taken = tmp_path / "cache"
+    taken.write_text("")
+    code, _, err = run_main([*command, "--cache-dir", str(taken / "sub")], capsys)
+    assert code == 1
+    assert_one_line_error(err, contains=f"cannot be used: {taken} is a file")
+
+
+def test_cache_env_that_cannot_be_created(tmp_path, capsys, monkeypatch, no_model_work):
+    monkeypatch.setenv(models.CACHE_ENV, "/proc/specdec-cannot-be-here")
+    code, _, err = run_main(["generate", "x"], capsys)
+    assert code == 1
+    assert_one_line_error(err, contains="cannot write into the cache directory /proc/specdec-cannot-be-here ($SPECDEC_CACHE)")
+
+
+def converted_copy(tiny, root: Path) -> Path:
+    """A tiny model saved where a converted pack lives, with the pack's marker."""
+    import shutil
+
+    pack = models.PACKS["smollm2-135m"]
+    folder = models.pack_dir(pack, root)
+    shutil.copytree(tiny["target"], folder)
+    (folder / models.MARKER).write_text(json.dumps({"gguf_sha256": pack.sha256, "format": models.FORMAT}))
+    return folder
+
+
+@pytest.mark.parametrize("damage, named", [("truncate", "model.safetensors is truncated"),
+                                            ("config", "config.json is missing")])
+def test_damaged_conversion_is_not_called_converted(tiny, tmp_path, capsys, damage, named):
+    folder = converted_copy(tiny, tmp_path)
+    assert models.is_converted(models.PACKS["smollm2-135m"], tmp_path)
+    if damage == "truncate":
+        weights = folder / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[:-100])
+    else:
+        (folder / "config.json").unlink()
+    assert not models.is_converted(models.PACKS["smollm2-135m"], tmp_path)
+    code, out, err = run_main(["models", "--cache-dir", str(tmp_path), "--json"], capsys)
+    row = next(r for r in json.loads(out) if r["name"] == "smollm2-135m")
+    assert row["converted"] is False and named in row["damaged"]
+    code, out, err = run_main(["models", "--cache-dir", str(tmp_path)], capsys)
+    assert "damaged (redone on first use)" in out and named in out
+
+
+def test_damaged_model_directory_names_the_file(tiny, tmp_path, capsys):
+    import shutil
+
+    copy = tmp_path / "model"
+    shutil.copytree(tiny["target"], copy)
+    weights = copy / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    code, _, err = run_main(["generate", "x", "--target", str(copy), "--draft", "none"], capsys)
+    assert code == 1
+    assert_error_after_notes(err, contains=f"{weights} is truncated")
+
+
+def test_truncated_gguf_names_the_file(tmp_path, capsys):
+    source = models.locate_parts(models.PACKS["smollm2-135m"])[0]
+    cut = tmp_path / "cut.gguf"
+    with open(source, "rb") as f:
+        cut.write_bytes(f.read(5_000_000))
+    code, _, err = run_main(["generate", "x", "--target", str(cut), "--draft", "none"], capsys)
+    assert code == 1
+    assert_error_after_notes(err, contains=f"{cut} is not a readable GGUF file")
+
+
+def test_damaged_conversion_is_converted_again(tiny, tmp_path, capsys, monkeypatch):
+    import shutil
+
+    folder = converted_copy(tiny, tmp_path)
+    (folder / "config.json").unlink()
+    redone = []
+
+    def convert_gguf(pack, gguf, out, progress):  # stands in for the minute-long dequantisation
+        redone.append(gguf)
+        shutil.copytree(tiny["target"], out)
+
+    monkeypatch.setattr(models, "_convert_gguf", convert_gguf)
+    assert models.convert("smollm2-135m", tmp_path) == folder
+    assert len(redone) == 1 and (folder / "config.json").is_file()
+    assert models.is_converted(models.PACKS["smollm2-135m"], tmp_path)
+    assert f"the converted copy is damaged ({folder / 'config.json'} is missing); converting it again" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------
+# specdec train-heads
+
+
+@pytest.mark.parametrize("extra, contains", [
+    (["--lr", "nan"], "argument --lr: expected a finite number > 0, got 'nan'"),
+    (["--lr", "-0.1"], "argument --lr"),
+    (["--lr", "inf"], "argument --lr"),
+    (["--seed", "99999999999999999999999"], "argument --seed"),
+])
+def test_train_heads_options_checked_at_parse_time(tmp_path, capsys, no_model_work, extra, contains):
+    code, out, err = run_main(["train-heads", "--out", str(tmp_path / "heads"), *extra], capsys)
+    assert (code, out) == (2, "")
+    assert_one_line_error(err, contains=contains)
+
+
+def test_train_heads_checks_before_collecting(tiny, tmp_path, capsys, monkeypatch):
+    from specdec.heads import train
+
+    monkeypatch.setattr(train, "collect", lambda *a, **kw: pytest.fail("collected data for bad options"))
+    taken = tmp_path / "file"
+    taken.write_text("")
+    code, _, err = run_main(["train-heads", "--out", str(taken), "--target", tiny["target"]], capsys)
+    assert code == 2
+    assert_one_line_error(err, contains=f"--out {taken}: cannot create or write this folder")
+    code, _, err = run_main(["train-heads", "--out", str(tmp_path / "heads"), "--target", tiny["target"],
+                             "--kept-tokens", "100000"], capsys)
+    assert code == 2
+    assert_error_after_notes(err, contains="--kept-tokens 100000 is more than the target's 256-token vocabulary")
+
+
+def test_train_heads_help_lists_only_its_options(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["train-heads", "--help"])
+    shown = capsys.readouterr().out
+    assert "--target" in shown and "--lr" in shown
+    assert "--draft MODEL" not in shown and "--draft-weights" not in shown  # neither does anything here

@@ -168,7 +168,10 @@ def load_jsonl(path: str | Path) -> list[Prompt]:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+                where = "at the end of the line" if e.pos >= len(line.rstrip()) else f"at column {e.pos + 1}"
+                raise ValueError(f"{path} line {n} is not valid JSON: {e.msg.lower()} {where}") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{path} line {n} is a JSON {type(row).__name__}, not an object")
             pid = str(row.get("id", f"{path.stem}/{n}"))
             if isinstance(row.get("messages"), list) and row["messages"]:
                 messages = tuple({"role": m["role"], "content": m["content"]} for m in row["messages"])
@@ -179,7 +182,7 @@ def load_jsonl(path: str | Path) -> list[Prompt]:
                 else:
                     prompts.append(Prompt(path.name, pid, text=row["prompt"]))
             else:
-                raise ValueError(f'{path}:{n}: give a non-empty "prompt" string or a "messages" list')
+                raise ValueError(f'{path} line {n} has neither a non-empty "prompt" string nor a "messages" list')
     if not prompts:
         raise ValueError(f"prompt file {path} holds no prompts")
     return prompts

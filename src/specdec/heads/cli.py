@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+import tempfile
 import time
 from dataclasses import fields
 from pathlib import Path
@@ -14,7 +15,7 @@ from specdec.heads.train import TrainConfig
 
 
 def add_train_heads_parser(subparsers: Any) -> None:
-    from specdec.cli import add_model_options, positive_int
+    from specdec.cli import add_model_options, positive_float, positive_int, seed_int
 
     parser = subparsers.add_parser(
         "train-heads", help="train Medusa-style draft heads on the target's own outputs",
@@ -24,7 +25,7 @@ def add_train_heads_parser(subparsers: Any) -> None:
                     "with the target frozen. Rerun the same command to resume. Use the result with "
                     "'specdec generate --drafter heads --heads DIR' (--drafter eagle for --kind eagle).",
     )
-    add_model_options(parser)
+    add_model_options(parser, draft=False)
     defaults = TrainConfig()
     group = parser.add_argument_group("training")
     group.add_argument("--out", required=True, metavar="DIR", help="where data, checkpoints and heads go")
@@ -39,8 +40,8 @@ def add_train_heads_parser(subparsers: Any) -> None:
     group.add_argument("--seq-len", type=positive_int, default=defaults.seq_len, help="(default: %(default)s)")
     group.add_argument("--epochs", type=positive_int, default=defaults.epochs, help="(default: %(default)s)")
     group.add_argument("--batch", type=positive_int, default=defaults.batch, help="(default: %(default)s)")
-    group.add_argument("--lr", type=float, default=defaults.lr, help="(default: %(default)s)")
-    group.add_argument("--seed", type=int, default=defaults.seed, help="(default: %(default)s)")
+    group.add_argument("--lr", type=positive_float, default=defaults.lr, help="learning rate (default: %(default)s)")
+    group.add_argument("--seed", type=seed_int, default=defaults.seed, help="(default: %(default)s)")
     group.add_argument("--threads", type=positive_int, default=None, help="torch threads")
     parser.set_defaults(func=run_train_heads, draft="none")
 
@@ -54,9 +55,9 @@ def run_train_heads(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)})
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = _output_folder(Path(args.out))
     target, _, tokenizer = load_models(args, draft=False)
+    _check_against_model(cfg, target)
     if torch.cuda.is_available():
         target = target.to("cuda")
         _note("training on the GPU")
@@ -74,6 +75,34 @@ def run_train_heads(args: argparse.Namespace) -> int:
     _note(f"done in {time.perf_counter() - began:.0f} s; heads in {out} "
           f"(use: specdec generate --drafter {'eagle' if cfg.kind == 'eagle' else 'heads'} --heads {out})")
     return 0
+
+
+def _output_folder(out: Path) -> Path:
+    """--out, created and writable, before any model work."""
+    from specdec.cli import CLIError
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as err:
+        raise CLIError(f"--out {out}: cannot create or write this folder ({err.strerror or err})",
+                       "give --out a folder path you can write to", code=2) from None
+    return out
+
+
+def _check_against_model(cfg: TrainConfig, target: Any) -> None:
+    """Options the loaded target decides, checked before the long data collection."""
+    from specdec.cli import CLIError, logit_width
+
+    vocab = logit_width(target)
+    if cfg.kept_tokens > vocab:
+        raise CLIError(f"--kept-tokens {cfg.kept_tokens} is more than the target's {vocab}-token vocabulary",
+                       f"give --kept-tokens at most {vocab}", code=2)
+    heads = int(target.config.num_attention_heads)
+    if cfg.kind == "eagle" and target.config.hidden_size % heads:
+        raise CLIError(f"--kind eagle needs a hidden size divisible by the target's {heads} attention heads",
+                       "use --kind medusa with this target", code=2)
 
 
 class _bar:
