@@ -566,3 +566,23 @@ def test_smollm2_server_matches_generate():
     assert got.speculative["acceptance_rate"] == 1.0  # drafting for itself under greedy
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == want_chat.text
     assert chunks[-1].choices[0].finish_reason == ("stop" if len(want_chat.token_ids) < 24 else "length")
+
+
+@pytest.mark.slow
+def test_qwen_coder_fim_prompt_holds_the_fim_tokens_by_id():
+    """The default target's tokenizer (no model loaded) has the FIM tokens in its vocabulary but
+    splits their text into pieces, so the server places them by id: each appears once, as itself."""
+    from transformers import AutoTokenizer
+
+    from specdec.server import requests as rq
+
+    pack = models.PACKS[models.DEFAULT_TARGET]
+    if not models.is_converted(pack):
+        pytest.skip(f"{pack.name} is not converted yet (specdec generate --target {pack.name} converts it)")
+    tokenizer = AutoTokenizer.from_pretrained(models.pack_dir(pack), local_files_only=True)
+    assert rq.has_fim_tokens(tokenizer)
+    body = rq.CompletionBody.model_validate({"prompt": "def add(a, b):\n    ", "suffix": "\n    return c\n"})
+    ids = rq.completion_prompt(body, tokenizer, fim=True)
+    prefix, suffix, middle = tokenizer.convert_tokens_to_ids(list(rq.FIM_TOKENS))
+    assert ids[0] == prefix and ids[-1] == middle and ids.count(suffix) == 1
+    assert tokenizer.decode(ids) == "<|fim_prefix|>def add(a, b):\n    <|fim_suffix|>\n    return c\n<|fim_middle|>"

@@ -222,7 +222,12 @@ def sampling_kwargs(body: _Body, max_tokens: int) -> dict[str, Any]:
 
 
 def completion_prompt(body: CompletionBody, tokenizer: Any, fim: bool) -> str | list[int]:
-    """The prompt, wrapped in the fill-in-the-middle tokens when ``suffix`` is given."""
+    """The prompt; with ``suffix``, the token ids of ``<|fim_prefix|>{prompt}<|fim_suffix|>{suffix}<|fim_middle|>``.
+
+    The FIM tokens are placed by id: a tokenizer may hold them in its vocabulary without reading
+    their text as one token (the converted Qwen2.5-Coder tokenizer splits ``<|fim_prefix|>`` into
+    seven pieces), and text in the prompt that looks like them stays text.
+    """
     if body.suffix is None:
         return body.prompt
     if not fim:
@@ -230,8 +235,13 @@ def completion_prompt(body: CompletionBody, tokenizer: Any, fim: bool) -> str | 
                             f"({', '.join(FIM_TOKENS)}); drop suffix", param="suffix")
     if not isinstance(body.prompt, str):
         raise APIError(400, "suffix goes with a text prompt, not token ids", param="suffix")
-    prefix, suffix, middle = FIM_TOKENS
-    return f"{prefix}{body.prompt}{suffix}{body.suffix}{middle}"
+    prefix, suffix, middle = tokenizer.convert_tokens_to_ids(list(FIM_TOKENS))
+    start = tokenizer("", add_special_tokens=True)["input_ids"]  # a BOS, where the tokenizer adds one
+
+    def text(piece: str) -> list[int]:
+        return tokenizer(piece, add_special_tokens=False)["input_ids"]
+
+    return [*start, prefix, *text(body.prompt), suffix, *text(body.suffix), middle]
 
 
 def chat_prompt(body: ChatBody, tokenizer: Any) -> list[int]:
