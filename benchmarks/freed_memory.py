@@ -35,7 +35,9 @@ def one_process(args: argparse.Namespace) -> None:
 
     from specdec import generate, models
     from specdec.api import as_backend
+    from specdec.memory import keep_freed_memory
 
+    keep_freed_memory()  # does nothing under SPECDEC_MALLOC=system
     torch.set_num_threads(args.threads)
     target_model, tokenizer = models.load(models.DEFAULT_TARGET, progress=False)
     draft_model, _ = models.load(models.DEFAULT_DRAFT, progress=False)

@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
+import numbers
 import time
+import warnings
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 
 from specdec.backends.base import CausalLM
 from specdec.backends.hf import eos_token_ids
-from specdec.backends.lean import check_weights, make_backend
+from specdec.backends.lean import make_backend
+from specdec.config import DecodeConfig
 from specdec.drafters.base import Drafter
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.tree import DEFAULT_TREE, TreeDrafter
 from specdec.engine import autoregressive_steps, speculative_steps, tree_steps
-from specdec.policies import DraftLengthPolicy, check_k, make_policy
-from specdec.sampling import SamplingConfig
+from specdec.policies import DraftLengthPolicy, make_policy
 from specdec.stats import GenerationStats, Step
 from specdec.verify import make_verifier
 
@@ -56,27 +58,15 @@ def stream(
     prompt: str | Sequence[int],
     *,
     draft: Any = None,
-    draft_weights: str = "int8",
-    drafter: Drafter | str | None = None,
-    drafter_options: dict[str, Any] | None = None,
     tokenizer: Any = None,
-    verify: str = "block",
-    k: int = 4,
-    policy: str | DraftLengthPolicy = "static",
-    temperature: float = 0.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    max_new_tokens: int = 128,
-    seed: int | None = None,
-    stop: Sequence[str] = (),
-    eos_token_ids: Sequence[int] | None = None,
-    tree: dict[str, Any] | None = None,
+    config: DecodeConfig | None = None,
+    **overrides: Any,
 ) -> Iterator[StreamEvent]:
     """Yield tokens as they are accepted. Arguments as for :func:`generate`.
 
-    Bad input raises ``ValueError`` here, before the first event.
+    Bad input raises ``ValueError`` or ``TypeError`` here, before the first event.
     """
-    return _Run.build(**locals()).events()
+    return _Run.build(target, prompt, draft=draft, tokenizer=tokenizer, config=_config(config, overrides)).events()
 
 
 def generate(
@@ -84,48 +74,52 @@ def generate(
     prompt: str | Sequence[int],
     *,
     draft: Any = None,
-    draft_weights: str = "int8",
-    drafter: Drafter | str | None = None,
-    drafter_options: dict[str, Any] | None = None,
     tokenizer: Any = None,
-    verify: str = "block",
-    k: int = 4,
-    policy: str | DraftLengthPolicy = "static",
-    temperature: float = 0.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    max_new_tokens: int = 128,
-    seed: int | None = None,
-    stop: Sequence[str] = (),
-    eos_token_ids: Sequence[int] | None = None,
-    tree: dict[str, Any] | None = None,
+    config: DecodeConfig | None = None,
+    **overrides: Any,
 ) -> GenerationResult:
-    """Generate from ``target``, speculatively if a ``draft`` model or a ``drafter`` is given.
+    """Generate from ``target``, speculatively if a ``draft`` model or a drafter is given: the
+    events of :func:`stream`, collected.
 
-    target, draft: transformers causal LMs (or :class:`CausalLM` backends) sharing a vocabulary.
-    draft_weights: ``int8`` (default) runs a llama/qwen2-style bf16 draft model on int8 copies of
-    its weights (half the bytes per draft token; the output law is unchanged, only the draft's
-    proposals shift slightly), ``bf16`` on its own weights.
-    drafter: a :class:`Drafter`, or a name from :data:`specdec.drafters.DRAFTERS` (``model`` uses
-    ``draft``; ``ngram``, ``early-exit``, ``layer-skip`` and ``heads`` need no draft model) built
-    with ``drafter_options`` (e.g. ``{"exit_layer": 20}``, ``{"path": "heads/"}``).
-    prompt: text (needs ``tokenizer``) or token ids. verify: ``greedy``, ``token``, ``block``, or
-    ``tree`` (the draft model builds a token tree; ``tree`` holds :class:`TreeDrafter` options:
-    ``choices`` for a static tree, ``threshold`` (with ``width``, ``depth``, ``budget``) for the
-    confident tree, else ``depth``, ``width``, ``expand``, ``budget`` for the EAGLE-2-style
-    dynamic tree; None: :data:`~specdec.drafters.tree.DEFAULT_TREE`, the confident tree).
-    k: draft tokens per step (the starting/maximum length for adaptive policies).
+    target, draft: transformers causal LMs (or :class:`CausalLM` backends) sharing a vocabulary,
+    e.g. from :func:`specdec.models.load`. prompt: text (needs ``tokenizer``) or token ids.
+    config: a :class:`~specdec.config.DecodeConfig`; ``overrides`` are its fields by name
+    (``verify="block", k=4, temperature=0.7, ...``), applied on top of it (or of the defaults).
+
+    The fields, in brief (see :class:`~specdec.config.DecodeConfig`): draft_weights ``int8``
+    (default) runs a llama/qwen2-style bf16 draft model on int8 copies of its weights (half the
+    bytes per draft token; the output law is unchanged, only the draft's proposals shift
+    slightly), ``bf16`` on its own weights. drafter: a :class:`Drafter`, or a name from
+    :data:`specdec.drafters.DRAFTERS` (``model`` uses ``draft``; ``ngram``, ``early-exit``,
+    ``layer-skip``, ``heads`` and ``eagle`` need no draft model) built with ``drafter_options``
+    (e.g. ``{"exit_layer": 20}``, ``{"path": "heads/"}``). verify: ``greedy``, ``token``,
+    ``block``, or ``tree`` (the draft model builds a token tree; ``tree`` holds
+    :class:`TreeDrafter` options: ``mode`` ``confident`` (``threshold``, ``width``, ``depth``,
+    ``budget``), ``dynamic`` (``depth``, ``width``, ``expand``, ``budget``, EAGLE-2-style) or
+    ``static`` (``choices``); None: :data:`~specdec.drafters.tree.DEFAULT_TREE`, the confident
+    tree). k: draft tokens per step (the starting/maximum length for adaptive policies).
     temperature 0 means greedy; top_k 0 and top_p 1 disable those filters. seed fixes sampling.
-    stop: strings that end generation (the text is cut before them; needs ``tokenizer``).
-    Without a draft or drafter, decodes autoregressively through the same backend.
+    stop: a string or strings that end generation (the text is cut before them; needs
+    ``tokenizer``). Without a draft or drafter, decodes autoregressively through the same backend.
+    A prompt that leaves less room in the model's context than ``max_new_tokens`` is allowed: a
+    ``UserWarning`` says so and ``stats.truncated_to`` holds the number of new tokens allowed.
 
     The output follows the target's distribution under the given sampling settings exactly.
-    Raises ``ValueError`` on bad input, before any model work.
+    Raises ``ValueError`` (a bad value) or ``TypeError`` (a value of the wrong kind), naming the
+    argument, on bad input, before any model work.
     """
-    run = _Run.build(**locals())
+    run = _Run.build(target, prompt, draft=draft, tokenizer=tokenizer, config=_config(config, overrides))
     for _ in run.events():
         pass
     return run.result()
+
+
+def _config(config: DecodeConfig | None, overrides: dict[str, Any]) -> DecodeConfig:
+    if config is None:
+        return DecodeConfig().replace(**overrides)
+    if not isinstance(config, DecodeConfig):
+        raise TypeError(f"config must be a specdec.DecodeConfig, got {type(config).__name__}")
+    return config.replace(**overrides)
 
 
 @dataclass
@@ -141,81 +135,36 @@ class _Run:
     policy: DraftLengthPolicy | None = None
 
     @classmethod
-    def build(
-        cls, *, target, prompt, draft, draft_weights, drafter, drafter_options, tokenizer, verify, k, policy, temperature, top_k,
-        top_p, max_new_tokens, seed, stop, eos_token_ids, tree,
-    ) -> "_Run":
-        sampling = SamplingConfig(temperature, top_k, top_p)
-        check_k(k)
-        check_weights(draft_weights, "draft_weights")
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
-            raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
-        if stop and tokenizer is None:
-            raise ValueError("stop strings need a tokenizer to read the text")
-        if isinstance(drafter, str):
-            if drafter == "model":
-                drafter = None  # the draft model path below
-            else:
-                if draft is not None:
-                    raise ValueError(f"the {drafter} drafter uses no draft model; leave draft out")
-                from specdec.drafters import make_drafter, target_backend
-
-                if not isinstance(target, torch.nn.Module):
-                    raise ValueError(f"the {drafter} drafter needs a transformers model as the target")
-                target = target_backend(drafter, target)
-                drafter = make_drafter(drafter, target, **(drafter_options or {}))
-        elif drafter_options:
-            raise ValueError("drafter_options go with a drafter given by name")
-        if getattr(drafter, "target", None) is not None and drafter.target is not target:
-            if getattr(drafter.target, "model", None) is not target:
-                raise ValueError(f"the {drafter.name} drafter runs on its own target backend; pass target=drafter.target")
-            target = drafter.target
+    def build(cls, target: Any, prompt: Any, *, draft: Any, tokenizer: Any, config: DecodeConfig) -> "_Run":
+        """Check the inputs, build the backends and the drafter (one-time costs such as a draft's
+        int8 weights are paid here, before the timed generation), and choose the decode loop."""
+        _check_model(target, "target")
+        if draft is not None:
+            _check_model(draft, "draft")
+        _check_tokenizer(tokenizer)
+        if config.stop and tokenizer is None:
+            raise ValueError("stop strings need a tokenizer to read the text; pass tokenizer=")
+        prompt = _checked_prompt(prompt, tokenizer)
+        target, drafter = _build_drafter(config, target, draft)
         backend = as_backend(target)
+        if drafter is not None:
+            _check_vocabulary(drafter, backend)
         prompt_ids = _prompt_ids(prompt, tokenizer, backend)
-        eos = set(eos_token_ids) if eos_token_ids is not None else eos_token_ids_of(target, tokenizer)
-        generator = torch.Generator().manual_seed(seed) if seed is not None else None
+        room = _room(backend, len(prompt_ids), config.max_new_tokens)
+        eos = set(config.eos_token_ids) if config.eos_token_ids is not None else eos_token_ids_of(target, tokenizer)
+        generator = torch.Generator().manual_seed(config.seed) if config.seed is not None else None
         backend.reset()
-        common = dict(sampling=sampling, max_new_tokens=max_new_tokens, eos_ids=eos, generator=generator)
-        if draft is None and drafter is None:
-            return cls(autoregressive_steps(backend, prompt_ids, **common), tokenizer, stop, "ar", True)
-        if draft is not None and drafter is not None:
-            raise ValueError("give either a draft model or a drafter, not both")
+        common = dict(sampling=config.sampling, max_new_tokens=config.max_new_tokens, eos_ids=eos, generator=generator)
         if drafter is None:
-            draft_backend = as_backend(draft, draft_weights)
-            draft_backend.reset()
-            drafter = ModelDrafter(draft_backend)
-        if drafter.vocab_size != backend.vocab_size:
-            raise ValueError(
-                f"the draft's vocabulary ({drafter.vocab_size} logits) differs from the target's "
-                f"({backend.vocab_size}); use a draft from the same model family and tokenizer"
-            )
-        if verify == "tree":
-            if isinstance(drafter, ModelDrafter):
-                tree_drafter = TreeDrafter(drafter.model, **(DEFAULT_TREE if tree is None else tree))
-                shape = ("static" if tree_drafter.choices else f"threshold={tree_drafter.threshold}"
-                         if tree_drafter.threshold is not None else f"budget={tree_drafter.budget}")
-            elif hasattr(drafter, "propose_tree"):  # e.g. the heads drafter: a static Medusa tree
-                if tree and set(tree) - {"choices"}:
-                    raise ValueError(f"the {drafter.name} drafter's tree takes only 'choices'")
-                tree_drafter, shape = drafter, "static"
-                if tree and "choices" in tree:
-                    tree_drafter = type(drafter)(drafter.target, drafter.heads, tree["choices"])
-            else:
-                raise ValueError(f"tree verification needs a draft model or the heads drafter, not {drafter.name}")
+            run = cls(autoregressive_steps(backend, prompt_ids, **common), tokenizer, config.stop, "ar", True)
+        elif config.verify == "tree":
+            tree_drafter, shape = _tree_drafter(drafter, config.tree)
             steps = tree_steps(backend, tree_drafter, prompt_ids, **common)
-            return cls(steps, tokenizer, stop, f"spec:{drafter.name}:tree:{shape}", True)
-        verifier = make_verifier(verify)
-        if verify == "greedy" and not sampling.greedy:
-            raise ValueError(
-                "greedy verification reproduces greedy decoding only; with temperature > 0 "
-                "use --verify token or --verify block"
-            )
-        pol = make_policy(policy, k) if isinstance(policy, str) else policy
-        steps = speculative_steps(backend, drafter, verifier, pol, prompt_ids, **common)
-        method = f"spec:{drafter.name}:{verifier.name}:{pol.name}:k={k}"
-        if not verifier.exact:
-            method += " (LOSSY)"
-        return cls(steps, tokenizer, stop, method, verifier.exact, policy=pol)
+            run = cls(steps, tokenizer, config.stop, f"spec:{drafter.name}:tree:{shape}", True)
+        else:
+            run = _chain_run(cls, config, backend, drafter, prompt_ids, common, tokenizer)
+        run.stats.truncated_to = room
+        return run
 
     def events(self) -> Iterator[StreamEvent]:
         start = time.perf_counter()
@@ -251,17 +200,140 @@ class _Run:
         return GenerationResult(self.token_ids, text, self.stats, self.method, self.exact)
 
 
+def _build_drafter(config: DecodeConfig, target: Any, draft: Any) -> tuple[Any, Drafter | None]:
+    """(target, drafter or None for autoregressive decoding): the drafter the config names, the
+    one it holds, or a :class:`ModelDrafter` on the ``draft`` model (its backend built here)."""
+    drafter = config.drafter
+    if drafter == "model":
+        if config.drafter_options:
+            raise ValueError("the model drafter takes no drafter_options")
+        drafter = None  # the draft model below
+    if isinstance(drafter, str):
+        if draft is not None:
+            raise ValueError(f"the {drafter} drafter uses no draft model; leave draft out")
+        from specdec.drafters import make_drafter, target_backend
+
+        if not isinstance(target, torch.nn.Module):
+            raise ValueError(f"the {drafter} drafter needs a transformers model as the target")
+        target = target_backend(drafter, target)
+        return target, make_drafter(drafter, target, **(config.drafter_options or {}))
+    if drafter is not None:
+        if draft is not None:
+            raise ValueError("give either a draft model or a drafter, not both")
+        return _drafter_target(drafter, target), drafter
+    if draft is None:
+        return target, None
+    draft_backend = as_backend(draft, config.draft_weights)
+    draft_backend.reset()
+    return target, ModelDrafter(draft_backend)
+
+
+def _drafter_target(drafter: Drafter, target: Any) -> Any:
+    """The target a drafter object runs on: its own backend where it has one (it must wrap ``target``)."""
+    own = getattr(drafter, "target", None)
+    if own is None or own is target:
+        return target
+    if getattr(own, "model", None) is not target:
+        raise ValueError(f"the {drafter.name} drafter runs on its own target backend; pass target=drafter.target")
+    return own
+
+
+def _check_vocabulary(drafter: Drafter, backend: CausalLM) -> None:
+    if drafter.vocab_size != backend.vocab_size:
+        raise ValueError(
+            f"the draft's vocabulary ({drafter.vocab_size} logits) differs from the target's "
+            f"({backend.vocab_size}); use a draft from the same model family and tokenizer"
+        )
+
+
+def _tree_drafter(drafter: Drafter, tree: Any) -> tuple[Any, str]:
+    """(the drafter that proposes trees, a short description of the tree's shape)."""
+    if isinstance(drafter, ModelDrafter):
+        tree_drafter = TreeDrafter(drafter.model, **(DEFAULT_TREE if tree is None else tree))
+        shape = {"static": "static", "confident": f"threshold={tree_drafter.threshold}",
+                 "dynamic": f"budget={tree_drafter.budget}"}[tree_drafter.mode]
+        return tree_drafter, shape
+    if hasattr(drafter, "with_choices"):  # the heads drafter: a static Medusa tree
+        if tree and set(tree) - {"choices", "mode"} or (tree or {}).get("mode", "static") != "static":
+            raise ValueError(f"the {drafter.name} drafter's tree is static and takes only 'choices'")
+        return (drafter.with_choices(tree["choices"]) if tree and "choices" in tree else drafter), "static"
+    raise ValueError(f"tree verification needs a draft model or the heads drafter, not {drafter.name}")
+
+
+def _chain_run(cls: type, config: DecodeConfig, backend: CausalLM, drafter: Drafter, prompt_ids: list[int],
+               common: dict[str, Any], tokenizer: Any) -> "_Run":
+    verifier = make_verifier(config.verify)
+    policy = config.policy
+    pol = make_policy(policy, config.k) if isinstance(policy, str) else policy
+    if hasattr(pol, "bind"):  # the planner measures its models' costs (or reads them from its cache)
+        pol.bind(backend, drafter)
+    steps = speculative_steps(backend, drafter, verifier, pol, prompt_ids, **common)
+    method = f"spec:{drafter.name}:{verifier.name}:{pol.name}:k={config.k}"
+    if not verifier.exact:
+        method += " (LOSSY)"
+    return cls(steps, tokenizer, config.stop, method, verifier.exact, policy=pol)
+
+
 def eos_token_ids_of(model: Any, tokenizer: Any) -> set[int]:
     return eos_token_ids(getattr(model, "model", model), tokenizer)
 
 
-def _prompt_ids(prompt: str | Sequence[int], tokenizer: Any, backend: CausalLM) -> list[int]:
+def _check_model(model: Any, name: str) -> None:
+    """A transformers causal LM or a :class:`CausalLM` backend, else a ``TypeError`` with a hint."""
+    if isinstance(model, torch.nn.Module) or all(hasattr(model, a) for a in ("forward", "trim", "tokens")):
+        return
+    if isinstance(model, str):
+        raise TypeError(
+            f"{name} must be a loaded model, got the string {model!r}; load it first: "
+            f"model, tokenizer = specdec.models.load({model!r})"
+        )
+    raise TypeError(
+        f"{name} must be a loaded model (a transformers causal LM or a specdec CausalLM), got "
+        f"{type(model).__name__}; load one with specdec.models.load(name)"
+    )
+
+
+def _check_tokenizer(tokenizer: Any) -> None:
+    if tokenizer is not None and not (callable(tokenizer) and hasattr(tokenizer, "decode")):
+        raise TypeError(
+            f"tokenizer must be a transformers tokenizer (or None with token ids), got {type(tokenizer).__name__}; "
+            "specdec.models.load(name) returns the model's"
+        )
+
+
+def _checked_prompt(prompt: Any, tokenizer: Any) -> str | list[int]:
+    """Text that can be encoded, or a list of int token ids; anything else is a ``TypeError``."""
     if isinstance(prompt, str):
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise ValueError(
+                f"the prompt is not valid text: character {err.start} is a lone surrogate "
+                f"({prompt[err.start]!r}, e.g. from bytes that are not UTF-8); decode the bytes with "
+                "errors='replace' or pass token ids"
+            ) from None
         if tokenizer is None:
             raise ValueError("a text prompt needs a tokenizer; pass tokenizer= or token ids")
-        ids = tokenizer(prompt, add_special_tokens=True)["input_ids"]
-    else:
-        ids = [int(t) for t in prompt]
+        return prompt
+    if isinstance(prompt, (bytes, bytearray)):
+        raise TypeError("prompt must be text (str) or a list of token ids, got bytes; decode it first: "
+                        "prompt.decode('utf-8')")
+    if isinstance(prompt, torch.Tensor):
+        if prompt.is_floating_point() or prompt.is_complex() or prompt.dtype == torch.bool or prompt.dim() != 1:
+            raise TypeError(f"a tensor prompt must hold token ids: 1-D and of an integer dtype, got "
+                            f"{prompt.dtype} of shape {list(prompt.shape)}")
+        return prompt.tolist()
+    if not isinstance(prompt, Iterable):
+        raise TypeError(f"prompt must be text (str) or a list of token ids, got {type(prompt).__name__}")
+    ids = list(prompt)
+    for i, t in enumerate(ids):
+        if isinstance(t, bool) or not isinstance(t, numbers.Integral):
+            raise TypeError(f"prompt token ids must be integers, but item {i} is {type(t).__name__} {t!r}")
+    return [int(t) for t in ids]
+
+
+def _prompt_ids(prompt: str | list[int], tokenizer: Any, backend: CausalLM) -> list[int]:
+    ids = tokenizer(prompt, add_special_tokens=True)["input_ids"] if isinstance(prompt, str) else prompt
     if not ids:
         raise ValueError("the prompt is empty: give at least one token of text")
     if backend.max_context is not None and len(ids) >= backend.max_context:
@@ -273,3 +345,18 @@ def _prompt_ids(prompt: str | Sequence[int], tokenizer: Any, backend: CausalLM) 
     if bad:
         raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary (0..{backend.vocab_size - 1})")
     return ids
+
+
+def _room(backend: CausalLM, prompt_len: int, max_new_tokens: int) -> int | None:
+    """The new tokens the model's context leaves room for, where fewer than ``max_new_tokens``
+    (with a warning: the output will be shorter than asked); None where all fit."""
+    if backend.max_context is None or backend.max_context - prompt_len >= max_new_tokens:
+        return None
+    room = backend.max_context - prompt_len
+    warnings.warn(
+        f"the prompt has {prompt_len} tokens and the model's context holds {backend.max_context}: "
+        f"at most {room} new tokens fit, not max_new_tokens={max_new_tokens}; shorten the prompt for more",
+        UserWarning,
+        stacklevel=4,
+    )
+    return room

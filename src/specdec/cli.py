@@ -23,6 +23,7 @@ import sys
 from typing import Any, Callable, Sequence
 
 from specdec import models
+from specdec.memory import keep_freed_memory
 
 
 class CLIError(Exception):
@@ -209,6 +210,18 @@ def decoding_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     )
 
 
+def decode_config(args: argparse.Namespace) -> Any:
+    """The :class:`~specdec.config.DecodeConfig` the decoding and drafter options describe
+    (checked here, before any model loads)."""
+    from specdec.config import DecodeConfig
+
+    drafting = drafter_kwargs(args) or dict(draft_weights=getattr(args, "draft_weights", "int8"))
+    try:
+        return DecodeConfig(**decoding_kwargs(args), **drafting)
+    except (TypeError, ValueError) as err:
+        raise CLIError(str(err), "see 'specdec generate --help'", code=2) from None
+
+
 def tree_options(args: argparse.Namespace) -> dict[str, Any] | None:
     """The ``tree=`` options of :func:`specdec.generate` from the --tree-* options."""
     if getattr(args, "verify", None) != "tree":
@@ -306,6 +319,7 @@ def run_generate(args: argparse.Namespace) -> int:
     check_decoding_options(args)
     _check_sampling(args)
     check_prompt_text(args.prompt, allow_blank=args.chat)
+    config = decode_config(args)
     if args.threads:
         import torch
 
@@ -313,8 +327,8 @@ def run_generate(args: argparse.Namespace) -> int:
     uses_model = args.drafter == "model"
     target, draft, tokenizer = load_models(args, draft=uses_model)
     prompt = _prompt(args, tokenizer)
-    common = dict(tokenizer=tokenizer, **decoding_kwargs(args))
-    drafting = dict(draft=draft, draft_weights=args.draft_weights) if uses_model else drafter_kwargs(args)
+    common = dict(tokenizer=tokenizer, config=config)
+    drafting = dict(draft=draft) if uses_model else {}
     _note("generating")
     if args.stream:
         result = _stream(api.stream(target, prompt, **drafting, **common), tokenizer, args)
@@ -323,7 +337,9 @@ def run_generate(args: argparse.Namespace) -> int:
     ar = None
     if args.compare_ar:
         _note("decoding the target alone (--compare-ar)")
-        ar = api.generate(target, prompt, **{**common, "policy": "static", "tree": None, "verify": "block"})
+        ar = api.generate(target, prompt, tokenizer=tokenizer,
+                          config=config.replace(drafter=None, drafter_options=None, policy="static", tree=None,
+                                                verify="block"))
 
     if args.json:
         print(json.dumps(_report(args, result, ar), ensure_ascii=False))
@@ -595,6 +611,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser = build_parser()
         args = parser.parse_args(argv)
         _quiet_libraries()
+        keep_freed_memory()  # vocabulary-sized tensors every step: see specdec.memory
         return int(args.func(args) or 0)
     except CLIError as err:
         return _fail(err.message, err.hint, err.code)

@@ -257,7 +257,7 @@ def _build_and_open() -> ctypes.CDLL:
         raise _Unavailable("no C compiler found (install gcc, or set CC)")
     source = resources.files("specdec").joinpath("csrc", SOURCE).read_bytes()
     digest = hashlib.sha256(source + " ".join(FLAGS).encode()).hexdigest()[:16]
-    from specdec.models import cache_root  # here, to keep the import graph one-way
+    from specdec.paths import cache_root
 
     target = cache_root() / "kernels" / f"linear_bf16-{digest}.so"
     if not target.is_file():

@@ -9,7 +9,10 @@ reused. :func:`keep_freed_memory` raises the mmap and trim thresholds (``mallopt
 tensors come from, and return to, the heap. The cost: memory freed by the process is kept for reuse
 rather than returned at once (its peak of transient tensors, small beside the model weights).
 
-``SPECDEC_MALLOC=system`` leaves the allocator alone; elsewhere than glibc nothing changes.
+Nothing happens on import: a library should not change a process's allocator. The command line,
+the benchmark and the server call :func:`keep_freed_memory` at start; a program using the Python
+API opts in with the same one call. ``SPECDEC_MALLOC=system`` leaves the allocator alone even
+then; elsewhere than glibc nothing changes.
 """
 
 from __future__ import annotations

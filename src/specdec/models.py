@@ -35,7 +35,8 @@ from typing import Any, Iterator
 # local_files_only=True, so this only matters for code that imports transformers after us.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-CACHE_ENV = "SPECDEC_CACHE"
+from specdec.paths import CACHE_ENV, cache_root  # noqa: E402  (re-exported: models.cache_root)
+
 MARKER = "specdec-pack.json"  # written last into a converted pack's directory
 FORMAT = 1  # bump when conversion changes: caches written by an older version are redone
 BUFFER = 8 * 1024 * 1024
@@ -198,12 +199,6 @@ DEFAULT_DRAFT = "qwen2.5-coder-0.5b"
 
 # --------------------------------------------------------------------------------------------
 # Where things live
-
-
-def cache_root(cache_dir: str | Path | None = None) -> Path:
-    """The cache directory: ``cache_dir`` if given, else ``$SPECDEC_CACHE``, else ``~/.cache/specdec``."""
-    chosen = cache_dir if cache_dir is not None else os.environ.get(CACHE_ENV) or "~/.cache/specdec"
-    return Path(chosen).expanduser()
 
 
 def pack_dir(pack: Pack | str, cache_dir: str | Path | None = None) -> Path:

@@ -39,10 +39,13 @@ class DraftLengthPolicy(Protocol):
         ...
 
     def keep_going(self, q: torch.Tensor) -> bool:
-        """Given the draft's distribution at the token just drafted ([V]), whether to draft another.
+        """Given the draft's confidence at the token just drafted ([V]), whether to draft another.
 
-        Drafters pass the draft model's own probabilities (softmax of its logits): under greedy
-        sampling the sampling distribution is one-hot and carries no confidence.
+        Every drafter passes the same thing (:func:`specdec.drafters.base.confidence`): the draft
+        model's own probabilities, the softmax of its logits at temperature 1 before top-k/top-p,
+        whatever the sampling settings (a point mass for a deterministic drafter). Not the
+        sampling law q, which is one-hot under greedy decoding and reshaped by the filters.
+        Asked after every draft token but the last of the k asked for.
         """
         ...
 

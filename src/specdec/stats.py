@@ -41,6 +41,8 @@ class GenerationStats:
     drafted_at: list[int] = field(default_factory=list)
     accepted_at: list[int] = field(default_factory=list)
     policy: dict[str, Any] = field(default_factory=dict)
+    # Set where the model's context left room for fewer new tokens than max_new_tokens: that room.
+    truncated_to: int | None = None
 
     def add(self, step: Step) -> None:
         self.new_tokens += len(step.tokens)

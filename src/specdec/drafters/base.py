@@ -7,7 +7,7 @@ from typing import Callable, Protocol, Sequence
 
 import torch
 
-from specdec.sampling import SamplingConfig
+from specdec.sampling import SamplingConfig, logits_to_probs, sample
 
 
 @dataclass(frozen=True)
@@ -28,8 +28,62 @@ class Draft:
         return Draft(torch.zeros(0, dtype=torch.long), torch.zeros(0, vocab_size))
 
 
-# Called with each draft distribution q[i] ([V]); returning False stops drafting after token i.
+# Called after each draft token but the last with the draft's confidence there ([V], see
+# :func:`confidence`); returning False stops drafting after that token.
 KeepGoing = Callable[[torch.Tensor], bool]
+
+# What a drafter computes for the next draft position, given the token just drafted (None for the
+# first position): the draft model's logits there ([V]), or a token id for a deterministic
+# drafter (a point mass).
+NextLogits = Callable[[int | None], "torch.Tensor | int"]
+
+
+def confidence(logits: torch.Tensor) -> torch.Tensor:
+    """What a draft-length policy's ``keep_going`` sees: the draft model's own probabilities at
+    the position just drafted, the softmax of its logits at temperature 1 before any sampling
+    filter, whatever the sampling settings. [V] float32 (float64 for float64 logits).
+
+    One meaning for every drafter: the sampling law q would be one-hot under greedy decoding and
+    sharpened, flattened or cut by temperature, top-k and top-p, so a threshold on it would mean
+    something different for each setting."""
+    return torch.softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), -1)
+
+
+def draft_chain(
+    next_logits: NextLogits,
+    k: int,
+    sampling: SamplingConfig,
+    generator: torch.Generator | None,
+    keep_going: KeepGoing | None,
+    vocab_size: int,
+) -> Draft:
+    """The drafting loop every chain drafter shares: draw, append, ask whether to go on.
+
+    Token i is drawn with ``generator`` from q[i] = ``logits_to_probs(next_logits(prev), sampling)``
+    (a point mass where ``next_logits`` returns a token id, drawing nothing). After each token but
+    the k-th, ``keep_going`` gets the draft's :func:`confidence` there and may stop the draft.
+    Returns at most ``k`` tokens; q[i] depends on the context and the tokens before i only.
+    """
+    tokens: list[int] = []
+    qs: list[torch.Tensor] = []
+    previous: int | None = None
+    while len(tokens) < k:
+        out = next_logits(previous)
+        if isinstance(out, int):  # a deterministic drafter: a point mass, its own confidence too
+            token, q = out, torch.zeros(vocab_size)
+            q[token] = 1.0
+        else:
+            q = logits_to_probs(out, sampling)  # [V]
+            token = sample(q, generator)
+        tokens.append(token)
+        qs.append(q)
+        if len(tokens) < k and keep_going is not None:
+            if not keep_going(q if isinstance(out, int) else confidence(out)):
+                break
+        previous = token
+    if not tokens:
+        return Draft.empty(vocab_size)
+    return Draft(torch.tensor(tokens, dtype=torch.long), torch.stack(qs))
 
 
 class Drafter(Protocol):
@@ -52,6 +106,8 @@ class Drafter(Protocol):
 
         Promise: token i was drawn from ``q[i]`` with ``generator`` (a deterministic drafter
         reports a point mass), and ``q[i]`` depends only on the context and tokens before i.
+        ``keep_going`` sees the draft's :func:`confidence`; chain drafters draft through
+        :func:`draft_chain`.
         """
         ...
 

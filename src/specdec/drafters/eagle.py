@@ -23,10 +23,10 @@ import torch
 from specdec import kernels
 from specdec.backends.base import forward_after
 from specdec.backends.hf import HFCausalLM
-from specdec.drafters.base import Draft, KeepGoing
+from specdec.drafters.base import Draft, KeepGoing, draft_chain
 from specdec.heads import TrimmedLMHead, feature_target_head
 from specdec.heads.eagle import EagleCache, EagleHead
-from specdec.sampling import SamplingConfig, logits_to_probs, sample
+from specdec.sampling import SamplingConfig
 
 
 class EagleDrafter:
@@ -62,19 +62,17 @@ class EagleDrafter:
             return Draft.empty(self.vocab_size)
         feature = self._catch_up(context)  # [H]: ĥ_{n-1}, whose LM head output guesses x_n
         read = len(self.cache)  # = n - 1 pairs, all from true features
-        tokens: list[int] = []
-        qs: list[torch.Tensor] = []
-        for i in range(k):
-            logits = self.lm_head.logits(feature)  # [V], -inf outside the kept ids
-            q = logits_to_probs(logits, sampling)
-            tokens.append(sample(q, generator))
-            qs.append(q)
-            if i + 1 == k or (keep_going is not None and not keep_going(torch.softmax(logits, -1))):
-                break
-            emb = self.embed(torch.tensor([tokens[-1]], device=feature.device))  # [1, H]
-            feature = self.head(feature[None], emb, len(self.cache), self.cache)[0]
+
+        def next_logits(previous: int | None) -> torch.Tensor:  # [V], -inf outside the kept ids
+            nonlocal feature
+            if previous is not None:  # feed the pair (ĥ, d_i) for the next feature
+                emb = self.embed(torch.tensor([previous], device=feature.device))  # [1, H]
+                feature = self.head(feature[None], emb, len(self.cache), self.cache)[0]
+            return self.lm_head.logits(feature)
+
+        draft = draft_chain(next_logits, k, sampling, generator, keep_going, self.vocab_size)
         self.cache.crop(read)
-        return Draft(torch.tensor(tokens, dtype=torch.long), torch.stack(qs))
+        return draft
 
     def _catch_up(self, context: Sequence[int]) -> torch.Tensor:
         """Feed the head the pairs (h_t, x_{t+1}), t < n - 1, it has not read; return its last output."""

@@ -26,8 +26,8 @@ import torch
 
 from specdec.backends.base import rollback
 from specdec.backends.hf_layers import HFLayeredCausalLM
-from specdec.drafters.base import Draft, KeepGoing
-from specdec.sampling import SamplingConfig, logits_to_probs, sample
+from specdec.drafters.base import Draft, KeepGoing, draft_chain
+from specdec.sampling import SamplingConfig
 
 DEFAULT_EXIT_BELOW_TOP = 2  # the default exit: this many layers below the top
 
@@ -36,8 +36,7 @@ class LayerSubsetDrafter:
     """Drafts with a fixed ascending subset of the target's layers, sharing the target's cache.
 
     q[i] is ``logits_to_probs`` of the subset's logits with the caller's sampling settings, the
-    distribution token i is sampled from; ``keep_going`` gets the subset's own softmax, its
-    confidence (one-hot under greedy sampling would carry none).
+    distribution token i is sampled from (:func:`~specdec.drafters.base.draft_chain`).
     """
 
     name = "layers"
@@ -65,26 +64,17 @@ class LayerSubsetDrafter:
         generator: torch.Generator | None,
         keep_going: KeepGoing | None = None,
     ) -> Draft:
-        if k <= 0:
-            return Draft.empty(self.vocab_size)
         seq = list(context)
-        tokens: list[int] = []
-        qs: list[torch.Tensor] = []
+
+        def next_logits(previous: int | None) -> torch.Tensor:  # [V]
+            if previous is not None:
+                seq.append(previous)
+            return self.target.forward_layers(seq, self.layers, 1)[-1]
+
         try:
-            while True:
-                logits = self.target.forward_layers(seq, self.layers, 1)[-1]  # [V]
-                q = logits_to_probs(logits, sampling)  # [V]
-                token = sample(q, generator)
-                tokens.append(token)
-                qs.append(q)
-                if len(tokens) == k:
-                    break
-                if keep_going is not None and not keep_going(torch.softmax(logits.float(), -1)):
-                    break
-                seq.append(token)
+            return draft_chain(next_logits, k, sampling, generator, keep_going, self.vocab_size)
         finally:
             self.target.end_draft()
-        return Draft(torch.tensor(tokens, dtype=torch.long), torch.stack(qs))
 
     def observe(self, context: Sequence[int]) -> None:
         rollback(self.target, context)

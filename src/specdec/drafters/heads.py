@@ -20,10 +20,10 @@ import torch
 from specdec import kernels
 from specdec.backends.base import forward_after
 from specdec.backends.hf import HFCausalLM
-from specdec.drafters.base import Draft, KeepGoing
+from specdec.drafters.base import Draft, KeepGoing, draft_chain
 from specdec.drafters.tree import DEFAULT_CHOICES
 from specdec.heads import MedusaHeads, TrimmedLMHead, feature_target_head
-from specdec.sampling import SamplingConfig, logits_to_probs, sample
+from specdec.sampling import SamplingConfig, logits_to_probs
 from specdec.tree import TokenTree, top_children
 
 
@@ -39,11 +39,21 @@ class HeadsDrafter:
         self.heads = copy.deepcopy(heads).to(head.weight.dtype)  # the caller's module stays as it was
         kernels.accelerate(self.heads)  # bf16 blocks through the fast kernel, where it runs
         self.lm_head = TrimmedLMHead(head.weight, heads.kept)
-        chosen = DEFAULT_CHOICES if choices is None else choices
-        self.choices = sorted({tuple(c) for c in chosen if 0 < len(c) <= heads.config.num_heads},
-                              key=lambda c: (len(c), c))
-        if not self.choices:
+        self.choices = self._fitting(DEFAULT_CHOICES if choices is None else choices)
+
+    def _fitting(self, choices: Sequence[tuple[int, ...]]) -> list[tuple[int, ...]]:
+        """The rank paths no deeper than the heads reach, parents first."""
+        fitting = sorted({tuple(c) for c in choices if 0 < len(c) <= self.heads.config.num_heads},
+                         key=lambda c: (len(c), c))
+        if not fitting:
             raise ValueError("no tree choice fits the number of heads")
+        return fitting
+
+    def with_choices(self, choices: Sequence[tuple[int, ...]]) -> "HeadsDrafter":
+        """This drafter with another static tree (:meth:`propose_tree`); the heads are shared."""
+        other = copy.copy(self)
+        other.choices = self._fitting(choices)
+        return other
 
     @property
     def vocab_size(self) -> int:
@@ -63,15 +73,8 @@ class HeadsDrafter:
             return Draft.empty(self.vocab_size)
         h = self._hidden_before_last(context)  # [H]
         logits = self.lm_head.logits(self.heads.features(h, k))  # [k, V], -inf outside the kept ids
-        tokens: list[int] = []
-        qs: list[torch.Tensor] = []
-        for i in range(k):
-            q = logits_to_probs(logits[i], sampling)  # [V]
-            tokens.append(sample(q, generator))
-            qs.append(q)
-            if keep_going is not None and i + 1 < k and not keep_going(torch.softmax(logits[i], -1)):
-                break
-        return Draft(torch.tensor(tokens, dtype=torch.long), torch.stack(qs))
+        rows = iter(logits)  # head i's logits do not depend on the draft tokens before i
+        return draft_chain(lambda _: next(rows), k, sampling, generator, keep_going, self.vocab_size)
 
     @torch.inference_mode()
     def propose_tree(

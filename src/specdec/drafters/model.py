@@ -7,8 +7,8 @@ from typing import Sequence
 import torch
 
 from specdec.backends.base import CausalLM, forward_after, rollback
-from specdec.drafters.base import Draft, KeepGoing
-from specdec.sampling import SamplingConfig, logits_to_probs, sample
+from specdec.drafters.base import Draft, KeepGoing, draft_chain
+from specdec.sampling import SamplingConfig
 
 
 class ModelDrafter:
@@ -31,25 +31,13 @@ class ModelDrafter:
         generator: torch.Generator | None,
         keep_going: KeepGoing | None = None,
     ) -> Draft:
-        if k <= 0:
-            return Draft.empty(self.vocab_size)
-        logits = forward_after(self.model, context)[-1]  # [V]
-        tokens: list[int] = []
-        qs: list[torch.Tensor] = []
-        while True:
-            q = logits_to_probs(logits, sampling)  # [V]
-            tokens.append(sample(q, generator))
-            qs.append(q)
-            if len(tokens) == k or (keep_going is not None and not keep_going(_confidence(q, logits, sampling))):
-                break
-            logits = self.model.forward(tokens[-1:])[-1]
-        return Draft(torch.tensor(tokens, dtype=torch.long), torch.stack(qs))
+        def next_logits(previous: int | None) -> torch.Tensor:  # [V]
+            if previous is None:
+                return forward_after(self.model, context)[-1]
+            return self.model.forward([previous])[-1]
+
+        return draft_chain(next_logits, k, sampling, generator, keep_going, self.vocab_size)
 
     def observe(self, context: Sequence[int]) -> None:
         rollback(self.model, context)
 
-
-def _confidence(q: torch.Tensor, logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
-    """What a draft-length policy sees: the sampling distribution, or under greedy (a one-hot q
-    that carries no confidence) the draft model's own softmax. [V]."""
-    return torch.softmax(logits.float(), -1) if sampling.greedy else q

@@ -16,7 +16,7 @@ from typing import Sequence
 
 import torch
 
-from specdec.drafters.base import Draft, KeepGoing
+from specdec.drafters.base import Draft, KeepGoing, draft_chain
 from specdec.sampling import SamplingConfig
 
 
@@ -111,16 +111,16 @@ class NGramDrafter:
         if k <= 0 or start is None:
             return Draft.empty(self._vocab)
         seq = self.index.seq
-        tokens: list[int] = []
-        q = torch.zeros(k, self._vocab)
-        for j in range(k):
-            at = start + j
-            token = seq[at] if at < len(seq) else tokens[at - len(seq)]
-            tokens.append(token)
-            q[j, token] = 1.0
-            if keep_going is not None and j + 1 < k and not keep_going(q[j]):
-                break
-        return Draft(torch.tensor(tokens, dtype=torch.long), q[: len(tokens)])
+        end = len(seq)
+        proposed: list[int] = []
+
+        def next_token(previous: int | None) -> int:
+            if previous is not None:
+                proposed.append(previous)
+            at = start + len(proposed)  # past the context, the copy runs on over its own proposals
+            return seq[at] if at < end else proposed[at - end]
+
+        return draft_chain(next_token, k, sampling, generator, keep_going, self._vocab)
 
     def observe(self, context: Sequence[int]) -> None:
         self.index.sync(context)

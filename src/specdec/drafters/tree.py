@@ -1,4 +1,5 @@
-"""Draft token trees with a draft model: static (Medusa-style choices) or dynamic (EAGLE-2-style).
+"""Draft token trees with a draft model: static (Medusa-style choices), confident (a chain that
+forks where the draft is unsure) or dynamic (EAGLE-2-style).
 
 Under greedy decoding, children are the draft's most likely tokens at their parent, so the tree
 is a deterministic function of the context. Under sampling, each node's children are drawn from
@@ -15,13 +16,13 @@ from typing import Sequence
 import torch
 
 from specdec.backends.base import CausalLM, forward_after, rollback
-from specdec.policies import DEFAULT_K_MAX
+from specdec.policies import DEFAULT_K_MAX, DEFAULT_THRESHOLD
 from specdec.sampling import SamplingConfig, logits_to_probs
 from specdec.tree import TokenTree, sample_children, top_children
 
 # The tree that --verify tree drafts unless told otherwise: the confident tree with the confidence
-# policy's threshold (the best tree measured on the default pair, see README *Performance*).
-DEFAULT_TREE: dict = {"threshold": 0.8}
+# policy's threshold (the best tree measured on the default pair).
+DEFAULT_TREE: dict = {"mode": "confident", "threshold": 0.8}
 
 # A small Medusa-style tree: each tuple is the path of child ranks from the root.
 DEFAULT_CHOICES: tuple[tuple[int, ...], ...] = (
@@ -49,7 +50,8 @@ def parse_choices(text: str) -> tuple[tuple[int, ...], ...]:
 
 
 class TreeDrafter:
-    """Builds a token tree under the context with a draft model.
+    """Builds a token tree under the context with a draft model, by one of three algorithms
+    (``mode``, :data:`TREE_MODES`).
 
     Static: ``choices`` lists every node as its path of child ranks (under sampling, rank r is
     the r-th child drawn). Confident (``threshold`` given): the confidence policy's chain with a
@@ -57,7 +59,7 @@ class TreeDrafter:
     one child, which is drafted on (under sampling even if the draw was not the top token, as the
     confidence policy's chain does); below it, ``width`` children and the tree ends there (at
     most ``depth`` levels, ``budget`` nodes).
-    Dynamic (``choices=None``): at each of ``depth`` levels, the ``expand``
+    Dynamic: at each of ``depth`` levels, the ``expand``
     best new nodes (by the product of draft probabilities along their path) get ``width``
     children; under greedy decoding they are the most likely ones and finally the ``budget`` best
     nodes overall are kept (a child never scores above its parent, so the kept set is a tree);
@@ -71,6 +73,7 @@ class TreeDrafter:
         self,
         model: CausalLM,
         *,
+        mode: str | None = None,
         choices: Sequence[tuple[int, ...]] | None = None,
         depth: int | None = None,
         width: int | None = None,
@@ -78,9 +81,13 @@ class TreeDrafter:
         budget: int = 16,
         threshold: float | None = None,
     ) -> None:
-        """depth and width default to 16 (the confidence policy's k_max) and 2 for a confident tree,
-        5 and 4 for a dynamic one."""
-        confident = threshold is not None
+        """mode: one of :data:`TREE_MODES`; left out, ``choices`` make a static tree, a
+        ``threshold`` a confident one, neither a dynamic one. A confident tree without a threshold
+        takes the confidence policy's (0.8), a static one without choices
+        :data:`DEFAULT_CHOICES`. depth and width default to 16 (the confidence policy's k_max)
+        and 2 for a confident tree, 5 and 4 for a dynamic one."""
+        mode, choices, threshold = _resolve_mode(mode, choices, threshold)
+        confident = mode == "confident"
         depth = (DEFAULT_K_MAX if confident else 5) if depth is None else depth
         width = (2 if confident else 4) if width is None else width
         for label, value in (("depth", depth), ("width", width), ("expand", expand), ("budget", budget)):
@@ -94,8 +101,7 @@ class TreeDrafter:
             depth = len(choices[-1])
         if threshold is not None and not 0.0 <= threshold <= 1.0:
             raise ValueError(f"the tree's confidence threshold must be in [0, 1], got {threshold}")
-        if threshold is not None and choices is not None:
-            raise ValueError("a static tree (choices) has a fixed shape; a threshold shapes a confident tree")
+        self.mode = mode
         self.threshold = threshold
         self.model = model
         self.choices = choices
@@ -116,14 +122,20 @@ class TreeDrafter:
         sampled = not sampling.greedy
         # Greedy ranks by the plain softmax (the verifier never reads it); sampling draws from its law.
         law = sampling if sampled else SamplingConfig(temperature=1.0)
-        if self.threshold is not None:
+        if self.mode == "confident":
             return self._propose_confident(context, law, sampled, min(self.depth, max_depth), generator)
+        return self._propose_levels(context, law, sampled, min(self.depth, max_depth), generator)
+
+    def _propose_levels(
+        self, context: Sequence[int], law: SamplingConfig, sampled: bool, depth: int,
+        generator: torch.Generator | None,
+    ) -> TokenTree:
+        """The static and the dynamic trees (class docstring), grown a level at a time."""
         tokens: list[int] = []
         parents: list[int] = []
         ranks: list[tuple[int, ...]] = []  # each node's path of child ranks
         score: list[float] = []  # product of draft probabilities along each node's path
         drawn_from: dict[int, torch.Tensor] = {}  # sampled trees: node -> law of its children [V]
-        depth = min(self.depth, max_depth)
         if depth <= 0:
             return TokenTree([], [], torch.zeros(1, self.vocab_size) if sampled else None)
         frontier, probs = [-1], logits_to_probs(forward_after(self.model, context), law)  # [1, V]
@@ -147,17 +159,17 @@ class TreeDrafter:
                     ranks.append(prefix + (r,))
                     score.append(base * prob)
                     new.append(len(tokens) - 1)
-            if self.choices is None:
+            if self.mode == "dynamic":
                 frontier = sorted(new, key=lambda i: -score[i])[: self.expand]
             else:
                 frontier = [i for i in new if any(len(c) > level and c[:level] == ranks[i] for c in self.choices)]
-            if level == depth or not frontier or (sampled and self.choices is None and len(tokens) >= self.budget):
+            if level == depth or not frontier or (sampled and self.mode == "dynamic" and len(tokens) >= self.budget):
                 break
             probs = logits_to_probs(self._feed(context, parents, tokens, fed, frontier), law)
         rollback(self.model, context)
         if sampled:
             return self._sampled_tree(tokens, parents, drawn_from)
-        if len(tokens) > self.budget and self.choices is None:
+        if len(tokens) > self.budget and self.mode == "dynamic":
             return _prune(tokens, parents, score, self.budget)
         return TokenTree(tokens, parents)
 
@@ -229,6 +241,30 @@ class TreeDrafter:
             positions.append(ctx - 1 + depth)
         fed.extend(nodes)
         return self.model.forward([tokens[i] for i in nodes], attend=attend, positions=positions)
+
+
+TREE_MODES = ("confident", "dynamic", "static")
+
+
+def _resolve_mode(
+    mode: str | None, choices: Sequence[tuple[int, ...]] | None, threshold: float | None
+) -> tuple[str, Sequence[tuple[int, ...]] | None, float | None]:
+    """(mode, choices, threshold) with the mode named and its defaults filled in."""
+    if mode is None:
+        if threshold is not None and choices is not None:
+            raise ValueError("a static tree (choices) has a fixed shape; a threshold shapes a confident tree")
+        mode = "static" if choices is not None else "confident" if threshold is not None else "dynamic"
+    if mode not in TREE_MODES:
+        raise ValueError(f"unknown tree mode {mode!r}; choose one of {', '.join(TREE_MODES)}")
+    if choices is not None and mode != "static":
+        raise ValueError(f"tree choices fix a static tree's shape; the {mode} tree takes none")
+    if threshold is not None and mode != "confident":
+        raise ValueError(f"a threshold shapes a confident tree; the {mode} tree takes none")
+    if mode == "static" and choices is None:
+        choices = DEFAULT_CHOICES
+    if mode == "confident" and threshold is None:
+        threshold = DEFAULT_THRESHOLD
+    return mode, choices, threshold
 
 
 def _prune(tokens: list[int], parents: list[int], score: list[float], budget: int) -> TokenTree:

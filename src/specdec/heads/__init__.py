@@ -163,7 +163,7 @@ def shipped_dir(model: Any) -> Path:
     """Where heads for ``model`` ship inside the package (they may not exist)."""
     from importlib import resources
 
-    from specdec.drafters.layer_skip import model_key
+    from specdec.paths import model_key
 
     return Path(str(resources.files("specdec").joinpath("data", "heads", model_key(model))))
 

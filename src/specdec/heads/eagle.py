@@ -133,7 +133,7 @@ def shipped_dir(model: Any) -> Path:
     """Where a one-layer head for ``model`` ships inside the package (it may not exist)."""
     from importlib import resources
 
-    from specdec.drafters.layer_skip import model_key
+    from specdec.paths import model_key
 
     return Path(str(resources.files("specdec").joinpath("data", "eagle", model_key(model))))
 

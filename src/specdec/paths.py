@@ -1,0 +1,31 @@
+"""Where specdec keeps things on disk, and the key a model's files are kept under.
+
+Everything lives under one cache directory (:func:`cache_root`): converted model packs, the
+compiled kernel, searched layer-skip sets. This module imports nothing from the rest of the
+package, so any module may use it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+CACHE_ENV = "SPECDEC_CACHE"
+DEFAULT_CACHE = "~/.cache/specdec"
+
+
+def cache_root(cache_dir: str | Path | None = None) -> Path:
+    """The cache directory: ``cache_dir`` if given, else ``$SPECDEC_CACHE``, else ``~/.cache/specdec``."""
+    chosen = cache_dir if cache_dir is not None else os.environ.get(CACHE_ENV) or DEFAULT_CACHE
+    return Path(chosen).expanduser()
+
+
+def model_key(model: Any) -> str:
+    """A readable key for a transformers model: the last part of its path or name plus its shape
+    (``<name>-<layers>x<hidden>``). Files made for one model (a searched skip set, shipped heads)
+    are kept under it."""
+    config = model.config
+    name = os.path.basename(str(getattr(config, "_name_or_path", "") or "").rstrip("/\\"))
+    name = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name) or config.model_type
+    return f"{name}-{config.num_hidden_layers}x{config.hidden_size}"
