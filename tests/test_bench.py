@@ -94,7 +94,6 @@ class ChatTokenizer(CharTokenizer):
         ("spec:block:k=4:backend=llamacpp", MethodSpec("spec", "block", "model", 4, "static", backend="llamacpp")),
         ("spec:ngram:block:backend=llamacpp:k=3", MethodSpec("spec", "block", "ngram", 3, "static", backend="llamacpp")),
         ("llamacpp-ar", MethodSpec("llamacpp-ar")),
-        ("llamacpp-prompt-lookup:k=6", MethodSpec("llamacpp-prompt-lookup", k=6)),
     ],
 )
 def test_parse_method(text, expected):
@@ -260,7 +259,7 @@ def test_user_jsonl(tmp_path):
     assert len(load_prompts(f"{path}:2")) == 2
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "x"}\n')
-    with pytest.raises(ValueError, match=r"bad.jsonl:1"):
+    with pytest.raises(ValueError, match=r"bad.jsonl line 1 has neither"):
         load_jsonl(bad)
 
 
@@ -454,8 +453,8 @@ def test_parse_methods_runs_unmarked_methods_on_each_backend():
         "ar", "ar:backend=llamacpp", "spec:block:k=4", "spec:block:k=4:backend=llamacpp",
         "spec:ngram:block:k=4", "llamacpp-ar", "hf-ar",
     ]
-    only = parse_methods("spec:block:k=2,llamacpp-prompt-lookup", ("llamacpp",))
-    assert [s.name for s in only] == ["ar:backend=llamacpp", "spec:block:k=2:backend=llamacpp", "llamacpp-prompt-lookup"]
+    only = parse_methods("spec:block:k=2,llamacpp-ar", ("llamacpp",))
+    assert [s.name for s in only] == ["ar:backend=llamacpp", "spec:block:k=2:backend=llamacpp", "llamacpp-ar"]
     assert [s.name for s in parse_methods("hf-ar")] == ["ar", "hf-ar"]
     assert [s.backend for s in only] == ["llamacpp"] * 3
     with pytest.raises(ValueError, match="unknown backend"):
@@ -468,10 +467,10 @@ def test_each_method_is_compared_with_its_own_backend():
     llama_block = parse_method("spec:block:k=4:backend=llamacpp")
     assert llama_block.ar == MethodSpec("ar", backend="llamacpp") and llama_block.ar.name == "ar:backend=llamacpp"
     assert parse_method("hf-prompt-lookup").ar.name == "ar" and parse_method("llamacpp-ar").ar.name == "ar:backend=llamacpp"
-    assert parse_method("spec:ngram:block:backend=llamacpp").peer == "llamacpp-prompt-lookup"
+    assert parse_method("spec:ngram:block:backend=llamacpp").peer is None  # the binding drafts nothing itself
     assert parse_method("spec:ngram:block").peer == "hf-prompt-lookup"
     assert parse_method("spec:block:backend=llamacpp").peer is None  # the binding has no draft-model peer
-    assert not parse_method("llamacpp-prompt-lookup").needs_draft_model
+    assert not parse_method("llamacpp-ar").needs_draft_model
 
 
 def _sample(method, prompt, tokens, seconds, first=None):
@@ -606,3 +605,20 @@ def test_a_near_tie_flipped_by_batched_rounding_is_explained(monkeypatch, prompt
 def _differs(run, prompt):
     ar, mine = (next(s for s in run.samples if s.method == name and s.prompt == prompt) for name in ("ar", "spec:block:k=4"))
     return ar.token_ids != mine.token_ids
+
+
+def test_llamacpp_methods_without_the_binding_or_a_gguf_fail_clearly(monkeypatch, tmp_path, capsys):
+    import importlib.util
+
+    from specdec.bench.cli import gguf_path
+    from specdec.cli import CLIError
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ik_llama_cpp" else real(name, *a))
+    assert main(["--methods", "llamacpp-ar", "--out", str(tmp_path), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "llamacpp-ar run on llama.cpp, which needs its binding" in err and "pip install ik-llama-cpp-python" in err
+    with pytest.raises(CLIError, match="neither a model pack nor a .gguf file"):
+        gguf_path(str(tmp_path), argparse.Namespace(cache_dir=None))
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    assert gguf_path(str(tmp_path / "m.gguf"), argparse.Namespace(cache_dir=None)) == tmp_path / "m.gguf"

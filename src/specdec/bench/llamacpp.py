@@ -1,11 +1,11 @@
 """The llama.cpp side of a bench run: the GGUF files and what runs them, loaded once per run.
 
 Project methods with ``backend=llamacpp`` run on :mod:`specdec.backends.llamacpp` (the target's
-GGUF and, for draft-model methods, the draft's). The ``llamacpp-*`` peers run llama-cpp-python's
-own high-level ``Llama`` on the target's GGUF: one plain (for ``llamacpp-ar``) and one built with
-a prompt-lookup draft model (it must keep every row's logits, which would slow the plain one).
-Each is loaded on first need, with a context long enough for the run's longest prompt plus its
-token budget, and kept for every later method, prompt and temperature.
+GGUF and, for draft-model methods, the draft's). The ``llamacpp-ar`` peer runs the binding's own
+``IkLlama`` on the target's GGUF (:mod:`specdec.bench.peers`). The backend's models are loaded
+before the warm-up, with a context long enough for the run's longest prompt plus its token
+budget, the peer's on its first run (the warm-up); all are kept for every later method, prompt
+and temperature.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from specdec.bench.methods import PROMPT_LOOKUP_K, MethodSpec
+from specdec.bench.methods import MethodSpec
 
 CONTEXT_STEP = 256  # contexts are rounded up to a multiple of this
 DRAFT_ROOM = 32  # room past the token budget for the last step's draft tokens
@@ -32,7 +32,7 @@ class LlamaCppModels:
     n_ctx: int = 0
     target: Any = None  # a CausalLM from specdec.backends.llamacpp
     draft: Any = None
-    peers: dict[str, Any] = field(default_factory=dict)  # "plain" / "lookup" -> llama_cpp.Llama
+    peers: dict[str, Any] = field(default_factory=dict)  # peer kind -> the binding's own model object
 
     def prepare(self, methods: Sequence[MethodSpec], n_ctx: int) -> None:
         """Load what ``methods`` need, with room for ``n_ctx`` tokens; a model already loaded with
@@ -48,22 +48,19 @@ class LlamaCppModels:
             if self.draft_path is None:
                 names = ", ".join(m.name for m in mine if m.needs_draft_model)
                 raise ValueError(f"methods {names} need a draft model's GGUF; give one (--draft)")
-            self.draft = self._load_backend(self.draft_path)
-        for m in mine:
-            if m.is_peer:
-                self.peer(m)
+            same = self.target is not None and self.draft_path == self.target_path
+            self.draft = self.target.fork() if same else self._load_backend(self.draft_path)
 
     def peer(self, method: MethodSpec) -> Any:
-        """The binding's ``Llama`` for a ``llamacpp-*`` peer, set up for ``method`` (its k)."""
-        key = "lookup" if method.kind == "llamacpp-prompt-lookup" else "plain"
-        if key not in self.peers:
-            self.peers[key] = self._load_llama(lookup=key == "lookup")
-        llm = self.peers[key]
-        if key == "lookup":
-            from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+        """The binding's own model object for a ``llamacpp-*`` peer (loaded on first use)."""
+        if method.kind not in self.peers:
+            from ik_llama_cpp import IkLlama
 
-            llm.draft_model = LlamaPromptLookupDecoding(num_pred_tokens=method.k or PROMPT_LOOKUP_K)
-        return llm
+            self.peers[method.kind] = IkLlama(  # flash attention off, as on the backend
+                str(self.target_path), n_ctx=self.n_ctx, n_threads=self.n_threads or 0, flash_attn=False,
+                verbose=False,
+            )
+        return self.peers[method.kind]
 
     def close(self) -> None:
         """Drop every loaded model (they free their memory when collected)."""
@@ -74,20 +71,6 @@ class LlamaCppModels:
         from specdec.backends.llamacpp import load_gguf
 
         return load_gguf(path, n_threads=self.n_threads, n_ctx=self.n_ctx)
-
-    def _load_llama(self, *, lookup: bool) -> Any:
-        try:
-            from llama_cpp import Llama
-            from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
-        except ImportError:
-            raise ValueError(
-                "the llamacpp-* peers need llama-cpp-python; install it with: pip install llama-cpp-python"
-            ) from None
-        threads = {"n_threads": self.n_threads, "n_threads_batch": self.n_threads} if self.n_threads else {}
-        return Llama(
-            str(self.target_path), n_ctx=self.n_ctx, n_gpu_layers=0, verbose=False, **threads,
-            draft_model=LlamaPromptLookupDecoding(num_pred_tokens=PROMPT_LOOKUP_K) if lookup else None,
-        )
 
 
 def context_needed(prompt_lengths: Sequence[int], max_new_tokens: int) -> int:

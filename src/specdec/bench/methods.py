@@ -21,15 +21,16 @@ Grammar (fields separated by ``:``)::
     hf-prompt-lookup[:k=N]       transformers' prompt lookup; k = prompt_lookup_num_tokens
                                  (default 10)
     hf-ar                        transformers' own generate without an assistant (a reference)
-    llamacpp-ar                  llama-cpp-python's own generation (``Llama.generate``) on the
-                                 target's GGUF: what a llama.cpp user runs
-    llamacpp-prompt-lookup[:k=N] the same with llama-cpp-python's prompt lookup
-                                 (``LlamaPromptLookupDecoding``); k = num_pred_tokens (default 10)
+    llamacpp-ar                  the llama.cpp binding's own model (``IkLlama``) on the target's
+                                 GGUF: its prefill, then one ``llama_decode`` per token (see
+                                 :mod:`specdec.bench.peers`): llama.cpp's speed without specdec
 
 ``backend=llamacpp`` runs a project method on the llama.cpp backend (the target's GGUF, and the
 draft's), ``backend=torch`` (the default) on transformers' weights; the bench's ``--backend``
 changes the default, and ``both`` runs each method on both. On llama.cpp the drafters are the
-draft model and the n-gram drafter (the others read the transformers model's layers).
+draft model and the n-gram drafter (the others read the transformers model's layers). The
+binding (ik-llama-cpp-python) has no prompt-lookup or assisted decoding of its own, so
+``llamacpp-ar`` is the only llama.cpp peer.
 
 Examples: ``spec:block:k=4``, ``spec:token:k=2``, ``spec:ngram:block:k=4`` (the same as
 ``spec:block:drafter=ngram:k=4``), ``spec:block:policy=theory``,
@@ -55,12 +56,11 @@ POLICY_OPTIONS = ("k_max", "threshold")
 TREE_OPTIONS = ("depth", "width", "expand", "budget", "choices", "threshold")
 # Which peer a project drafter is measured against.
 PEER_OF_DRAFTER = {"model": "hf-assisted", "ngram": "hf-prompt-lookup"}
-LLAMACPP_PEER_OF_DRAFTER = {"ngram": "llamacpp-prompt-lookup"}
+LLAMACPP_PEER_OF_DRAFTER: dict[str, str] = {}  # the binding drafts nothing itself
 HF_PEERS = ("hf-assisted", "hf-prompt-lookup", "hf-ar")
-LLAMACPP_PEERS = ("llamacpp-ar", "llamacpp-prompt-lookup")
+LLAMACPP_PEERS = ("llamacpp-ar",)
 PEERS = HF_PEERS + LLAMACPP_PEERS
-_PEER_KEYS = {"hf-assisted": {"k"}, "hf-prompt-lookup": {"k"}, "hf-ar": set(),
-              "llamacpp-ar": set(), "llamacpp-prompt-lookup": {"k"}}
+_PEER_KEYS = {"hf-assisted": {"k"}, "hf-prompt-lookup": {"k"}, "hf-ar": set(), "llamacpp-ar": set()}
 BACKENDS = ("torch", "llamacpp")
 # Drafters that run on the llama.cpp backend: the others read the transformers model's layers.
 LLAMACPP_DRAFTERS = ("model", "ngram")

@@ -1,11 +1,11 @@
 """The peers: other libraries' own generation on the same models, prompts and settings.
 
 transformers' ``generate`` (plain, with an assistant model, with prompt lookup) on the torch
-models, and llama-cpp-python's ``Llama.generate`` (plain, and with its prompt lookup drafter) on
-the target's GGUF. Each run's wall time covers the whole call, prefill included, as for the
-project's methods. Hooks on the target's forward (transformers) or ``Llama.eval`` (llama.cpp)
-count target forwards and recover, from the cache length each forward starts at, how many tokens
-each forward drafted and kept -- so peers get the same per-step figures as the project's methods.
+models, and the llama.cpp binding's own model on the target's GGUF (``llamacpp-ar``). Each run's
+wall time covers the whole call, prefill included, as for the project's methods. Hooks on the
+target's forward (transformers) count target forwards and recover, from the cache length each
+forward starts at, how many tokens each forward drafted and kept -- so peers get the same per-step
+figures as the project's methods.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import copy
 import time
 from typing import Any, Iterator, Sequence
 
+import numpy as np
 import torch
 
 from specdec.bench.methods import PROMPT_LOOKUP_K, MethodSpec
@@ -174,59 +175,53 @@ def _forward_timer(model: Any, calls: list[tuple[int, int, float]], ends: list[f
 
 
 # ------------------------------------------------------------------------------------------
-# llama-cpp-python's Llama.generate
+# The llama.cpp binding's own model
 
 
 def _run_llamacpp_peer(method, models, prompt_ids, temperature, max_new_tokens, eos, seed) -> Sample:
-    """``Llama.generate`` on the prompt's token ids (tokenized by transformers, as for every
-    method), greedy at temperature 0 and otherwise plain sampling at ``temperature``: no top-k,
-    top-p, min-p, typical or repetition penalty, seeded with ``seed``."""
+    """``llamacpp-ar``: the binding's ``IkLlama`` on the target's GGUF. Its ``generate`` prefills
+    the prompt (``max_tokens=0``: only that), then each token is one ``llama_decode`` of one token
+    through the binding's own context, chosen from the returned logits: their argmax at
+    temperature 0, else a draw from softmax(logits / T) seeded with ``seed``. (The binding's own
+    token loop samples by building a Python array over the whole vocabulary at every token, about
+    0.3 s per token for SmolLM2's 49k tokens: a measure of that loop, not of llama.cpp.)"""
+    from ik_llama_cpp import _ctypes_api as C
+    from ik_llama_cpp._internals import make_batch_single
+
     llm = models.llamacpp.peer(method)
-    greedy = temperature == 0.0
-    sampling = dict(temp=0.0 if greedy else temperature, top_k=1 if greedy else 0, top_p=1.0, min_p=0.0,
-                    typical_p=1.0, repeat_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0)
-    calls: list[tuple[int, int, float]] = []
-    ends: list[float] = []
-    llm.reset()  # no prefix of an earlier run is reused from the cache
-    llm.set_seed(seed)
+    context, vocab = llm._context, llm._model.n_vocab
+    generator = np.random.default_rng(seed)
+    calls: list[tuple[int, int, float]] = []  # (cached tokens at start, tokens fed, seconds)
     tokens: list[int] = []
-    with _eval_timer(llm, calls, ends):
-        start = time.perf_counter()
-        for token in llm.generate(list(prompt_ids), reset=True, **sampling):
-            tokens.append(int(token))
-            if len(tokens) >= max_new_tokens or token in eos:
-                break
-        seconds = time.perf_counter() - start
-    drafted, accepted = _steps_from_forwards(calls, len(prompt_ids), len(tokens))
-    if method.kind == "llamacpp-ar":
-        drafted, accepted = [], []
+    start = time.perf_counter()
+    llm.generate(list(prompt_ids), max_tokens=0)  # clears the KV cache, prefills in n_ubatch chunks
+    first = time.perf_counter()
+    calls.append((0, len(prompt_ids), first - start))
+    while True:
+        logits = np.ctypeslib.as_array(context.get_logits(-1), shape=(vocab,))  # [V] float32
+        tokens.append(_choose(logits, temperature, generator))
+        if len(tokens) >= max_new_tokens or tokens[-1] in eos:
+            break
+        t0 = time.perf_counter()
+        batch = make_batch_single(tokens[-1], len(prompt_ids) + len(tokens) - 1)
+        failed = context.decode(batch)
+        C.llama_batch_free(batch)
+        if failed:
+            raise RuntimeError(f"llama_decode failed ({failed}) at new token {len(tokens)}")
+        calls.append((len(prompt_ids) + len(tokens) - 1, 1, time.perf_counter() - t0))
+    seconds = time.perf_counter() - start
     times = [t for _, _, t in calls]
     return Sample(
         method=method.name, prompt=0, repeat=0, order=0, seed=seed, token_ids=tokens,
-        seconds=seconds, target_forwards=len(calls),
-        step_drafted=drafted, step_accepted=accepted,
-        draft_seconds=0.0, verify_seconds=sum(times),
-        step_seconds=_median(times[1:]),
-        first_step_seconds=ends[0] - start if ends else None,
-        first_step_tokens=min(len(tokens), 1 + (accepted[0] if accepted else 0)) if ends else None,
+        seconds=seconds, target_forwards=len(calls), verify_seconds=sum(times),
+        step_seconds=_median(times[1:]), first_step_seconds=first - start, first_step_tokens=1,
     )
 
 
-@contextlib.contextmanager
-def _eval_timer(llm: Any, calls: list[tuple[int, int, float]], ends: list[float]) -> Iterator[None]:
-    """Record (cached tokens at start, tokens fed, seconds) for each ``llm.eval``, the binding's
-    one target forward, and in ``ends`` the ``perf_counter`` at the end of each."""
-    original = llm.eval
-
-    def timed(tokens: Sequence[int]) -> None:
-        cached, t0 = llm.n_tokens, time.perf_counter()
-        original(tokens)
-        end = time.perf_counter()
-        calls.append((cached, len(tokens), end - t0))
-        ends.append(end)
-
-    llm.eval = timed  # generate() calls self.eval, so the instance attribute is what it finds
-    try:
-        yield
-    finally:
-        del llm.eval
+def _choose(logits: np.ndarray, temperature: float, generator: np.random.Generator) -> int:
+    """The next token from one row of logits [V]: the argmax, or a draw at ``temperature``."""
+    if temperature == 0.0:
+        return int(np.argmax(logits))
+    scaled = logits.astype(np.float64) / temperature
+    p = np.exp(scaled - scaled.max())
+    return int(generator.choice(len(p), p=p / p.sum()))

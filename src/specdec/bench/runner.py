@@ -6,8 +6,8 @@ so that drift in the machine's speed falls on all methods alike.
 
 Project methods run through :func:`specdec.stream` with token ids (no tokenizer, so no decoding
 cost inside the timed region), on the torch backend or on the llama.cpp one (``backend=``); peers
-(:mod:`specdec.bench.peers`) run through transformers' ``model.generate`` or llama-cpp-python's
-``Llama.generate``. Each run's wall time covers the whole call, prefill included.
+(:mod:`specdec.bench.peers`) run through transformers' ``model.generate`` or the llama.cpp
+binding's own model. Each run's wall time covers the whole call, prefill included.
 """
 
 from __future__ import annotations
