@@ -41,12 +41,24 @@ def parse_choices(text: str) -> tuple[tuple[int, ...], ...]:
     if text == "default":
         return DEFAULT_CHOICES
     try:
-        return tuple(tuple(int(r) for r in path.split(".")) for path in text.split("|"))
+        paths = tuple(tuple(int(r) for r in path.split(".")) for path in text.split("|"))
     except ValueError:
         raise ValueError(
             f"tree choices {text!r}: write 'default' or rank paths like 0|1|0.0 (paths joined by '|', "
             "ranks by '.')"
         ) from None
+    known = set(paths)
+    for path in paths:  # ranks count from 0 at each node, so a rank r needs ranks 0 .. r-1 beside it
+        if any(r < 0 for r in path):
+            raise ValueError(f"tree choices {text!r}: ranks count from 0, got the path {_dotted(path)}")
+        if path[-1] > 0 and path[:-1] + (path[-1] - 1,) not in known:
+            raise ValueError(f"tree choices {text!r}: the path {_dotted(path)} needs its elder sibling "
+                             f"{_dotted(path[:-1] + (path[-1] - 1,))} listed too (ranks at a node run 0, 1, 2, ...)")
+    return paths
+
+
+def _dotted(path: tuple[int, ...]) -> str:
+    return ".".join(map(str, path))
 
 
 class TreeDrafter:
