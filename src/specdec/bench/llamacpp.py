@@ -56,9 +56,13 @@ class LlamaCppModels:
         if method.kind not in self.peers:
             from ik_llama_cpp import IkLlama
 
-            self.peers[method.kind] = IkLlama(  # flash attention off, as on the backend
-                str(self.target_path), n_ctx=self.n_ctx, n_threads=self.n_threads or 0, flash_attn=False,
-                verbose=False,
+            from specdec.backends.llamacpp import DEFAULT_BATCH
+
+            # Flash attention off, and a context of at least DEFAULT_BATCH tokens (the binding batches
+            # its prefill by min(n_ctx, 512)), as on the backend: the same passes, the same logits.
+            self.peers[method.kind] = IkLlama(
+                str(self.target_path), n_ctx=max(self.n_ctx, DEFAULT_BATCH), n_threads=self.n_threads or 0,
+                flash_attn=False, verbose=False,
             )
         return self.peers[method.kind]
 

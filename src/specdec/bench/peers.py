@@ -184,7 +184,8 @@ def _run_llamacpp_peer(method, models, prompt_ids, temperature, max_new_tokens, 
     through the binding's own context, chosen from the returned logits: their argmax at
     temperature 0, else a draw from softmax(logits / T) seeded with ``seed``. (The binding's own
     token loop samples by building a Python array over the whole vocabulary at every token, about
-    0.3 s per token for SmolLM2's 49k tokens: a measure of that loop, not of llama.cpp.)"""
+    0.3 s per token for SmolLM2's 49k tokens -- a measure of that loop, not of llama.cpp -- and
+    reads the logits at row -1, which this llama.cpp does not resolve to the last row.)"""
     from ik_llama_cpp import _ctypes_api as C
     from ik_llama_cpp._internals import make_batch_single
 
@@ -197,8 +198,10 @@ def _run_llamacpp_peer(method, models, prompt_ids, temperature, max_new_tokens, 
     llm.generate(list(prompt_ids), max_tokens=0)  # clears the KV cache, prefills in n_ubatch chunks
     first = time.perf_counter()
     calls.append((0, len(prompt_ids), first - start))
+    row = (len(prompt_ids) - 1) % context._n_ubatch  # the last prompt token's row in its prefill chunk
     while True:
-        logits = np.ctypeslib.as_array(context.get_logits(-1), shape=(vocab,))  # [V] float32
+        # [V] float32; the row is a batch index (this llama.cpp takes no negative ones)
+        logits = np.ctypeslib.as_array(context.get_logits(row), shape=(vocab,))
         tokens.append(_choose(logits, temperature, generator))
         if len(tokens) >= max_new_tokens or tokens[-1] in eos:
             break
@@ -209,6 +212,7 @@ def _run_llamacpp_peer(method, models, prompt_ids, temperature, max_new_tokens, 
         if failed:
             raise RuntimeError(f"llama_decode failed ({failed}) at new token {len(tokens)}")
         calls.append((len(prompt_ids) + len(tokens) - 1, 1, time.perf_counter() - t0))
+        row = 0
     seconds = time.perf_counter() - start
     times = [t for _, _, t in calls]
     return Sample(
