@@ -223,6 +223,19 @@ def test_the_cache_round_trips_and_its_key_follows_threads_and_dtype(tmp_path, m
     assert len(list((tmp_path / "planner").glob("*.json"))) == 2
 
 
+def test_a_backend_that_runs_a_weights_file_is_keyed_by_the_file_and_its_threads(tmp_path):
+    from types import SimpleNamespace
+
+    gguf = tmp_path / "model.Q4_K_M.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(60))
+    two = SimpleNamespace(weights=SimpleNamespace(path=gguf), n_threads=2, n_batch=512)
+    key = cost_key(two)
+    assert key["model"] == gguf.name and key["bytes"] == 64 and key["threads"] == 2
+    assert cost_key(SimpleNamespace(weights=two.weights, n_threads=1, n_batch=512)) != key
+    gguf.write_bytes(b"GGUF" + bytes(100))  # another file under the same name
+    assert cost_key(two) != key
+
+
 def test_bind_measures_the_target_and_the_draft_model_once(tmp_path, monkeypatch):
     import specdec.planner as planner
 

@@ -61,7 +61,7 @@ from specdec.stats import Step
 
 MAX_ROWS = 16  # the longest verify pass measured (k_max drafts + 1)
 GRID = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16)  # row counts timed; the rest interpolated
-REPEATS = (3, 7)  # sweeps of the grid: at least 3, up to 7 while within MEASURE_SECONDS
+REPEATS = (3, 7)  # sweeps of the grid: 3, or up to 7 while within MEASURE_SECONDS (1 if one takes longer)
 MEASURE_SECONDS = 4.0
 DUMMY_CONTEXT = 32  # tokens prefilled before timing, so the rows attend to a context
 PROBE_EVERY = 32  # plain steps between one-token probes when a draft could pay but is not expected to
@@ -109,8 +109,8 @@ def measure_rows(model: Any, max_rows: int = MAX_ROWS, *, repeats: tuple[int, in
     """Seconds of a forward pass of n new rows, logits for all n, for n = 1..max_rows.
 
     Times the row counts of :data:`GRID` after a short dummy context in sweeps over the grid (so
-    drift hits every n alike; at least ``repeats[0]`` sweeps, more up to ``repeats[1]`` while
-    within :data:`MEASURE_SECONDS`), keeps each count's fastest time (other work on the machine
+    drift hits every n alike; ``repeats[0]`` sweeps, more up to ``repeats[1]`` while within
+    :data:`MEASURE_SECONDS`, fewer (at least one) where a sweep takes a large part of it), keeps each count's fastest time (other work on the machine
     only ever adds time, and a median of a few is still thrown by it: on a loaded 2-core machine
     the medians of three were out by 10x), interpolates the other counts and makes the curve
     non-decreasing. The cache is rolled back by absolute length: what ``model`` held before is
@@ -132,8 +132,9 @@ def measure_rows(model: Any, max_rows: int = MAX_ROWS, *, repeats: tuple[int, in
         model.trim(base)
         began = time.perf_counter()
         for sweep in range(repeats[1]):
-            if sweep >= repeats[0] and time.perf_counter() - began > MEASURE_SECONDS:
-                break
+            projected = (time.perf_counter() - began) * (sweep + 1) / max(sweep, 1)  # after one more sweep
+            if sweep > 0 and projected > (2 if sweep < repeats[0] else 1) * MEASURE_SECONDS:
+                break  # the first repeats[0] sweeps may take twice the budget, later ones only the budget
             for n in grid:
                 t0 = time.perf_counter()
                 model.forward(rows[:n], num_logits=n)
@@ -163,8 +164,9 @@ def cost_key(model: Any) -> dict[str, Any]:
     """What a cost curve depends on: machine, backend class, model, dtype and threads.
 
     A backend may describe itself with a ``cost_key()`` method returning a dict (model identity,
-    dtype, threads); otherwise a transformers-backed one is read from its ``model``'s config and
-    parameters and torch's thread count.
+    dtype, threads). Otherwise a backend that runs a weights file (llama.cpp's GGUF) is keyed by
+    the file (name, size, modification time; its quantisation is in it) and its ``n_threads``;
+    a transformers-backed one by its ``model``'s config and parameters and torch's thread count.
     """
     key: dict[str, Any] = {
         "machine": machine(),
@@ -174,6 +176,12 @@ def cost_key(model: Any) -> dict[str, Any]:
     own = getattr(model, "cost_key", None)
     if callable(own):
         return {**key, **own()}
+    file = _model_file(model)
+    if file is not None:  # e.g. a GGUF file in llama.cpp: the file is the model and its dtype
+        stat = file.stat()
+        threads = getattr(model, "n_threads", None) or torch.get_num_threads()
+        return {**key, "model": file.name, "bytes": stat.st_size, "mtime": int(stat.st_mtime),
+                "dtype": "as stored in the file", "threads": threads, "batch": getattr(model, "n_batch", None)}
     inner = getattr(model, "model", None)
     config = getattr(inner, "config", None)
     described = config.to_json_string(use_diff=False) if hasattr(config, "to_json_string") else repr(config)
@@ -187,6 +195,15 @@ def cost_key(model: Any) -> dict[str, Any]:
         "dtype": dtype if weights in (None, "bf16") else f"{dtype}/{weights}",
         "threads": torch.get_num_threads(),
     }
+
+
+def _model_file(model: Any) -> Path | None:
+    """The weights file a backend runs, where it names one (``model.weights.path`` or ``model.path``)."""
+    for holder in (getattr(model, "weights", None), model):
+        path = getattr(holder, "path", None)
+        if isinstance(path, (str, Path)) and Path(path).is_file():
+            return Path(path)
+    return None
 
 
 def machine() -> str:
