@@ -20,6 +20,8 @@ layers keep PyTorch's implementation, and :func:`status` says why.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import ctypes
 import hashlib
 import os
@@ -29,7 +31,7 @@ import subprocess
 import types
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -38,6 +40,36 @@ FLAGS = ["-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "
 
 _library: ctypes.CDLL | None = None
 _unavailable: str | None = None  # why the kernel cannot be used, once known
+
+# -- the prompt's prefill ----------------------------------------------------------------------
+#
+# Batch invariance matters for rows whose results are compared with one-token steps: verification
+# rows and the rows that produce logits. A long prompt's other rows only fill the KV cache, and
+# they are computed the same way for every method (specdec.backends.base.prefill feeds them in a
+# forward pass of their own, before the last prompt token), so they may use whatever is fastest:
+# PyTorch's bf16 matmul (oneDNN) and SDPA, several times faster than the kernels above for
+# thousands of rows. Greedy speculative output still equals greedy autoregressive output, because
+# both read the same prefilled cache.
+
+PREFILL_ROWS = 64  # prompts with fewer uncached tokens than this are fed as one invariant pass
+_prefilling: contextvars.ContextVar[bool] = contextvars.ContextVar("specdec_prefilling", default=False)
+
+
+@contextlib.contextmanager
+def prefill() -> Iterator[None]:
+    """Within the block, :func:`linear_f32`, :func:`linear_i8_f32` and :func:`attention_rows` use
+    PyTorch's fastest CPU kernels, which are not batch invariant. Only for forward passes that
+    fill the cache with a prompt's tokens and whose logits are not used (see the note above)."""
+    token = _prefilling.set(True)
+    try:
+        yield
+    finally:
+        _prefilling.reset(token)
+
+
+def prefilling() -> bool:
+    """Whether the calling code runs inside :func:`prefill`."""
+    return _prefilling.get()
 
 
 def status() -> str:
@@ -61,7 +93,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 def linear_f32(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """rows (n, in) fp32 contiguous times weight (out, in) bf16 contiguous, transposed: (n, out) fp32."""
+    """rows (n, in) fp32 contiguous times weight (out, in) bf16 contiguous, transposed: (n, out) fp32.
+
+    Inside :func:`prefill` the rows (bf16 values widened, as every caller passes) go through
+    PyTorch's bf16 matmul, whose product is rounded to bf16 before it is widened back."""
+    if _prefilling.get():
+        return torch.nn.functional.linear(rows.to(torch.bfloat16), weight).to(torch.float32)
     lib = _load()
     if lib is None:
         raise RuntimeError(f"the fast bf16 kernel is unavailable: {_unavailable}")
@@ -93,7 +130,12 @@ def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def linear_i8_f32(rows: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """rows (n, in) fp32 contiguous times (q * scales) transposed, from :func:`quantize_int8`: (n, out) fp32."""
+    """rows (n, in) fp32 contiguous times (q * scales) transposed, from :func:`quantize_int8`: (n, out) fp32.
+
+    Inside :func:`prefill` the weights are dequantised for the call and multiplied by PyTorch's fp32 matmul."""
+    if _prefilling.get():
+        weight = (q.view(q.shape[0], -1, INT8_GROUP).to(torch.float32) * scales[..., None]).view(q.shape)  # [out, in]
+        return torch.nn.functional.linear(rows, weight)
     lib = _load()
     if lib is None:
         raise RuntimeError(f"the fast kernels are unavailable: {_unavailable}")
@@ -197,6 +239,8 @@ def attention_rows(
     ``length`` keys of each head are read, e.g. from a preallocated cache); visible [n, length]
     bool (True = the row sees that key) or None (every row sees every key).
     """
+    if _prefilling.get():
+        return _sdpa_rows(q, k, v, length, visible, scale)
     lib = _load()
     if lib is None:
         raise RuntimeError(f"the attention kernel is unavailable: {_unavailable}")
@@ -210,6 +254,24 @@ def attention_rows(
                           out.data_ptr(), heads, kv_heads, n, length, d, cap * d, ctypes.c_float(scale),
                           scratch.data_ptr(), threads)
     return out
+
+
+def _sdpa_rows(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, length: int, visible: torch.Tensor | None, scale: float
+) -> torch.Tensor:
+    """:func:`attention_rows` computed by PyTorch's scaled_dot_product_attention (prefill only): out [n, heads, d] fp32."""
+    heads, n, d = q.shape
+    group = heads // k.shape[0]
+    keys = k[:, :length].repeat_interleave(group, dim=0)  # [heads, L, d], contiguous whatever k's capacity
+    values = v[:, :length].repeat_interleave(group, dim=0)  # [heads, L, d]
+    mask = None if visible is None else visible.to(torch.bool)[None, None]  # [1, 1, n, L]
+    # A prompt from an empty cache sees exactly the causal mask: say so, and SDPA takes its faster
+    # causal kernel (the same numbers as with the mask, about half the time).
+    causal = mask is not None and n == length and torch.equal(mask[0, 0], torch.ones(n, n, dtype=torch.bool).tril())
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q[None], keys[None], values[None], attn_mask=None if causal else mask, is_causal=causal, scale=scale
+    )  # [1, heads, n, d]
+    return out[0].transpose(0, 1).contiguous()  # [n, heads, d]
 
 
 def use_invariant_attention(model: torch.nn.Module) -> bool:
@@ -261,9 +323,13 @@ def _build_and_open() -> ctypes.CDLL:
 
     target = cache_root() / "kernels" / f"linear_bf16-{digest}.so"
     if not target.is_file():
-        target.parent.mkdir(parents=True, exist_ok=True)
         src = target.with_suffix(".c")
-        src.write_bytes(source)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            src.write_bytes(source)
+        except OSError as err:
+            raise _Unavailable(f"cannot write into {target.parent} (the cache directory; set $SPECDEC_CACHE): "
+                               f"{err.strerror or err}") from None
         partial = target.with_name(f"{target.name}.{os.getpid()}.tmp")
         done = subprocess.run([compiler, *FLAGS, "-o", str(partial), str(src)], capture_output=True, text=True)
         if done.returncode != 0:

@@ -12,7 +12,7 @@ from typing import Sequence
 
 import torch
 
-from specdec.backends.base import CausalLM, common_prefix_len
+from specdec.backends.base import CausalLM, prefill
 
 
 @dataclass(frozen=True)
@@ -81,8 +81,7 @@ def forward_tree(model: CausalLM, context: Sequence[int], tree: TokenTree) -> to
     uncached tail of the context is fed causally before the tree; each node sees the context and
     its ancestors only, at position len(context) - 1 + depth.
     """
-    keep = min(common_prefix_len(model.tokens, context), len(context) - 1)
-    model.trim(keep)
+    keep = prefill(model, context)
     tail = list(context[keep:])
     m, n = len(tail), len(tree)
     attend = torch.zeros(m + n, keep + m + n, dtype=torch.bool)  # [new, cached + new]

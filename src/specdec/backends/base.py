@@ -95,11 +95,31 @@ def rollback(model: CausalLM, context: Sequence[int]) -> None:
 def forward_after(model: CausalLM, context: Sequence[int], extra: Sequence[int] = ()) -> torch.Tensor:
     """Logits for the positions after ``context`` and after each of ``extra``: [1 + len(extra), V].
 
-    Reuses the cached prefix of ``context``, feeds the rest followed by ``extra`` in one forward
-    pass. At least the last context token is always fed, since its logits are not cached.
+    Reuses the cached prefix of ``context`` (:func:`prefill` feeds a long uncached part), feeds the
+    rest followed by ``extra`` in one forward pass. At least the last context token is always fed,
+    since its logits are not cached.
     """
+    keep = prefill(model, context)
+    return model.forward(list(context[keep:]) + list(extra), num_logits=1 + len(extra))
+
+
+def prefill(model: CausalLM, context: Sequence[int]) -> int:
+    """Trim the cache to its prefix of ``context`` and return its length, the position to feed from.
+
+    When that leaves :data:`specdec.kernels.PREFILL_ROWS` or more context tokens before the last
+    one uncached (a new prompt), they are fed first, in a pass of their own under
+    :func:`specdec.kernels.prefill`: their logits are never read, only their cache entries, and
+    every method prefills the same tokens this way, so the faster kernels it allows change no
+    method's output relative to another's.
+    """
+    from specdec import kernels
+
     if not context:
         raise ValueError("the context is empty: give at least one token")
     keep = min(common_prefix_len(model.tokens, context), len(context) - 1)
     model.trim(keep)
-    return model.forward(list(context[keep:]) + list(extra), num_logits=1 + len(extra))
+    if len(context) - 1 - keep >= kernels.PREFILL_ROWS:
+        with kernels.prefill():
+            model.forward(list(context[keep:-1]), num_logits=1)
+        keep = len(context) - 1
+    return keep
