@@ -239,7 +239,8 @@ def test_truncated_gguf_names_the_file(tmp_path, capsys):
     cut = tmp_path / "cut.gguf"
     with open(source, "rb") as f:
         cut.write_bytes(f.read(5_000_000))
-    code, _, err = run_main(["generate", "x", "--target", str(cut), "--draft", "none"], capsys)
+    # transformers' reader (--backend torch); llama.cpp's backend has a check of its own
+    code, _, err = run_main(["generate", "x", "--target", str(cut), "--draft", "none", "--backend", "torch"], capsys)
     assert code == 1
     assert_error_after_notes(err, contains=f"{cut} is not a readable GGUF file")
 
@@ -299,3 +300,66 @@ def test_train_heads_help_lists_only_its_options(capsys):
     shown = capsys.readouterr().out
     assert "--target" in shown and "--lr" in shown
     assert "--draft MODEL" not in shown and "--draft-weights" not in shown  # neither does anything here
+
+
+# ------------------------------------------------------------------------------------------------
+# A prompt that leaves less room than --max-new-tokens
+
+
+@pytest.mark.parametrize("mode", ["--json", "--stream"])
+def test_prompt_that_fills_the_context_is_said(tiny, capsys, mode):
+    prompt = "a" * 506  # one token per byte; the tiny models hold 512 positions: room for 6
+    code, out, err = run_main(["generate", prompt, "--target", tiny["target"], "--draft", tiny["draft"],
+                               "--dtype", "float32", "--max-new-tokens", "8", mode], capsys)
+    assert code == 0, err
+    warned = [line for line in err.splitlines() if line.startswith("specdec: warning: ")]
+    assert len(warned) == 1 and "at most 6 new tokens fit" in warned[0], err
+    assert "UserWarning" not in err
+    if mode == "--json":
+        report = json.loads(out)
+        assert report["stats"]["truncated_to"] == 6 and len(report["token_ids"]) == 6
+
+
+# ------------------------------------------------------------------------------------------------
+# Long prompts: the prefill takes the fast kernels, verification keeps batch invariance
+
+
+def test_long_prompt_prefill_is_fast_and_keeps_greedy_equality(monkeypatch):
+    import torch
+
+    from specdec import generate, kernels
+    from specdec.backends.hf import HFCausalLM
+    from specdec.backends.lean import LeanCausalLM
+    from specdec.backends.base import forward_after
+    from test_lean import _on_kernels, _tiny_qwen2, needs_kernel  # noqa: F401
+    from tests.tiny import noisy_copy, tiny_llama
+
+    if kernels.status() != "available":
+        pytest.skip(f"fast kernel {kernels.status()}")
+    target = _on_kernels(tiny_llama(3, vocab=64, layers=2, sharpness=4.0, context=512))
+    draft = _on_kernels(noisy_copy(tiny_llama(3, vocab=64, layers=2, sharpness=4.0, context=512), 0.3))
+    prompt = torch.randint(0, 64, (3 * kernels.PREFILL_ROWS,), generator=torch.Generator().manual_seed(0)).tolist()
+
+    rows_by_mode = {True: [], False: []}  # prefill or not -> row counts of the linear calls
+    linear = kernels.linear_f32
+
+    def counting(rows, weight):
+        rows_by_mode[kernels.prefilling()].append(rows.shape[0])
+        return linear(rows, weight)
+
+    monkeypatch.setattr(kernels, "linear_f32", counting)
+    ar = generate(target, prompt, max_new_tokens=24)
+    # the prompt but its last token in every layer, and the one unused row of the head
+    assert sorted(set(rows_by_mode[True])) == [1, len(prompt) - 1]
+    assert max(rows_by_mode[False]) == 1  # the last prompt token and every step: invariant kernels
+    for options in (dict(k=4), dict(k=6, verify="token"), dict(verify="tree")):
+        rows_by_mode[True].clear()
+        spec = generate(target, prompt, draft=draft, max_new_tokens=24, **options)
+        assert spec.token_ids == ar.token_ids, options
+        assert len(prompt) - 1 in rows_by_mode[True]  # the same prefill as ar's
+
+    # The transformers backend and the lean one still compute the same logits, prefill included.
+    for model in (target, _on_kernels(_tiny_qwen2(4))):
+        hf, lean = HFCausalLM(model), LeanCausalLM(model)
+        assert torch.equal(forward_after(hf, prompt, [1, 2, 3]), forward_after(lean, prompt, [1, 2, 3]))
+        assert torch.equal(forward_after(hf, prompt + [5, 6], [7]), forward_after(lean, prompt + [5, 6], [7]))
