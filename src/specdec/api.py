@@ -213,8 +213,8 @@ def _build_drafter(config: DecodeConfig, target: Any, draft: Any) -> tuple[Any, 
             raise ValueError(f"the {drafter} drafter uses no draft model; leave draft out")
         from specdec.drafters import make_drafter, target_backend
 
-        if not isinstance(target, torch.nn.Module):
-            raise ValueError(f"the {drafter} drafter needs a transformers model as the target")
+        if not isinstance(target, torch.nn.Module) and not hasattr(target, "trim"):
+            raise ValueError(f"the {drafter} drafter needs a transformers model or a CausalLM backend as the target")
         target = target_backend(drafter, target)
         return target, make_drafter(drafter, target, **(config.drafter_options or {}))
     if drafter is not None:
@@ -254,9 +254,10 @@ def _tree_drafter(drafter: Drafter, tree: Any) -> tuple[Any, str]:
                  "dynamic": f"budget={tree_drafter.budget}"}[tree_drafter.mode]
         return tree_drafter, shape
     if hasattr(drafter, "with_choices"):  # the heads drafter: a static Medusa tree
-        if tree and set(tree) - {"choices", "mode"} or (tree or {}).get("mode", "static") != "static":
+        tree = dict(tree or {})
+        if tree.pop("mode", "static") != "static" or set(tree) - {"choices"}:
             raise ValueError(f"the {drafter.name} drafter's tree is static and takes only 'choices'")
-        return (drafter.with_choices(tree["choices"]) if tree and "choices" in tree else drafter), "static"
+        return (drafter.with_choices(tree["choices"]) if "choices" in tree else drafter), "static"
     raise ValueError(f"tree verification needs a draft model or the heads drafter, not {drafter.name}")
 
 
