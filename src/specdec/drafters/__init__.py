@@ -35,6 +35,15 @@ def target_backend(drafter: str, model: Any) -> Any:
     from specdec.backends.hf_layers import HFLayeredCausalLM
     from specdec.backends.lean import make_backend
 
+    if all(hasattr(model, name) for name in ("forward", "trim", "tokens", "vocab_size")):  # a CausalLM backend
+        if drafter in LAYERED_DRAFTERS or drafter in FEATURE_DRAFTERS:
+            raise ValueError(
+                f"the {drafter} drafter reads the target's layers or hidden states, which the "
+                f"{type(model).__name__} backend does not expose; use a transformers target (backend 'torch') "
+                "or the model or ngram drafter"
+            )
+        model.reset()
+        return model
     if drafter in LAYERED_DRAFTERS:
         return HFLayeredCausalLM(model)
     return make_backend(model, keep_hidden=drafter in FEATURE_DRAFTERS)
