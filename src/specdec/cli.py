@@ -14,13 +14,15 @@ options, 1 otherwise. Set ``SPECDEC_DEBUG=1`` to see the traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import importlib.util
 import json
 import math
 import os
 import sys
-from typing import Any, Callable, Sequence
+import warnings
+from typing import Any, Callable, Iterator, Sequence
 
 from specdec import models
 from specdec.memory import keep_freed_memory
@@ -62,6 +64,7 @@ def _number(kind: Callable[[str], Any], test: Callable[[Any], bool], wanted: str
 positive_int = _number(int, lambda v: v > 0, "a positive integer")
 non_negative_int = _number(int, lambda v: v >= 0, "an integer >= 0")
 non_negative_float = _number(float, lambda v: math.isfinite(v) and v >= 0.0, "a finite number >= 0")  # no NaN, inf
+positive_float = _number(float, lambda v: math.isfinite(v) and v > 0.0, "a finite number > 0")
 probability = _number(float, lambda v: 0.0 < v <= 1.0, "a number in (0, 1]")
 seed_int = _number(int, lambda v: 0 <= v < 2**64, "an integer in [0, 2**64)")  # what torch.manual_seed takes
 
@@ -83,18 +86,20 @@ def given(args: argparse.Namespace, dest: str) -> bool:
 # Option groups, shared by subcommands
 
 
-def add_model_options(parser: argparse.ArgumentParser) -> None:
+def add_model_options(parser: argparse.ArgumentParser, *, draft: bool = True) -> None:
+    """--target, --dtype, --kernels, --cache-dir, and unless ``draft`` is False --draft and --draft-weights."""
     group = parser.add_argument_group("models")
     packs = ", ".join(models.PACKS)
     group.add_argument("--target", default=models.DEFAULT_TARGET, metavar="MODEL",
                        help=f"pack name ({packs}), local Hugging Face model directory or .gguf file "
                             f"(default: {models.DEFAULT_TARGET})")
-    group.add_argument("--draft", default=models.DEFAULT_DRAFT, metavar="MODEL", action=_Given,
-                       help=f"draft model, as for --target; must share the target's vocabulary; "
-                            f"'none' decodes with the target alone (default: {models.DEFAULT_DRAFT})")
-    group.add_argument("--draft-weights", default="int8", choices=["int8", "bf16"],
-                       help="the draft model's weights: int8 copies (half the bytes per draft token; the "
-                            "output law is unchanged) or its own bf16 ones (default: int8)")
+    if draft:
+        group.add_argument("--draft", default=models.DEFAULT_DRAFT, metavar="MODEL", action=_Given,
+                           help=f"draft model, as for --target; must share the target's vocabulary; "
+                                f"'none' decodes with the target alone (default: {models.DEFAULT_DRAFT})")
+        group.add_argument("--draft-weights", default="int8", choices=["int8", "bf16"],
+                           help="the draft model's weights: int8 copies (half the bytes per draft token; the "
+                                "output law is unchanged) or its own bf16 ones (default: int8)")
     group.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"],
                        help="compute dtype (default: bfloat16; on CPU verification is only cheap in bf16)")
     group.add_argument("--kernels", default="auto", choices=["auto", "torch"],
@@ -103,6 +108,14 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
                             "a 1-token one); 'torch' keeps PyTorch's (default: auto)")
     group.add_argument("--cache-dir", default=None, metavar="DIR",
                        help=f"where converted packs live (default: ${models.CACHE_ENV} or ~/.cache/specdec)")
+
+
+def add_backend_option(parser: argparse.ArgumentParser) -> None:
+    """--backend {auto,torch,llamacpp}, read by :func:`load_models` (bench has its own --backend)."""
+    parser.add_argument("--backend", default="auto", choices=["auto", "torch", "llamacpp"],
+                        help="'llamacpp' runs a pack's or a .gguf file's quantised weights in llama.cpp (needs "
+                             "llama-cpp-python); 'torch' converts them to bf16 for transformers; 'auto' picks "
+                             "llamacpp for GGUF models when the binding is installed (default: auto)")
 
 
 def add_decoding_options(parser: argparse.ArgumentParser) -> None:
@@ -134,10 +147,11 @@ def add_decoding_options(parser: argparse.ArgumentParser) -> None:
                        help="who proposes tokens: the --draft model, n-gram prompt lookup, the target's "
                             "first layers, the target with layers skipped, trained Medusa heads, or a "
                             "trained one-layer head (default: model)")
-    group.add_argument("--policy", default="static", choices=["static", "heuristic", "confidence", "theory"],
+    group.add_argument("--policy", default="static", choices=["static", "heuristic", "confidence", "theory", "auto"],
                        help="draft length: fixed k; grow/shrink on full acceptance/rejection; stop when the "
-                            "draft is unsure; or the k the speed-up formula picks from running estimates "
-                            "(default: static)")
+                            "draft is unsure; the k the speed-up formula picks from running estimates; or "
+                            "'auto', the planner: each step the k (0 = a plain target step) with the most "
+                            "expected tokens per second from this machine's measured costs (default: static)")
     group.add_argument("--heads", default=None, metavar="DIR",
                        help="--drafter heads or eagle: a folder from 'specdec train-heads' (default: "
                             "the one shipped for the target)")
@@ -254,11 +268,14 @@ def drafter_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 def load_models(args: argparse.Namespace, *, draft: bool = True) -> tuple[Any, Any, Any]:
     """(target, draft or None, tokenizer of the target); checks the two share a vocabulary."""
+    names = [args.target] + ([args.draft] if draft and args.draft is not None else [])
+    if any(name in models.PACKS for name in names):
+        _check_cache_dir(args, create=True)  # before loading anything
     target, tokenizer = _load(args.target, args)
     if not draft or args.draft is None or args.draft.lower() == "none":
         return target, None, tokenizer
-    if args.draft == args.target:
-        return target, target, tokenizer  # one set of weights; each use keeps its own KV cache
+    if args.draft == args.target:  # one set of weights; each use keeps its own KV cache
+        return target, (target.fork() if hasattr(target, "fork") else target), tokenizer
     draft_model, _ = _load(args.draft, args)
     t_vocab, d_vocab = logit_width(target), logit_width(draft_model)
     if t_vocab != d_vocab:
@@ -272,15 +289,25 @@ def load_models(args: argparse.Namespace, *, draft: bool = True) -> tuple[Any, A
 
 
 def logit_width(model: Any) -> int:
+    if not hasattr(model, "get_output_embeddings"):  # a CausalLM backend (llama.cpp)
+        return int(model.vocab_size)
     head = model.get_output_embeddings()
     return int(head.weight.shape[0]) if head is not None else int(model.config.vocab_size)
+
+
+def _check_cache_dir(args: argparse.Namespace, *, create: bool) -> None:
+    try:
+        models.check_cache_dir(getattr(args, "cache_dir", None), create=create)
+    except models.ModelPackError as err:
+        raise CLIError(err.message, err.hint) from None
 
 
 def _load(name: str, args: argparse.Namespace) -> tuple[Any, Any]:
     _note(f"loading {name} ({args.dtype})")
     try:
         return models.load(name, dtype=args.dtype, cache_dir=args.cache_dir,
-                           kernels=getattr(args, "kernels", "auto"))
+                           kernels=getattr(args, "kernels", "auto"), backend=getattr(args, "backend", "torch"),
+                           n_threads=getattr(args, "threads", None))
     except models.ModelPackError as err:
         raise CLIError(err.message, err.hint) from None
 
@@ -298,6 +325,7 @@ def add_generate_parser(subparsers: Any) -> None:
     )
     parser.add_argument("prompt", metavar="PROMPT", help="the text to continue (or the user message with --chat)")
     add_model_options(parser)
+    add_backend_option(parser)
     add_decoding_options(parser)
     group = parser.add_argument_group("output")
     group.add_argument("--chat", action="store_true", help="wrap PROMPT in the model's chat template")
@@ -497,6 +525,10 @@ def _print_summary(result: Any, ar: Any, args: argparse.Namespace) -> None:
             f"autoregressive: {a.new_tokens} tokens in {a.seconds:.1f} s = {a.tokens_per_second:.2f} tokens/s; "
             f"speed-up {_speedup(result, ar):.2f}x; identical output: {verdict}"
         )
+    if s.policy.get("name") == "auto":
+        from specdec.planner import summary_line
+
+        lines.append(summary_line(s.policy))
     for line in lines:
         print(line, file=sys.stderr)
 
@@ -552,6 +584,7 @@ def add_models_parser(subparsers: Any) -> None:
 
 
 def run_models(args: argparse.Namespace) -> int:
+    _check_cache_dir(args, create=False)
     rows = models.describe(args.cache_dir)
     if args.json:
         print(json.dumps(rows, indent=1))
@@ -565,8 +598,9 @@ def run_models(args: argparse.Namespace) -> int:
         missing = len(row["missing_parts"])
         total = len(models.PACKS[row["name"]].parts)
         installed = "yes" if not missing else ("no" if missing == total else f"{missing} of {total} parts missing")
-        table.add_row(row["name"], row["default"] or "", installed,
-                      "yes" if row["converted"] else "no (on first use)", row["path"])
+        converted = ("yes" if row["converted"] else "damaged (redone on first use)" if row["damaged"]
+                     else "no (on first use)")
+        table.add_row(row["name"], row["default"] or "", installed, converted, row["path"])
     console = _console(sys.stdout)
     if not console.is_terminal:
         console.width = 200  # piped: keep whole paths, whatever the width rich guesses
@@ -574,6 +608,9 @@ def run_models(args: argparse.Namespace) -> int:
     for row in rows:
         if row["missing_parts"]:
             console.print(f"to install {row['name']}: {row['install']}", soft_wrap=True)
+        if row["damaged"]:
+            console.print(f"{row['name']}: damaged: {row['damaged']}; the next use converts it again "
+                          f"(or delete {row['path']})", soft_wrap=True)
     return 0
 
 
@@ -607,18 +644,21 @@ def _optional_parsers() -> list[Callable[[Any], None]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    command = "generate"
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
+        command = args.command
         _quiet_libraries()
         keep_freed_memory()  # vocabulary-sized tensors every step: see specdec.memory
-        return int(args.func(args) or 0)
+        with _one_line_warnings():
+            return int(args.func(args) or 0)
     except CLIError as err:
         return _fail(err.message, err.hint, err.code)
     except ValueError as err:  # the library's promise for bad input
         if os.environ.get("SPECDEC_DEBUG"):
             raise
-        return _fail(str(err), "see 'specdec generate --help'", 1)
+        return _fail(str(err), f"see 'specdec {command} --help'", 1)
     except KeyboardInterrupt:
         print(file=sys.stderr)
         return 130
@@ -631,6 +671,18 @@ def _fail(message: str, hint: str, code: int) -> int:
     print(f"specdec: error: {message}", file=sys.stderr)
     print(f"hint: {hint}", file=sys.stderr)
     return code
+
+
+@contextlib.contextmanager
+def _one_line_warnings() -> Iterator[None]:
+    """Warnings (e.g. the library's: the context leaves less room than --max-new-tokens) as
+    'specdec: warning: ...' lines, without the source line Python adds."""
+    def show(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+        print(f"specdec: warning: {message}", file=sys.stderr, flush=True)
+
+    with warnings.catch_warnings():
+        warnings.showwarning = show
+        yield
 
 
 def _note(message: str) -> None:

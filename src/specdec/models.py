@@ -208,12 +208,75 @@ def pack_dir(pack: Pack | str, cache_dir: str | Path | None = None) -> Path:
 
 
 def is_converted(pack: Pack, cache_dir: str | Path | None = None) -> bool:
-    """Whether the cache holds a finished conversion of this exact GGUF."""
+    """Whether the cache holds a finished, undamaged conversion of this exact GGUF."""
     try:
         marker = json.loads((pack_dir(pack, cache_dir) / MARKER).read_text())
     except (OSError, ValueError):
         return False
-    return marker.get("gguf_sha256") == pack.sha256 and marker.get("format") == FORMAT
+    current = marker.get("gguf_sha256") == pack.sha256 and marker.get("format") == FORMAT
+    return current and damage(pack_dir(pack, cache_dir)) is None
+
+
+def damage(model_dir: Path) -> str | None:
+    """What is wrong with a saved Hugging Face model directory, or None if its files look whole.
+
+    Checks what a reader would trip over, without reading the weights: config.json parses, and
+    every safetensors file's header parses and accounts for the file's exact size (a truncated
+    copy is shorter). A few stat calls and the headers, so it is cheap enough for every load.
+    """
+    config = model_dir / "config.json"
+    try:
+        json.loads(config.read_text())
+    except FileNotFoundError:
+        return f"{config} is missing"
+    except (OSError, ValueError) as err:
+        return f"{config} is unreadable ({err})"
+    weights = sorted(model_dir.glob("*.safetensors"))
+    if not weights and not any(model_dir.glob("*.bin")):
+        return f"{model_dir} holds no weights (no *.safetensors file)"
+    for path in weights:
+        why = _safetensors_damage(path)
+        if why is not None:
+            return f"{path} {why}"
+    return None
+
+
+def _safetensors_damage(path: Path) -> str | None:
+    """None if the safetensors header parses and its tensors end exactly where the file does."""
+    size = path.stat().st_size
+    try:
+        with open(path, "rb") as f:
+            length = int.from_bytes(f.read(8), "little")
+            if size < 8 or 8 + length > size:
+                return f"is truncated ({size:,} bytes, shorter than its own header)"
+            header = json.loads(f.read(length))
+    except (OSError, ValueError) as err:
+        return f"has an unreadable header ({err})"
+    end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+    if 8 + length + end != size:
+        return f"is truncated ({size:,} bytes, its header says {8 + length + end:,})"
+    return None
+
+
+def check_cache_dir(cache_dir: str | Path | None = None, *, create: bool = True) -> Path:
+    """The cache directory, checked: a folder (created if ``create``) that files can be written
+    into. Raises :class:`ModelPackError` naming the path and ``--cache-dir`` / ``$SPECDEC_CACHE``."""
+    root = cache_root(cache_dir)
+    where = "--cache-dir" if cache_dir is not None else f"${CACHE_ENV}" if os.environ.get(CACHE_ENV) else "the default"
+    hint = f"point {'--cache-dir' if cache_dir is not None else CACHE_ENV} at a folder you can write to"
+    for path in (root, *root.parents):
+        if path.exists() and not path.is_dir():
+            raise ModelPackError(f"the cache directory {root} ({where}) cannot be used: {path} is a file", hint)
+    if not create:
+        return root
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=root):
+            pass
+    except OSError as err:
+        raise ModelPackError(f"cannot write into the cache directory {root} ({where}): "
+                             f"{err.strerror or err}", hint) from None
+    return root
 
 
 def missing_parts(pack: Pack) -> list[Part]:
@@ -289,6 +352,50 @@ def verify_file(pack: Pack, *, progress: bool = True) -> Path:
     return path
 
 
+def gguf_file(pack: Pack | str, cache_dir: str | Path | None = None, *, progress: bool = True) -> Path:
+    """The pack's GGUF, hash-checked, with no conversion: what the llama.cpp backend runs.
+
+    A single-part pack's installed file is checked in place. A chunked pack is joined once into
+    ``cache_root()/gguf/<pack>.gguf`` and kept there; a stamp beside it records the checked sha256,
+    size and modification time, so later calls skip the join and the hash (a changed file is
+    joined again). Raises :class:`ModelPackError` for a missing or corrupt part.
+    """
+    pack = PACKS[pack] if isinstance(pack, str) else pack
+    if len(pack.parts) == 1:
+        return verify_file(pack, progress=progress)
+    root = cache_root(cache_dir)
+    ready = _checked_join(pack, root)
+    if ready is not None:
+        return ready
+    locate_parts(pack)  # fail on a missing or truncated part before any work
+    dest = root / "gguf"
+    dest.mkdir(parents=True, exist_ok=True)
+    with _lock(dest / f".{pack.name}.lock"):
+        ready = _checked_join(pack, root)  # another process may have joined it while we waited
+        if ready is None:
+            _say(progress, f"{pack.name}: first use, joining its GGUF into {dest} (once)")
+            ready = join(pack, dest, progress=progress)
+            stat = ready.stat()
+            _stamp(ready).write_text(json.dumps(
+                {"sha256": pack.sha256, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}))
+    return ready
+
+
+def _stamp(gguf: Path) -> Path:
+    return gguf.with_name(gguf.name + ".checked.json")
+
+
+def _checked_join(pack: Pack, root: Path) -> Path | None:
+    """The joined GGUF in the cache if its stamp vouches for this exact file, else None."""
+    path = root / "gguf" / pack.gguf_name
+    try:
+        stamp, stat = json.loads(_stamp(path).read_text()), path.stat()
+    except (OSError, ValueError):
+        return None
+    fresh = (stamp.get("sha256"), stamp.get("size"), stamp.get("mtime_ns")) == (pack.sha256, stat.st_size, stat.st_mtime_ns)
+    return path if fresh else None
+
+
 def _raise_corrupt(pack: Pack, paths: list[Path], got: str) -> None:
     bad = [part for part, path in zip(pack.parts, paths) if _sha256(path) != part.sha256]
     names = ", ".join(f"{p.package} ({p.file})" for p in bad) or "an unknown part"
@@ -318,12 +425,13 @@ def convert(pack: Pack | str, cache_dir: str | Path | None = None, *, progress: 
     finished directory appears by an atomic rename.
     """
     pack = PACKS[pack] if isinstance(pack, str) else pack
-    root = cache_root(cache_dir)
+    root = check_cache_dir(cache_dir)
     final = pack_dir(pack, root)
     if is_converted(pack, root):
         return final
     locate_parts(pack)  # fail on a missing or truncated part before any work
-    root.mkdir(parents=True, exist_ok=True)
+    if (final / MARKER).is_file() and (why := damage(final)) is not None:
+        _say(progress, f"{pack.name}: the converted copy is damaged ({why}); converting it again")
     with _lock(root / f".{pack.name}.lock"):
         if is_converted(pack, root):  # another process finished it while we waited
             return final
@@ -333,6 +441,8 @@ def convert(pack: Pack | str, cache_dir: str | Path | None = None, *, progress: 
         try:
             if len(pack.parts) == 1:
                 gguf = verify_file(pack, progress=progress)
+            elif _checked_join(pack, root) is not None:
+                gguf = _checked_join(pack, root)  # joined already, for the llama.cpp backend
             else:
                 gguf = join(pack, work, progress=progress)
             out = work / "model"
@@ -394,6 +504,22 @@ def _convert_gguf(pack: Pack, gguf: Path, out: Path, progress: bool) -> None:
         )
 
 
+def check_gguf(path: Path) -> None:
+    """Raise :class:`ModelPackError` naming ``path`` if it is not a whole GGUF file (the reader's
+    own errors for a truncated file speak of numpy dtypes)."""
+    from gguf import GGUFReader
+
+    try:
+        GGUFReader(str(path))  # parses the header and maps every tensor; reads no weights
+    except Exception as err:  # noqa: BLE001 - any failure here means the file is not a usable GGUF
+        size = path.stat().st_size
+        raise ModelPackError(
+            f"{path} is not a readable GGUF file ({size:,} bytes; truncated or damaged: "
+            f"{type(err).__name__}: {str(err)[:120]})",
+            "copy or download the .gguf file again and compare its size and sha256 with the source",
+        ) from None
+
+
 def require_gguf_support() -> None:
     """transformers reads GGUF files only with the ``gguf`` and ``accelerate`` packages installed."""
     missing = [name for name in ("gguf", "accelerate") if importlib.util.find_spec(name) is None]
@@ -452,6 +578,8 @@ def load(
     cache_dir: str | Path | None = None,
     progress: bool = True,
     kernels: str = "auto",
+    backend: str = "torch",
+    n_threads: int | None = None,
 ) -> tuple[Any, Any]:
     """Load a causal LM and its tokenizer, in eval mode and ``dtype``.
 
@@ -464,8 +592,14 @@ def load(
     native bf16, and every row of a verification pass is computed bit for bit as a one-token step
     would compute it); ``"torch"`` keeps PyTorch's own.
 
+    backend: ``"torch"`` (a transformers model), ``"llamacpp"`` (a GGUF file or pack run by
+    llama.cpp: a :class:`~specdec.backends.llamacpp.LlamaCppCausalLM` on ``n_threads`` threads;
+    ``dtype`` and ``kernels`` do not apply) or ``"auto"`` (see :func:`resolve_backend`).
+
     Raises :class:`ModelPackError` for an unknown name or a missing or corrupt pack.
     """
+    if resolve_backend(name_or_path, backend) == "llamacpp":
+        return _load_llamacpp(name_or_path, cache_dir, progress, n_threads)
     if kernels not in ("auto", "torch"):
         raise ValueError(f"kernels must be 'auto' or 'torch', got {kernels!r}")
     torch_dtype = resolve_dtype(dtype)
@@ -490,6 +624,54 @@ def load(
     return model.eval(), tokenizer
 
 
+BACKENDS = ("auto", "torch", "llamacpp")
+
+
+def resolve_backend(name_or_path: str, backend: str) -> str:
+    """``"torch"`` or ``"llamacpp"``. ``"auto"`` is llamacpp for a pack or a ``.gguf`` file when the
+    llama.cpp binding is installed (on a 2-core CPU it decodes the default target's Q4_K_M file
+    about 3x faster per token than the bf16 torch model; docs/backends.md), else torch."""
+    from specdec.backends import llamacpp
+
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    is_gguf = name_or_path in PACKS or (Path(name_or_path).expanduser().suffix.lower() == ".gguf")
+    if backend == "llamacpp" and not is_gguf:
+        raise ModelPackError(f"the llama.cpp backend runs GGUF files; {name_or_path} is neither a pack nor a .gguf file",
+                             "pass a pack name or a .gguf file, or use the torch backend")
+    if backend == "auto":
+        return "llamacpp" if is_gguf and llamacpp.available() else "torch"
+    return backend
+
+
+def _load_llamacpp(name_or_path: str, cache_dir: str | Path | None, progress: bool, n_threads: int | None) -> tuple[Any, Any]:
+    """A pack's hash-checked GGUF (no conversion) or a local .gguf file in llama.cpp, and its tokenizer."""
+    from specdec.backends import llamacpp
+
+    pack = PACKS.get(name_or_path)
+    gguf = gguf_file(pack, cache_dir, progress=progress) if pack else Path(name_or_path).expanduser()
+    model = llamacpp.load_gguf(gguf, n_threads=n_threads, eos_token_ids=(pack.eos_token_ids or None) if pack else None)
+    return model, _gguf_tokenizer(pack, gguf, cache_dir)
+
+
+def _gguf_tokenizer(pack: Pack | None, gguf: Path, cache_dir: str | Path | None) -> Any:
+    """The tokenizer of a GGUF: a pack's is read once from its GGUF (15-25 s for Qwen) and kept in
+    the cache (or taken from its conversion); a loose file's is read from it each time."""
+    from transformers import AutoTokenizer
+
+    extra = {"fix_mistral_regex": False} if pack else {}
+    saved = [pack_dir(pack, cache_dir), cache_root(cache_dir) / "tokenizers" / pack.name] if pack else []
+    for folder in saved:
+        if (folder / "tokenizer_config.json").is_file() and (folder is not saved[0] or is_converted(pack, cache_dir)):
+            return AutoTokenizer.from_pretrained(folder, local_files_only=True, **extra)
+    require_gguf_support()
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+    fix_gguf_tokenizer(tokenizer, gguf)
+    if pack:
+        tokenizer.save_pretrained(saved[1])
+    return tokenizer
+
+
 def _resolve(name_or_path: str, cache_dir: str | Path | None, progress: bool) -> tuple[Path, str | None]:
     """(directory to load from, GGUF file name inside it or None)."""
     if name_or_path in PACKS:
@@ -497,6 +679,7 @@ def _resolve(name_or_path: str, cache_dir: str | Path | None, progress: bool) ->
     path = Path(name_or_path).expanduser()
     if path.is_file() and path.suffix.lower() == ".gguf":
         require_gguf_support()
+        check_gguf(path)
         return path.parent, path.name
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -505,6 +688,9 @@ def _resolve(name_or_path: str, cache_dir: str | Path | None, progress: bool) ->
                 "pass a directory written by save_pretrained, a .gguf file, or a pack name: "
                 + ", ".join(PACKS),
             )
+        why = damage(path)
+        if why is not None:
+            raise ModelPackError(f"the model in {path} is damaged: {why}", "save or copy the model again")
         return path, None
     if path.exists():
         raise ModelPackError(f"{path} is not a .gguf file", "pass a .gguf file, a model directory or a pack name")
@@ -548,11 +734,18 @@ def describe(cache_dir: str | Path | None = None) -> list[dict[str, Any]]:
             "installed": not missing,
             "missing_parts": [p.package for p in missing],
             "converted": is_converted(pack, cache_dir),
+            "damaged": _damaged_conversion(pack, cache_dir),
             "path": str(pack_dir(pack, cache_dir)),
             "install": pack.install_command(missing or None),
             "default": {DEFAULT_TARGET: "target", DEFAULT_DRAFT: "draft"}.get(pack.name),
         })
     return rows
+
+
+def _damaged_conversion(pack: Pack, cache_dir: str | Path | None) -> str | None:
+    """Why a finished conversion in the cache is unusable (it is redone on the next load), or None."""
+    folder = pack_dir(pack, cache_dir)
+    return damage(folder) if folder.is_dir() and (folder / MARKER).is_file() else None
 
 
 # --------------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import copy
 import os
 import shlex
 import sys
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -23,6 +24,7 @@ DEFAULT_METHODS = (
     "spec:ngram:block:k=4,hf-assisted,hf-prompt-lookup"
 )
 DEFAULT_PROMPTS = "humaneval:8,mtbench:8"
+BACKEND_CHOICES = {"torch": ("torch",), "llamacpp": ("llamacpp",), "both": ("torch", "llamacpp")}
 DESCRIPTION = (
     "Time the project's speculative methods against the target alone (ar) and against "
     "transformers' assisted generation and prompt lookup, on the same models, prompts and "
@@ -47,26 +49,33 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
-    from specdec.cli import add_model_options
+    from specdec.cli import add_model_options, non_negative_float, non_negative_int, positive_int, seed_int
 
     add_model_options(parser)  # --target, --draft (here 'none' goes without), --dtype, --cache-dir
     parser.add_argument("--prompts", default=DEFAULT_PROMPTS,
-                        help="prompt sets and counts: humaneval, mtbench, sharegpt or a .jsonl file, "
+                        help="prompt sets and counts: humaneval, edit (rewrite a HumanEval solution), mtbench, sharegpt "
+                             "or a .jsonl file, "
                              f"e.g. humaneval:8,my.jsonl:4 (default: {DEFAULT_PROMPTS})")
     parser.add_argument("--methods", default=DEFAULT_METHODS,
                         help="comma-separated: ar, spec:[<drafter>:]<verifier>[:k=N][:policy=P][:option=V...] "
                              "(drafters: model, ngram, early-exit, layer-skip), spec:tree[:budget=N], hf-assisted[:k=N], "
-                             "hf-prompt-lookup[:k=N], hf-ar; ar is always run (default: %(default)s)")
-    parser.add_argument("--temperature", type=float, nargs="+", default=[0.0],
+                             "hf-prompt-lookup[:k=N], hf-ar, llamacpp-ar; ar and spec "
+                             "take backend=torch|llamacpp; ar is always run, on each backend used (default: %(default)s)")
+    parser.add_argument("--backend", choices=tuple(BACKEND_CHOICES), default="torch",
+                        help="where ar and spec methods without backend= run: torch (transformers' weights), "
+                             "llamacpp (the GGUF, through llama.cpp) or both (each such method on each, "
+                             "interleaved in one run) (default: torch)")
+    parser.add_argument("--temperature", type=non_negative_float, nargs="+", default=[0.0],
                         help="one run per value; 0 is greedy; top_k 0 and top_p 1 throughout (default: 0)")
-    parser.add_argument("--max-new-tokens", type=int, default=128, help="(default: 128)")
-    parser.add_argument("--repeats", type=int, default=1, help="timed runs of each method on each prompt (default: 1)")
-    parser.add_argument("--warmup-tokens", type=int, default=16,
+    parser.add_argument("--max-new-tokens", type=positive_int, default=128, help="(default: 128)")
+    parser.add_argument("--repeats", type=positive_int, default=1,
+                        help="timed runs of each method on each prompt (default: 1)")
+    parser.add_argument("--warmup-tokens", type=non_negative_int, default=16,
                         help="tokens of the untimed warm-up run per method; 0: none (default: 16)")
-    parser.add_argument("--seed", type=int, default=0, help="picks the prompts and seeds sampling (default: 0)")
+    parser.add_argument("--seed", type=seed_int, default=0, help="picks the prompts and seeds sampling (default: 0)")
     parser.add_argument("--eos", choices=("ignore", "stop"), default="ignore",
                         help="ignore: every run makes exactly --max-new-tokens tokens; stop: end at EOS (default: ignore)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--out", default="benchmarks/latest", help="output folder (default: benchmarks/latest)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -78,21 +87,11 @@ def bench_command(args: argparse.Namespace, argv: Sequence[str] | None = None) -
     import transformers
 
     from specdec.bench import report
-    from specdec.bench.methods import parse_methods
-    from specdec.bench.prompts import load_prompts
-    from specdec.bench.runner import BenchSettings, run_bench
+    from specdec.bench.runner import run_bench
 
-    try:
-        methods = parse_methods(args.methods)
-        prompts = load_prompts(args.prompts, seed=args.seed)
-        settings = [
-            BenchSettings(max_new_tokens=args.max_new_tokens, temperature=t, repeats=args.repeats,
-                          warmup_tokens=args.warmup_tokens, seed=args.seed, ignore_eos=args.eos == "ignore")
-            for t in args.temperature
-        ]
-    except ValueError as e:
-        print(f"specdec bench: {e}", file=sys.stderr)
-        return 2
+    methods, prompts, settings = _plan(args)
+    out = Path(args.out)
+    folders = {s: _prepare_folder(out / _run_folder(s)) for s in settings}  # before any model work
     if args.threads:
         torch.set_num_threads(args.threads)
     transformers.logging.set_verbosity_error()
@@ -105,17 +104,82 @@ def bench_command(args: argparse.Namespace, argv: Sequence[str] | None = None) -
             "draft": report.model_info(models.draft, models.draft_name)}
     if info["draft"] is not None:
         info["draft"]["weights"] = models.draft_weights
-    out = Path(args.out)
+    if models.llamacpp is not None:
+        info["llamacpp"] = report.llamacpp_info(models.llamacpp)
     runs = []
     for s in settings:
         before = _load_average()
         run = run_bench(models, methods, prompts, s, progress=not args.no_progress)
         data = report.results(run, env | {"load_average_run": [before, _load_average()]}, info)
-        folder = report.write_run(data, out / ("greedy" if s.greedy else f"t{s.temperature:g}"))
+        folder = _save(lambda where: report.write_run(data, where), folders[s], _run_folder(s))
         print(report.markdown(data) + f"\n\n(written to {folder})\n")
         runs.append(data)
-    (out / "README.md").write_text(report.summary_markdown(runs, command))
+    _save(lambda where: (where / "README.md").write_text(report.summary_markdown(runs, command)), out, "")
     return 0
+
+
+def _plan(args: argparse.Namespace) -> tuple[list[MethodSpec], list[Any], list[Any]]:
+    """(methods, prompts, settings per temperature) from the options; :class:`CLIError` if they are wrong."""
+    from specdec.bench.methods import parse_methods
+    from specdec.bench.prompts import load_prompts
+    from specdec.bench.runner import BenchSettings
+    from specdec.cli import CLIError
+
+    try:
+        methods = parse_methods(args.methods, BACKEND_CHOICES[getattr(args, "backend", "torch")])
+    except ValueError as e:
+        raise CLIError(str(e), "write methods like ar,spec:block:k=4,hf-assisted (see 'specdec bench --help')",
+                       code=2) from None
+    try:
+        prompts = load_prompts(args.prompts, seed=args.seed)
+    except ValueError as e:
+        raise CLIError(str(e), 'write prompt sets like humaneval:8,mtbench:8, or a .jsonl file with one '
+                       '{"prompt": "..."} object per line', code=2) from None
+    settings = [BenchSettings(max_new_tokens=args.max_new_tokens, temperature=t, repeats=args.repeats,
+                              warmup_tokens=args.warmup_tokens, seed=args.seed, ignore_eos=args.eos == "ignore")
+                for t in dict.fromkeys(args.temperature)]
+    drafted = [m.name for m in methods if m.needs_draft_model]
+    if drafted and str(args.draft).lower() == "none":
+        raise CLIError(f"{', '.join(drafted)} need{'s' if len(drafted) == 1 else ''} a draft model, but --draft is none",
+                       "give --draft MODEL, or leave those methods out of --methods", code=2)
+    return methods, prompts, settings
+
+
+def _run_folder(settings: Any) -> str:
+    return "greedy" if settings.greedy else f"t{settings.temperature:g}"
+
+
+def _prepare_folder(folder: Path) -> Path:
+    """Create ``folder`` (and its parents) and check files can be written in it."""
+    from specdec.cli import CLIError
+
+    for parent in (folder, *folder.parents):
+        if parent.exists() and not parent.is_dir():
+            raise CLIError(f"--out: {parent} is a file, not a folder",
+                           "give --out a folder path (it is created if missing)", code=2)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise CLIError(f"--out: cannot write into {folder} ({e.strerror or e})",
+                       "give --out a folder you can write to", code=2) from None
+    return folder
+
+
+def _save(write: Any, folder: Path, name: str) -> Path:
+    """``write(folder)``; if that fails, ``write`` into a new temporary folder instead and say where,
+    so a finished run is never lost."""
+    try:
+        write(folder)
+        return folder
+    except OSError as e:
+        fallback = Path(tempfile.mkdtemp(prefix="specdec-bench-")) / name
+        fallback.mkdir(parents=True, exist_ok=True)
+        print(f"specdec bench: warning: could not write into {folder} ({e}); writing to {fallback} instead",
+              file=sys.stderr)
+        write(fallback)
+        return fallback
 
 
 def _load_average() -> list[float] | None:
@@ -135,16 +199,53 @@ def _warn_if_busy(env: dict[str, Any]) -> None:
 
 
 def load_models(args: argparse.Namespace, methods: Sequence[MethodSpec]) -> BenchModels:
-    """Load the target, and the draft when a method needs one, as ``specdec generate`` does."""
+    """Load the target, and the draft when a method needs one, as ``specdec generate`` does; for
+    methods on llama.cpp, find the GGUFs (loaded by the runner, once, when it knows the context)."""
+    import torch
+
+    from specdec.backends import llamacpp as llamacpp_backend
+    from specdec.bench.llamacpp import LlamaCppModels
     from specdec.bench.runner import BenchModels
     from specdec.cli import load_models as load
 
-    wants_draft = any(m.needs_draft_model for m in methods) and str(args.draft).lower() != "none"
+    has_draft = str(args.draft).lower() != "none"
+    on_llamacpp = [m for m in methods if m.backend == "llamacpp"]
+    if on_llamacpp and not llamacpp_backend.available():
+        from specdec.cli import CLIError
+
+        raise CLIError(f"{', '.join(m.name for m in on_llamacpp)} run on llama.cpp, which needs its binding",
+                       f"install it ({llamacpp_backend.INSTALL}), or leave out the llama.cpp methods "
+                       "(--backend torch, no llamacpp-ar)", code=2)
+    wants_draft = has_draft and any(m.needs_draft_model and m.backend == "torch" for m in methods)
     target, draft, tokenizer = load(args, draft=wants_draft)
     if draft is target:  # the peers' forward hooks must tell the two apart
         draft = copy.deepcopy(target)
-    return BenchModels(target, tokenizer, draft, args.target, args.draft if draft is not None else None,
-                       getattr(args, "draft_weights", "int8"))
+    llamacpp = None
+    if on_llamacpp:
+        draft_gguf = has_draft and any(m.needs_draft_model for m in on_llamacpp)
+        llamacpp = LlamaCppModels(gguf_path(args.target, args), gguf_path(args.draft, args) if draft_gguf else None,
+                                  n_threads=args.threads or torch.get_num_threads())
+    return BenchModels(target, tokenizer, draft, args.target,
+                       args.draft if draft is not None or (llamacpp and llamacpp.draft_path) else None,
+                       getattr(args, "draft_weights", "int8"), llamacpp)
+
+
+def gguf_path(name: str, args: argparse.Namespace) -> Path:
+    """The GGUF a model name stands for on llama.cpp: a pack's (joined and hash-checked) or a local file."""
+    from specdec import models
+    from specdec.cli import CLIError
+
+    if name in models.PACKS:
+        try:
+            return models.gguf_file(name, args.cache_dir)
+        except models.ModelPackError as err:
+            raise CLIError(err.message, err.hint) from None
+    path = Path(name).expanduser()
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return path
+    raise CLIError(f"the llama.cpp backend runs GGUF files, and {name} is neither a model pack nor a .gguf file",
+                   f"give a pack ({', '.join(models.PACKS)}) or a .gguf file, or run the methods on "
+                   "--backend torch", code=2)
 
 
 def _command(argv: Sequence[str] | None) -> str:
@@ -178,13 +279,14 @@ def _resolved_command(args: argparse.Namespace) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m specdec.bench [options]``."""
-    parser = argparse.ArgumentParser(prog="python -m specdec.bench", description=DESCRIPTION)
-    _add_arguments(parser)
-    args = parser.parse_args(argv)
-    from specdec.cli import CLIError
+    from specdec.cli import CLIError, _fail, _Parser
 
+    from specdec.memory import keep_freed_memory
+
+    parser = _Parser(prog="python -m specdec.bench", description=DESCRIPTION)
+    _add_arguments(parser)
+    keep_freed_memory()  # as the specdec command does (specdec.memory)
     try:
-        return bench_command(args, argv)
+        return bench_command(parser.parse_args(argv), argv)
     except CLIError as err:
-        print(f"specdec bench: {err.message}\nhint: {err.hint}", file=sys.stderr)
-        return err.code
+        return _fail(err.message, err.hint, err.code)

@@ -2,10 +2,15 @@
 
 Definitions (per method, over all its timed runs):
 
-- ``tokens_per_second``: total new tokens / total wall time.
-- ``speedup_vs_ar``: tokens_per_second / ar's tokens_per_second -- the ratio of total time for the
-  same tokens when the token counts are equal (they are when EOS is ignored).
+- ``tokens_per_second``: total new tokens / total wall time; ``ms_per_token``: its inverse in ms.
+- ``speedup_vs_ar``: tokens_per_second / ar's tokens_per_second, where ar is the target alone on
+  the method's own backend (``ar`` on torch, ``ar:backend=llamacpp`` on llama.cpp; transformers'
+  peers count as torch, llama.cpp's as llamacpp) -- the ratio of total time for the same tokens
+  when the token counts are equal (they are when EOS is ignored).
   ``speedup_vs_ar_geomean``: geometric mean over prompts of the same ratio per prompt.
+- ``speedup_vs_llamacpp_ar`` (when ``llamacpp-ar`` ran): the same ratio against the llama.cpp
+  binding's own generation on the target's GGUF, whatever the method's backend; ``..._geomean`` and
+  ``..._min`` over prompts, and ``..._by_set`` per prompt set (geometric means).
 - ``decode_speedup_vs_ar``: the same ratio for decoding alone: each run's tokens and time after
   its first step (the first target forward, which prefills the prompt; for draft-model methods the
   draft's prefill comes before it). ``first_step_seconds``: the mean time to that point. With
@@ -20,8 +25,11 @@ Definitions (per method, over all its timed runs):
   excluded). ``predicted_speedup``: :func:`specdec.theory.expected_speedup` of alpha, the mean
   number of drafts per step and c. ``verify_step_ratio``: median target step of the method /
   median ar step (what a k-token verification costs next to a 1-token step; the formula takes 1).
-- ``identical_to_ar_fraction`` (greedy runs): the share of prompts whose output equals ar's
-  token for token in every repeat.
+- ``identical_to_ar_fraction`` (greedy runs): the share of prompts whose output equals the same
+  backend's ar token for token in every repeat. ``divergences``: for each run that differs, the
+  first differing position, the two tokens, and the target's top-2 logit margin there as ar's
+  pass and as the method's own pass computed it (see :mod:`specdec.bench.divergence`): a margin
+  near 0 is a near-tie that kernel rounding can flip, a wide one points at a verification bug.
 
 For a token tree, drafted tokens are tree nodes and accepted ones the kept path, and no
 prediction is made (the closed form is for a chain). Lossy methods carry ``exact: false`` and
@@ -62,24 +70,51 @@ def summarize(run: BenchRun) -> dict[str, dict[str, Any]]:
     by_method: dict[str, list[Sample]] = defaultdict(list)
     for s in run.samples:
         by_method[s.method].append(s)
-    ar = by_method.get("ar", [])
-    ar_runs = {(s.prompt, s.repeat): s for s in ar}
-    ar_tps = _tps(ar)
-    ar_decode = _decode_tps(ar)
-    ar_step = _median([s.step_seconds for s in ar])
     summary = {}
     for method in run.methods:
         samples = by_method.get(method.name, [])
-        summary[method.name] = _method_summary(method, samples, ar, ar_runs, ar_tps, ar_step, run)
-        decode = _decode_tps(samples)
+        ar = by_method.get(method.ar.name, [])
+        ar_runs = {(s.prompt, s.repeat): s for s in ar}
+        ar_step = _median([s.step_seconds for s in ar])
+        summary[method.name] = _method_summary(method, samples, ar, ar_runs, _tps(ar), ar_step, run)
+        decode, ar_decode = _decode_tps(samples), _decode_tps(ar)
         firsts = [s.first_step_seconds for s in samples if s.first_step_seconds is not None]
         summary[method.name].update(
             decode_tokens_per_second=decode,
             decode_speedup_vs_ar=decode / ar_decode if decode and ar_decode else None,
             first_step_seconds=statistics.fmean(firsts) if firsts and len(firsts) == len(samples) else None,
+            divergences=[d for d in run.divergences if d["method"] == method.name],
         )
+        summary[method.name].update(_against_llamacpp_ar(samples, by_method.get("llamacpp-ar", []), run))
     _compare_with_peers(run.methods, summary)
     return summary
+
+
+def _against_llamacpp_ar(samples: Sequence[Sample], base: Sequence[Sample], run: BenchRun) -> dict[str, Any]:
+    """Speed-ups against the llama.cpp binding's own generation: overall, per prompt and per prompt set."""
+    mine, theirs = _tps(samples), _tps(base)
+    per_prompt = _per_prompt_ratios(samples, base)
+    by_set: dict[str, list[float]] = defaultdict(list)
+    for prompt, ratio in per_prompt.items():
+        by_set[run.prompts[prompt].set].append(math.log(ratio))
+    logs = [math.log(r) for r in per_prompt.values()]
+    return {
+        "speedup_vs_llamacpp_ar": mine / theirs if mine and theirs else None,
+        "speedup_vs_llamacpp_ar_geomean": math.exp(statistics.fmean(logs)) if logs else None,
+        "speedup_vs_llamacpp_ar_min": min(per_prompt.values()) if per_prompt else None,
+        "speedup_vs_llamacpp_ar_by_set": {k: math.exp(statistics.fmean(v)) for k, v in by_set.items()} or None,
+    }
+
+
+def _per_prompt_ratios(samples: Sequence[Sample], base: Sequence[Sample]) -> dict[int, float]:
+    """Per prompt index: tokens per second over all repeats / the same for ``base``."""
+    ratios = {}
+    for prompt in sorted({s.prompt for s in samples}):
+        mine = _tps([s for s in samples if s.prompt == prompt])
+        theirs = _tps([s for s in base if s.prompt == prompt])
+        if mine > 0 and theirs > 0:
+            ratios[prompt] = mine / theirs
+    return ratios
 
 
 def _method_summary(method, samples, ar, ar_runs, ar_tps, ar_step, run) -> dict[str, Any]:
@@ -95,6 +130,8 @@ def _method_summary(method, samples, ar, ar_runs, ar_tps, ar_step, run) -> dict[
         "new_tokens": tokens,
         "seconds": seconds,
         "tokens_per_second": tps,
+        "ms_per_token": 1000 * seconds / tokens if tokens else None,
+        "ar": method.ar.name,
         "speedup_vs_ar": tps / ar_tps if ar_tps else None,
         "speedup_vs_ar_geomean": _geomean_speedup(samples, ar),
         "target_forwards": forwards,
@@ -139,12 +176,7 @@ def _tps(samples: Sequence[Sample]) -> float:
 
 
 def _geomean_speedup(samples: Sequence[Sample], ar: Sequence[Sample]) -> float | None:
-    ratios = []
-    for prompt in sorted({s.prompt for s in samples}):
-        mine = _tps([s for s in samples if s.prompt == prompt])
-        base = _tps([s for s in ar if s.prompt == prompt])
-        if mine > 0 and base > 0:
-            ratios.append(math.log(mine / base))
+    ratios = [math.log(r) for r in _per_prompt_ratios(samples, ar).values()]
     return math.exp(statistics.fmean(ratios)) if ratios else None
 
 
@@ -250,6 +282,7 @@ def environment(command: str, dtype: str) -> dict[str, Any]:
             "torch": torch.__version__,
             "transformers": transformers.__version__,
             "numpy": numpy.__version__,
+            "ik_llama_cpp_python": _version("ik-llama-cpp-python"),
         },
         "git": _git(),
         "cpu": _cpu_model(),
@@ -261,6 +294,13 @@ def environment(command: str, dtype: str) -> dict[str, Any]:
         "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         "fast_bf16_kernel": kernels.status(),
     }
+
+
+def llamacpp_info(models: Any) -> dict[str, Any]:
+    """The GGUFs the llama.cpp methods and peers run, and their threads."""
+    return {"target_gguf": str(models.target_path),
+            "draft_gguf": str(models.draft_path) if models.draft_path else None,
+            "threads": models.n_threads}
 
 
 def model_info(model: Any, name: str | None) -> dict[str, Any] | None:
@@ -275,6 +315,16 @@ def model_info(model: Any, name: str | None) -> dict[str, Any] | None:
         "linear_kernels": kernels.describe_model(model),
         "backend": "lean" if lean_unsupported(model) is None else f"transformers ({lean_unsupported(model)})",
     }
+
+
+def _version(distribution: str) -> str | None:
+    """An installed distribution's version, None if it is not installed."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def _cpu_model() -> str:
@@ -347,8 +397,11 @@ def title(data: dict[str, Any]) -> str:
 COLUMNS = [
     ("method", None),
     ("tok/s", "tokens_per_second"),
+    ("ms/token", "ms_per_token"),
     ("speed-up vs ar", "speedup_vs_ar"),
     ("geomean", "speedup_vs_ar_geomean"),
+    ("vs llamacpp-ar", "speedup_vs_llamacpp_ar"),
+    ("geomean (worst)", "speedup_vs_llamacpp_ar_geomean"),
     ("decoding speed-up", "decode_speedup_vs_ar"),
     ("first step (s)", "first_step_seconds"),
     ("tokens/forward", "mean_accepted_per_forward"),
@@ -365,28 +418,36 @@ COLUMNS = [
 
 def markdown(data: dict[str, Any]) -> str:
     """The summary table, one row per method, under a line saying what was run."""
+    llamacpp_ar = any(m.get("speedup_vs_llamacpp_ar") is not None for m in data["methods"].values())
+    columns = [(c, key) for c, key in COLUMNS if llamacpp_ar or not (key or "").startswith("speedup_vs_llamacpp_ar")]
     lines = [
         f"**{title(data)}**",
         "",
-        "| " + " | ".join(c for c, _ in COLUMNS) + " |",
-        "|" + "|".join("---" if c == "method" else "---:" for c, _ in COLUMNS) + "|",
+        "| " + " | ".join(c for c, _ in columns) + " |",
+        "|" + "|".join("---" if c == "method" else "---:" for c, _ in columns) + "|",
     ]
     for name, m in data["methods"].items():
         cells = []
-        for column, key in COLUMNS:
+        for column, key in columns:
             if column == "method":
                 cells.append(f"`{name}`" + ("" if m["exact"] else " (LOSSY)"))
             elif column == "draft / verify / other":
                 cells.append(_split(m))
             elif key == "vs_peer":
                 cells.append(f"{_fmt(m.get(key), 'x')} {m['peer']}" if m.get("peer") else "–")
-            elif key in ("speedup_vs_ar", "speedup_vs_ar_geomean", "predicted_speedup", "decode_speedup_vs_ar"):
+            elif key == "speedup_vs_llamacpp_ar_geomean":
+                worst = m.get("speedup_vs_llamacpp_ar_min")
+                cells.append(_fmt(m.get(key), "x") + (f" ({_fmt(worst, 'x')})" if worst is not None else ""))
+            elif key in ("speedup_vs_ar", "speedup_vs_ar_geomean", "predicted_speedup", "decode_speedup_vs_ar",
+                         "speedup_vs_llamacpp_ar"):
                 cells.append(_fmt(m.get(key), "x"))
             elif key in ("acceptance_rate", "alpha"):
                 cells.append(_fmt(m.get(key), "%"))
             else:
                 cells.append(_fmt(m.get(key)))
         lines.append("| " + " | ".join(cells) + " |")
+    lines += _set_lines(data) if llamacpp_ar else []
+    lines += _divergence_lines(data)
     for name, why in data.get("skipped", {}).items():
         lines.append(f"\n`{name}` not run: {why}.")
     for name, error in data.get("failed", {}).items():
@@ -395,12 +456,55 @@ def markdown(data: dict[str, Any]) -> str:
         "\nSpeed-up: ratio of tokens per second to `ar` over all prompts (geomean: per prompt); "
         "decoding speed-up: the same after each run's first step, which prefills the prompt "
         "(first step: its mean time). "
-        "tokens/forward: new tokens per target forward. α: per-token acceptance; k: drafts per step; "
+        "Speed-ups and identity are against `ar` on the method's own backend (`ar:backend=llamacpp` for "
+        "llama.cpp methods and peers). "
+        + ("vs llamacpp-ar: ratio of tokens per second to the llama.cpp binding's own generation on the same "
+           "GGUF (then: geomean over prompts, the worst prompt in brackets). " if llamacpp_ar else "")
+        + "tokens/forward: new tokens per target forward. α: per-token acceptance; k: drafts per step; "
         "c: one draft token's time / one `ar` step; predicted: (1-α^(k+1)) / ((1-α)(kc+1)). "
         "vs peer: speed-up over the fastest peer of the same kind (draft model: `hf-assisted`; "
-        "n-gram: `hf-prompt-lookup`). Peers' draft/verify are their models' forward times."
+        "n-gram: `hf-prompt-lookup`; none on llama.cpp). Peers' draft/verify are "
+        "their models' forward times."
     )
     return "\n".join(lines)
+
+
+def _set_lines(data: dict[str, Any]) -> list[str]:
+    """Per prompt set, each method's geomean speed-up against llamacpp-ar."""
+    rows = {name: m["speedup_vs_llamacpp_ar_by_set"] for name, m in data["methods"].items()
+            if m.get("speedup_vs_llamacpp_ar_by_set")}
+    sets = list(dict.fromkeys(name for by_set in rows.values() for name in by_set))
+    if not rows or len(sets) < 2:
+        return []
+    lines = ["", "Speed-up against `llamacpp-ar` per prompt set (geomean over its prompts):", "",
+             "| method | " + " | ".join(sets) + " |", "|---|" + "---:|" * len(sets)]
+    for name, by_set in rows.items():
+        lines.append(f"| `{name}` | " + " | ".join(_fmt(by_set.get(x), "x") for x in sets) + " |")
+    return lines
+
+
+def _divergence_lines(data: dict[str, Any]) -> list[str]:
+    """One line per greedy run whose output left its backend's ar: where, the tokens, the margins."""
+    lines = []
+    for name, m in data["methods"].items():
+        for d in m.get("divergences") or []:
+            margins = ", ".join(f"{d[key]:.3g} in {what}" for key, what in
+                                (("ar_margin", f"`{m['ar']}`'s pass"), ("margin", "its own pass"))
+                                if d.get(key) is not None)
+            lines.append(
+                f"\n`{name}` leaves `{m['ar']}` on {d['prompt_id']} (repeat {d['repeat']}) at new token "
+                f"{d['position']}: {_token(d, 'token')} instead of {_token(d, 'ar_token')}"
+                + (f"; the target's top-2 logit margin there: {margins}" if margins else "") + "."
+            )
+    return lines
+
+
+def _token(d: dict[str, Any], key: str) -> str:
+    """A divergence's token: its id and, when known, its text."""
+    if d.get(key) is None:
+        return "the end of the output"
+    text = d.get(f"{key}_text")
+    return f"{d[key]} ({text!r})" if text is not None else str(d[key])
 
 
 def _split(m: dict[str, Any]) -> str:
@@ -497,7 +601,8 @@ def _plot_k_sweep(plt, methods):
     for m in methods.values():
         spec = m["spec"]
         if spec["kind"] == "spec" and spec["verifier"] != "tree":
-            families[f"{spec['drafter']}:{spec['verifier']}:{spec['policy']}"].append((spec["k"], m))
+            backend = "" if spec.get("backend", "torch") == "torch" else f" ({spec['backend']})"
+            families[f"{spec['drafter']}:{spec['verifier']}:{spec['policy']}{backend}"].append((spec["k"], m))
     for family, points in families.items():
         points.sort(key=lambda p: p[0])
         ks = [k for k, _ in points]
@@ -514,9 +619,11 @@ def _plot_k_sweep(plt, methods):
     right.set_ylabel("tokens per target forward")
     for ax in (left, right):
         ax.xaxis.get_major_locator().set_params(integer=True)
-    left.legend(fontsize=7)
-    if families:
-        right.legend(fontsize=7)
+    for ax in (left, right):
+        if ax.get_legend_handles_labels()[0]:  # an empty legend is a warning from matplotlib
+            ax.legend(fontsize=7)
+    if not families:
+        left.text(0.5, 0.5, "no chain methods in this run", ha="center", transform=left.transAxes)
     return fig
 
 
