@@ -608,16 +608,16 @@ def _differs(run, prompt):
 
 
 def test_llamacpp_methods_without_the_binding_or_a_gguf_fail_clearly(monkeypatch, tmp_path, capsys):
-    import importlib.util
 
     from specdec.bench.cli import gguf_path
     from specdec.cli import CLIError
 
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ik_llama_cpp" else real(name, *a))
+    from specdec.backends import llamacpp
+
+    monkeypatch.setattr(llamacpp, "available", lambda: False)
     assert main(["--methods", "llamacpp-ar", "--out", str(tmp_path), "--no-progress"]) == 2
     err = capsys.readouterr().err
-    assert "llamacpp-ar run on llama.cpp, which needs its binding" in err and "pip install ik-llama-cpp-python" in err
+    assert "llamacpp-ar run on llama.cpp, which needs its binding" in err and "pip install llama-cpp-python" in err
     with pytest.raises(CLIError, match="neither a model pack nor a .gguf file"):
         gguf_path(str(tmp_path), argparse.Namespace(cache_dir=None))
     (tmp_path / "m.gguf").write_bytes(b"GGUF")

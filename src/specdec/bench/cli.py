@@ -217,7 +217,8 @@ def load_models(args: argparse.Namespace, methods: Sequence[MethodSpec]) -> Benc
                        f"install it ({llamacpp_backend.INSTALL}), or leave out the llama.cpp methods "
                        "(--backend torch, no llamacpp-ar)", code=2)
     wants_draft = has_draft and any(m.needs_draft_model and m.backend == "torch" for m in methods)
-    target, draft, tokenizer = load(args, draft=wants_draft)
+    # the transformers models (the bench's --backend says where methods run, not how these load)
+    target, draft, tokenizer = load(argparse.Namespace(**{**vars(args), "backend": "torch"}), draft=wants_draft)
     if draft is target:  # the peers' forward hooks must tell the two apart
         draft = copy.deepcopy(target)
     llamacpp = None

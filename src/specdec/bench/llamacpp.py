@@ -2,7 +2,7 @@
 
 Project methods with ``backend=llamacpp`` run on :mod:`specdec.backends.llamacpp` (the target's
 GGUF and, for draft-model methods, the draft's). The ``llamacpp-ar`` peer runs the binding's own
-``IkLlama`` on the target's GGUF (:mod:`specdec.bench.peers`). The backend's models are loaded
+``llama_cpp.Llama`` on the target's GGUF (:mod:`specdec.bench.peers`). The backend's models are loaded
 before the warm-up, with a context long enough for the run's longest prompt plus its token
 budget, the peer's on its first run (the warm-up); all are kept for every later method, prompt
 and temperature.
@@ -54,15 +54,15 @@ class LlamaCppModels:
     def peer(self, method: MethodSpec) -> Any:
         """The binding's own model object for a ``llamacpp-*`` peer (loaded on first use)."""
         if method.kind not in self.peers:
-            from ik_llama_cpp import IkLlama
+            from llama_cpp import Llama
 
             from specdec.backends.llamacpp import DEFAULT_BATCH
 
             # Flash attention off, and a context of at least DEFAULT_BATCH tokens (the binding batches
             # its prefill by min(n_ctx, 512)), as on the backend: the same passes, the same logits.
-            self.peers[method.kind] = IkLlama(
-                str(self.target_path), n_ctx=max(self.n_ctx, DEFAULT_BATCH), n_threads=self.n_threads or 0,
-                flash_attn=False, verbose=False,
+            self.peers[method.kind] = Llama(
+                str(self.target_path), n_ctx=max(self.n_ctx, DEFAULT_BATCH), n_threads=self.n_threads or None,
+                n_threads_batch=self.n_threads or None, n_batch=DEFAULT_BATCH, flash_attn=False, verbose=False,
             )
         return self.peers[method.kind]
 

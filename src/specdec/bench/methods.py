@@ -21,16 +21,16 @@ Grammar (fields separated by ``:``)::
     hf-prompt-lookup[:k=N]       transformers' prompt lookup; k = prompt_lookup_num_tokens
                                  (default 10)
     hf-ar                        transformers' own generate without an assistant (a reference)
-    llamacpp-ar                  the llama.cpp binding's own model (``IkLlama``) on the target's
-                                 GGUF: its prefill, then one ``llama_decode`` per token (see
-                                 :mod:`specdec.bench.peers`): llama.cpp's speed without specdec
+    llamacpp-ar                  llama-cpp-python's own ``Llama.generate`` on the target's GGUF
+                                 (the backend's binding and build; see :mod:`specdec.bench.peers`):
+                                 llama.cpp's speed without specdec
 
 ``backend=llamacpp`` runs a project method on the llama.cpp backend (the target's GGUF, and the
 draft's), ``backend=torch`` (the default) on transformers' weights; the bench's ``--backend``
 changes the default, and ``both`` runs each method on both. On llama.cpp the drafters are the
 draft model and the n-gram drafter (the others read the transformers model's layers). The
-binding (ik-llama-cpp-python) has no prompt-lookup or assisted decoding of its own, so
-``llamacpp-ar`` is the only llama.cpp peer.
+binding's own prompt lookup (``draft_model=``) asks for every position's full-vocabulary logits
+and is slower than its plain generation here, so ``llamacpp-ar`` is the only llama.cpp peer.
 
 Examples: ``spec:block:k=4``, ``spec:token:k=2``, ``spec:ngram:block:k=4`` (the same as
 ``spec:block:drafter=ngram:k=4``), ``spec:block:policy=theory``,

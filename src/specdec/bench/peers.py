@@ -179,53 +179,35 @@ def _forward_timer(model: Any, calls: list[tuple[int, int, float]], ends: list[f
 
 
 def _run_llamacpp_peer(method, models, prompt_ids, temperature, max_new_tokens, eos, seed) -> Sample:
-    """``llamacpp-ar``: the binding's ``IkLlama`` on the target's GGUF. Its ``generate`` prefills
-    the prompt (``max_tokens=0``: only that), then each token is one ``llama_decode`` of one token
-    through the binding's own context, chosen from the returned logits: their argmax at
-    temperature 0, else a draw from softmax(logits / T) seeded with ``seed``. (The binding's own
-    token loop samples by building a Python array over the whole vocabulary at every token, about
-    0.3 s per token for SmolLM2's 49k tokens -- a measure of that loop, not of llama.cpp -- and
-    reads the logits at row -1, which this llama.cpp does not resolve to the last row.)"""
-    from ik_llama_cpp import _ctypes_api as C
-    from ik_llama_cpp._internals import make_batch_single
-
+    """``llamacpp-ar``: llama-cpp-python's own ``Llama.generate`` on the target's GGUF, the same
+    binding and llama.cpp build the backend runs. Its sampler chain is set to plain sampling
+    (greedy at temperature 0, else softmax(logits / T) with top-k, top-p, min-p, typical and the
+    repetition penalty switched off), seeded with ``seed``. The cache is emptied first, so the
+    prompt is prefilled every time (no prefix reuse between repeats)."""
     llm = models.llamacpp.peer(method)
-    context, vocab = llm._context, llm._model.n_vocab
-    generator = np.random.default_rng(seed)
-    calls: list[tuple[int, int, float]] = []  # (cached tokens at start, tokens fed, seconds)
+    llm.set_seed(seed if seed is not None else 0)
+    llm.reset()
     tokens: list[int] = []
-    start = time.perf_counter()
-    llm.generate(list(prompt_ids), max_tokens=0)  # clears the KV cache, prefills in n_ubatch chunks
-    first = time.perf_counter()
-    calls.append((0, len(prompt_ids), first - start))
-    row = (len(prompt_ids) - 1) % context._n_ubatch  # the last prompt token's row in its prefill chunk
-    while True:
-        # [V] float32; the row is a batch index (this llama.cpp takes no negative ones)
-        logits = np.ctypeslib.as_array(context.get_logits(row), shape=(vocab,))
-        tokens.append(_choose(logits, temperature, generator))
+    step_times: list[float] = []
+    start = last = time.perf_counter()
+    first = None
+    for token in llm.generate(list(prompt_ids), temp=temperature, top_k=0, top_p=1.0, min_p=0.0,
+                              typical_p=1.0, repeat_penalty=1.0, reset=True):
+        now = time.perf_counter()
+        if first is None:
+            first = now  # the prefill and the first token
+        else:
+            step_times.append(now - last)
+        last = now
+        tokens.append(int(token))
         if len(tokens) >= max_new_tokens or tokens[-1] in eos:
             break
-        t0 = time.perf_counter()
-        batch = make_batch_single(tokens[-1], len(prompt_ids) + len(tokens) - 1)
-        failed = context.decode(batch)
-        C.llama_batch_free(batch)
-        if failed:
-            raise RuntimeError(f"llama_decode failed ({failed}) at new token {len(tokens)}")
-        calls.append((len(prompt_ids) + len(tokens) - 1, 1, time.perf_counter() - t0))
-        row = 0
     seconds = time.perf_counter() - start
-    times = [t for _, _, t in calls]
+    first = first if first is not None else last
     return Sample(
         method=method.name, prompt=0, repeat=0, order=0, seed=seed, token_ids=tokens,
-        seconds=seconds, target_forwards=len(calls), verify_seconds=sum(times),
-        step_seconds=_median(times[1:]), first_step_seconds=first - start, first_step_tokens=1,
+        seconds=seconds, target_forwards=len(tokens), verify_seconds=seconds,
+        step_seconds=_median(step_times), first_step_seconds=first - start, first_step_tokens=1,
     )
 
 
-def _choose(logits: np.ndarray, temperature: float, generator: np.random.Generator) -> int:
-    """The next token from one row of logits [V]: the argmax, or a draw at ``temperature``."""
-    if temperature == 0.0:
-        return int(np.argmax(logits))
-    scaled = logits.astype(np.float64) / temperature
-    p = np.exp(scaled - scaled.max())
-    return int(generator.choice(len(p), p=p / p.sum()))

@@ -282,7 +282,7 @@ def environment(command: str, dtype: str) -> dict[str, Any]:
             "torch": torch.__version__,
             "transformers": transformers.__version__,
             "numpy": numpy.__version__,
-            "ik_llama_cpp_python": _version("ik-llama-cpp-python"),
+            "llama_cpp_python": _version("llama-cpp-python"),
         },
         "git": _git(),
         "cpu": _cpu_model(),
