@@ -112,10 +112,12 @@ def add_model_options(parser: argparse.ArgumentParser, *, draft: bool = True) ->
 
 def add_backend_option(parser: argparse.ArgumentParser) -> None:
     """--backend {auto,torch,llamacpp}, read by :func:`load_models` (bench has its own --backend)."""
-    parser.add_argument("--backend", default="auto", choices=["auto", "torch", "llamacpp"],
+    # torch stays the default until a benchmark on an idle machine shows which is faster per pair;
+    # llama.cpp's batched kernels are not batch invariant on every file (docs/backends.md).
+    parser.add_argument("--backend", default="torch", choices=["auto", "torch", "llamacpp"],
                         help="'llamacpp' runs a pack's or a .gguf file's quantised weights in llama.cpp (needs "
                              "llama-cpp-python); 'torch' converts them to bf16 for transformers; 'auto' picks "
-                             "llamacpp for GGUF models when the binding is installed (default: auto)")
+                             "llamacpp for GGUF models when the binding is installed (default: torch)")
 
 
 def add_decoding_options(parser: argparse.ArgumentParser) -> None:
