@@ -586,3 +586,24 @@ def test_qwen_coder_fim_prompt_holds_the_fim_tokens_by_id():
     prefix, suffix, middle = tokenizer.convert_tokens_to_ids(list(rq.FIM_TOKENS))
     assert ids[0] == prefix and ids[-1] == middle and ids.count(suffix) == 1
     assert tokenizer.decode(ids) == "<|fim_prefix|>def add(a, b):\n    <|fim_suffix|>\n    return c\n<|fim_middle|>"
+
+
+def test_methods_run_on_the_backend_the_server_loads():
+    """--backend llamacpp: unmarked methods run there; a method that names another backend is refused
+    (at start for --method, with a 400 for a request)."""
+    import argparse
+
+    from specdec.cli import CLIError
+    from specdec.server import requests as rq
+    from specdec.server.cli import default_method
+
+    args = argparse.Namespace(target="smollm2-135m", draft="none", backend="llamacpp", method="spec:ngram:block")
+    method = default_method(args)
+    assert method.backend == "llamacpp" and method.drafter == "ngram"
+    with pytest.raises(CLIError, match="runs on torch"):
+        default_method(argparse.Namespace(**{**vars(args), "method": "spec:ngram:block:backend=torch"}))
+    body = rq.CompletionBody(prompt="x", speculative={"method": "spec:ngram:block:k=3"})
+    assert rq.choose_method(body, method, has_draft=False).backend == "llamacpp"
+    body = rq.CompletionBody(prompt="x", speculative={"method": "spec:ngram:block:backend=torch"})
+    with pytest.raises(rq.APIError, match="runs its models with llamacpp"):
+        rq.choose_method(body, method, has_draft=False)

@@ -21,6 +21,7 @@ def add_serve_parser(subparsers: Any) -> None:
                     "other requests wait in a bounded queue.",
     )
     cli.add_model_options(parser)
+    cli.add_backend_option(parser)
     group = parser.add_argument_group("server")
     group.add_argument("--host", default="127.0.0.1",
                        help="address to bind (default: 127.0.0.1, this machine only; 0.0.0.0 exposes the server)")
@@ -59,10 +60,20 @@ def default_method(args: argparse.Namespace) -> Any:
 
     no_draft = args.draft is None or args.draft.lower() == "none"
     text = args.method or ("ar" if no_draft else "spec:block:k=4")
+    from specdec import models
+
     try:
-        method = parse_method(text)
+        backend = models.resolve_backend(args.target, getattr(args, "backend", "torch"))
+    except models.ModelPackError as err:
+        raise cli.CLIError(err.message, err.hint, code=2) from None
+    try:
+        method = parse_method(text, default_backend=backend)
     except ValueError as err:
         raise cli.CLIError(f"--method: {err}", "e.g. --method spec:block:k=4 or --method spec:tree", code=2) from None
+    if method.backend != backend:
+        raise cli.CLIError(f"--method {method.name} runs on {method.backend}, but the server loads its models "
+                           f"for {backend}", f"drop backend= from --method, or pass --backend {method.backend}",
+                           code=2)
     if method.is_peer:
         raise cli.CLIError(f"--method: {method.kind} is a benchmark peer, not a method the server runs",
                            "use ar or a spec:... method", code=2)

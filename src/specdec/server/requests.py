@@ -180,15 +180,15 @@ def choose_method(body: _Body, default: MethodSpec, has_draft: bool) -> MethodSp
         method = default
     else:
         try:
-            method = parse_method(body.speculative.method)
+            method = parse_method(body.speculative.method, default_backend=default.backend)
         except ValueError as err:
             raise APIError(400, f"speculative.method: {err}", param="speculative.method") from None
         if method.is_peer:
             raise APIError(400, f"speculative.method: {method.kind} is a benchmark peer; the server runs ar "
                                 "or spec:... methods", param="speculative.method")
-    if getattr(method, "backend", "torch") != "torch":
-        raise APIError(400, f"speculative.method: the server runs its models with torch; drop backend= "
-                            f"from {method.name}", param="speculative.method")
+    if method.backend != default.backend:
+        raise APIError(400, f"speculative.method: the server runs its models with {default.backend}; drop "
+                            f"backend= from {method.name}", param="speculative.method")
     if method.needs_draft_model and not has_draft:
         raise APIError(400, f"speculative.method: {method.name} needs a draft model, but the server runs "
                             "without one (--draft none); use ar or a drafter of its own, e.g. spec:ngram:block",
