@@ -527,7 +527,7 @@ def test_the_recorder_sees_the_row_that_chose_each_greedy_token(tiny_models, pro
     at the position before it, and its margin is the gap between the two best logits of that row
     as a fresh forward of the same context computes it."""
     from specdec.backends.lean import make_backend
-    from specdec.bench.divergence import LogitsRecorder, explain, first_difference
+    from specdec.divergence import LogitsRecorder, explain, first_difference
 
     import specdec
 

@@ -364,20 +364,62 @@ def run_generate(args: argparse.Namespace) -> int:
         result = _stream(api.stream(target, prompt, **drafting, **common), tokenizer, args)
     else:
         result = api.generate(target, prompt, **drafting, **common)
-    ar = None
+    ar = divergence = None
     if args.compare_ar:
         _note("decoding the target alone (--compare-ar)")
-        ar = api.generate(target, prompt, tokenizer=tokenizer,
-                          config=config.replace(drafter=None, drafter_options=None, policy="static", tree=None,
-                                                verify="block"))
+        ar_config = config.replace(drafter=None, drafter_options=None, policy="static", tree=None, verify="block")
+        ar = api.generate(target, prompt, tokenizer=tokenizer, config=ar_config)
+        if config.temperature == 0 and ar.token_ids != result.token_ids:
+            _note("replaying both runs to explain the difference (--compare-ar)")
+            divergence = explain_divergence(target, prompt, tokenizer, (config, drafting), (ar_config, {}),
+                                               result.token_ids, ar.token_ids)
 
     if args.json:
-        print(json.dumps(_report(args, result, ar), ensure_ascii=False))
+        print(json.dumps(_report(args, result, ar, divergence), ensure_ascii=False))
     else:
         if not args.stream:
             _print_text(args, result.text)
-        _print_summary(result, ar, args)
+        _print_summary(result, ar, args, divergence)
     return 0
+
+
+def explain_divergence(target: Any, prompt: Any, tokenizer: Any, spec: tuple[Any, dict], ar: tuple[Any, dict],
+                       tokens: list[int], ar_tokens: list[int]) -> dict[str, Any]:
+    """Why a greedy speculative output left the target's own: both runs replayed untimed with the
+    target's logits recorded (greedy runs are deterministic), and the first differing position,
+    the two tokens and the target's top-2 logit margin there as each pass computed it
+    (:func:`specdec.divergence.explain`). A margin near 0 is a near-tie that a batched kernel's
+    rounding can flip; a wide one points at a bug. ``{"error": ...}`` if a replay fails."""
+    from specdec import api
+    from specdec.divergence import LogitsRecorder, explain
+
+    ids = tokenizer(prompt, add_special_tokens=True)["input_ids"] if isinstance(prompt, str) else list(prompt)
+    recorders = []
+    try:
+        for (config, extra), want in ((spec, tokens), (ar, ar_tokens)):
+            recorders.append(LogitsRecorder(api.as_backend(target)))
+            again = api.generate(recorders[-1], ids, tokenizer=tokenizer, config=config, **extra)
+            if again.token_ids != want:
+                return {"error": "a replay did not reproduce its run, so its margins would not explain it"}
+    except (ValueError, TypeError) as err:  # e.g. a drafter that needs the transformers model itself
+        return {"error": f"could not replay the runs: {err}"}
+    found = explain(ids, tokens, ar_tokens, *recorders)
+    out = found.to_dict() if found is not None else {}
+    for key in ("token", "ar_token"):
+        if out.get(key) is not None:
+            out[f"{key}_text"] = tokenizer.decode([out[key]])
+    return out
+
+
+def _divergence_words(d: dict[str, Any]) -> str:
+    if "error" in d:
+        return d["error"]
+    def margin(m: Any) -> str:
+        return "not recorded" if m is None else f"{m:.3f}"
+    return (f"speculative chose {d.get('token_text')!r}, autoregressive {d.get('ar_token_text')!r}; the target's "
+            f"top-2 logit margin there was {margin(d.get('margin'))} in the speculative pass and "
+            f"{margin(d.get('ar_margin'))} in the one-token step (a margin near 0 is a near-tie that rounding "
+            "in batched kernels can flip)")
 
 
 def check_prompt_text(prompt: str, *, allow_blank: bool = False) -> None:
@@ -480,7 +522,7 @@ def _print_text(args: argparse.Namespace, text: str | None) -> None:
         print(text or "")
 
 
-def _report(args: argparse.Namespace, result: Any, ar: Any) -> dict[str, Any]:
+def _report(args: argparse.Namespace, result: Any, ar: Any, divergence: dict | None = None) -> dict[str, Any]:
     report: dict[str, Any] = {
         "text": result.text,
         "token_ids": result.token_ids,
@@ -502,12 +544,13 @@ def _report(args: argparse.Namespace, result: Any, ar: Any) -> dict[str, Any]:
             "tokens_per_second": ar.stats.tokens_per_second,
             "identical": ar.token_ids == result.token_ids,
             "first_difference": _first_difference(result.token_ids, ar.token_ids),
+            "divergence": divergence,
             "speedup": _speedup(result, ar),
         }
     return report
 
 
-def _print_summary(result: Any, ar: Any, args: argparse.Namespace) -> None:
+def _print_summary(result: Any, ar: Any, args: argparse.Namespace, divergence: dict | None = None) -> None:
     s = result.stats
     if result.method == "ar":
         lines = [f"autoregressive: {s.new_tokens} tokens in {s.seconds:.1f} s = {s.tokens_per_second:.2f} tokens/s"]
@@ -523,6 +566,8 @@ def _print_summary(result: Any, ar: Any, args: argparse.Namespace) -> None:
         verdict = "yes" if same else f"no (first difference at token {_first_difference(result.token_ids, ar.token_ids)})"
         if not same and args.temperature > 0:
             verdict += "; expected when sampling: the outputs share a distribution, not a sample"
+        elif divergence:
+            verdict += f": {_divergence_words(divergence)}"
         lines.append(
             f"autoregressive: {a.new_tokens} tokens in {a.seconds:.1f} s = {a.tokens_per_second:.2f} tokens/s; "
             f"speed-up {_speedup(result, ar):.2f}x; identical output: {verdict}"

@@ -1,70 +1,114 @@
-"""Explain where a greedy speculative output differs from greedy decoding on the same backend.
+"""Explain a greedy output that leaves its backend's ``ar``: where, which tokens, how close a call.
 
-Under greedy decoding an exact method reproduces the target's own tokens, provided every pass
-computes the target's logits as a one-token step would. A backend whose batched kernels round
-differently (llama.cpp's repacked CPU kernels, for one) can flip the argmax where the top two
-logits nearly tie. :func:`first_divergence` reports the first differing position, the two tokens
-and the target's top-2 logit margin there as each pass computed it: a margin of a few hundredths
-is a near-tie decided by rounding; a wide margin that the speculative pass overturned points to a
-verification bug.
+Under greedy decoding an exact method reproduces ``ar`` token for token, unless the target's
+logits at some position differ between the two runs' forward passes: a backend whose batched
+kernels round differently from its one-token steps (llama.cpp's, for one) can flip a near-tie.
+For the first differing position the bench reports both tokens and the target's top-2 logit
+margin there as each pass computed it: ``ar``'s one-token step, and the row of the method's own
+verification pass that chose the token. A margin near 0 is a near-tie that rounding can flip; a
+wide margin points at a bug.
+
+The margins come from replaying both runs untimed with a :class:`LogitsRecorder` around the
+target's backend (greedy runs are deterministic, so a replay makes the same passes).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Sequence
 
 import torch
 
-Row = Callable[[int], torch.Tensor]  # position -> the target's logits [V] there, as a pass computed them
+
+@dataclass(frozen=True)
+class Row:
+    """The target's top two logits at one input position, as one pass computed them."""
+
+    token: int  # the input token at this position
+    top: tuple[int, int]  # the two highest-scoring next tokens, best first
+    logits: tuple[float, float]  # their logits
+
+    @property
+    def margin(self) -> float:
+        return self.logits[0] - self.logits[1]
+
+
+class LogitsRecorder:
+    """A :class:`~specdec.backends.base.CausalLM` that passes everything to ``backend`` and keeps,
+    per absolute input position, the top-2 logits of every row a pass returned for it, in order.
+
+    Under greedy decoding the last row computed for a position holding the kept token is the one
+    that chose the next token: once that token is kept, the position is never fed again (the cache
+    keeps it). Matching the token sets apart a token tree's siblings at the same position.
+    """
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self.rows: dict[int, list[Row]] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.backend, name)
+
+    def forward(self, tokens: Sequence[int], num_logits: int = 0, *, attend: torch.Tensor | None = None,
+                positions: Sequence[int] | None = None) -> torch.Tensor:
+        start = len(self.backend.tokens)
+        logits = self.backend.forward(tokens, num_logits, attend=attend, positions=positions)  # [rows, V]
+        where = list(positions) if positions is not None else list(range(start, start + len(tokens)))
+        rows = logits.shape[0]
+        top = torch.topk(logits.float(), 2, dim=-1)
+        for i in range(rows):
+            j = len(tokens) - rows + i
+            self.rows.setdefault(where[j], []).append(
+                Row(int(tokens[j]), (int(top.indices[i, 0]), int(top.indices[i, 1])),
+                    (float(top.values[i, 0]), float(top.values[i, 1]))))
+        return logits
+
+    def row(self, position: int, token: int) -> Row | None:
+        """The last row computed at ``position`` with ``token`` as its input, if any."""
+        return next((r for r in reversed(self.rows.get(position, [])) if r.token == token), None)
+
+
+def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """The first index where ``a`` and ``b`` differ (the shorter one's length if one is a prefix of
+    the other), or None if they are equal."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
 
 
 @dataclass(frozen=True)
 class Divergence:
-    """position: index into the generated tokens. *_margin: top-1 minus top-2 logit of the target's
-    row at that position in each run (None where the row was not given); *_gap: that row's logit of
-    the run's own token minus the other run's token."""
+    """Where a greedy output first leaves ``ar``'s, and the target's top-2 margin there in each pass
+    (None where that pass was not recorded, e.g. inside a peer's library)."""
 
-    position: int
-    spec_token: int
-    ar_token: int
-    spec_margin: float | None = None
+    position: int  # index among the new tokens
+    token: int | None  # the method's token there (None: its output ended first)
+    ar_token: int | None
+    margin: float | None = None
+    top: tuple[int, int] | None = None
     ar_margin: float | None = None
-    spec_gap: float | None = None
-    ar_gap: float | None = None
+    ar_top: tuple[int, int] | None = None
 
-    def describe(self) -> str:
-        text = f"first difference at new token {self.position}: {self.spec_token} (speculative) vs {self.ar_token} (ar)"
-        if self.ar_margin is not None or self.spec_margin is not None:
-            text += "; target's top-2 logit margin there: " + ", ".join(
-                f"{name} {value:.4g}" for name, value in (("ar", self.ar_margin), ("speculative", self.spec_margin))
-                if value is not None
-            )
-        return text
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
-def top2_margin(row: torch.Tensor) -> float:
-    """Top-1 minus top-2 logit of ``row`` [V]."""
-    top = torch.topk(row.float(), 2).values
-    return float(top[0] - top[1])
-
-
-def first_divergence(
-    spec: Sequence[int], ar: Sequence[int], spec_row: Row | None = None, ar_row: Row | None = None
-) -> Divergence | None:
-    """None when one token list is a prefix of the other (no differing position), else the
-    first difference, with the margins read from ``spec_row`` / ``ar_row`` where given."""
-    position = next((i for i, (a, b) in enumerate(zip(spec, ar)) if a != b), None)
+def explain(prompt: Sequence[int], tokens: Sequence[int], ar_tokens: Sequence[int],
+            recorder: LogitsRecorder | None, ar_recorder: LogitsRecorder | None) -> Divergence | None:
+    """The first divergence of ``tokens`` from ``ar_tokens`` (new tokens after ``prompt``), with the
+    margins each run's :class:`LogitsRecorder` saw at the input position whose row chose that
+    token (None for a run not recorded); None if the outputs are equal."""
+    position = first_difference(tokens, ar_tokens)
     if position is None:
         return None
-    s, a = int(spec[position]), int(ar[position])
-
-    def read(row: Row | None, own: int, other: int) -> tuple[float | None, float | None]:
-        if row is None:
-            return None, None
-        logits = row(position)  # [V]
-        return top2_margin(logits), float(logits[own] - logits[other])
-
-    spec_margin, spec_gap = read(spec_row, s, a)
-    ar_margin, ar_gap = read(ar_row, a, s)
-    return Divergence(position, s, a, spec_margin, ar_margin, spec_gap, ar_gap)
+    context = list(prompt) + list(tokens[:position])  # the same in both runs
+    at, token = len(context) - 1, context[-1]  # the input whose row chose new token `position`
+    mine, theirs = (r.row(at, token) if r is not None else None for r in (recorder, ar_recorder))
+    return Divergence(
+        position,
+        tokens[position] if position < len(tokens) else None,
+        ar_tokens[position] if position < len(ar_tokens) else None,
+        margin=mine.margin if mine else None, top=mine.top if mine else None,
+        ar_margin=theirs.margin if theirs else None, ar_top=theirs.top if theirs else None,
+    )

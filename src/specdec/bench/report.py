@@ -28,7 +28,7 @@ Definitions (per method, over all its timed runs):
 - ``identical_to_ar_fraction`` (greedy runs): the share of prompts whose output equals the same
   backend's ar token for token in every repeat. ``divergences``: for each run that differs, the
   first differing position, the two tokens, and the target's top-2 logit margin there as ar's
-  pass and as the method's own pass computed it (see :mod:`specdec.bench.divergence`): a margin
+  pass and as the method's own pass computed it (see :mod:`specdec.divergence`): a margin
   near 0 is a near-tie that kernel rounding can flip, a wide one points at a verification bug.
 
 For a token tree, drafted tokens are tree nodes and accepted ones the kept path, and no

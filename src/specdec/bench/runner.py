@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator, Sequence
 import specdec
 from specdec.api import eos_token_ids_of
 from specdec.backends.lean import make_backend
-from specdec.bench.divergence import LogitsRecorder, explain
+from specdec.divergence import LogitsRecorder, explain
 from specdec.bench.llamacpp import LlamaCppModels, context_needed
 from specdec.bench.methods import MethodSpec
 from specdec.bench.peers import run_peer
@@ -162,7 +162,7 @@ def find_divergences(models: BenchModels, methods: Sequence[MethodSpec], samples
                      prompts: Sequence[Prompt], ids: Sequence[list[int]], settings: BenchSettings,
                      eos: list[int]) -> list[dict[str, Any]]:
     """For each (method, prompt) whose greedy output differs from its backend's ar (first such
-    repeat), the :func:`~specdec.bench.divergence.explain` record, after untimed replays of both
+    repeat), the :func:`~specdec.divergence.explain` record, after untimed replays of both
     runs with the target's logits recorded (a peer's own passes are not recorded). ``replayed``
     tells whether each replay reproduced the timed run's tokens (or why it failed)."""
     by_name = {m.name: m for m in methods}
