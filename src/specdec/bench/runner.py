@@ -100,7 +100,12 @@ def run_bench(
     *,
     progress: bool = True,
 ) -> BenchRun:
-    """Warm every method up, then time every (repeat, prompt, method) in :func:`schedule` order."""
+    """Warm every method up, then time every (repeat, prompt, method) in :func:`schedule` order.
+
+    One function (past 60 lines) because the warm-up, the timed loop and the failure record share
+    ``attempt`` and its ``failed`` map, and the garbage collector is frozen around the timed loop
+    only: split up, the pieces would hand that state back and forth.
+    """
     if not prompts:
         raise ValueError("no prompts to run")
     skipped = {m.name: why for m in methods if (why := m.runs_at(settings.temperature))}

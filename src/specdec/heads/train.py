@@ -276,6 +276,9 @@ def train_eagle(model: Any, out: Path, cfg: TrainConfig, log: Log, progress_fact
     replaced by the head's own prediction of it, as drafting will feed it. Loss per pass: smooth-L1
     of the predicted feature against the target's + ``cls_weight`` × cross-entropy of its
     trimmed-LM-head logits against the target's greedy choice there.
+
+    One function (past 60 lines) because both passes of a window share the optimiser, the learning
+    rate schedule and the resumable checkpoint; the loop reads top to bottom as one epoch.
     """
     from specdec.heads.eagle import EagleConfig, EagleHead
 
