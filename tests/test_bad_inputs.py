@@ -287,7 +287,7 @@ def test_train_heads_checks_before_collecting(tiny, tmp_path, capsys, monkeypatc
     taken.write_text("")
     code, _, err = run_main(["train-heads", "--out", str(taken), "--target", tiny["target"]], capsys)
     assert code == 2
-    assert_one_line_error(err, contains=f"--out {taken}: cannot create or write this folder")
+    assert_one_line_error(err, contains=f"--out: {taken} is a file, not a folder")
     code, _, err = run_main(["train-heads", "--out", str(tmp_path / "heads"), "--target", tiny["target"],
                              "--kept-tokens", "100000"], capsys)
     assert code == 2

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-import tempfile
 import time
 from dataclasses import fields
 from pathlib import Path
@@ -78,17 +77,10 @@ def run_train_heads(args: argparse.Namespace) -> int:
 
 
 def _output_folder(out: Path) -> Path:
-    """--out, created and writable, before any model work."""
-    from specdec.cli import CLIError
+    """--out, created and writable, before any model work (the bench's check)."""
+    from specdec.bench.cli import _prepare_folder
 
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=out):
-            pass
-    except OSError as err:
-        raise CLIError(f"--out {out}: cannot create or write this folder ({err.strerror or err})",
-                       "give --out a folder path you can write to", code=2) from None
-    return out
+    return _prepare_folder(out)
 
 
 def _check_against_model(cfg: TrainConfig, target: Any) -> None:
