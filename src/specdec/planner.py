@@ -101,6 +101,16 @@ class CostModel:
         return self.target_cost(rows) / self.target[0]
 
 
+@dataclass
+class _Source:
+    """One drafter the planner may draft from: its acceptance estimates and its cost per token."""
+
+    acceptance: AcceptanceEstimates
+    draft: float | None  # seconds per drafted token; None: the CostModel's draft cost
+    label: str = ""  # where that cost came from
+    chosen: int = 0  # steps this drafter was planned to draft in
+
+
 # ------------------------------------------------------------------------------------------------
 # Measuring, and the cache
 
@@ -311,9 +321,12 @@ class AutoPolicy:
         self.adapt_costs = adapt_costs
         self.decay = decay
         self.cache_dir = cache_dir
-        self.acceptance = AcceptanceEstimates(
-            decay=decay, prior_alpha=prior_alpha, prior_weight=prior_weight, positions=k_max
-        )
+        self._estimates = dict(decay=decay, prior_alpha=prior_alpha, prior_weight=prior_weight, positions=k_max)
+        # The drafters it plans for: one ("draft"), or each choice of a drafter that offers several
+        # (a ChoiceDrafter: the n-gram lookup and the draft model), each with its own estimates.
+        self._sources: dict[str, _Source] = {"draft": _Source(AcceptanceEstimates(**self._estimates), None)}
+        self._current = "draft"
+        self._choosing = False  # bound to a drafter that asks choose() which of its drafters to use
         # adapt_costs: decayed sums of draft seconds and tokens, verify seconds and the curve's prediction.
         self._draft_seconds = self._drafted = self._verify_seconds = self._verify_predicted = 0.0
         self._times: list[float] = []  # this step's T(0..k_max)
@@ -328,22 +341,44 @@ class AutoPolicy:
         self._drafted_hist: dict[int, int] = {}
         self._reasons: dict[int, str] = {}
 
+    @property
+    def acceptance(self) -> AcceptanceEstimates:
+        """The running acceptance estimates of the drafter this step drafts from."""
+        return self._sources[self._current].acceptance
+
     def bind(self, target: Any, drafter: Any) -> None:
         """Measure, or read from the cache, the target's cost per 1..16 rows and the draft model's
-        per token (see the module doc for other drafters). Done once; injected costs stay."""
-        if self.costs is not None:
-            return
-        curve, source = row_costs(target, MAX_ROWS, cache_dir=self.cache_dir)
+        per token (see the module doc for other drafters). Done once; injected costs stay.
+
+        A drafter with several ``choices`` and a ``chooser`` slot (:class:`~specdec.drafters.choice.
+        ChoiceDrafter`) gets :meth:`choose` as its chooser: each step the planner then picks the
+        drafter as well as the length, each drafter with its own costs and estimates."""
+        choices = getattr(drafter, "choices", None)
+        if self.costs is None:
+            curve, source = row_costs(target, MAX_ROWS, cache_dir=self.cache_dir)
+            draft, draft_source = self._draft_cost(drafter, curve[0])
+            self.costs = CostModel(curve, draft, source, draft_source)
+        if isinstance(choices, dict) and hasattr(drafter, "chooser"):
+            self._sources = {name: _Source(AcceptanceEstimates(**self._estimates), None) for name in choices}
+            for name, sub in choices.items():
+                entry = self._sources[name]
+                if getattr(sub, "name", None) == "model" and self.costs.source == "injected":
+                    entry.draft, entry.label = self.costs.draft or 0.0, self.costs.draft_source
+                else:
+                    entry.draft, entry.label = self._draft_cost(sub, self.costs.target[0])
+            self._current, self._choosing = next(iter(choices)), True
+            drafter.chooser = self.choose
+
+    def _draft_cost(self, drafter: Any, one_row: float) -> tuple[float, str]:
+        """(seconds per drafted token, where that came from) for one drafter; a drafter that
+        offers a choice of drafters is costed per choice (0 here)."""
         draft_model = getattr(drafter, "model", None) if getattr(drafter, "name", None) == "model" else None
         layers, of = getattr(drafter, "layers", None), getattr(getattr(drafter, "target", None), "num_layers", None)
         if draft_model is not None:
-            draft_curve, draft_source = row_costs(draft_model, 1, cache_dir=self.cache_dir)
-            draft = draft_curve[0]
-        elif layers is not None and of:
-            draft, draft_source = curve[0] * len(layers) / of, f"{len(layers)} of {of} target layers"
-        else:
-            draft, draft_source = 0.0, "taken as free"
-        self.costs = CostModel(curve, draft, source, draft_source)
+            return row_costs(draft_model, 1, cache_dir=self.cache_dir)[0][0], "measured"
+        if layers is not None and of:
+            return one_row * len(layers) / of, f"{len(layers)} of {of} target layers"
+        return 0.0, "taken as free"
 
     def _ensure_costs(self) -> CostModel:
         if self.costs is None:  # never bound: an assumed curve in units of a one-row pass
@@ -354,9 +389,10 @@ class AutoPolicy:
     @property
     def draft_cost(self) -> float:
         """Seconds per drafted token: learnt from the steps once there are some, else the measured one."""
-        if self.adapt_costs and self._drafted > 0:
+        if self.adapt_costs and self._drafted > 0 and not self._choosing:
             return self._draft_seconds / self._drafted
-        return self._ensure_costs().draft or 0.0
+        own = self._sources[self._current].draft
+        return own if own is not None else (self._ensure_costs().draft or 0.0)
 
     @property
     def scale(self) -> float:
@@ -371,6 +407,30 @@ class AutoPolicy:
         return [k * d + s * costs.target_cost(k + 1) for k in range(self.k_max + 1)]
 
     def next_k(self) -> int:
+        if self._choosing:  # the drafter asks choose() once it knows which of its drafters can draft
+            self._reach, self._drafted_now, self._cap = 1.0, 0, 0
+            return self.k_max
+        return self._plan()
+
+    def choose(self, available: Sequence[str]) -> tuple[str, int]:
+        """Which of ``available`` (a :class:`~specdec.drafters.choice.ChoiceDrafter`'s drafters that
+        can draft now, in its order of preference) to draft from, and at most how many tokens: the
+        one whose best length has the most expected tokens per second (ties to the earlier)."""
+        best, best_rate = available[0], -1.0
+        for name in available:
+            self._current = name
+            times = self.step_times()
+            alphas = [self.acceptance.position_alpha(i) for i in range(self.k_max)]
+            rate = best_length(alphas, times)[2]
+            if rate > best_rate * (1.0 + 1e-12):
+                best, best_rate = name, rate
+        self._current = best
+        cap = self._plan()
+        self._sources[best].chosen += cap > 0
+        return best, cap
+
+    def _plan(self) -> int:
+        """Plan this step for the current drafter: the cap ``keep_going`` drafts up to (0: plain)."""
         self.acceptance.start_step()
         self._reach, self._drafted_now = 1.0, 0
         self._times = times = self.step_times()
@@ -382,14 +442,18 @@ class AutoPolicy:
             self._probes += 1
         elif k == 0:
             self._cap = 0
-            self._reasons[0] = self._why_not(could == 0, alphas[0])
+            self._reasons[0] = self._named(self._why_not(could == 0, alphas[0]))
         else:
             top = best_length([self.acceptance.top_chance()] * self.k_max, times)[0]
             self._cap, self._rate = max(k, top), rate
-            self._reasons[k] = self._why(k, expected, alphas[0])
+            self._reasons[k] = self._named(self._why(k, expected, alphas[0]))
         self._plain_run = self._plain_run + 1 if self._cap == 0 else 0
         self._planned[k] = self._planned.get(k, 0) + 1
         return self._cap
+
+    def _named(self, reason: str) -> str:
+        """A reason, naming the drafter it was weighed for where the planner chooses drafters."""
+        return f"{self._current} drafter, {reason}" if self._choosing else reason
 
     def _ratios(self) -> tuple[float, float]:
         """(a 2-row pass, a draft token) in units of a one-row pass."""
@@ -456,6 +520,11 @@ class AutoPolicy:
             "alpha": self.acceptance.alpha,
             "alpha_by_position": [round(self.acceptance.position_alpha(i), 3) for i in range(self.k_max)],
             "calibration": self.acceptance.calibration(),
+            **({"drafters": {
+                name: {"draft_ms_per_token": round(1000 * (e.draft or 0.0), 3), "draft_source": e.label,
+                       "steps": e.chosen, "alpha": e.acceptance.alpha,
+                       "alpha_by_position": [round(e.acceptance.position_alpha(i), 3) for i in range(self.k_max)]}
+                for name, e in self._sources.items()}} if self._choosing else {}),
             "planned": {str(k): n for k, n in sorted(self._planned.items())},
             "drafted": {str(k): n for k, n in sorted(self._drafted_hist.items())},
             "reasons": {str(k): r for k, r in sorted(self._reasons.items())},
@@ -470,9 +539,14 @@ def summary_line(state: dict) -> str:
     costs = state["costs"]
     ms = costs["target_ms"]
     drafted = ", ".join(f"k={k} x{n}" for k, n in state["drafted"].items()) or "no steps"
+    if "drafters" in state:  # a choice of drafters: how often each drafted, at what cost and alpha
+        drafted += " (" + ", ".join(
+            f"{name} {d['steps']} steps, {d['draft_ms_per_token']:.1f} ms/token, alpha {d['alpha']:.2f}"
+            for name, d in state["drafters"].items()) + ")"
     curve = ", ".join(f"{n} rows {ms[n - 1] / ms[0]:.2f}x" for n in (2, 4, 8, 16) if n <= len(ms))
     scale = costs["verify_scale"]
     steps = f", verify steps take {scale:.2f}x that" if abs(scale - 1.0) > 0.005 else ""
+    draft = "" if "drafters" in state else (
+        f"draft {costs['draft_ms_per_token']:.1f} ms/token ({costs['draft_source']}); alpha {state['alpha']:.2f}; ")
     return (f"planner: drafted {drafted}; target pass {ms[0]:.1f} ms for 1 row{steps}, {curve} ({costs['source']}); "
-            f"draft {costs['draft_ms_per_token']:.1f} ms/token ({costs['draft_source']}); "
-            f"alpha {state['alpha']:.2f}; {state['reason']}")
+            f"{draft}{state['reason']}")

@@ -2,6 +2,8 @@
 
 - ``model``: a small causal LM sharing the target's vocabulary (:class:`ModelDrafter`).
 - ``ngram``: prompt lookup, the continuation of the longest repeated suffix (:class:`NGramDrafter`).
+- ``ngram+model``: the lookup where the context repeats itself, else a draft model, or what the
+  planner picks each step (:class:`ChoiceDrafter`).
 - ``early-exit``: the target's first layers, final norm and LM head (:class:`EarlyExitDrafter`).
 - ``layer-skip``: the target with some layers skipped (:class:`LayerSkipDrafter`).
 - ``heads``: trained heads on the target's final hidden state (:class:`HeadsDrafter`).
@@ -18,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from specdec.drafters.base import Draft, Drafter
+from specdec.drafters.choice import ChoiceDrafter
 from specdec.drafters.eagle import EagleDrafter
 from specdec.drafters.early_exit import EarlyExitDrafter
 from specdec.drafters.heads import HeadsDrafter
@@ -25,7 +28,8 @@ from specdec.drafters.layer_skip import LayerSkipDrafter
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import NGramDrafter
 
-DRAFTERS = ("model", "ngram", "early-exit", "layer-skip", "heads", "eagle")
+DRAFTERS = ("model", "ngram", "ngram+model", "early-exit", "layer-skip", "heads", "eagle")
+MODEL_DRAFTERS = ("model", "ngram+model")  # these draft with a draft model
 FEATURE_DRAFTERS = ("heads", "eagle")  # these read the target's hidden states
 LAYERED_DRAFTERS = ("early-exit", "layer-skip")  # these need an HFLayeredCausalLM target
 
@@ -52,7 +56,7 @@ def target_backend(drafter: str, model: Any) -> Any:
 def make_drafter(name: str, target_backend: Any, draft_backend: Any = None, **options: Any) -> Drafter:
     """Build a drafter by name for ``target_backend`` (a :class:`~specdec.backends.base.CausalLM`).
 
-    model: needs ``draft_backend``. ngram: options ``max_ngram`` (3), ``min_ngram`` (1).
+    model: needs ``draft_backend``. ngram+model: needs ``draft_backend``, options as ngram's. ngram: options ``max_ngram`` (3), ``min_ngram`` (1).
     early-exit: option ``exit_layer`` (default: all layers but the top two). layer-skip: option ``skip``
     (default: the set saved for this model, see :mod:`specdec.drafters.layer_skip`). heads: option
     ``path`` (a folder from ``specdec train-heads``; default: the heads shipped for this target).
@@ -62,7 +66,7 @@ def make_drafter(name: str, target_backend: Any, draft_backend: Any = None, **op
     """
     if name not in DRAFTERS:
         raise ValueError(f"unknown drafter {name!r}; choose one of {', '.join(DRAFTERS)}")
-    if name != "model" and draft_backend is not None:
+    if name not in MODEL_DRAFTERS and draft_backend is not None:
         raise ValueError(f"the {name} drafter uses no draft model; leave the draft model out")
     try:
         if name == "model":
@@ -70,6 +74,10 @@ def make_drafter(name: str, target_backend: Any, draft_backend: Any = None, **op
                 raise ValueError("the model drafter needs a draft model")
             _no_options(name, options)
             return ModelDrafter(draft_backend)
+        if name == "ngram+model":
+            if draft_backend is None:
+                raise ValueError("the ngram+model drafter needs a draft model")
+            return ChoiceDrafter(NGramDrafter(target_backend.vocab_size, **options), ModelDrafter(draft_backend))
         if name == "ngram":
             return NGramDrafter(target_backend.vocab_size, **options)
         if name == "early-exit":
@@ -94,6 +102,8 @@ def _no_options(name: str, options: dict[str, Any]) -> None:
 
 __all__ = [
     "DRAFTERS",
+    "MODEL_DRAFTERS",
+    "ChoiceDrafter",
     "FEATURE_DRAFTERS",
     "LAYERED_DRAFTERS",
     "Draft",

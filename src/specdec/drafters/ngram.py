@@ -125,6 +125,11 @@ class NGramDrafter:
     def observe(self, context: Sequence[int]) -> None:
         self.index.sync(context)
 
+    def matches(self, context: Sequence[int]) -> bool:
+        """Whether a draft after ``context`` would propose anything (its suffix occurred before)."""
+        self.index.sync(context)
+        return self._match() is not None
+
     def describe(self) -> dict:
         """The drafter's settings, for reports."""
         return {"name": self.name, "max_ngram": self.index.max_ngram, "min_ngram": self.min_ngram}

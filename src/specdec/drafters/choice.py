@@ -1,0 +1,89 @@
+"""Drafting from the context where it repeats itself, else from a draft model (``ngram+model``).
+
+Prompt lookup (Saxena 2023) costs nothing and is often right where the output copies its input
+(editing code, quoting, refactoring); a draft model costs a forward pass per token and is right
+more often elsewhere. :class:`ChoiceDrafter` holds both and, each step, drafts from one of them:
+the n-gram lookup where the context's suffix occurred before, else the draft model. A
+planner (``policy="auto"``, :class:`specdec.planner.AutoPolicy`) that binds to it makes the choice
+itself -- which drafter, and how many tokens (0: a plain target step) -- from each one's measured
+cost and running acceptance estimates (:attr:`ChoiceDrafter.chooser`).
+
+The choice depends only on the context and on earlier steps, never on this step's draws, so the
+verifier still sees a proposal q drawn as reported and the output keeps the target's law.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+
+from specdec.drafters.base import Draft, Drafter, KeepGoing
+from specdec.drafters.ngram import NGramDrafter
+from specdec.sampling import SamplingConfig
+
+# Given the drafters that can draft now (names, in order of preference), which one and at most
+# how many tokens (0: none, a plain target step).
+Chooser = Callable[[Sequence[str]], "tuple[str, int]"]
+
+
+class ChoiceDrafter:
+    """The n-gram lookup where it finds a match, else the draft model; or what :attr:`chooser` picks.
+
+    choices: ``{"ngram": NGramDrafter, "model": ModelDrafter}`` as given. chooser: set by a planner
+    (:meth:`specdec.planner.AutoPolicy.bind`); without one the lookup is used whenever it matches.
+    :attr:`last` names the drafter the latest step used (None for a plain step).
+    """
+
+    name = "ngram+model"
+
+    def __init__(self, lookup: NGramDrafter, model: Drafter) -> None:
+        if lookup.vocab_size != model.vocab_size:
+            raise ValueError(
+                f"the n-gram drafter's vocabulary ({lookup.vocab_size}) differs from the draft model's ({model.vocab_size})"
+            )
+        self.choices: dict[str, Drafter] = {"ngram": lookup, "model": model}
+        self.chooser: Chooser | None = None
+        self.last: str | None = None
+        self.used: dict[str, int] = {name: 0 for name in self.choices}  # steps each drafter drafted
+
+    @property
+    def vocab_size(self) -> int:
+        return self.choices["model"].vocab_size
+
+    @property
+    def model(self) -> Drafter:
+        return self.choices["model"]
+
+    def available(self, context: Sequence[int]) -> list[str]:
+        """The drafters that can propose after ``context``: the lookup only where it matches."""
+        lookup = self.choices["ngram"]
+        return ["ngram", "model"] if lookup.matches(context) else ["model"]
+
+    def propose(
+        self,
+        context: Sequence[int],
+        k: int,
+        sampling: SamplingConfig,
+        generator: torch.Generator | None,
+        keep_going: KeepGoing | None = None,
+    ) -> Draft:
+        available = self.available(context)
+        name = available[0]
+        if self.chooser is not None and k > 0:
+            name, most = self.chooser(available)
+            k = min(k, most)
+        if k <= 0:
+            self.last = None
+            return Draft.empty(self.vocab_size)
+        self.last = name
+        self.used[name] += 1
+        return self.choices[name].propose(context, k, sampling, generator, keep_going)
+
+    def observe(self, context: Sequence[int]) -> None:
+        for drafter in self.choices.values():
+            drafter.observe(context)
+
+    def describe(self) -> dict:
+        """The drafter's settings and how often each choice drafted, for reports."""
+        return {"name": self.name, "ngram": self.choices["ngram"].describe(), "used": dict(self.used)}
