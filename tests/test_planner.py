@@ -38,7 +38,7 @@ GREEDY = SamplingConfig()
 ROWS = range(1, 17)
 CHEAP_ROWS = CostModel([1.0 + 0.05 * (n - 1) for n in ROWS], draft=0.05)  # memory-bound: rows nearly free
 DEAR_ROWS = CostModel([0.9 * n for n in ROWS], draft=0.05)  # compute-bound: every row a full step
-# On the edge: one draft token pays at alpha = 0.6 (the prior), not after a rejection (alpha ~ 0.39).
+# On the edge: one draft token pays at alpha = 0.6 (the prior), not after a rejection (alpha = 0.40).
 EDGE_ROWS = CostModel([1.0 + 0.4 * (n - 1) for n in ROWS], draft=0.0)
 
 
@@ -108,7 +108,7 @@ def test_the_planner_drafts_less_after_rejections_and_probes_back():
     assert policy.next_k() >= 1  # the prior alpha (0.6) pays for one token
     policy.update(Step([5], 1, 0, 0.0, 1.0))  # rejected
     assert policy.next_k() == 0
-    assert "alpha=0.39 does not pay" in policy.describe()["reason"]
+    assert "alpha=0.40 does not pay" in policy.describe()["reason"]  # (0 + 2 x 0.6) / (1 + 2)
     plans = [policy.next_k() for _ in range(40)]  # no drafting: the estimates stay, a probe comes
     assert plans.count(1) == 1 and plans.index(1) == 31 and policy.describe()["probes"] == 1
 

@@ -164,8 +164,9 @@ class AcceptanceEstimates:
         self._prior_weight = prior_weight
         self._accepted = prior_alpha * prior_weight  # decayed sum of accepted positions
         self._tested = prior_weight  # decayed sum of tested positions
-        self._pos_accepted = [prior_alpha * prior_weight] * positions  # the same, per draft position
-        self._pos_tested = [prior_weight] * positions
+        self._prior_alpha = prior_alpha
+        self._pos_accepted = [0.0] * positions  # the same, per draft position, without the prior
+        self._pos_tested = [0.0] * positions
         centres = [(b + 0.5) / self.BINS for b in range(self.BINS)]
         self._bin_accepted = [prior_weight * m for m in centres]  # not decayed
         self._bin_tested = [prior_weight] * self.BINS
@@ -213,9 +214,18 @@ class AcceptanceEstimates:
 
     def position_alpha(self, i: int) -> float:
         """Estimated chance that draft token i (0-based) is accepted given tokens 0..i-1 were
-        (positions past the table share the last one's estimate)."""
+        (positions past the table share the last one's estimate).
+
+        Each position's counts are shrunk towards the estimate of the position before it (the
+        first towards ``prior_alpha``) with ``prior_weight`` observations' worth, so a position
+        never tested reads like the one before it: a draft that only ever tested its first token
+        (short probes) is not held at the prior further on."""
         i = min(i, len(self._pos_tested) - 1)
-        return min(self._pos_accepted[i] / self._pos_tested[i], 0.999) if self._pos_tested[i] > 0 else 0.0
+        prior = self._prior_alpha
+        for j in range(i + 1):
+            w = self._prior_weight
+            prior = (self._pos_accepted[j] + w * prior) / (self._pos_tested[j] + w) if self._pos_tested[j] + w > 0 else prior
+        return min(prior, 0.999)
 
     def top_chance(self) -> float:
         """The chance of the most confident calibration bin with data (alpha before any), below 1."""

@@ -45,7 +45,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from specdec.drafters import DRAFTERS
+from specdec.drafters import DRAFTERS, MODEL_DRAFTERS
 from specdec.drafters.tree import TreeDrafter, parse_choices
 from specdec.policies import check_k, make_policy
 from specdec.verify import VERIFIERS
@@ -63,7 +63,7 @@ PEERS = HF_PEERS + LLAMACPP_PEERS
 _PEER_KEYS = {"hf-assisted": {"k"}, "hf-prompt-lookup": {"k"}, "hf-ar": set(), "llamacpp-ar": set()}
 BACKENDS = ("torch", "llamacpp")
 # Drafters that run on the llama.cpp backend: the others read the transformers model's layers.
-LLAMACPP_DRAFTERS = ("model", "ngram")
+LLAMACPP_DRAFTERS = ("model", "ngram", "ngram+model")
 
 
 @dataclass(frozen=True)
@@ -112,7 +112,7 @@ class MethodSpec:
 
     @property
     def needs_draft_model(self) -> bool:
-        return self.kind == "hf-assisted" or (self.kind == "spec" and self.drafter == "model")
+        return self.kind == "hf-assisted" or (self.kind == "spec" and self.drafter in MODEL_DRAFTERS)
 
     @property
     def peer(self) -> str | None:

@@ -27,7 +27,7 @@ from specdec.bench.peers import run_peer
 from specdec.bench.prompts import Prompt
 from specdec.bench.sample import Sample, median as _median
 from specdec.config import DecodeConfig
-from specdec.drafters import Drafter, make_drafter, target_backend
+from specdec.drafters import MODEL_DRAFTERS, Drafter, make_drafter, target_backend
 from specdec.policies import make_policy
 
 
@@ -286,10 +286,10 @@ def _build_drafter(method: MethodSpec, models: BenchModels, wrap: Callable[[Any]
     loaded once, so their caches are emptied instead."""
     if method.backend == "llamacpp":
         target = _fresh(models.llamacpp.target)
-        draft = _fresh(models.llamacpp.draft) if method.drafter == "model" else None
+        draft = _fresh(models.llamacpp.draft) if method.drafter in MODEL_DRAFTERS else None
     else:
         target = target_backend(method.drafter, models.target)
-        draft = make_backend(models.draft, weights=models.draft_weights) if method.drafter == "model" else None
+        draft = make_backend(models.draft, weights=models.draft_weights) if method.drafter in MODEL_DRAFTERS else None
     if wrap is not None:
         target = wrap(target)
     return target, make_drafter(method.drafter, target, draft, **method.drafter_options)
