@@ -211,15 +211,11 @@ def _build_drafter(config: DecodeConfig, target: Any, draft: Any) -> tuple[Any, 
     if drafter == "ngram+model":
         if draft is None:
             raise ValueError("the ngram+model drafter needs a draft model; pass draft= (or use drafter='ngram')")
-        from specdec.drafters import ChoiceDrafter, NGramDrafter
+        from specdec.drafters import ChoiceDrafter
 
         draft_backend = as_backend(draft, config.draft_weights)
         draft_backend.reset()
-        try:
-            lookup = NGramDrafter(draft_backend.vocab_size, **(config.drafter_options or {}))
-        except TypeError as e:
-            raise ValueError(f"bad option for the ngram+model drafter: {e}") from None
-        return target, ChoiceDrafter(lookup, ModelDrafter(draft_backend))
+        return target, ChoiceDrafter.build(ModelDrafter(draft_backend), **(config.drafter_options or {}))
     if isinstance(drafter, str):
         if draft is not None:
             raise ValueError(f"the {drafter} drafter uses no draft model; leave draft out")

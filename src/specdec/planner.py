@@ -65,6 +65,12 @@ REPEATS = (3, 7)  # sweeps of the grid: 3, or up to 7 while within MEASURE_SECON
 MEASURE_SECONDS = 4.0
 DUMMY_CONTEXT = 32  # tokens prefilled before timing, so the rows attend to a context
 PROBE_EVERY = 32  # plain steps between one-token probes when a draft could pay but is not expected to
+# Where the planner chooses between drafters, a free one (a lookup: its draft costs nothing, but it
+# can draft only where the context repeats) is explored: until its first token has been tested
+# EXPLORE_TESTS times, a step where it can draft and a full acceptance would pay drafts up to
+# EXPLORE_LENGTH tokens, whatever the prior says.
+EXPLORE_TESTS = 3
+EXPLORE_LENGTH = 2
 CACHE_ENV = "SPECDEC_PLANNER_CACHE"  # a folder for the planner's cost curves alone (tests point it elsewhere)
 CACHE_FORMAT = 1  # bump when what is measured changes: older cache files are measured again
 # Before any measurement (a policy never bound to its models): a verify row is assumed to cost a
@@ -437,7 +443,11 @@ class AutoPolicy:
         alphas = [self.acceptance.position_alpha(i) for i in range(self.k_max)]
         k, expected, rate = best_length(alphas, times)
         could = best_length([0.999] * self.k_max, times)[0]  # a draft accepted in full
-        if k == 0 and could > 0 and self._plain_run >= PROBE_EVERY:
+        if k == 0 and could > 0 and self._exploring():
+            self._cap, self._rate = min(could, EXPLORE_LENGTH), 1.0 / times[0]
+            self._probes += 1
+            self._reasons[0] = self._named(f"exploring: drafting up to {self._cap} tokens to learn how often they are accepted")
+        elif k == 0 and could > 0 and self._plain_run >= PROBE_EVERY:
             self._cap, self._rate = 1, 1.0 / times[0]  # one token at the plain rate: never more
             self._probes += 1
         elif k == 0:
@@ -450,6 +460,11 @@ class AutoPolicy:
         self._plain_run = self._plain_run + 1 if self._cap == 0 else 0
         self._planned[k] = self._planned.get(k, 0) + 1
         return self._cap
+
+    def _exploring(self) -> bool:
+        """Whether this step explores the current drafter (see :data:`EXPLORE_TESTS`)."""
+        source = self._sources[self._current]
+        return self._choosing and source.draft == 0.0 and source.acceptance.tested(0) < EXPLORE_TESTS
 
     def _named(self, reason: str) -> str:
         """A reason, naming the drafter it was weighed for where the planner chooses drafters."""

@@ -227,6 +227,10 @@ class AcceptanceEstimates:
             prior = (self._pos_accepted[j] + w * prior) / (self._pos_tested[j] + w) if self._pos_tested[j] + w > 0 else prior
         return min(prior, 0.999)
 
+    def tested(self, i: int) -> float:
+        """How many times draft position i has been tested (decayed), without the prior."""
+        return self._pos_tested[min(i, len(self._pos_tested) - 1)]
+
     def top_chance(self) -> float:
         """The chance of the most confident calibration bin with data (alpha before any), below 1."""
         seen = [b for b in range(self.BINS) if self._bin_tested[b] >= self._prior_weight + 1.0]

@@ -56,7 +56,7 @@ def target_backend(drafter: str, model: Any) -> Any:
 def make_drafter(name: str, target_backend: Any, draft_backend: Any = None, **options: Any) -> Drafter:
     """Build a drafter by name for ``target_backend`` (a :class:`~specdec.backends.base.CausalLM`).
 
-    model: needs ``draft_backend``. ngram+model: needs ``draft_backend``, options as ngram's. ngram: options ``max_ngram`` (3), ``min_ngram`` (1).
+    model: needs ``draft_backend``. ngram+model: needs ``draft_backend``, options as ngram's (default 4 and 4). ngram: options ``max_ngram`` (3), ``min_ngram`` (1).
     early-exit: option ``exit_layer`` (default: all layers but the top two). layer-skip: option ``skip``
     (default: the set saved for this model, see :mod:`specdec.drafters.layer_skip`). heads: option
     ``path`` (a folder from ``specdec train-heads``; default: the heads shipped for this target).
@@ -77,7 +77,7 @@ def make_drafter(name: str, target_backend: Any, draft_backend: Any = None, **op
         if name == "ngram+model":
             if draft_backend is None:
                 raise ValueError("the ngram+model drafter needs a draft model")
-            return ChoiceDrafter(NGramDrafter(target_backend.vocab_size, **options), ModelDrafter(draft_backend))
+            return ChoiceDrafter.build(ModelDrafter(draft_backend), **options)
         if name == "ngram":
             return NGramDrafter(target_backend.vocab_size, **options)
         if name == "early-exit":

@@ -22,6 +22,11 @@ from specdec.drafters.base import Draft, Drafter, KeepGoing
 from specdec.drafters.ngram import NGramDrafter
 from specdec.sampling import SamplingConfig
 
+# The lookup's default: only a suffix of 4 tokens seen before proposes. Shorter matches are right
+# far less often (greedy Qwen2.5-Coder-1.5B, 12 bench prompts: a 1-token match's first token was
+# the output's 10-40% of the time, a 4-token match's 65-96%), and the draft model covers the rest.
+LOOKUP_DEFAULTS = {"max_ngram": 4, "min_ngram": 4}
+
 # Given the drafters that can draft now (names, in order of preference), which one and at most
 # how many tokens (0: none, a plain target step).
 Chooser = Callable[[Sequence[str]], "tuple[str, int]"]
@@ -46,6 +51,18 @@ class ChoiceDrafter:
         self.chooser: Chooser | None = None
         self.last: str | None = None
         self.used: dict[str, int] = {name: 0 for name in self.choices}  # steps each drafter drafted
+
+    @classmethod
+    def build(cls, model: Drafter, **lookup_options: int) -> "ChoiceDrafter":
+        """A draft model's drafter and an n-gram lookup with :data:`LOOKUP_DEFAULTS` updated by
+        ``lookup_options`` (``max_ngram``, ``min_ngram``); a bad option is a ``ValueError``."""
+        options = {**LOOKUP_DEFAULTS, **lookup_options}
+        if "min_ngram" not in lookup_options:
+            options["min_ngram"] = min(options["min_ngram"], options["max_ngram"])
+        try:
+            return cls(NGramDrafter(model.vocab_size, **options), model)
+        except TypeError as e:
+            raise ValueError(f"bad option for the ngram+model drafter: {e}") from None
 
     @property
     def vocab_size(self) -> int:
