@@ -156,7 +156,8 @@ def test_bad_options_fail_before_any_model_work(pair, monkeypatch):
 def test_a_prompt_that_leaves_less_room_than_asked_is_allowed_and_said(pair):
     target = tiny_llama(0, vocab=16, context=32)
     with pytest.warns(UserWarning, match="at most 8 new tokens fit, not max_new_tokens=100"):
-        result = generate(target, PROMPT * 8, draft=target, k=4, max_new_tokens=100, eos_token_ids=[])
+        result = generate(target, PROMPT * 8, draft=target, k=4, policy="static", max_new_tokens=100,
+                          eos_token_ids=[])
     assert len(result.token_ids) == 8 and result.stats.truncated_to == 8
     with warnings.catch_warnings():
         warnings.simplefilter("error")

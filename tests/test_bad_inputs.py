@@ -352,7 +352,7 @@ def test_long_prompt_prefill_is_fast_and_keeps_greedy_equality(monkeypatch):
     # the prompt but its last token in every layer, and the one unused row of the head
     assert sorted(set(rows_by_mode[True])) == [1, len(prompt) - 1]
     assert max(rows_by_mode[False]) == 1  # the last prompt token and every step: invariant kernels
-    for options in (dict(k=4), dict(k=6, verify="token"), dict(verify="tree")):
+    for options in (dict(k=4, policy="static"), dict(k=6, verify="token", policy="static"), dict(verify="tree")):
         rows_by_mode[True].clear()
         spec = generate(target, prompt, draft=draft, max_new_tokens=24, **options)
         assert spec.token_ids == ar.token_ids, options

@@ -200,7 +200,7 @@ def test_json_without_compare_has_no_ar(tiny, capsys):
 
 def test_self_drafting_accepts_everything(tiny, capsys):
     args = ["generate", "hello", "--target", tiny["target"], "--draft", tiny["target"], "--dtype", "float32",
-            "--verify", "greedy", "-k", "4", "--max-new-tokens", "15", "--json"]
+            "--verify", "greedy", "-k", "4", "--policy", "static", "--max-new-tokens", "15", "--json"]
     code, out, err = run_main(args, capsys)
     stats = json.loads(out)["stats"]
     assert stats["acceptance_rate"] == 1.0
@@ -274,13 +274,39 @@ def test_draft_none_decodes_with_the_target_alone(tiny, capsys):
     assert report["token_ids"] == generate_json(tiny, capsys)["token_ids"]
 
 
+def test_the_planner_is_the_default_policy(tiny, capsys):
+    """No --policy: the planner ('auto') picks the draft lengths, the label keeps the short form and
+    the planner's summary follows; --policy names any other policy in the label."""
+    report = generate_json(tiny, capsys, "--compare-ar")
+    assert report["stats"]["policy"]["name"] == "auto" and ":auto:" in report["method"]
+    assert report["ar"]["identical"] is True
+    base = ["generate", "hello", "--target", tiny["target"], "--draft", tiny["draft"], "--dtype", "float32",
+            "--max-new-tokens", "12"]
+    code, out, err = run_main(base, capsys)
+    assert code == 0 and "speculative (block, k=4): 12 tokens" in err and "\nplanner: " in err
+    code, out, err = run_main(base + ["--policy", "static"], capsys)
+    assert code == 0 and "speculative (block, k=4, policy static): 12 tokens" in err and "planner:" not in err
+    code, out, err = run_main(base + ["--policy", "auto"], capsys)
+    assert code == 0 and "speculative (block, k=4): 12 tokens" in err
+
+
+def test_draft_none_takes_the_default_policy_but_not_a_given_one(tiny, capsys):
+    report = generate_json(tiny, capsys, "--draft", "none")  # the default policy has nothing to do: no error
+    assert report["method"] == "ar" and report["stats"]["policy"] == {}
+    code, _, err = run_main(["generate", "x", "--target", tiny["target"], "--draft", "none", "--policy", "auto"],
+                            capsys)
+    assert code == 2
+    assert_one_line_error(err, contains="--draft none decodes with the target alone, so --policy auto has nothing")
+
+
 def test_stream_colours_draft_tokens_in_a_terminal(tiny, capsys, monkeypatch):
     """Self-drafting: accepted draft tokens are green, the target's own tokens plain."""
     import re
 
     base = ["generate", "hello", "--target", tiny["target"], "--draft", tiny["target"], "--dtype", "float32",
-            "--max-new-tokens", "8", "-k", "3"]
-    report = generate_json(tiny, capsys, "--draft", tiny["target"], "-k", "3", "--max-new-tokens", "8")
+            "--max-new-tokens", "8", "-k", "3", "--policy", "static"]
+    report = generate_json(tiny, capsys, "--draft", tiny["target"], "-k", "3", "--policy", "static",
+                           "--max-new-tokens", "8")
     monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
     code, out, err = run_main(base + ["--stream"], capsys)
     assert code == 0
@@ -293,9 +319,9 @@ def test_stream_colours_draft_tokens_in_a_terminal(tiny, capsys, monkeypatch):
 
 
 @pytest.mark.parametrize("extra", [
-    ["--drafter", "ngram"],
-    ["--drafter", "early-exit", "--exit-layer", "1"],
-    ["--drafter", "layer-skip"],
+    ["--drafter", "ngram", "--policy", "static"],
+    ["--drafter", "early-exit", "--exit-layer", "1", "--policy", "static"],
+    ["--drafter", "layer-skip", "--policy", "static"],
     ["--policy", "heuristic"],
     ["--policy", "theory"],
     ["--verify", "tree", "--tree-budget", "6"],
@@ -315,7 +341,7 @@ def test_heads_drafter_from_the_command_line(tiny, capsys, tmp_path):
     model = AutoModelForCausalLM.from_pretrained(tiny["target"])
     config = HeadsConfig(3, model.config.hidden_size, model.config.vocab_size, 10, "tiny")
     MedusaHeads(config, torch.arange(10)).save(tmp_path / "heads")
-    for extra in (["-k", "3"], ["--verify", "tree"]):
+    for extra in (["-k", "3", "--policy", "static"], ["--verify", "tree"]):
         report = generate_json(tiny, capsys, "--compare-ar", "--drafter", "heads", "--heads", str(tmp_path / "heads"), *extra)
         assert report["ar"]["identical"] is True, extra
     code, _, err = run_main(["generate", "x", "--target", tiny["target"], "--drafter", "heads",
@@ -333,7 +359,8 @@ def test_eagle_drafter_from_the_command_line(tiny, capsys, tmp_path):
     config = EagleConfig(hidden, model.config.vocab_size, 10, num_heads=model.config.num_attention_heads,
                          intermediate_size=2 * hidden, target="tiny")
     EagleHead(config, torch.arange(10)).save(tmp_path / "eagle")
-    report = generate_json(tiny, capsys, "--compare-ar", "--drafter", "eagle", "--heads", str(tmp_path / "eagle"))
+    report = generate_json(tiny, capsys, "--compare-ar", "--drafter", "eagle", "--heads", str(tmp_path / "eagle"),
+                           "--policy", "static")
     assert report["ar"]["identical"] is True
     code, _, err = run_main(["generate", "x", "--target", tiny["target"], "--drafter", "eagle",
                              "--heads", str(tmp_path / "none")], capsys)

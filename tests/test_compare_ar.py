@@ -20,7 +20,7 @@ def test_a_flipped_near_tie_is_located_and_its_margins_read():
     model = tiny_llama(0, vocab=VOCAB, sharpness=1.0)
     tokenizer = CharTokenizer()
     target = BatchRounding(make_backend(model), 0.05)
-    spec = (DecodeConfig(verify="block", k=4, max_new_tokens=16), {"draft": copy.deepcopy(model)})
+    spec = (DecodeConfig(verify="block", k=4, policy="static", max_new_tokens=16), {"draft": copy.deepcopy(model)})
     ar = (DecodeConfig(max_new_tokens=16), {})
     found = 0
     for prompt in ("abcab", "hello", "ccbbaa", "abcdefg", "zzxy", "mnop"):

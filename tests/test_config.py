@@ -76,6 +76,16 @@ def test_stop_and_eos_are_normalised():
     assert DecodeConfig().sampling == SamplingConfig()
 
 
+def test_the_planner_is_the_default_policy(pair):
+    assert DecodeConfig().policy == "auto"
+    target, draft = pair
+    ar = generate(target, PROMPT, max_new_tokens=12)
+    assert ar.method == "ar" and ar.stats.policy == {}  # no draft: autoregressive, no policy at work
+    spec = generate(target, PROMPT, draft=draft, max_new_tokens=12)
+    assert spec.stats.policy["name"] == "auto" and spec.method == "spec:model:block:auto:k=4"
+    assert spec.token_ids == ar.token_ids
+
+
 def test_the_package_exports_the_config():
     assert specdec.DecodeConfig is DecodeConfig and "DecodeConfig" in specdec.__all__
 

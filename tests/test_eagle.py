@@ -93,7 +93,7 @@ def test_sampled_output_with_the_head_follows_the_target_law() -> None:
     counts = np.zeros_like(law)
     accepted = 0
     for seed in range(SAMPLES):
-        r = generate(backend, PROMPT, drafter=drafter, verify="block", k=2, temperature=1.0,
+        r = generate(backend, PROMPT, drafter=drafter, verify="block", k=2, policy="static", temperature=1.0,
                      max_new_tokens=3, seed=seed, eos_token_ids=[])
         counts[tuple(r.token_ids)] += 1
         accepted += r.stats.accepted_tokens

@@ -37,7 +37,7 @@ def pair():
 def test_greedy_speculative_equals_autoregressive(pair, verify: str, k: int) -> None:
     target, draft = pair
     ar = generate(target, PROMPT, max_new_tokens=40)
-    spec = generate(target, PROMPT, draft=draft, verify=verify, k=k, max_new_tokens=40)
+    spec = generate(target, PROMPT, draft=draft, verify=verify, k=k, policy="static", max_new_tokens=40)
     assert spec.token_ids == ar.token_ids
     assert len(spec.token_ids) == 40
     assert 0 < spec.stats.accepted_tokens < spec.stats.drafted_tokens  # both outcomes exercised
@@ -46,7 +46,7 @@ def test_greedy_speculative_equals_autoregressive(pair, verify: str, k: int) -> 
 @pytest.mark.parametrize("verify", ["greedy", "token", "block"])
 def test_draft_equal_to_target_accepts_every_token(pair, verify: str) -> None:
     target, _ = pair
-    result = generate(target, PROMPT, draft=target, verify=verify, k=4, max_new_tokens=25)
+    result = generate(target, PROMPT, draft=target, verify=verify, k=4, policy="static", max_new_tokens=25)
     assert result.stats.acceptance_rate == 1.0
     assert result.stats.target_forwards == 5  # 25 tokens, 4 drafted + 1 bonus per forward
     assert result.token_ids == generate(target, PROMPT, max_new_tokens=25).token_ids
@@ -60,7 +60,8 @@ def test_eos_inside_a_draft_stops_there(pair, verify: str) -> None:
     first = ar_full.index(eos)
     ar = generate(target, PROMPT, max_new_tokens=30, eos_token_ids=[eos])
     # draft = target accepts everything, so EOS arrives inside an accepted draft block
-    spec = generate(target, PROMPT, draft=target, verify=verify, k=4, max_new_tokens=30, eos_token_ids=[eos])
+    spec = generate(target, PROMPT, draft=target, verify=verify, k=4, policy="static", max_new_tokens=30,
+                    eos_token_ids=[eos])
     assert ar.token_ids == ar_full[: first + 1]
     assert spec.token_ids == ar.token_ids
     assert spec.stats.new_tokens == first + 1
@@ -68,7 +69,7 @@ def test_eos_inside_a_draft_stops_there(pair, verify: str) -> None:
 
 def test_streaming_yields_the_same_tokens(pair) -> None:
     target, draft = pair
-    events = list(stream(target, PROMPT, draft=draft, k=3, max_new_tokens=20))
+    events = list(stream(target, PROMPT, draft=draft, k=3, policy="static", max_new_tokens=20))
     tokens = [t for e in events for t in e.token_ids]
     assert tokens == generate(target, PROMPT, max_new_tokens=20).token_ids
     assert all(len(e.from_draft) == len(e.token_ids) and not e.from_draft[-1] for e in events)
@@ -154,7 +155,7 @@ def test_output_follows_target_law(verify: str, top_k: int) -> None:
     accepted = 0
     for seed in range(SAMPLES):
         r = generate(
-            target, PROMPT, draft=draft, verify=verify, k=2, temperature=1.0, top_k=top_k,
+            target, PROMPT, draft=draft, verify=verify, k=2, policy="static", temperature=1.0, top_k=top_k,
             max_new_tokens=HORIZON, seed=seed, eos_token_ids=[],
         )
         counts[tuple(r.token_ids)] += 1
@@ -179,7 +180,7 @@ def test_chi_square_catches_the_draft_law() -> None:
 
 def test_same_seed_same_output(pair) -> None:
     target, draft = pair
-    kw = dict(draft=draft, verify="block", k=3, temperature=1.0, max_new_tokens=20, seed=7)
+    kw = dict(draft=draft, verify="block", k=3, policy="static", temperature=1.0, max_new_tokens=20, seed=7)
     assert generate(target, PROMPT, **kw).token_ids == generate(target, PROMPT, **kw).token_ids
 
 
@@ -227,7 +228,7 @@ def test_prompt_longer_than_context_raises() -> None:
 
 def test_generation_stops_at_the_context_limit() -> None:
     target = tiny_llama(0, vocab=16, context=32)
-    result = generate(target, PROMPT * 8, draft=target, k=4, max_new_tokens=100, eos_token_ids=[])
+    result = generate(target, PROMPT * 8, draft=target, k=4, policy="static", max_new_tokens=100, eos_token_ids=[])
     assert len(result.token_ids) == 32 - 24
 
 

@@ -107,7 +107,7 @@ def test_sampled_output_with_heads_follows_the_target_law(verify: str) -> None:
     counts = np.zeros_like(law)
     accepted = 0
     for seed in range(SAMPLES):
-        r = generate(backend, PROMPT, drafter=drafter, verify=verify, k=2, temperature=1.0,
+        r = generate(backend, PROMPT, drafter=drafter, verify=verify, k=2, policy="static", temperature=1.0,
                      max_new_tokens=3, seed=seed, eos_token_ids=[])
         counts[tuple(r.token_ids)] += 1
         accepted += r.stats.accepted_tokens

@@ -64,7 +64,7 @@ def test_an_accelerated_model_agrees_with_torch_and_decodes_the_same_greedy_text
     kernels.accelerate(model)
     assert (before.argmax(-1) == after.argmax(-1)).float().mean() > 0.8
     ar = generate(model, prompt, max_new_tokens=24, draft=None)
-    spec = generate(model, prompt, draft=model, k=4, max_new_tokens=24)
+    spec = generate(model, prompt, draft=model, k=4, policy="static", max_new_tokens=24)
     assert spec.token_ids == ar.token_ids
 
 
@@ -155,7 +155,8 @@ def test_greedy_speculative_output_is_bitwise_the_autoregressive_one_in_bf16() -
     prompt = [1, 5, 9, 2, 7, 3]
     ar = generate(target, prompt, max_new_tokens=40, eos_token_ids=[])
     for k in (1, 3, 6):
-        assert generate(target, prompt, draft=draft, k=k, max_new_tokens=40, eos_token_ids=[]).token_ids == ar.token_ids
+        spec = generate(target, prompt, draft=draft, k=k, policy="static", max_new_tokens=40, eos_token_ids=[])
+        assert spec.token_ids == ar.token_ids
     tree = generate(target, prompt, draft=draft, verify="tree", max_new_tokens=40, eos_token_ids=[])
     assert tree.token_ids == ar.token_ids
 

@@ -87,7 +87,7 @@ def test_the_lean_backend_keeps_greedy_speculative_output_bitwise_autoregressive
     via_hf = [t for t in _hf_greedy(target, prompt, 40)]
     assert ar.token_ids == via_hf
     for k in (1, 3, 5):
-        spec = generate(target, prompt, draft=draft, k=k, max_new_tokens=40, eos_token_ids=[])
+        spec = generate(target, prompt, draft=draft, k=k, policy="static", max_new_tokens=40, eos_token_ids=[])
         assert spec.token_ids == ar.token_ids
     tree = generate(target, prompt, draft=draft, verify="tree", max_new_tokens=40, eos_token_ids=[])
     assert tree.token_ids == ar.token_ids
@@ -143,7 +143,8 @@ def test_an_int8_draft_changes_speed_not_the_output() -> None:
     prompt = [1, 5, 9, 2, 7, 3]
     ar = generate(target, prompt, max_new_tokens=30, eos_token_ids=[])
     for d in (draft, int8_draft):
-        spec = generate(target, prompt, draft=d, draft_weights="int8", k=3, max_new_tokens=30, eos_token_ids=[])
+        spec = generate(target, prompt, draft=d, draft_weights="int8", k=3, policy="static", max_new_tokens=30,
+                        eos_token_ids=[])
         assert spec.token_ids == ar.token_ids
     with pytest.raises(ValueError, match="weights must be one of"):
         make_backend(target, weights="int4")

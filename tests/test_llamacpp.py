@@ -148,12 +148,14 @@ def test_greedy_speculative_output_equals_its_own_autoregressive_output(model):
     ar = generate(model, prompt, tokenizer=tokenizer, max_new_tokens=40, eos_token_ids=[])
     assert len(ar.token_ids) == 40
     draft = model.fork()  # the same weights as their own draft: a second context and KV cache
-    for kwargs in (dict(draft=draft, verify="block", k=4), dict(draft=draft, verify="greedy", k=5),
-                   dict(drafter="ngram", verify="greedy", k=4), dict(draft=draft, verify="tree")):
+    for kwargs in (dict(draft=draft, verify="block", k=4, policy="static"),
+                   dict(draft=draft, verify="greedy", k=5, policy="static"),
+                   dict(drafter="ngram", verify="greedy", k=4, policy="static"), dict(draft=draft, verify="tree")):
         spec = generate(model, prompt, tokenizer=tokenizer, max_new_tokens=40, eos_token_ids=[], **kwargs)
         assert spec.token_ids == ar.token_ids, kwargs
         assert spec.stats.target_forwards < len(ar.token_ids), kwargs
-    selfdraft = generate(model, prompt, tokenizer=tokenizer, draft=draft, k=4, max_new_tokens=40, eos_token_ids=[])
+    selfdraft = generate(model, prompt, tokenizer=tokenizer, draft=draft, k=4, policy="static", max_new_tokens=40,
+                         eos_token_ids=[])
     assert selfdraft.stats.acceptance_rate == 1.0  # draft = target accepts every greedy draft token
 
 
@@ -192,7 +194,7 @@ def test_sampled_speculative_output_follows_the_target_law(model):
     counts = np.zeros(len(keys))
     accepted = 0
     for seed in range(SAMPLES):
-        r = generate(model, prompt, drafter="ngram", verify="block", k=2, temperature=1.0, top_k=TOP_K,
+        r = generate(model, prompt, drafter="ngram", verify="block", k=2, policy="static", temperature=1.0, top_k=TOP_K,
                      max_new_tokens=2, seed=seed, eos_token_ids=[])
         counts[keys.index(tuple(r.token_ids))] += 1
         accepted += r.stats.accepted_tokens

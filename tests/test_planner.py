@@ -316,6 +316,7 @@ def test_sampled_output_follows_the_target_law_while_the_planner_switches_k(veri
 
 
 def test_generate_says_what_the_planner_chose_in_one_line(tiny, capsys, tmp_path, monkeypatch):
+    monkeypatch.delenv("SPECDEC_PLANNER_CACHE")  # the planner's folder under the cache directory
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
     args = ["generate", "hello", "--target", tiny["target"], "--draft", tiny["draft"], "--dtype", "float32",
             "--max-new-tokens", "12", "--policy", "auto", "--compare-ar"]

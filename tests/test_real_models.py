@@ -50,7 +50,7 @@ def test_smollm2_drafting_for_itself_accepts_every_draft_token():
     require("smollm2-135m")
     report = specdec_json(
         "def fibonacci(n):", "--target", "smollm2-135m", "--draft", "smollm2-135m", "--draft-weights", "bf16",
-        "--verify", "greedy", "-k", "4", "--max-new-tokens", "40", "--compare-ar",
+        "--verify", "greedy", "-k", "4", "--policy", "static", "--max-new-tokens", "40", "--compare-ar",
     )
     stats = report["stats"]
     assert stats["new_tokens"] > 0 and report["text"].strip()
@@ -103,6 +103,7 @@ def test_qwen_pair_speculative_greedy_equals_autoregressive(qwen, prompt):
     """
     target, draft, tokenizer = qwen
     ar = generate(target, prompt, tokenizer=tokenizer, max_new_tokens=24)
-    spec = generate(target, prompt, draft=draft, tokenizer=tokenizer, verify="block", k=4, max_new_tokens=24)
+    spec = generate(target, prompt, draft=draft, tokenizer=tokenizer, verify="block", k=4, policy="static",
+                    max_new_tokens=24)
     assert spec.token_ids == ar.token_ids
     assert spec.stats.target_forwards < ar.stats.target_forwards  # the draft did save target passes

@@ -146,9 +146,9 @@ def client(server):
 
 
 def reference(pair, prompt, **kwargs):
-    """specdec.generate with the server's default method (block verification, k=4)."""
+    """specdec.generate with the test server's method, spec:block:k=4 (block verification, k=4, static policy)."""
     target, draft, tokenizer = pair
-    defaults = dict(draft=draft, tokenizer=tokenizer, verify="block", k=4)
+    defaults = dict(draft=draft, tokenizer=tokenizer, verify="block", k=4, policy="static")
     return generate(target, prompt, **{**defaults, **kwargs})
 
 
@@ -532,7 +532,8 @@ def test_the_serve_command_serves_on_loopback(tmp_path):
     target, tokenizer = models.load(path, dtype="float32")
     want = generate(target, "def f(x):", draft=target, tokenizer=tokenizer, max_new_tokens=12)
     assert got.choices[0].text == want.text
-    assert got.speculative["method"] == "spec:block:k=4"
+    assert got.speculative["method"] == "spec:block:k=4:policy=auto"  # the default: the planner sets the lengths
+    assert got.speculative["policy"] == "auto" and got.speculative["policy_state"]["name"] == "auto"
     assert f"on http://127.0.0.1:{port}/" in err and "Traceback" not in err, err
     assert proc.returncode in (0, -signal.SIGTERM)  # uvicorn shuts down, then re-raises the signal
 
@@ -552,11 +553,13 @@ def test_smollm2_server_matches_generate():
                           draft_weights="bf16")
     app = create_app(served, ServerOptions(parse_method("spec:block:k=4")))
     prompt = "def fibonacci(n):"
-    want = generate(target, prompt, draft=target, draft_weights="bf16", tokenizer=tokenizer, max_new_tokens=24)
+    want = generate(target, prompt, draft=target, draft_weights="bf16", tokenizer=tokenizer, max_new_tokens=24,
+                    policy="static")
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     ids = ids["input_ids"] if isinstance(ids, dict) else ids
-    want_chat = generate(target, ids, draft=target, draft_weights="bf16", tokenizer=tokenizer, max_new_tokens=24)
+    want_chat = generate(target, ids, draft=target, draft_weights="bf16", tokenizer=tokenizer, max_new_tokens=24,
+                         policy="static")
     with Server(app) as running:
         client = running.client()
         got = client.completions.create(model="smollm2-135m", prompt=prompt, max_tokens=24, temperature=0)

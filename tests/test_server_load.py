@@ -53,10 +53,10 @@ class Outcome:
 
 
 METHOD_KWARGS = {
-    "spec:block:k=4": dict(verify="block", k=4),
-    "spec:token:k=2": dict(verify="token", k=2),
+    "spec:block:k=4": dict(verify="block", k=4, policy="static"),
+    "spec:token:k=2": dict(verify="token", k=2, policy="static"),
     "ar": dict(draft=None),
-    "spec:ngram:block:k=3": dict(draft=None, drafter="ngram", verify="block", k=3),
+    "spec:ngram:block:k=3": dict(draft=None, drafter="ngram", verify="block", k=3, policy="static"),
 }
 
 

@@ -149,11 +149,12 @@ def add_decoding_options(parser: argparse.ArgumentParser) -> None:
                        help="who proposes tokens: the --draft model, n-gram prompt lookup, the target's "
                             "first layers, the target with layers skipped, trained Medusa heads, or a "
                             "trained one-layer head (default: model)")
-    group.add_argument("--policy", default="static", choices=["static", "heuristic", "confidence", "theory", "auto"],
+    group.add_argument("--policy", default="auto", choices=["static", "heuristic", "confidence", "theory", "auto"],
+                       action=_Given,
                        help="draft length: fixed k; grow/shrink on full acceptance/rejection; stop when the "
                             "draft is unsure; the k the speed-up formula picks from running estimates; or "
                             "'auto', the planner: each step the k (0 = a plain target step) with the most "
-                            "expected tokens per second from this machine's measured costs (default: static)")
+                            "expected tokens per second from this machine's measured costs (default: auto)")
     group.add_argument("--heads", default=None, metavar="DIR",
                        help="--drafter heads or eagle: a folder from 'specdec train-heads' (default: "
                             "the one shipped for the target)")
@@ -206,9 +207,8 @@ def check_decoding_options(args: argparse.Namespace) -> None:
 def _check_draft_choice(args: argparse.Namespace, drafter: str) -> None:
     """--draft none leaves nothing to verify; --draft with a drafter that does not use it is ignored."""
     draft = str(getattr(args, "draft", None)).lower()
-    policy = getattr(args, "policy", "static")
-    if drafter == "model" and draft == "none" and (given(args, "verify") or policy != "static"):
-        option = f"--verify {args.verify}" if given(args, "verify") else f"--policy {policy}"
+    if drafter == "model" and draft == "none" and (given(args, "verify") or given(args, "policy")):
+        option = f"--verify {args.verify}" if given(args, "verify") else f"--policy {args.policy}"
         raise CLIError(f"--draft none decodes with the target alone, so {option} has nothing to act on",
                        f"drop {option.split()[0]}, or give a draft (--draft {models.DEFAULT_DRAFT}) or a "
                        "drafter that needs none (--drafter ngram)", code=2)
@@ -222,7 +222,7 @@ def decoding_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     return dict(
         verify=args.verify, k=args.k, temperature=args.temperature, top_k=args.top_k,
         top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed, stop=args.stop,
-        policy=getattr(args, "policy", "static"), tree=tree_options(args),
+        policy=getattr(args, "policy", "auto"), tree=tree_options(args),
     )
 
 
@@ -586,7 +586,7 @@ def method_label(args: argparse.Namespace) -> str:
     words = [] if drafter == "model" else [f"{drafter} drafter"]
     if args.verify != "tree":
         words += [args.verify, f"k={args.k}"]
-        if getattr(args, "policy", "static") != "static":
+        if getattr(args, "policy", "auto") != "auto":
             words.append(f"policy {args.policy}")
         return ", ".join(words)
     from specdec.drafters.tree import DEFAULT_TREE, TreeDrafter

@@ -34,7 +34,13 @@ class DecodeConfig:
     draft_weights: ``int8`` (default) or ``bf16`` for a draft model (see :func:`specdec.generate`).
     verify: ``greedy``, ``token``, ``block``, ``typical`` (lossy) or ``tree``; ``tree`` holds
     :class:`~specdec.drafters.tree.TreeDrafter` options (``mode``: confident, dynamic or static).
-    k: draft tokens per step (the starting/maximum length of an adaptive ``policy``).
+    k: draft tokens per step with the ``static`` policy; the starting length of ``heuristic`` and
+    ``theory``; ``auto`` and ``confidence`` draft up to max(k, 16) tokens.
+    policy: a name from :data:`specdec.policies.POLICIES` or a
+    :class:`~specdec.policies.DraftLengthPolicy`. The default, ``auto``, is the planner
+    (:mod:`specdec.planner`): each step it drafts the length -- 0 included -- with the most
+    expected tokens per second from this machine's measured costs; ``static`` drafts k tokens
+    every step. Autoregressive decoding and tree verification use no policy.
     temperature 0 means greedy; top_k 0 and top_p 1 disable those filters; seed fixes sampling.
     stop: strings that end generation (one string is one stop string). eos_token_ids: the ids that
     end generation (None: the model's and tokenizer's own).
@@ -45,7 +51,7 @@ class DecodeConfig:
     draft_weights: str = "int8"
     verify: str = "block"
     k: int = 4
-    policy: str | DraftLengthPolicy = "static"
+    policy: str | DraftLengthPolicy = "auto"
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0

@@ -10,6 +10,7 @@ from typing import Any
 from specdec import cli
 
 API_KEY_ENV = "SPECDEC_API_KEY"
+DEFAULT_METHOD = "spec:block:k=4:policy=auto"  # the method of requests that name none, with a draft model
 
 
 def add_serve_parser(subparsers: Any) -> None:
@@ -28,8 +29,9 @@ def add_serve_parser(subparsers: Any) -> None:
     group.add_argument("--port", type=cli.positive_int, default=8000, help="(default: 8000)")
     group.add_argument("--method", default=None, metavar="METHOD",
                        help="decoding method for requests that name none, as 'specdec bench --methods' takes "
-                            "it, e.g. spec:block:k=4, spec:tree, spec:ngram:block, ar (default: spec:block:k=4; "
-                            "ar with --draft none); a request may pick its own with "
+                            "it, e.g. spec:block:k=4, spec:tree, spec:ngram:block, ar (default: "
+                            f"{DEFAULT_METHOD}, block verification with the planner choosing each step's draft "
+                            "length; ar with --draft none); a request may pick its own with "
                             "\"speculative\": {\"method\": ...}")
     group.add_argument("--max-queue", type=cli.non_negative_int, default=16, metavar="N",
                        help="requests that may wait while one generates; more get 429 (default: 16)")
@@ -59,7 +61,7 @@ def default_method(args: argparse.Namespace) -> Any:
     from specdec.bench.methods import parse_method
 
     no_draft = args.draft is None or args.draft.lower() == "none"
-    text = args.method or ("ar" if no_draft else "spec:block:k=4")
+    text = args.method or ("ar" if no_draft else DEFAULT_METHOD)
     from specdec import models
 
     try:
