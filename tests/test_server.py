@@ -532,7 +532,7 @@ def test_the_serve_command_serves_on_loopback(tmp_path):
     target, tokenizer = models.load(path, dtype="float32")
     want = generate(target, "def f(x):", draft=target, tokenizer=tokenizer, max_new_tokens=12)
     assert got.choices[0].text == want.text
-    assert got.speculative["method"] == "spec:block:k=4:policy=auto"  # the default: the planner sets the lengths
+    assert got.speculative["method"] == "spec:ngram+model:block:k=4:policy=auto"  # the default
     assert got.speculative["policy"] == "auto" and got.speculative["policy_state"]["name"] == "auto"
     assert f"on http://127.0.0.1:{port}/" in err and "Traceback" not in err, err
     assert proc.returncode in (0, -signal.SIGTERM)  # uvicorn shuts down, then re-raises the signal

@@ -25,6 +25,7 @@ import warnings
 from typing import Any, Callable, Iterator, Sequence
 
 from specdec import models
+from specdec.drafters import DEFAULT_DRAFTER, MODEL_DRAFTERS
 from specdec.memory import keep_freed_memory
 
 
@@ -112,12 +113,10 @@ def add_model_options(parser: argparse.ArgumentParser, *, draft: bool = True) ->
 
 def add_backend_option(parser: argparse.ArgumentParser) -> None:
     """--backend {auto,torch,llamacpp}, read by :func:`load_models` (bench has its own --backend)."""
-    # torch stays the default until a benchmark on an idle machine shows which is faster per pair;
-    # llama.cpp's batched kernels are not batch invariant on every file (docs/backends.md).
-    parser.add_argument("--backend", default="torch", choices=["auto", "torch", "llamacpp"],
+    parser.add_argument("--backend", default="auto", choices=["auto", "torch", "llamacpp"],
                         help="'llamacpp' runs a pack's or a .gguf file's quantised weights in llama.cpp (needs "
                              "llama-cpp-python); 'torch' converts them to bf16 for transformers; 'auto' picks "
-                             "llamacpp for GGUF models when the binding is installed (default: torch)")
+                             "llamacpp for GGUF models when the binding is installed, else torch (default: auto)")
 
 
 def add_decoding_options(parser: argparse.ArgumentParser) -> None:
@@ -144,11 +143,13 @@ def add_decoding_options(parser: argparse.ArgumentParser) -> None:
                             "shape, or rank paths joined by '|' with ranks joined by '.', e.g. 0|1|0.0")
     group.add_argument("-k", type=positive_int, default=4,
                        help="draft tokens per step; the start and maximum for adaptive policies (default: 4)")
-    group.add_argument("--drafter", default="model",
-                       choices=["model", "ngram", "early-exit", "layer-skip", "heads", "eagle"],
-                       help="who proposes tokens: the --draft model, n-gram prompt lookup, the target's "
-                            "first layers, the target with layers skipped, trained Medusa heads, or a "
-                            "trained one-layer head (default: model)")
+    group.add_argument("--drafter", default=DEFAULT_DRAFTER, action=_Given,
+                       choices=["ngram+model", "model", "ngram", "early-exit", "layer-skip", "heads", "eagle"],
+                       help="who proposes tokens: n-gram prompt lookup where the context repeats itself and "
+                            "the --draft model elsewhere (the planner picks each step), the --draft model "
+                            "alone, n-gram prompt lookup alone, the target's first layers, the target with "
+                            "layers skipped, trained Medusa heads, or a trained one-layer head (default: "
+                            "ngram+model; model with --verify tree)")
     group.add_argument("--policy", default="auto", choices=["static", "heuristic", "confidence", "theory", "auto"],
                        action=_Given,
                        help="draft length: fixed k; grow/shrink on full acceptance/rejection; stop when the "
@@ -171,7 +172,11 @@ def add_decoding_options(parser: argparse.ArgumentParser) -> None:
 
 
 def check_decoding_options(args: argparse.Namespace) -> None:
-    """Reject inconsistent option values before any model is loaded."""
+    """Reject inconsistent option values before any model is loaded; settle the default drafter."""
+    if getattr(args, "drafter", None) == DEFAULT_DRAFTER and not given(args, "drafter"):
+        # a tree is drafted by the draft model itself; with --draft none there is no draft model
+        if args.verify == "tree" or str(getattr(args, "draft", None)).lower() == "none":
+            args.drafter = "model"
     if args.verify == "greedy" and args.temperature > 0:
         raise CLIError(
             "--verify greedy reproduces greedy decoding only, but --temperature is "
@@ -207,12 +212,16 @@ def check_decoding_options(args: argparse.Namespace) -> None:
 def _check_draft_choice(args: argparse.Namespace, drafter: str) -> None:
     """--draft none leaves nothing to verify; --draft with a drafter that does not use it is ignored."""
     draft = str(getattr(args, "draft", None)).lower()
+    if drafter == "ngram+model" and draft == "none":
+        raise CLIError("--drafter ngram+model drafts with the draft model where the lookup finds nothing, "
+                       "but --draft is none", f"give a draft (--draft {models.DEFAULT_DRAFT}) or use --drafter ngram",
+                       code=2)
     if drafter == "model" and draft == "none" and (given(args, "verify") or given(args, "policy")):
         option = f"--verify {args.verify}" if given(args, "verify") else f"--policy {args.policy}"
         raise CLIError(f"--draft none decodes with the target alone, so {option} has nothing to act on",
                        f"drop {option.split()[0]}, or give a draft (--draft {models.DEFAULT_DRAFT}) or a "
                        "drafter that needs none (--drafter ngram)", code=2)
-    if drafter != "model" and given(args, "draft") and draft != "none":
+    if drafter not in MODEL_DRAFTERS and given(args, "draft") and draft != "none":
         _note(f"warning: --drafter {drafter} drafts without a draft model; --draft {args.draft} is ignored "
               "(drop --draft, or use --drafter model to draft with it)")
 
@@ -231,7 +240,9 @@ def decode_config(args: argparse.Namespace) -> Any:
     (checked here, before any model loads)."""
     from specdec.config import DecodeConfig
 
-    drafting = drafter_kwargs(args) or dict(draft_weights=getattr(args, "draft_weights", "int8"))
+    drafting = drafter_kwargs(args)
+    if getattr(args, "drafter", "model") in MODEL_DRAFTERS:
+        drafting["draft_weights"] = getattr(args, "draft_weights", "int8")
     try:
         return DecodeConfig(**decoding_kwargs(args), **drafting)
     except (TypeError, ValueError) as err:
@@ -354,7 +365,7 @@ def run_generate(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    uses_model = args.drafter == "model"
+    uses_model = args.drafter in MODEL_DRAFTERS
     target, draft, tokenizer = load_models(args, draft=uses_model)
     prompt = _prompt(args, tokenizer)
     common = dict(tokenizer=tokenizer, config=config)
@@ -583,7 +594,7 @@ def _print_summary(result: Any, ar: Any, args: argparse.Namespace, divergence: d
 def method_label(args: argparse.Namespace) -> str:
     """How the run drafts and verifies, in words: 'block, k=4' or the tree's shape."""
     drafter = getattr(args, "drafter", "model")
-    words = [] if drafter == "model" else [f"{drafter} drafter"]
+    words = [] if drafter in ("model", DEFAULT_DRAFTER) else [f"{drafter} drafter"]
     if args.verify != "tree":
         words += [args.verify, f"k={args.k}"]
         if getattr(args, "policy", "auto") != "auto":

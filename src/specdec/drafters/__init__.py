@@ -30,6 +30,7 @@ from specdec.drafters.ngram import NGramDrafter
 
 DRAFTERS = ("model", "ngram", "ngram+model", "early-exit", "layer-skip", "heads", "eagle")
 MODEL_DRAFTERS = ("model", "ngram+model")  # these draft with a draft model
+DEFAULT_DRAFTER = "ngram+model"  # the command line's and the server's, where a draft model is given
 FEATURE_DRAFTERS = ("heads", "eagle")  # these read the target's hidden states
 LAYERED_DRAFTERS = ("early-exit", "layer-skip")  # these need an HFLayeredCausalLM target
 
@@ -101,6 +102,7 @@ def _no_options(name: str, options: dict[str, Any]) -> None:
 
 
 __all__ = [
+    "DEFAULT_DRAFTER",
     "DRAFTERS",
     "MODEL_DRAFTERS",
     "ChoiceDrafter",

@@ -10,7 +10,7 @@ from typing import Any
 from specdec import cli
 
 API_KEY_ENV = "SPECDEC_API_KEY"
-DEFAULT_METHOD = "spec:block:k=4:policy=auto"  # the method of requests that name none, with a draft model
+DEFAULT_METHOD = "spec:ngram+model:block:k=4:policy=auto"  # the method of requests that name none, with a draft model
 
 
 def add_serve_parser(subparsers: Any) -> None:
@@ -30,8 +30,8 @@ def add_serve_parser(subparsers: Any) -> None:
     group.add_argument("--method", default=None, metavar="METHOD",
                        help="decoding method for requests that name none, as 'specdec bench --methods' takes "
                             "it, e.g. spec:block:k=4, spec:tree, spec:ngram:block, ar (default: "
-                            f"{DEFAULT_METHOD}, block verification with the planner choosing each step's draft "
-                            "length; ar with --draft none); a request may pick its own with "
+                            f"{DEFAULT_METHOD}, block verification with the planner choosing each step's drafter "
+                            "(n-gram lookup or the draft model) and draft length; ar with --draft none); a request may pick its own with "
                             "\"speculative\": {\"method\": ...}")
     group.add_argument("--max-queue", type=cli.non_negative_int, default=16, metavar="N",
                        help="requests that may wait while one generates; more get 429 (default: 16)")
@@ -43,7 +43,8 @@ def add_serve_parser(subparsers: Any) -> None:
                        help=f"require 'Authorization: Bearer KEY' on every endpoint but /health "
                             f"(default: ${API_KEY_ENV}, else none)")
     group.add_argument("--threads", type=cli.positive_int, default=None,
-                       help="CPU threads for torch (default: torch's choice)")
+                       help="CPU threads for torch or llama.cpp (default: torch's choice; llama.cpp: every CPU "
+                            "this process may use)")
     group.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                        help="uvicorn's log level (default: info)")
     parser.set_defaults(func=run_serve)

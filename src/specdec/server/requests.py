@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from specdec.bench.methods import MethodSpec, parse_method
+from specdec.drafters import MODEL_DRAFTERS
 from specdec.policies import make_policy
 
 MAX_STOP = 4  # as OpenAI's API
@@ -205,8 +206,10 @@ def method_kwargs(method: MethodSpec, draft: Any, draft_weights: str) -> dict[st
     if method.kind == "ar":
         return {}
     kwargs: dict[str, Any] = {"verify": method.verifier}
-    if method.drafter == "model":
+    if method.drafter in MODEL_DRAFTERS:  # the draft model (ngram+model: and the lookup)
         kwargs.update(draft=draft, draft_weights=draft_weights)
+        if method.drafter != "model":
+            kwargs.update(drafter=method.drafter, drafter_options=method.drafter_options or None)
     else:
         kwargs.update(drafter=method.drafter, drafter_options=method.drafter_options or None)
     if method.is_tree:
