@@ -133,7 +133,6 @@ class _Run:
     text: str = ""
     stats: GenerationStats = field(default_factory=GenerationStats)
     policy: DraftLengthPolicy | None = None
-    _stopped: bool = False  # a stop string ended the text
 
     @classmethod
     def build(cls, target: Any, prompt: Any, *, draft: Any, tokenizer: Any, config: DecodeConfig) -> "_Run":
@@ -180,16 +179,6 @@ class _Run:
         self.stats.seconds = time.perf_counter() - start
         if self.policy is not None:
             self.stats.policy = self.policy.describe()
-        self._settle_text()
-
-    def _settle_text(self) -> None:
-        """At the end, the text is all complete characters of the output, whatever the steps were:
-        text held back because a step ended inside a multi-byte character is taken in now (an
-        incomplete last character is left out)."""
-        if self.tokenizer is None or self._stopped:
-            return
-        full = self.tokenizer.decode(self.token_ids, skip_special_tokens=True)
-        self.text = full.rstrip("\ufffd") if full.endswith("\ufffd") else full
 
     def _advance_text(self) -> tuple[str, bool]:
         """Decode the output so far; return the new text and whether a stop string was hit."""
@@ -200,7 +189,6 @@ class _Run:
             at = full.find(s)
             if at >= 0:
                 delta, self.text = full[len(self.text) : at], full[:at]
-                self._stopped = True
                 return delta, True
         if full.endswith("\ufffd"):  # an incomplete multi-byte character: wait for more
             return "", False
