@@ -99,6 +99,7 @@ def test_the_command_line_builds_the_same_config():
     ])
     assert decode_config(args) == DecodeConfig(
         verify="token", k=3, temperature=0.7, top_k=5, seed=4, stop=["END"], max_new_tokens=9, draft_weights="bf16",
+        drafter="ngram+model", drafter_options={},  # the command line's default drafter
     )
     args = build_parser().parse_args(["generate", "hi", "--drafter", "early-exit", "--exit-layer", "20"])
     config = decode_config(args)
