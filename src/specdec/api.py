@@ -204,19 +204,12 @@ def _build_drafter(config: DecodeConfig, target: Any, draft: Any) -> tuple[Any, 
     """(target, drafter or None for autoregressive decoding): the drafter the config names, the
     one it holds, or a :class:`ModelDrafter` on the ``draft`` model (its backend built here)."""
     drafter = config.drafter
-    if drafter == "model":
-        if config.drafter_options:
-            raise ValueError("the model drafter takes no drafter_options")
-        drafter = None  # the draft model below
-    if drafter == "ngram+model":
-        if draft is None:
-            raise ValueError("the ngram+model drafter needs a draft model; pass draft= (or use drafter='ngram')")
-        from specdec.drafters import ChoiceDrafter
-
-        draft_backend = as_backend(draft, config.draft_weights)
-        draft_backend.reset()
-        return target, ChoiceDrafter.build(ModelDrafter(draft_backend), **(config.drafter_options or {}))
-    if isinstance(drafter, str):
+    lookup_too = drafter == "ngram+model"  # the draft model below, with an n-gram lookup beside it
+    if drafter == "model" and config.drafter_options:
+        raise ValueError("the model drafter takes no drafter_options")
+    if lookup_too and draft is None:
+        raise ValueError("the ngram+model drafter needs a draft model; pass draft= (or use drafter='ngram')")
+    if isinstance(drafter, str) and drafter not in ("model", "ngram+model"):
         if draft is not None:
             raise ValueError(f"the {drafter} drafter uses no draft model; leave draft out")
         from specdec.drafters import make_drafter, target_backend
@@ -225,7 +218,7 @@ def _build_drafter(config: DecodeConfig, target: Any, draft: Any) -> tuple[Any, 
             raise ValueError(f"the {drafter} drafter needs a transformers model or a CausalLM backend as the target")
         target = target_backend(drafter, target)
         return target, make_drafter(drafter, target, **(config.drafter_options or {}))
-    if drafter is not None:
+    if drafter is not None and not isinstance(drafter, str):
         if draft is not None:
             raise ValueError("give either a draft model or a drafter, not both")
         return _drafter_target(drafter, target), drafter
@@ -233,6 +226,10 @@ def _build_drafter(config: DecodeConfig, target: Any, draft: Any) -> tuple[Any, 
         return target, None
     draft_backend = as_backend(draft, config.draft_weights)
     draft_backend.reset()
+    if lookup_too:
+        from specdec.drafters import ChoiceDrafter
+
+        return target, ChoiceDrafter.build(ModelDrafter(draft_backend), **(config.drafter_options or {}))
     return target, ModelDrafter(draft_backend)
 
 

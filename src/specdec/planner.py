@@ -426,7 +426,7 @@ class AutoPolicy:
         for name in available:
             self._current = name
             times = self.step_times()
-            alphas = [self.acceptance.position_alpha(i) for i in range(self.k_max)]
+            alphas = self.acceptance.position_alphas(self.k_max)
             rate = best_length(alphas, times)[2]
             if rate > best_rate * (1.0 + 1e-12):
                 best, best_rate = name, rate
@@ -440,7 +440,7 @@ class AutoPolicy:
         self.acceptance.start_step()
         self._reach, self._drafted_now = 1.0, 0
         self._times = times = self.step_times()
-        alphas = [self.acceptance.position_alpha(i) for i in range(self.k_max)]
+        alphas = self.acceptance.position_alphas(self.k_max)
         k, expected, rate = best_length(alphas, times)
         could = best_length([0.999] * self.k_max, times)[0]  # a draft accepted in full
         if k == 0 and could > 0 and self._exploring():
@@ -533,12 +533,12 @@ class AutoPolicy:
                 "verify_scale": round(self.scale, 3),
             },
             "alpha": self.acceptance.alpha,
-            "alpha_by_position": [round(self.acceptance.position_alpha(i), 3) for i in range(self.k_max)],
+            "alpha_by_position": [round(a, 3) for a in self.acceptance.position_alphas(self.k_max)],
             "calibration": self.acceptance.calibration(),
             **({"drafters": {
                 name: {"draft_ms_per_token": round(1000 * (e.draft or 0.0), 3), "draft_source": e.label,
                        "steps": e.chosen, "alpha": e.acceptance.alpha,
-                       "alpha_by_position": [round(e.acceptance.position_alpha(i), 3) for i in range(self.k_max)]}
+                       "alpha_by_position": [round(a, 3) for a in e.acceptance.position_alphas(self.k_max)]}
                 for name, e in self._sources.items()}} if self._choosing else {}),
             "planned": {str(k): n for k, n in sorted(self._planned.items())},
             "drafted": {str(k): n for k, n in sorted(self._drafted_hist.items())},

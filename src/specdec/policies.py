@@ -212,20 +212,25 @@ class AcceptanceEstimates:
         """Estimated chance that a draft token is accepted given the ones before it were."""
         return min(self._accepted / self._tested, 0.999) if self._tested > 0 else 0.0
 
-    def position_alpha(self, i: int) -> float:
-        """Estimated chance that draft token i (0-based) is accepted given tokens 0..i-1 were
-        (positions past the table share the last one's estimate).
+    def position_alphas(self, n: int) -> list[float]:
+        """Estimated chance that draft token i (0-based) is accepted given tokens 0..i-1 were, for
+        i < n (positions past the table share the last one's estimate).
 
         Each position's counts are shrunk towards the estimate of the position before it (the
         first towards ``prior_alpha``) with ``prior_weight`` observations' worth, so a position
         never tested reads like the one before it: a draft that only ever tested its first token
         (short probes) is not held at the prior further on."""
-        i = min(i, len(self._pos_tested) - 1)
-        prior = self._prior_alpha
-        for j in range(i + 1):
-            w = self._prior_weight
-            prior = (self._pos_accepted[j] + w * prior) / (self._pos_tested[j] + w) if self._pos_tested[j] + w > 0 else prior
-        return min(prior, 0.999)
+        out, prior, w = [], self._prior_alpha, self._prior_weight
+        for i in range(n):
+            j = min(i, len(self._pos_tested) - 1)
+            if i == j and self._pos_tested[j] + w > 0:
+                prior = (self._pos_accepted[j] + w * prior) / (self._pos_tested[j] + w)
+            out.append(min(prior, 0.999))
+        return out
+
+    def position_alpha(self, i: int) -> float:
+        """:meth:`position_alphas` for position i alone."""
+        return self.position_alphas(i + 1)[-1]
 
     def tested(self, i: int) -> float:
         """How many times draft position i has been tested (decayed), without the prior."""

@@ -37,7 +37,7 @@ class ChoiceDrafter:
 
     choices: ``{"ngram": NGramDrafter, "model": ModelDrafter}`` as given. chooser: set by a planner
     (:meth:`specdec.planner.AutoPolicy.bind`); without one the lookup is used whenever it matches.
-    :attr:`last` names the drafter the latest step used (None for a plain step).
+    :attr:`used` counts the steps each drafter drafted.
     """
 
     name = "ngram+model"
@@ -49,7 +49,6 @@ class ChoiceDrafter:
             )
         self.choices: dict[str, Drafter] = {"ngram": lookup, "model": model}
         self.chooser: Chooser | None = None
-        self.last: str | None = None
         self.used: dict[str, int] = {name: 0 for name in self.choices}  # steps each drafter drafted
 
     @classmethod
@@ -91,9 +90,7 @@ class ChoiceDrafter:
             name, most = self.chooser(available)
             k = min(k, most)
         if k <= 0:
-            self.last = None
             return Draft.empty(self.vocab_size)
-        self.last = name
         self.used[name] += 1
         return self.choices[name].propose(context, k, sampling, generator, keep_going)
 
