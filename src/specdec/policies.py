@@ -228,10 +228,6 @@ class AcceptanceEstimates:
             out.append(min(prior, 0.999))
         return out
 
-    def position_alpha(self, i: int) -> float:
-        """:meth:`position_alphas` for position i alone."""
-        return self.position_alphas(i + 1)[-1]
-
     def tested(self, i: int) -> float:
         """How many times draft position i has been tested (decayed), without the prior."""
         return self._pos_tested[min(i, len(self._pos_tested) - 1)]
