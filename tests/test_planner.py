@@ -167,6 +167,28 @@ def test_plain_steps_through_every_drafter_and_verifier_equal_ar(drafter_name):
         assert target.tokens == (prompt + expected)[: len(target.tokens)]  # nothing stale cached
 
 
+def test_sampled_plain_steps_reproduce_seeded_ar_draw_for_draw():
+    """A plain step through the speculative loop is the autoregressive step: at T=1 with a seed,
+    a run that never drafts gives ar's tokens exactly (the same uniforms, drawn the same way)."""
+    model = tiny_llama(3, vocab=16, layers=2, sharpness=1.0)
+    prompt = [1, 2, 3, 1, 2, 3, 1]
+    sampling = SamplingConfig(temperature=1.0)
+    for seed in range(5):
+        ar = autoregressive_steps(HFCausalLM(model), prompt, sampling=sampling, max_new_tokens=20,
+                                  generator=torch.Generator().manual_seed(seed))
+        expected = [t for s in ar for t in s.tokens]
+        for verify in VERIFIERS:
+            target, drafter = drafter_for("model", model)
+            steps = list(speculative_steps(
+                target, drafter, make_verifier(verify), AutoPolicy(costs=DEAR_ROWS), prompt,
+                sampling=sampling, max_new_tokens=20, generator=torch.Generator().manual_seed(seed),
+            ))
+            assert [t for s in steps for t in s.tokens] == expected, (seed, verify)
+    assert len({tuple(t for s in autoregressive_steps(HFCausalLM(model), prompt, sampling=sampling, max_new_tokens=20,
+                                                      generator=torch.Generator().manual_seed(seed)) for t in s.tokens)
+                for seed in range(5)}) > 1  # the seeds do draw different outputs
+
+
 # --- measurement and cache -------------------------------------------------------------------------
 
 

@@ -16,10 +16,10 @@ from specdec.backends.base import CausalLM, forward_after, rollback
 from specdec.drafters.base import Drafter
 from specdec.drafters.tree import TreeDrafter
 from specdec.policies import DraftLengthPolicy
-from specdec.sampling import SamplingConfig, logits_to_probs, sample
+from specdec.sampling import SamplingConfig, logits_to_probs, next_token
 from specdec.stats import Step
 from specdec.tree import forward_tree, keep_path
-from specdec.verify.base import Verifier, draw
+from specdec.verify.base import Verdict, Verifier, draw
 from specdec.verify.tree import TreeVerifier
 
 
@@ -51,8 +51,11 @@ def speculative_steps(
         draft = drafter.propose(context, k, sampling, generator, policy.keep_going)
         t1 = time.perf_counter()
         draft_tokens = draft.tokens.tolist()
-        p = logits_to_probs(forward_after(target, context, draft_tokens), sampling)  # [k + 1, V]
-        verdict = draw(verifier.plan(draft.tokens, draft.q, p), generator)
+        if draft_tokens:
+            p = logits_to_probs(forward_after(target, context, draft_tokens), sampling)  # [k + 1, V]
+            verdict = draw(verifier.plan(draft.tokens, draft.q, p), generator)
+        else:  # a plain step: with no draft every verifier's law is the target's next-token law
+            verdict = Verdict(0, next_token(forward_after(target, context)[-1], sampling, generator))
         t2 = time.perf_counter()
         new = _cut_at_eos(draft_tokens[: verdict.accepted] + [verdict.next_token], eos_ids)
         context += new
@@ -115,7 +118,7 @@ def autoregressive_steps(
     limit = _context_limit(target, len(context), max_new_tokens)
     for _ in range(limit):
         t0 = time.perf_counter()
-        token = sample(logits_to_probs(forward_after(target, context)[-1], sampling), generator)
+        token = next_token(forward_after(target, context)[-1], sampling, generator)
         context.append(token)
         yield Step([token], 0, 0, 0.0, time.perf_counter() - t0)
         if token in eos_ids:

@@ -87,3 +87,15 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     if i >= cdf.shape[0]:  # u rounded up to the total: take the last token with mass
         i = int(torch.nonzero(probs > 0)[-1])
     return i
+
+
+def next_token(logits: torch.Tensor, config: SamplingConfig, generator: torch.Generator | None) -> int:
+    """Draw the token after one row of ``logits`` ([V]) under ``config``: what
+    ``sample(logits_to_probs(logits, config), generator)`` draws, with greedy decoding by one
+    argmax (no one-hot row, no cumulative sum, no uniform drawn). A plain decoding step costs one
+    target pass and this; the autoregressive loop and the speculative loop's plain steps share it,
+    so a seeded run that never drafts reproduces ``ar`` draw for draw.
+    """
+    if config.greedy:
+        return int(logits.argmax())
+    return sample(logits_to_probs(logits, config), generator)
