@@ -19,7 +19,9 @@ import pytest
 import torch
 
 from specdec.verify import VERIFIERS, draw, make_verifier
+from specdec.sampling import SamplingConfig, logits_to_probs
 from specdec.verify.base import VerifyPlan
+from specdec.verify.greedy import greedy_verdict
 
 Dist = Callable[[tuple[int, ...]], np.ndarray]  # context -> distribution over the vocabulary
 
@@ -169,6 +171,27 @@ def test_greedy_distributions_give_the_argmax_chain(verifier: str) -> None:
     p, q = point_mass("p", V), point_mass("q", V)
     law = speculative_joint(verifier, p, q, V, 4, 3)
     assert_same_law(law, target_joint(p, V, 4))
+
+
+@pytest.mark.parametrize("verifier", sorted(n for n, cls in VERIFIERS.items() if cls.exact))
+def test_greedy_verdict_is_each_exact_rules_outcome(verifier: str) -> None:
+    """The loop's shortcut under greedy decoding (greedy_verdict from raw logits) is the outcome
+    each exact rule's plan gives with probability 1: the matching prefix, then the argmax; for
+    point-mass and for spread-out drafts q, matching all, some or none of the argmax chain."""
+    rule, gen, seen = make_verifier(verifier), torch.Generator().manual_seed(0), set()
+    for trial in range(300):
+        k = 1 + trial % 4
+        logits = torch.randn(k + 1, 5, generator=gen)  # [k + 1, V]
+        chain = logits.argmax(dim=-1)
+        draft = torch.where(torch.rand(k, generator=gen) < 0.6, chain[:k], torch.randint(0, 5, (k,), generator=gen))
+        q = torch.softmax(torch.randn(k, 5, generator=gen), -1) if trial % 2 else torch.nn.functional.one_hot(draft, 5).float()
+        plan = rule.plan(draft, q, logits_to_probs(logits, SamplingConfig()))
+        verdict = greedy_verdict(draft.tolist(), logits)
+        assert plan.accept_len_probs[verdict.accepted] == 1.0, (trial, plan.accept_len_probs)
+        row = plan.next_token_probs[verdict.accepted]
+        assert row[verdict.next_token] > 0 and row.sum() == row[verdict.next_token]
+        seen.add((k, verdict.accepted))
+    assert all((k, n) in seen for k in range(1, 5) for n in range(k + 1))  # every outcome came up
 
 
 def test_a_wrong_rule_is_caught() -> None:

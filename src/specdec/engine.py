@@ -20,6 +20,7 @@ from specdec.sampling import SamplingConfig, logits_to_probs, next_token
 from specdec.stats import Step
 from specdec.tree import forward_tree, keep_path
 from specdec.verify.base import Verdict, Verifier, draw
+from specdec.verify.greedy import greedy_verdict
 from specdec.verify.tree import TreeVerifier
 
 
@@ -51,7 +52,9 @@ def speculative_steps(
         draft = drafter.propose(context, k, sampling, generator, policy.keep_going)
         t1 = time.perf_counter()
         draft_tokens = draft.tokens.tolist()
-        if draft_tokens:
+        if draft_tokens and sampling.greedy and verifier.exact:  # the argmax chain: no probabilities needed
+            verdict = greedy_verdict(draft_tokens, forward_after(target, context, draft_tokens))
+        elif draft_tokens:
             p = logits_to_probs(forward_after(target, context, draft_tokens), sampling)  # [k + 1, V]
             verdict = draw(verifier.plan(draft.tokens, draft.q, p), generator)
         else:  # a plain step: with no draft every verifier's law is the target's next-token law
