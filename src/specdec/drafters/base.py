@@ -60,8 +60,8 @@ def draft_chain(
     """The drafting loop every chain drafter shares: draw, append, ask whether to go on.
 
     Token i is drawn with ``generator`` from q[i] = ``logits_to_probs(next_logits(prev), sampling)``
-    (a point mass where ``next_logits`` returns a token id, drawing nothing). After each token but
-    the k-th, ``keep_going`` gets the draft's :func:`confidence` there and may stop the draft.
+    (a point mass where ``next_logits`` returns a token id, and under greedy decoding; neither
+    draws). After each token but the k-th, ``keep_going`` gets the draft's :func:`confidence` there and may stop the draft.
     Returns at most ``k`` tokens; q[i] depends on the context and the tokens before i only.
     """
     tokens: list[int] = []
@@ -74,7 +74,7 @@ def draft_chain(
             q[token] = 1.0
         else:
             q = logits_to_probs(out, sampling)  # [V]
-            token = sample(q, generator)
+            token = int(q.argmax()) if sampling.greedy else sample(q, generator)  # greedy: q is one-hot
         tokens.append(token)
         qs.append(q)
         if len(tokens) < k and keep_going is not None:
