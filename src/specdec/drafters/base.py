@@ -61,7 +61,8 @@ def draft_chain(
 
     Token i is drawn with ``generator`` from q[i] = ``logits_to_probs(next_logits(prev), sampling)``
     (a point mass where ``next_logits`` returns a token id, and under greedy decoding; neither
-    draws). After each token but the k-th, ``keep_going`` gets the draft's :func:`confidence` there and may stop the draft.
+    draws). After each token but the k-th, ``keep_going`` gets the draft's :func:`confidence`
+    there and may stop the draft.
     Returns at most ``k`` tokens; q[i] depends on the context and the tokens before i only.
     """
     tokens: list[int] = []
