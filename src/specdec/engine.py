@@ -52,13 +52,14 @@ def speculative_steps(
         draft = drafter.propose(context, k, sampling, generator, policy.keep_going)
         t1 = time.perf_counter()
         draft_tokens = draft.tokens.tolist()
-        if draft_tokens and sampling.greedy and verifier.exact:  # the argmax chain: no probabilities needed
-            verdict = greedy_verdict(draft_tokens, forward_after(target, context, draft_tokens))
-        elif draft_tokens:
-            p = logits_to_probs(forward_after(target, context, draft_tokens), sampling)  # [k + 1, V]
+        logits = forward_after(target, context, draft_tokens)  # [k + 1, V]
+        if not draft_tokens:  # a plain step: with no draft every verifier's law is the target's next-token law
+            verdict = Verdict(0, next_token(logits[-1], sampling, generator))
+        elif sampling.greedy and verifier.exact:  # the argmax chain: no probabilities needed
+            verdict = greedy_verdict(draft_tokens, logits)
+        else:
+            p = logits_to_probs(logits, sampling)  # [k + 1, V]
             verdict = draw(verifier.plan(draft.tokens, draft.q, p), generator)
-        else:  # a plain step: with no draft every verifier's law is the target's next-token law
-            verdict = Verdict(0, next_token(forward_after(target, context)[-1], sampling, generator))
         t2 = time.perf_counter()
         new = _cut_at_eos(draft_tokens[: verdict.accepted] + [verdict.next_token], eos_ids)
         context += new

@@ -16,13 +16,11 @@ class GreedyVerifier:
     def plan(self, draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor) -> VerifyPlan:
         """draft_tokens: [k]; q: [k, V] (unused); p: [k + 1, V]. The outcome is deterministic."""
         k = draft_tokens.shape[0]
-        target_choice = p.argmax(dim=-1)  # [k + 1]
-        mismatch = (draft_tokens != target_choice[:k]).nonzero()
-        accepted = int(mismatch[0]) if mismatch.numel() else k
+        accepted = greedy_verdict(draft_tokens.tolist(), p).accepted
         accept_len_probs = torch.zeros(k + 1, dtype=torch.float64)
         accept_len_probs[accepted] = 1.0
         next_token_probs = torch.zeros_like(p)
-        next_token_probs[torch.arange(k + 1), target_choice] = 1.0
+        next_token_probs[torch.arange(k + 1), p.argmax(dim=-1)] = 1.0
         return VerifyPlan(accept_len_probs, next_token_probs)
 
 
@@ -32,7 +30,7 @@ def greedy_verdict(draft_tokens: list[int], logits: torch.Tensor) -> Verdict:
     draft_tokens: k ids; logits: [k + 1, V]. Greedy makes the target's law a point mass on its
     argmax chain, and each exact rule (greedy, token, block) then keeps exactly the draft tokens
     that equal the argmax, in order, and appends the argmax after them -- with probability 1, as
-    ``tests/test_verify.py`` checks against each rule's plan. One argmax per row is all it takes:
+    ``tests/test_verify_exact.py`` checks against each rule's plan. One argmax per row is all it takes:
     no [k + 1, V] probabilities, residuals or draws (several milliseconds at a 150k vocabulary).
     Ties go to the lowest id, as in :func:`~specdec.sampling.logits_to_probs`.
     """
