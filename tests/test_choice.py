@@ -28,7 +28,10 @@ from specdec.verify import make_verifier
 REPEATING = [1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6, 1, 2, 3, 4]  # every 4-gram's continuation is known
 
 
-LOOKUP_PROMPT = [2, 1, 2]  # its last token occurred before: a one-token lookup can draft at once
+# A repeating pattern: the lookup's match reaches 5 tokens back, so it drafts at once with a fair
+# confidence (1 - 2/5), and again wherever a sampled token continues the pattern; elsewhere the
+# draft model drafts.
+LOOKUP_PROMPT = [1, 2, 1, 2, 1, 2, 1]
 
 
 def exact_law(model, prompt: list[int], sampling: SamplingConfig, vocab: int, horizon: int) -> np.ndarray:
@@ -123,7 +126,6 @@ def test_sampled_output_follows_the_target_law_while_the_planner_switches_drafte
     for seed in range(SAMPLES):
         target_backend.reset()
         draft_backend.reset()
-        # one-token matches, so the lookup can draft within a short prompt and 3 new tokens
         drafter = ChoiceDrafter.build(ModelDrafter(draft_backend), max_ngram=2, min_ngram=1)
         policy = AutoPolicy(k_max=4, costs=CostModel(list(EDGE_ROWS.target), draft=0.1))
         policy.bind(target_backend, drafter)

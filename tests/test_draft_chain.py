@@ -11,7 +11,7 @@ from specdec.drafters.base import confidence, draft_chain
 from specdec.drafters.early_exit import LayerSubsetDrafter
 from specdec.drafters.layer_skip import LayerSkipDrafter
 from specdec.drafters.model import ModelDrafter
-from specdec.drafters.ngram import NGramDrafter
+from specdec.drafters.ngram import LONGEST_MATCH, NGramDrafter, lookup_confidence
 from specdec.policies import ConfidenceStop
 from specdec.sampling import SamplingConfig, sample
 from tiny import tiny_llama
@@ -109,8 +109,24 @@ def test_the_confidence_policy_drafts_the_same_lengths_whatever_the_drafter_and_
 
 
 @pytest.mark.parametrize("sampling", SAMPLINGS)
-def test_an_ngram_draft_is_sure_of_itself_whatever_the_filters(sampling):
-    drafter = NGramDrafter(16)
-    policy = ConfidenceStop(k_max=5, threshold=0.99)
-    draft = drafter.propose([1, 2, 3, 1, 2, 3, 1], 5, sampling, None, policy.keep_going)
-    assert draft.tokens.tolist() == [2, 3, 1, 2, 3]
+def test_an_ngram_draft_is_as_sure_as_its_match_is_long_whatever_the_filters(sampling):
+    context = [1, 2, 3, 1, 2, 3, 1]  # the suffix 1 2 3 1 occurred 3 tokens earlier: a 4-token match
+    sure = lookup_confidence(4)
+    assert sure == 0.5 and NGramDrafter(16).confidence(context) == sure
+    for threshold, drafted in ((sure, [2, 3, 1, 2, 3]), (sure + 0.01, [2])):
+        seen = []
+        policy = ConfidenceStop(k_max=5, threshold=threshold)
+        draft = NGramDrafter(16).propose(context, 5, sampling, None, lambda c: seen.append(c) or policy.keep_going(c))
+        assert draft.tokens.tolist() == drafted
+        assert [c.tolist() for c in seen] == [[sure]] * min(len(drafted), 4)  # asked after each token but the 5th
+        assert torch.equal(draft.q, torch.eye(16)[drafted])  # the verifier still gets point masses
+
+
+def test_a_lookups_confidence_grows_with_how_far_back_its_match_reaches():
+    drafter = NGramDrafter(16, max_ngram=2, min_ngram=1)
+    assert drafter.confidence([5, 6, 7]) is None  # nothing repeats
+    assert drafter.confidence([5, 6, 5]) == lookup_confidence(1) == 0.0
+    assert drafter.confidence([9, 5, 6, 7, 9, 5, 6]) == lookup_confidence(3)  # past max_ngram: 9 5 6
+    periodic = [1, 2] * 20
+    assert drafter.confidence(periodic) == lookup_confidence(LONGEST_MATCH)  # 38 tokens, counted up to 32
+    assert lookup_confidence(20) == 0.9 and lookup_confidence(10) == 0.8

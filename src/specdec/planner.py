@@ -32,6 +32,13 @@ E(k*) / T(k*) (the optimal-stopping rule for tokens per second; a = the chance o
 next tokens are expected to be as predictable as this one). With a cost curve that grows
 linearly that is the one-token test "P_i a >= R* (draft cost + one more verify row)".
 
+Where the draft's confidence is known before drafting -- the n-gram lookup's, from how far back
+its match reaches (:func:`~specdec.drafters.ngram.lookup_confidence`; a
+:class:`~specdec.drafters.choice.ChoiceDrafter` passes it to :meth:`AutoPolicy.choose`) -- every
+a_j is that confidence's calibrated chance, the best k is the cap, and every token drafted is
+calibrated at it: a long repeated passage is copied in one long draft, a short match's
+continuation is drafted short or not at all.
+
 The choice depends only on the cost curves (fixed once measured: the cache holds the measured
 values) and on the outcomes of earlier steps, never on a step's own timing, so a seed still fixes
 the output. (``adapt_costs=True`` also learns the draft's cost and a scale of the target curve
@@ -52,7 +59,7 @@ import platform
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -332,6 +339,7 @@ class AutoPolicy:
         # (a ChoiceDrafter: the n-gram lookup and the draft model), each with its own estimates.
         self._sources: dict[str, _Source] = {"draft": _Source(AcceptanceEstimates(**self._estimates), None)}
         self._current = "draft"
+        self._foreseen: float | None = None  # this step's draft confidence where known before drafting
         self._choosing = False  # bound to a drafter that asks choose() which of its drafters to use
         # adapt_costs: decayed sums of draft seconds and tokens, verify seconds and the curve's prediction.
         self._draft_seconds = self._drafted = self._verify_seconds = self._verify_predicted = 0.0
@@ -413,34 +421,42 @@ class AutoPolicy:
         return [k * d + s * costs.target_cost(k + 1) for k in range(self.k_max + 1)]
 
     def next_k(self) -> int:
+        self._foreseen = None
         if self._choosing:  # the drafter asks choose() once it knows which of its drafters can draft
             self._reach, self._drafted_now, self._cap = 1.0, 0, 0
             return self.k_max
         return self._plan()
 
-    def choose(self, available: Sequence[str]) -> tuple[str, int]:
+    def choose(self, available: Mapping[str, float | None]) -> tuple[str, int]:
         """Which of ``available`` (a :class:`~specdec.drafters.choice.ChoiceDrafter`'s drafters that
-        can draft now, in its order of preference) to draft from, and at most how many tokens: the
-        one whose best length has the most expected tokens per second (ties to the earlier)."""
-        best, best_rate = available[0], -1.0
-        for name in available:
+        can draft now, in its order of preference, each with its draft's confidence where that is
+        known before drafting) to draft from, and at most how many tokens: the one whose best
+        length has the most expected tokens per second (ties to the earlier)."""
+        best, best_rate = next(iter(available)), -1.0
+        for name, sure in available.items():
             self._current = name
-            times = self.step_times()
-            alphas = self.acceptance.position_alphas(self.k_max)
-            rate = best_length(alphas, times)[2]
+            rate = best_length(self._alphas(sure), self.step_times())[2]
             if rate > best_rate * (1.0 + 1e-12):
                 best, best_rate = name, rate
-        self._current = best
+        self._current, self._foreseen = best, available[best]
         cap = self._plan()
         self._sources[best].chosen += cap > 0
         return best, cap
+
+    def _alphas(self, sure: float | None) -> list[float]:
+        """The chance of each draft position given the ones before it were accepted: where the
+        draft's confidence is known before drafting (a lookup's match), its calibrated chance at
+        every position; else the per-position estimates."""
+        if sure is None:
+            return self.acceptance.position_alphas(self.k_max)
+        return [min(self.acceptance.accept_chance(sure), 0.999)] * self.k_max
 
     def _plan(self) -> int:
         """Plan this step for the current drafter: the cap ``keep_going`` drafts up to (0: plain)."""
         self.acceptance.start_step()
         self._reach, self._drafted_now = 1.0, 0
         self._times = times = self.step_times()
-        alphas = self.acceptance.position_alphas(self.k_max)
+        alphas = self._alphas(self._foreseen)
         k, expected, rate = best_length(alphas, times)
         could = best_length([0.999] * self.k_max, times)[0]  # a draft accepted in full
         if k == 0 and could > 0 and self._exploring():
@@ -453,6 +469,9 @@ class AutoPolicy:
         elif k == 0:
             self._cap = 0
             self._reasons[0] = self._named(self._why_not(could == 0, alphas[0]))
+        elif self._foreseen is not None:  # every token is as sure as the first: nothing to learn while drafting
+            self._cap, self._rate = k, rate
+            self._reasons[k] = self._named(self._why(k, expected, alphas[0]))
         else:
             top = best_length([self.acceptance.top_chance()] * self.k_max, times)[0]
             self._cap, self._rate = max(k, top), rate
@@ -491,6 +510,8 @@ class AutoPolicy:
                 f"a 1-row one, a draft token {draft:.2f}x)")
 
     def keep_going(self, q: torch.Tensor) -> bool:
+        if self._foreseen is not None:  # planned knowing every token's confidence: draft to the cap
+            return True
         chance = self.acceptance.see(float(q.max()))
         self._drafted_now += 1
         i = self._drafted_now
@@ -507,7 +528,7 @@ class AutoPolicy:
     def update(self, step: Step) -> None:
         first = self._steps == 0
         self._steps += 1
-        self.acceptance.record(step)
+        self.acceptance.record(step, self._foreseen)
         self._drafted_hist[step.drafted] = self._drafted_hist.get(step.drafted, 0) + 1
         if self.adapt_costs and not first:  # the first step's timings include the prompt's prefill
             d = self.decay

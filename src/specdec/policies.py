@@ -43,7 +43,8 @@ class DraftLengthPolicy(Protocol):
 
         Every drafter passes the same thing (:func:`specdec.drafters.base.confidence`): the draft
         model's own probabilities, the softmax of its logits at temperature 1 before top-k/top-p,
-        whatever the sampling settings (a point mass for a deterministic drafter). Not the
+        whatever the sampling settings (for the n-gram lookup, whose q is a point mass, the
+        strength of its match, :func:`~specdec.drafters.ngram.lookup_confidence`). Not the
         sampling law q, which is one-hot under greedy decoding and reshaped by the filters.
         Asked after every draft token but the last of the k asked for.
         """
@@ -181,8 +182,11 @@ class AcceptanceEstimates:
         self._confidences.append(confidence)
         return self.accept_chance(confidence)
 
-    def record(self, step: Step) -> None:
-        """Learn from a step's outcome (and the confidences seen while drafting it)."""
+    def record(self, step: Step, foreseen: float | None = None) -> None:
+        """Learn from a step's outcome and the confidences seen while drafting it, or, where every
+        token's confidence was known before drafting (a lookup's match), ``foreseen`` for each."""
+        if foreseen is not None:
+            self._confidences = [foreseen] * step.drafted
         d = self.decay
         if step.drafted > 0:
             rejected = 1.0 if step.accepted < step.drafted else 0.0

@@ -29,7 +29,8 @@ class Draft:
 
 
 # Called after each draft token but the last with the draft's confidence there ([V], see
-# :func:`confidence`); returning False stops drafting after that token.
+# :func:`confidence`; policies read its largest entry); returning False stops drafting after
+# that token.
 KeepGoing = Callable[[torch.Tensor], bool]
 
 # What a drafter computes for the next draft position, given the token just drafted (None for the
@@ -62,7 +63,8 @@ def draft_chain(
     Token i is drawn with ``generator`` from q[i] = ``logits_to_probs(next_logits(prev), sampling)``
     (a point mass where ``next_logits`` returns a token id, and under greedy decoding; neither
     draws). After each token but the k-th, ``keep_going`` gets the draft's :func:`confidence`
-    there and may stop the draft.
+    there (the point mass for a token id: a drafter with a better measure of its own certainty,
+    like the n-gram lookup, wraps ``keep_going``) and may stop the draft.
     Returns at most ``k`` tokens; q[i] depends on the context and the tokens before i only.
     """
     tokens: list[int] = []
@@ -107,7 +109,8 @@ class Drafter(Protocol):
 
         Promise: token i was drawn from ``q[i]`` with ``generator`` (a deterministic drafter
         reports a point mass), and ``q[i]`` depends only on the context and tokens before i.
-        ``keep_going`` sees the draft's :func:`confidence`; chain drafters draft through
+        ``keep_going`` sees the draft's :func:`confidence` (a lookup: its match's strength,
+        :func:`~specdec.drafters.ngram.lookup_confidence`); chain drafters draft through
         :func:`draft_chain`.
         """
         ...

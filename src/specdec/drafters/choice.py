@@ -14,7 +14,7 @@ verifier still sees a proposal q drawn as reported and the output keeps the targ
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import torch
 
@@ -27,9 +27,10 @@ from specdec.sampling import SamplingConfig
 # the output's 10-40% of the time, a 4-token match's 65-96%), and the draft model covers the rest.
 LOOKUP_DEFAULTS = {"max_ngram": 4, "min_ngram": 4}
 
-# Given the drafters that can draft now (names, in order of preference), which one and at most
-# how many tokens (0: none, a plain target step).
-Chooser = Callable[[Sequence[str]], "tuple[str, int]"]
+# Given the drafters that can draft now (names, in order of preference, each with its draft's
+# confidence where that is known before drafting: the lookup's match strength; None for a draft
+# model), which one and at most how many tokens (0: none, a plain target step).
+Chooser = Callable[[Mapping[str, "float | None"]], "tuple[str, int]"]
 
 
 class ChoiceDrafter:
@@ -71,10 +72,12 @@ class ChoiceDrafter:
     def model(self) -> Drafter:
         return self.choices["model"]
 
-    def available(self, context: Sequence[int]) -> list[str]:
-        """The drafters that can propose after ``context``: the lookup only where it matches."""
-        lookup = self.choices["ngram"]
-        return ["ngram", "model"] if lookup.matches(context) else ["model"]
+    def available(self, context: Sequence[int]) -> dict[str, float | None]:
+        """The drafters that can propose after ``context``, the lookup only where it matches, each
+        with the confidence its draft will have where that is known now (the lookup's
+        :func:`~specdec.drafters.ngram.lookup_confidence`; None for the draft model)."""
+        sure = self.choices["ngram"].confidence(context)
+        return {"model": None} if sure is None else {"ngram": sure, "model": None}
 
     def propose(
         self,
@@ -85,7 +88,7 @@ class ChoiceDrafter:
         keep_going: KeepGoing | None = None,
     ) -> Draft:
         available = self.available(context)
-        name = available[0]
+        name = next(iter(available))
         if self.chooser is not None and k > 0:
             name, most = self.chooser(available)
             k = min(k, most)

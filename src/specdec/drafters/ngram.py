@@ -8,6 +8,12 @@ token verification then accepts x with probability p(x) and otherwise draws from
 The index maps every n-gram (n = 1..max_ngram) that has a following token to the positions right
 after its occurrences, in increasing order. It is updated as the context grows and cut back when
 the context is cut back to a prefix, so a lookup costs O(max_ngram) whatever the context length.
+
+How far the match really reaches back (up to :data:`LONGEST_MATCH` tokens, past ``max_ngram``)
+says how likely its continuation is to be right: on greedy Qwen2.5-Coder-1.5B outputs for 12
+HumanEval, MT-Bench and edit prompts, the first drafted token was right for 74% of 4-token
+matches and 99% of matches of 16 tokens or more, which kept 3.3 and 14 of 16 proposed tokens on
+average. A draft-length policy sees it as the draft's confidence (:func:`lookup_confidence`).
 """
 
 from __future__ import annotations
@@ -18,6 +24,18 @@ import torch
 
 from specdec.drafters.base import Draft, KeepGoing, draft_chain
 from specdec.sampling import SamplingConfig
+
+LONGEST_MATCH = 32  # how far back a match's length is counted
+
+
+def lookup_confidence(length: int) -> float:
+    """What a draft-length policy's ``keep_going`` sees for a lookup draft whose match is
+    ``length`` tokens long: 1 - 2/length (4 tokens: 0.5, 10: 0.8, 20 or more: 0.9 or more). A
+    rank more than a probability, below the acceptance measured above (so a calibration table's
+    prior, a bin's own confidence, errs on the side of drafting less): policies that weigh it
+    (``theory``, ``auto``) map it to measured acceptance through their calibration tables;
+    ``confidence`` thresholds it like a draft model's."""
+    return max(0.0, 1.0 - 2.0 / max(length, 1))
 
 
 class NGramIndex:
@@ -57,6 +75,14 @@ class NGramIndex:
         hits = self.positions.get(tuple(seq[len(seq) - suffix_len :]))
         return hits[-1] if hits else None
 
+    def match_length(self, start: int, longest: int = LONGEST_MATCH) -> int:
+        """How many tokens before position ``start`` equal the sequence's last ones (at most ``longest``)."""
+        seq, end = self.seq, len(self.seq)
+        n = 0
+        while n < longest and n < start and seq[start - 1 - n] == seq[end - 1 - n]:
+            n += 1
+        return n
+
     def _append(self, token: int) -> None:
         # The new token is the continuation of the n-grams ending just before it.
         seq = self.seq
@@ -82,7 +108,8 @@ class NGramDrafter:
 
     max_ngram: longest suffix tried; min_ngram: shortest (1 also matches single tokens).
     If the copied span reaches the end of the context it continues over the tokens it has
-    proposed itself, so a repeating pattern is extended for all k tokens.
+    proposed itself, so a repeating pattern is extended for all k tokens. ``keep_going`` sees
+    :func:`lookup_confidence` of the match's full length, as a one-element tensor.
     """
 
     name = "ngram"
@@ -110,6 +137,8 @@ class NGramDrafter:
         start = self._match()
         if k <= 0 or start is None:
             return Draft.empty(self._vocab)
+        if keep_going is not None:
+            keep_going = _seeing(keep_going, lookup_confidence(self.index.match_length(start)))
         seq = self.index.seq
         end = len(seq)
         proposed: list[int] = []
@@ -127,8 +156,13 @@ class NGramDrafter:
 
     def matches(self, context: Sequence[int]) -> bool:
         """Whether a draft after ``context`` would propose anything (its suffix occurred before)."""
+        return self.confidence(context) is not None
+
+    def confidence(self, context: Sequence[int]) -> float | None:
+        """:func:`lookup_confidence` of the match a draft after ``context`` would copy (None: no match)."""
         self.index.sync(context)
-        return self._match() is not None
+        start = self._match()
+        return None if start is None else lookup_confidence(self.index.match_length(start))
 
     def describe(self) -> dict:
         """The drafter's settings, for reports."""
@@ -140,3 +174,9 @@ class NGramDrafter:
             if start is not None:
                 return start
         return None
+
+
+def _seeing(keep_going: KeepGoing, sure: float) -> KeepGoing:
+    """``keep_going`` asked with the match's confidence for every token of a lookup draft."""
+    seen = torch.tensor([sure])
+    return lambda _point_mass: keep_going(seen)
