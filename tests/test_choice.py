@@ -20,9 +20,11 @@ from tiny import noisy_copy, tiny_llama
 from specdec import generate
 from specdec.backends.hf import HFCausalLM
 from specdec.drafters import ChoiceDrafter, ModelDrafter, make_drafter
+from specdec.drafters.ngram import lookup_confidence
 from specdec.engine import speculative_steps
 from specdec.planner import AutoPolicy, CostModel, summary_line
 from specdec.sampling import SamplingConfig, logits_to_probs
+from specdec.stats import Step
 from specdec.verify import make_verifier
 
 REPEATING = [1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6, 1, 2, 3, 4]  # every 4-gram's continuation is known
@@ -109,6 +111,33 @@ def test_a_free_lookup_is_explored_before_its_prior_would_let_it_draft(pair):
     # the explored steps: up to EXPLORE_LENGTH tokens (keep_going may stop after the first)
     assert drafted[0] == 2 and all(1 <= d <= 2 for d in drafted)
     assert [t for s in steps for t in s.tokens] == ar_tokens(target, REPEATING, 30)
+
+
+# A compute-bound backend's curve (llama.cpp, 4-bit weights, 2 cores): rows 2..16 cost 1.7-8.2x one.
+COMPUTE_BOUND = [1.0, 1.71, 2.3, 2.83, 3.51, 4.09, 5.52, 6.95, 7.3, 7.65, 7.93, 8.22, 8.22, 8.22, 8.22, 8.22]
+
+
+def test_a_lookups_length_follows_how_far_back_its_match_reaches(pair):
+    """With rows this dear, a long match's continuation is copied in one long draft, a middling
+    one's in a short draft, and a 4-token match's not at all; each draft's tokens are calibrated
+    at its match's confidence, so full acceptances raise that confidence's chance only."""
+    _, draft = pair
+    drafter = ChoiceDrafter.build(ModelDrafter(HFCausalLM(draft)))
+    policy = AutoPolicy(costs=CostModel(COMPUTE_BOUND, draft=0.6))
+    policy.bind(HFCausalLM(draft), drafter)
+    long, middling, short = lookup_confidence(32), lookup_confidence(10), lookup_confidence(4)
+    for _ in range(3):  # three long copies, accepted in full: the lookup is no longer explored
+        policy.next_k()
+        assert policy.choose({"ngram": long, "model": None}) == ("ngram", 16)
+        policy.update(Step(list(range(17)), 16, 16, 0.0, 0.1))
+    ngram = policy._sources["ngram"].acceptance
+    assert ngram.accept_chance(long) > 0.98 and ngram.accept_chance(short) == pytest.approx(0.55)
+    policy.next_k()
+    name, cap = policy.choose({"ngram": middling, "model": None})
+    assert name == "ngram" and 1 <= cap <= 4
+    policy.update(Step(list(range(cap + 1)), cap, cap, 0.0, 0.1))
+    policy.next_k()
+    assert policy.choose({"ngram": short, "model": None})[1] == 0  # neither drafts: a plain step
 
 
 @pytest.mark.parametrize("verify", ["token", "block"])
