@@ -469,11 +469,9 @@ class AutoPolicy:
         elif k == 0:
             self._cap = 0
             self._reasons[0] = self._named(self._why_not(could == 0, alphas[0]))
-        elif self._foreseen is not None:  # every token is as sure as the first: nothing to learn while drafting
-            self._cap, self._rate = k, rate
-            self._reasons[k] = self._named(self._why(k, expected, alphas[0]))
-        else:
-            top = best_length([self.acceptance.top_chance()] * self.k_max, times)[0]
+        else:  # the cap; where every token's confidence is foreseen, the planned length itself
+            top = k if self._foreseen is not None else best_length([self.acceptance.top_chance()] * self.k_max,
+                                                                  times)[0]
             self._cap, self._rate = max(k, top), rate
             self._reasons[k] = self._named(self._why(k, expected, alphas[0]))
         self._plain_run = self._plain_run + 1 if self._cap == 0 else 0

@@ -154,10 +154,6 @@ class NGramDrafter:
     def observe(self, context: Sequence[int]) -> None:
         self.index.sync(context)
 
-    def matches(self, context: Sequence[int]) -> bool:
-        """Whether a draft after ``context`` would propose anything (its suffix occurred before)."""
-        return self.confidence(context) is not None
-
     def confidence(self, context: Sequence[int]) -> float | None:
         """:func:`lookup_confidence` of the match a draft after ``context`` would copy (None: no match)."""
         self.index.sync(context)
