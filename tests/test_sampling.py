@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec.sampling import SamplingConfig, logits_to_probs, sample
+from specdec.sampling import SamplingConfig, argmax, logits_to_probs, sample
 
 LOGITS = torch.tensor([2.0, 1.0, 0.5, -1.0, 3.0], dtype=torch.float64)
 
@@ -71,6 +71,32 @@ def test_sample_follows_the_distribution() -> None:
     critical = stats.chi2.ppf(1 - 1e-3, dof)
     assert stats.ncx2.sf(critical, dof, n * 0.05**2) > 0.99  # the stated power
     assert chi2 < critical
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_argmax_is_torchs_ties_to_the_lowest_id(dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randint(0, 4, (5, 151936), generator=gen).to(dtype)  # [5, V] many ties
+    assert torch.equal(argmax(logits), logits.argmax(dim=-1))
+    assert argmax(logits).tolist() == [int(row.argmax()) for row in logits]
+    assert int(argmax(logits[2])) == int(torch.nonzero(logits[2] == logits[2].max())[0])
+    assert int(argmax(logits[:, ::2][1])) == int(logits[:, ::2][1].argmax())  # a strided view
+    assert argmax(logits).dtype == torch.int64
+
+
+def test_sample_draws_the_same_as_an_out_of_place_cumulative_sum() -> None:
+    """The in-place cumulative sum gives the same sums, so the same seeded draws."""
+    gen = torch.Generator().manual_seed(5)
+    probs = torch.softmax(3 * torch.randn(151936, generator=gen), 0)
+    cdf = torch.cumsum(probs.to(torch.float64), 0)
+    for seed in range(20):
+        u = torch.rand((), dtype=torch.float64, generator=torch.Generator().manual_seed(seed)) * cdf[-1]
+        expected = int(torch.searchsorted(cdf, u, right=True))
+        assert sample(probs, torch.Generator().manual_seed(seed)) == expected
+    for given in (probs, probs.double()):
+        before = given.clone()
+        sample(given, gen)
+        assert torch.equal(given, before)  # the caller's probabilities are untouched
 
 
 def test_sample_edge_cases() -> None:

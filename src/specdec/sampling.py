@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -52,7 +53,7 @@ def logits_to_probs(logits: torch.Tensor, config: SamplingConfig) -> torch.Tenso
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     if config.greedy:
         probs = torch.zeros_like(logits)
-        probs.scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
+        probs.scatter_(-1, argmax(logits).unsqueeze(-1), 1.0)
         return probs
     logits = logits / config.temperature
     vocab = logits.shape[-1]
@@ -78,7 +79,9 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     interval is empty, never. About 5x faster than ``torch.multinomial`` on a 150k vocabulary,
     which costs milliseconds per call: several calls a step.
     """
-    cdf = torch.cumsum(probs.to(torch.float64), 0)  # [V]
+    # In place on the fresh float64 copy: the same sums as torch.cumsum(x, 0), which on a freshly
+    # converted tensor of 150k entries took 1.4 ms here against 0.2 ms in place.
+    cdf = probs.to(torch.float64, copy=True).cumsum_(0)  # [V]
     total = cdf[-1]
     if not total > 0:
         raise ValueError("cannot sample from a distribution with no positive mass")
@@ -97,5 +100,14 @@ def next_token(logits: torch.Tensor, config: SamplingConfig, generator: torch.Ge
     so a seeded run that never drafts reproduces ``ar`` draw for draw.
     """
     if config.greedy:
-        return int(logits.argmax())
+        return int(argmax(logits))
     return sample(logits_to_probs(logits, config), generator)
+
+
+def argmax(logits: torch.Tensor) -> torch.Tensor:
+    """``logits.argmax(dim=-1)`` ([...] int64; ties to the lowest index, as torch's). On CPU float
+    tensors through numpy: over a 150k vocabulary torch's CPU argmax took 0.25 ms a row here and
+    numpy's 0.012 ms, once or more every step of every decoding loop."""
+    if logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.float64) and not logits.requires_grad:
+        return torch.from_numpy(np.asarray(logits.numpy().argmax(axis=-1)))
+    return logits.argmax(dim=-1)

@@ -7,7 +7,7 @@ from typing import Callable, Protocol, Sequence
 
 import torch
 
-from specdec.sampling import SamplingConfig, logits_to_probs, sample
+from specdec.sampling import SamplingConfig, argmax, logits_to_probs, sample
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ def draft_chain(
             q[token] = 1.0
         else:
             q = logits_to_probs(out, sampling)  # [V]
-            token = int(q.argmax()) if sampling.greedy else sample(q, generator)  # greedy: q is one-hot
+            token = int(argmax(q)) if sampling.greedy else sample(q, generator)  # greedy: q is one-hot
         tokens.append(token)
         qs.append(q)
         if len(tokens) < k and keep_going is not None:

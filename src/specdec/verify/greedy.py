@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from specdec.sampling import argmax
 from specdec.verify.base import Verdict, VerifyPlan
 
 
@@ -20,7 +21,7 @@ class GreedyVerifier:
         accept_len_probs = torch.zeros(k + 1, dtype=torch.float64)
         accept_len_probs[accepted] = 1.0
         next_token_probs = torch.zeros_like(p)
-        next_token_probs[torch.arange(k + 1), p.argmax(dim=-1)] = 1.0
+        next_token_probs[torch.arange(k + 1), argmax(p)] = 1.0
         return VerifyPlan(accept_len_probs, next_token_probs)
 
 
@@ -34,7 +35,7 @@ def greedy_verdict(draft_tokens: list[int], logits: torch.Tensor) -> Verdict:
     no [k + 1, V] probabilities, residuals or draws (several milliseconds at a 150k vocabulary).
     Ties go to the lowest id, as in :func:`~specdec.sampling.logits_to_probs`.
     """
-    choice = logits.argmax(dim=-1).tolist()  # [k + 1]
+    choice = argmax(logits).tolist()  # [k + 1]
     accepted = 0
     while accepted < len(draft_tokens) and draft_tokens[accepted] == choice[accepted]:
         accepted += 1
