@@ -267,15 +267,19 @@ def test_user_jsonl(tmp_path):
 # Order and per-step accounting
 
 
-def test_methods_are_interleaved_prompt_by_prompt():
+def test_methods_are_interleaved_prompt_by_prompt_in_turning_order():
     a, b, c = (MethodSpec(x) for x in ("ar", "hf-ar", "hf-assisted"))
     order = [(r, p, m.kind) for r, p, m in schedule([a, b, c], n_prompts=2, repeats=2)]
     assert order == [
         (0, 0, "ar"), (0, 0, "hf-ar"), (0, 0, "hf-assisted"),
-        (0, 1, "ar"), (0, 1, "hf-ar"), (0, 1, "hf-assisted"),
-        (1, 0, "ar"), (1, 0, "hf-ar"), (1, 0, "hf-assisted"),
-        (1, 1, "ar"), (1, 1, "hf-ar"), (1, 1, "hf-assisted"),
+        (0, 1, "hf-ar"), (0, 1, "hf-assisted"), (0, 1, "ar"),
+        (1, 0, "hf-ar"), (1, 0, "hf-assisted"), (1, 0, "ar"),
+        (1, 1, "hf-assisted"), (1, 1, "ar"), (1, 1, "hf-ar"),
     ]
+    for prompt in range(4):  # over three repeats of a prompt, each method runs once in each place
+        runs = [m.kind for r, p, m in schedule([a, b, c], n_prompts=4, repeats=3) if p == prompt]
+        places = {kind: sorted(i % 3 for i, k in enumerate(runs) if k == kind) for kind in set(runs)}
+        assert places == {kind: [0, 1, 2] for kind in ("ar", "hf-ar", "hf-assisted")}
 
 
 def test_steps_from_forwards():
@@ -325,7 +329,8 @@ def test_a_failing_method_is_reported_and_left_out(greedy_run):
 def test_run_order_and_counts(greedy_run):
     runs = [(s.repeat, s.prompt, s.method) for s in sorted(greedy_run.samples, key=lambda s: s.order)]
     names = [m.name for m in greedy_run.methods]
-    assert runs == [(r, p, m) for r in range(2) for p in range(2) for m in names]
+    assert runs == [(r, p, m.name) for r, p, m in schedule(greedy_run.methods, 2, 2)]
+    assert sorted(runs) == sorted((r, p, m) for r in range(2) for p in range(2) for m in names)
     assert all(s.new_tokens == 10 for s in greedy_run.samples)  # EOS ignored: same tokens for all
 
 
@@ -478,6 +483,27 @@ def _sample(method, prompt, tokens, seconds, first=None):
 
     return Sample(method=method, prompt=prompt, repeat=0, order=0, seed=0, token_ids=tokens, seconds=seconds,
                   target_forwards=len(tokens), first_step_seconds=first, first_step_tokens=1 if first else None)
+
+
+def test_per_prompt_speedups_take_the_median_run_and_the_total_takes_every_run():
+    """With repeats, a prompt's ratio is of median tokens per second: one run slowed 3x by other
+    work on the machine moves the total but not the per-prompt figures."""
+    from specdec.bench.runner import BenchRun
+
+    methods = parse_methods("spec:ngram:block:k=2,llamacpp-ar", ("llamacpp",))
+    times = {"ar:backend=llamacpp": (1.0, 1.0, 1.0), "spec:ngram:block:k=2:backend=llamacpp": (0.8, 2.4, 0.9),
+             "llamacpp-ar": (1.0, 1.1, 0.9)}  # seconds for 10 tokens in repeats 0, 1, 2 of one prompt
+    samples = []
+    for name, seconds in times.items():
+        for repeat, t in enumerate(seconds):
+            samples.append(_sample(name, 0, list(range(10)), t))
+            samples[-1].repeat = repeat
+    run = BenchRun(BenchSettings(max_new_tokens=10, repeats=3), methods, {}, {}, [Prompt("code", "c/0", text="x")],
+                   [3], samples, 1.0)
+    spec = report.summarize(run)["spec:ngram:block:k=2:backend=llamacpp"]
+    assert spec["speedup_vs_llamacpp_ar_min"] == pytest.approx((10 / 0.9) / (10 / 1.0))  # medians: 0.9 s, 1.0 s
+    assert spec["speedup_vs_ar_geomean"] == pytest.approx(1 / 0.9)
+    assert spec["speedup_vs_llamacpp_ar"] == pytest.approx(3.0 / 4.1)  # totals: 30 tokens in 4.1 s and in 3.0 s
 
 
 def test_report_against_llamacpp_ar_and_each_backends_ar():

@@ -7,7 +7,10 @@ Definitions (per method, over all its timed runs):
   the method's own backend (``ar`` on torch, ``ar:backend=llamacpp`` on llama.cpp; transformers'
   peers count as torch, llama.cpp's as llamacpp) -- the ratio of total time for the same tokens
   when the token counts are equal (they are when EOS is ignored).
-  ``speedup_vs_ar_geomean``: geometric mean over prompts of the same ratio per prompt.
+  ``speedup_vs_ar_geomean``: geometric mean over prompts of the same ratio per prompt. Per prompt,
+  with several repeats, the ratio is of the median of each run's tokens per second: a run slowed
+  by other work on the machine (llama.cpp's spinning threads can take 50x longer when the cores
+  are busy) moves a median of three or more runs little and a total a lot.
 - ``speedup_vs_llamacpp_ar`` (when ``llamacpp-ar`` ran): the same ratio against the llama.cpp
   binding's own generation on the target's GGUF, whatever the method's backend; ``..._geomean`` and
   ``..._min`` over prompts, and ``..._by_set`` per prompt set (geometric means).
@@ -107,11 +110,11 @@ def _against_llamacpp_ar(samples: Sequence[Sample], base: Sequence[Sample], run:
 
 
 def _per_prompt_ratios(samples: Sequence[Sample], base: Sequence[Sample]) -> dict[int, float]:
-    """Per prompt index: tokens per second over all repeats / the same for ``base``."""
+    """Per prompt index: the median over its repeats of a run's tokens per second / the same for ``base``."""
     ratios = {}
     for prompt in sorted({s.prompt for s in samples}):
-        mine = _tps([s for s in samples if s.prompt == prompt])
-        theirs = _tps([s for s in base if s.prompt == prompt])
+        mine = statistics.median(_tps([s]) for s in samples if s.prompt == prompt)
+        theirs = statistics.median([_tps([s]) for s in base if s.prompt == prompt] or [0.0])
         if mine > 0 and theirs > 0:
             ratios[prompt] = mine / theirs
     return ratios

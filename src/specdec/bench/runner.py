@@ -2,7 +2,9 @@
 
 Every method sees the same loaded models, prompt tokens, sampling settings, token budget and EOS
 handling. Runs are interleaved prompt by prompt (for each repeat, for each prompt: A, B, C, ...)
-so that drift in the machine's speed falls on all methods alike.
+so that drift in the machine's speed falls on all methods alike, and the order turns by one place
+from one prompt and repeat to the next (B, C, A, ...), so that no method always runs first or
+right after a given other one.
 
 Project methods run through :func:`specdec.stream` with token ids (no tokenizer, so no decoding
 cost inside the timed region), on the torch backend or on the llama.cpp one (``backend=``); peers
@@ -85,10 +87,13 @@ class BenchRun:
 
 
 def schedule(methods: Sequence[MethodSpec], n_prompts: int, repeats: int) -> Iterator[tuple[int, int, MethodSpec]]:
-    """The timed order: (repeat, prompt, method), methods interleaved within each prompt."""
+    """The timed order: (repeat, prompt, method), methods interleaved within each prompt, their
+    order turned by ``repeat + prompt`` places: over ``len(methods)`` repeats of a prompt each
+    method runs once in each place."""
     for repeat in range(repeats):
         for prompt in range(n_prompts):
-            for method in methods:
+            turn = (repeat + prompt) % len(methods) if methods else 0
+            for method in [*methods[turn:], *methods[:turn]]:
                 yield repeat, prompt, method
 
 
