@@ -113,8 +113,8 @@ def _per_prompt_ratios(samples: Sequence[Sample], base: Sequence[Sample]) -> dic
     """Per prompt index: the median over its repeats of a run's tokens per second / the same for ``base``."""
     ratios = {}
     for prompt in sorted({s.prompt for s in samples}):
-        mine = statistics.median(_tps([s]) for s in samples if s.prompt == prompt)
-        theirs = statistics.median([_tps([s]) for s in base if s.prompt == prompt] or [0.0])
+        mine = _median_tps([s for s in samples if s.prompt == prompt])
+        theirs = _median_tps([s for s in base if s.prompt == prompt])
         if mine > 0 and theirs > 0:
             ratios[prompt] = mine / theirs
     return ratios
@@ -176,6 +176,11 @@ def _decode_tps(samples: Sequence[Sample]) -> float | None:
 def _tps(samples: Sequence[Sample]) -> float:
     seconds = sum(s.seconds for s in samples)
     return sum(s.new_tokens for s in samples) / seconds if seconds > 0 else 0.0
+
+
+def _median_tps(samples: Sequence[Sample]) -> float:
+    """The median over ``samples`` of a run's tokens per second (0 for none)."""
+    return statistics.median(_tps([s]) for s in samples) if samples else 0.0
 
 
 def _geomean_speedup(samples: Sequence[Sample], ar: Sequence[Sample]) -> float | None:
