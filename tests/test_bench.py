@@ -506,6 +506,28 @@ def test_per_prompt_speedups_take_the_median_run_and_the_total_takes_every_run()
     assert spec["speedup_vs_llamacpp_ar"] == pytest.approx(3.0 / 4.1)  # totals: 30 tokens in 4.1 s and in 3.0 s
 
 
+def test_decoding_alone_is_compared_with_llamacpp_ar_after_each_runs_first_step():
+    """A method that prefills faster and decodes at the binding's pace shows a speed-up overall
+    and none after the first step: where a gain comes from is in the table."""
+    from specdec.bench.runner import BenchRun
+
+    methods = parse_methods("llamacpp-ar", ("llamacpp",))
+    runs = {"ar:backend=llamacpp": (3.0, 1.0), "llamacpp-ar": (4.0, 2.0)}  # (seconds, first step) for 11 tokens
+    samples = [_sample(name, 0, list(range(11)), t, first) for name, (t, first) in runs.items()]
+    run = BenchRun(BenchSettings(max_new_tokens=11), methods, {}, {}, [Prompt("code", "c/0", text="x")], [3],
+                   samples, 1.0)
+    ar = report.summarize(run)["ar:backend=llamacpp"]
+    assert ar["speedup_vs_llamacpp_ar"] == pytest.approx(4.0 / 3.0)
+    assert ar["decode_speedup_vs_llamacpp_ar"] == pytest.approx(1.0)  # 10 tokens in 2 s after the first step, both
+    data = {"settings": {"greedy": True, "temperature": 0.0, "max_new_tokens": 11, "repeats": 1},
+            "models": {"target": {"name": "t"}, "draft": None}, "environment": {"dtype": "bfloat16"},
+            "prompts": [{"set": "code", "id": "c/0"}], "methods": report.summarize(run)}
+    table = report.markdown(data)
+    assert "| decoding vs llamacpp-ar |" in table
+    row = next(line for line in table.splitlines() if line.startswith("| `ar:backend=llamacpp`"))
+    assert row.split(" | ")[7:9] == ["1.00×", "1.00×"]  # decoding speed-up vs its ar, vs llamacpp-ar
+
+
 def test_report_against_llamacpp_ar_and_each_backends_ar():
     """Speed-ups against the same backend's ar and against llamacpp-ar, per prompt, per set and in the
     table, computed from known times."""

@@ -35,7 +35,7 @@ def _gguf():
 
 @pytest.fixture(scope="module")
 def model():
-    return llamacpp.load_gguf(_gguf(), n_threads=2, n_ctx=512)
+    return llamacpp.load_gguf(_gguf(), n_threads=2, n_ctx=512, prefill_layout="repacked")
 
 
 # Token ids of some English and code text in SmolLM2's vocabulary (any ids would do).
@@ -75,6 +75,76 @@ def test_prefill_is_fed_in_n_batch_chunks(model):
     by_hand = torch.cat([model.forward(prompt[64:128])[-8:], model.forward(prompt[128:])])
     assert torch.equal(chunked, by_hand)
     assert small.tokens == prompt
+
+
+def _layouts_agree(path) -> bool:
+    """Whether a 100-token pass gives bit-identical logits on the repacked and the stored layout."""
+    ids = (CONTEXT * 5)[:100]
+    runs = [llamacpp.LlamaCppCausalLM(llamacpp.GGUFWeights(path, repack=r), n_threads=2, n_ctx=512).forward(ids)
+            for r in (True, False)]
+    return torch.equal(*runs)
+
+
+def test_a_prefill_on_the_stored_layout_leaves_the_cache_decoding_would_have(monkeypatch):
+    """Chains of PREFILL_ROWS tokens or more run in a second context on the file's layout and their
+    cells move into the decoding context. This file's quantisation is not repacked, so both layouts
+    compute bit-identical logits: any cell the move lost, shifted or left behind shows up as a
+    difference from a model that never moves anything -- in the moved pass, in the steps after it,
+    and after a rollback into the moved cells and a second long chain on top of a cache."""
+    path = _gguf()
+    assert _layouts_agree(path), "on this file the stored and repacked layouts should compute the same logits"
+    moves = []
+    real_move = llamacpp._move_sequence
+    monkeypatch.setattr(llamacpp, "_move_sequence", lambda a, b: (moves.append((a, b)), real_move(a, b))[1])
+    split = llamacpp.load_gguf(path, n_threads=2, n_ctx=512, prefill_layout="file")
+    plain = llamacpp.load_gguf(path, n_threads=2, n_ctx=512, prefill_layout="repacked")
+    assert split.prefill_choice == {"layout": "file", "source": "asked for"} and plain.prefill_weights is None
+    prompt = (CONTEXT * 6)[: llamacpp.PREFILL_ROWS + 36]
+    for m in (split, plain):
+        m.reset()
+    assert torch.equal(split.forward(prompt, num_logits=3), plain.forward(prompt, num_logits=3))
+    assert [(a is split, b is split) for a, b in moves] == [(False, True)]  # prefilled elsewhere, moved in
+    for t in EXTRA[:5]:
+        assert torch.equal(split.forward([t]), plain.forward([t]))
+    for m in (split, plain):
+        m.trim(30)  # back into the moved cells
+    chain = (EXTRA * 5)[: llamacpp.PREFILL_ROWS]
+    assert torch.equal(split.forward(chain), plain.forward(chain))
+    assert [(a is split, b is split) for a, b in moves[1:]] == [(True, False), (False, True)]  # out and back
+    assert torch.equal(split.forward(EXTRA[:3]), plain.forward(EXTRA[:3]))
+    assert split.tokens == plain.tokens and split._prefiller.tokens == []
+    split.forward((EXTRA * 4)[: llamacpp.PREFILL_ROWS - 1])  # shorter chains stay where they are
+    assert len(moves) == 3
+
+
+def test_a_failed_move_between_contexts_is_an_error_and_leaves_an_empty_cache(monkeypatch):
+    split = llamacpp.load_gguf(_gguf(), n_threads=2, n_ctx=512, prefill_layout="file")
+    monkeypatch.setattr(split._api, "llama_state_seq_set_data", lambda *args: 0)
+    with pytest.raises(RuntimeError, match="could not move a sequence's cache between contexts"):
+        split.forward((CONTEXT * 4)[: llamacpp.PREFILL_ROWS])
+    assert split.tokens == []
+    monkeypatch.undo()
+    assert split.forward(CONTEXT, num_logits=1).shape == (1, split.vocab_size)  # usable again
+
+
+def test_the_prefill_layout_is_measured_once_then_read_from_the_cache(model, tmp_path):
+    model.reset()
+    model.forward(CONTEXT)
+    before = model.forward(EXTRA[:1])
+    model.trim(len(CONTEXT))
+    stored = llamacpp.GGUFWeights(model.weights.path, repack=False)
+    first = llamacpp.choose_prefill_layout(model, stored, cache_dir=tmp_path)
+    assert first["source"] == "measured" and first["rows"] == llamacpp.PREFILL_ROWS
+    assert first["layout"] in ("file", "repacked") and all(v > 0 for v in first["seconds"].values())
+    wins = first["seconds"]["file"] < llamacpp.PREFILL_MARGIN * first["seconds"]["repacked"]
+    assert first["layout"] == ("file" if wins else "repacked")
+    assert llamacpp.choose_prefill_layout(model, stored, cache_dir=tmp_path) == {**first, "source": "cache"}
+    assert model.tokens == CONTEXT and torch.equal(model.forward(EXTRA[:1]), before)  # the cache as it was
+
+
+def test_a_bad_prefill_layout_is_refused():
+    with pytest.raises(ValueError, match="prefill_layout must be one of auto, file, repacked"):
+        llamacpp.load_gguf(_gguf(), prefill_layout="stored")
 
 
 def test_rollback_trims_the_cache_by_absolute_length(model):

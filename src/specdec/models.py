@@ -650,7 +650,8 @@ def _load_llamacpp(name_or_path: str, cache_dir: str | Path | None, progress: bo
 
     pack = PACKS.get(name_or_path)
     gguf = gguf_file(pack, cache_dir, progress=progress) if pack else Path(name_or_path).expanduser()
-    model = llamacpp.load_gguf(gguf, n_threads=n_threads, eos_token_ids=(pack.eos_token_ids or None) if pack else None)
+    model = llamacpp.load_gguf(gguf, n_threads=n_threads, eos_token_ids=(pack.eos_token_ids or None) if pack else None,
+                               cache_dir=cache_dir)
     return model, _gguf_tokenizer(pack, gguf, cache_dir)
 
 

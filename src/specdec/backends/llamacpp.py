@@ -5,6 +5,16 @@
 for logits only where the verifier reads them; a long prompt is fed in ``n_batch`` chunks; rollback
 removes positions from the KV memory (``seq_rm``); the number of threads is always set explicitly.
 
+Two weight layouts, each where it is faster. llama.cpp repacks quantised weights at load for its
+wide CPU kernels (``use_extra_bufts``): one-token steps and short verify passes run faster on the
+repacked copy, but on some machines a long pass (a prompt's prefill) runs faster on the layout as
+stored in the file. :func:`load_gguf` measures both once per machine, model and thread count
+(:func:`choose_prefill_layout`, cached) and, where the file's layout wins, feeds every chain of at
+least :data:`PREFILL_ROWS` tokens through a second context on the file's layout, then moves that
+sequence's KV cells (``llama_state_seq_get_data`` / ``set_data``) into the decoding context. Both
+contexts compute the same model; their kernels round differently, as two batch sizes already do
+in llama.cpp.
+
 Token trees are verified in one batch: each leaf of the tree gets a sequence id, each node carries
 the ids of the leaves below it (a batch row may belong to several sequences), so a node's cache
 cell is visible exactly to its descendants; keeping the accepted path is ``seq_keep`` on one leaf's
@@ -24,7 +34,9 @@ from __future__ import annotations
 import collections
 import ctypes
 import functools
+import json
 import os
+import time
 import types
 from pathlib import Path
 from typing import Any, Sequence
@@ -40,6 +52,13 @@ MODULE = "llama_cpp"
 DEFAULT_CTX = 4096
 DEFAULT_BATCH = 512
 MAX_SEQUENCES = 64  # leaves a verified token tree may have
+# A causal chain of at least this many new tokens may run on the file's weight layout (a prefill):
+# shorter passes are faster on the repacked layout. On a 2-core AVX-512 CPU with Qwen2.5-Coder-1.5B
+# Q4_K_M, 16 rows took 349 ms repacked and 374 ms as stored, 64 rows 864 ms and 727 ms.
+PREFILL_ROWS = 64
+PREFILL_LAYOUTS = ("auto", "file", "repacked")
+PREFILL_MARGIN = 0.9  # "auto" prefills on the file's layout when it takes under this share of the time
+PREFILL_CACHE_FORMAT = 1
 _TREE_SLACK = 256  # KV cells beyond max_context: a tree's siblings share positions, not cells
 
 
@@ -147,16 +166,84 @@ def load_gguf(
     n_ctx: int = DEFAULT_CTX,
     n_batch: int = DEFAULT_BATCH,
     eos_token_ids: Sequence[int] | None = None,
+    prefill_layout: str = "auto",
+    cache_dir: str | Path | None = None,
 ) -> "LlamaCppCausalLM":
     """Load a local ``.gguf`` file into a :class:`LlamaCppCausalLM` (one KV cache).
 
     n_threads: default :func:`default_threads`. n_ctx: the context length (capped at the model's
     training context), reported as ``max_context``. eos_token_ids: the ids that end generation
-    (default: the GGUF's end-of-generation tokens). Raises :class:`LlamaCppUnavailable` without
+    (default: the GGUF's end-of-generation tokens). prefill_layout: the weight layout long chains
+    (prompts) run on: ``"repacked"`` (the one decoding runs on), ``"file"`` (as stored in the
+    GGUF) or ``"auto"``, whichever :func:`choose_prefill_layout` measures faster here (cached under
+    ``cache_dir``, as the planner's cost curves are). Raises :class:`LlamaCppUnavailable` without
     the binding and ``ValueError`` naming the file when it is missing, not a GGUF or corrupt.
     """
+    if prefill_layout not in PREFILL_LAYOUTS:
+        raise ValueError(f"prefill_layout must be one of {', '.join(PREFILL_LAYOUTS)}, got {prefill_layout!r}")
     weights = GGUFWeights(path)
-    return LlamaCppCausalLM(weights, n_threads=n_threads, n_ctx=n_ctx, n_batch=n_batch, eos_token_ids=eos_token_ids)
+    model = LlamaCppCausalLM(weights, n_threads=n_threads, n_ctx=n_ctx, n_batch=n_batch, eos_token_ids=eos_token_ids)
+    if prefill_layout != "repacked":
+        as_stored = GGUFWeights(path, repack=False)  # memory-mapped: the file's pages, shared with the first load
+        if prefill_layout == "auto":
+            model.prefill_choice = choose_prefill_layout(model, as_stored, cache_dir=cache_dir)
+            prefill_layout = model.prefill_choice["layout"]
+        else:
+            model.prefill_choice = {"layout": "file", "source": "asked for"}
+        if prefill_layout == "file":
+            model.prefill_weights = as_stored
+    return model
+
+
+def choose_prefill_layout(model: "LlamaCppCausalLM", as_stored: GGUFWeights, *,
+                          cache_dir: str | Path | None = None, refresh: bool = False) -> dict[str, Any]:
+    """Which weight layout a chain of :data:`PREFILL_ROWS` tokens runs faster on, for ``model``
+    (repacked) and ``as_stored`` (the same file as stored): ``{"layout": "file" | "repacked",
+    "seconds": {layout: fastest time}, "rows", "source": "measured" | "cache"}``.
+
+    Times a pass of :data:`PREFILL_ROWS` rows (logits for the last) on each, alternating, the
+    fastest of two after a warm-up (other work on the machine only adds time); "file" wins when
+    it takes under :data:`PREFILL_MARGIN` of the repacked time. Cached as JSON beside the
+    planner's cost curves, keyed by machine, file, threads and n_batch.
+    """
+    from specdec import planner
+
+    key = {**planner.cost_key(model), "what": "llama.cpp prefill layouts", "rows": PREFILL_ROWS}
+    path = planner.cache_file(key, cache_dir)
+    if not refresh:
+        try:
+            saved = json.loads(path.read_text())
+            if saved.get("format") == PREFILL_CACHE_FORMAT and saved.get("key") == key \
+                    and saved["choice"]["layout"] in ("file", "repacked"):
+                return {**saved["choice"], "source": "cache"}
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # missing or unreadable: measure
+    other = LlamaCppCausalLM(as_stored, n_threads=model.n_threads, n_ctx=model.max_context, n_batch=model.n_batch,
+                             eos_token_ids=model.generation_config.eos_token_id)
+    rows = min(PREFILL_ROWS, model.max_context)
+    ids = [(17 + 7919 * i) % model.vocab_size for i in range(rows)]
+    times: dict[str, list[float]] = {"repacked": [], "file": []}
+    for sweep in range(3):  # the first is a warm-up
+        for layout, m in (("repacked", model), ("file", other)) if sweep % 2 else (("file", other), ("repacked", model)):
+            base = len(m.tokens)
+            t0 = time.perf_counter()
+            try:
+                m._decode_chain(ids, base, 1)
+            finally:
+                m._api.llama_memory_seq_rm(m._mem, 0, base, -1)  # the cache as it was
+            if sweep:
+                times[layout].append(time.perf_counter() - t0)
+    seconds = {layout: min(t) for layout, t in times.items()}
+    layout = "file" if seconds["file"] < PREFILL_MARGIN * seconds["repacked"] else "repacked"
+    choice = {"layout": layout, "seconds": seconds, "rows": rows}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"format": PREFILL_CACHE_FORMAT, "key": key, "choice": choice}, indent=1))
+        os.replace(tmp, path)
+    except OSError:
+        pass
+    return {**choice, "source": "measured"}
 
 
 class LlamaCppCausalLM(ModelFacts):
@@ -202,13 +289,20 @@ class LlamaCppCausalLM(ModelFacts):
         self._batch = api.llama_batch_init(n_batch, 0, MAX_SEQUENCES)
         self._tokens: list[int] = []
         self._branch: _Branch | None = None
+        # Chains of PREFILL_ROWS tokens or more run on these weights (the file's layout) when set,
+        # in a context made on first use; prefill_choice says why (see load_gguf).
+        self.prefill_weights: GGUFWeights | None = None
+        self.prefill_choice: dict[str, Any] = {"layout": "repacked", "source": "default"}
+        self._prefiller: LlamaCppCausalLM | None = None
 
     def fork(self) -> "LlamaCppCausalLM":
         """Another context (its own, empty KV cache) on the same weights and settings."""
-        return LlamaCppCausalLM(
+        twin = LlamaCppCausalLM(
             self.weights, n_threads=self.n_threads, n_ctx=self._max_context, n_batch=self.n_batch,
             eos_token_ids=self.generation_config.eos_token_id,
         )
+        twin.prefill_weights, twin.prefill_choice = self.prefill_weights, self.prefill_choice
+        return twin
 
     def __del__(self) -> None:
         api = getattr(self, "_api", None)
@@ -264,7 +358,10 @@ class LlamaCppCausalLM(ModelFacts):
             if positions is not None and list(positions) != list(range(start, start + n)):
                 raise ValueError("positions without attend must continue the cache: start..start+n-1")
             self._check_room(start + n, n)
-            rows = self._decode_chain(tokens, start, want)
+            if self.prefill_weights is not None and n >= PREFILL_ROWS:
+                rows = self._decode_chain_as_stored(tokens, start, want)
+            else:
+                rows = self._decode_chain(tokens, start, want)
         else:
             parents = tree_parents(attend, positions, start)
             self._check_room(max(int(p) for p in positions) + 1, n)
@@ -347,6 +444,28 @@ class LlamaCppCausalLM(ModelFacts):
             out.append(self._decode(rows))
         return np.concatenate(out) if len(out) > 1 else out[0]
 
+    def _decode_chain_as_stored(self, tokens: list[int], start: int, want: int) -> np.ndarray:
+        """:meth:`_decode_chain` in a context on the file's weight layout: the cached sequence
+        moves there, the chain is fed, and the sequence (now with the chain's cells) moves back."""
+        other = self._prefiller
+        if other is None:
+            other = self._prefiller = LlamaCppCausalLM(
+                self.prefill_weights, n_threads=self.n_threads, n_ctx=self._max_context, n_batch=self.n_batch,
+                eos_token_ids=self.generation_config.eos_token_id,
+            )
+        try:
+            if start:
+                _move_sequence(self, other)
+            rows = other._decode_chain(tokens, start, want)
+            try:
+                _move_sequence(other, self)
+            except BaseException:
+                self.reset()  # its cells are gone: keep the bookkeeping true (an empty cache)
+                raise
+        finally:
+            other.reset()
+        return rows
+
     def _decode_tree(self, tokens: list[int], parents: list[int], start: int, want: int) -> np.ndarray:
         """Feed a forest of new tokens (``parents`` [n], -1 = hangs from the cache) in one batch
         after its shared chain: sequence s holds the cache and the path to leaf s."""
@@ -397,6 +516,19 @@ class LlamaCppCausalLM(ModelFacts):
         for row, i in enumerate(wanted):
             out[row] = np.ctypeslib.as_array(api.llama_get_logits_ith(self._ctx, i), shape=(self._vocab,))
         return out
+
+
+def _move_sequence(source: LlamaCppCausalLM, dest: LlamaCppCausalLM) -> None:
+    """Copy sequence 0's KV cells (positions and keys/values of every layer) from ``source``'s
+    context into ``dest``'s, replacing what ``dest`` held there."""
+    api = source._api
+    size = api.llama_state_seq_get_size(source._ctx, 0)
+    buffer = (ctypes.c_uint8 * size)()
+    written = api.llama_state_seq_get_data(source._ctx, buffer, size, 0)
+    api.llama_memory_seq_rm(dest._mem, 0, -1, -1)
+    _LOG.clear()
+    if not written or not api.llama_state_seq_set_data(dest._ctx, buffer, written, 0):
+        raise RuntimeError(f"llama.cpp could not move a sequence's cache between contexts{_last_error()}")
 
 
 class _Branch:

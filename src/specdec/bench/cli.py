@@ -104,12 +104,12 @@ def bench_command(args: argparse.Namespace, argv: Sequence[str] | None = None) -
             "draft": report.model_info(models.draft, models.draft_name)}
     if info["draft"] is not None:
         info["draft"]["weights"] = models.draft_weights
-    if models.llamacpp is not None:
-        info["llamacpp"] = report.llamacpp_info(models.llamacpp)
     runs = []
     for s in settings:
         before = _load_average()
         run = run_bench(models, methods, prompts, s, progress=not args.no_progress)
+        if models.llamacpp is not None:  # after the run: what its models were loaded with
+            info["llamacpp"] = report.llamacpp_info(models.llamacpp)
         data = report.results(run, env | {"load_average_run": [before, _load_average()]}, info)
         folder = _save(lambda where: report.write_run(data, where), folders[s], _run_folder(s))
         print(report.markdown(data) + f"\n\n(written to {folder})\n")

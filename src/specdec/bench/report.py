@@ -13,7 +13,8 @@ Definitions (per method, over all its timed runs):
   are busy) moves a median of three or more runs little and a total a lot.
 - ``speedup_vs_llamacpp_ar`` (when ``llamacpp-ar`` ran): the same ratio against the llama.cpp
   binding's own generation on the target's GGUF, whatever the method's backend; ``..._geomean`` and
-  ``..._min`` over prompts, and ``..._by_set`` per prompt set (geometric means).
+  ``..._min`` over prompts, and ``..._by_set`` per prompt set (geometric means);
+  ``decode_speedup_vs_llamacpp_ar``: the same for decoding alone (after the first step, below).
 - ``decode_speedup_vs_ar``: the same ratio for decoding alone: each run's tokens and time after
   its first step (the first target forward, which prefills the prompt; for draft-model methods the
   draft's prefill comes before it). ``first_step_seconds``: the mean time to that point. With
@@ -96,6 +97,7 @@ def summarize(run: BenchRun) -> dict[str, dict[str, Any]]:
 def _against_llamacpp_ar(samples: Sequence[Sample], base: Sequence[Sample], run: BenchRun) -> dict[str, Any]:
     """Speed-ups against the llama.cpp binding's own generation: overall, per prompt and per prompt set."""
     mine, theirs = _tps(samples), _tps(base)
+    decode, base_decode = _decode_tps(samples), _decode_tps(base)
     per_prompt = _per_prompt_ratios(samples, base)
     by_set: dict[str, list[float]] = defaultdict(list)
     for prompt, ratio in per_prompt.items():
@@ -106,6 +108,7 @@ def _against_llamacpp_ar(samples: Sequence[Sample], base: Sequence[Sample], run:
         "speedup_vs_llamacpp_ar_geomean": math.exp(statistics.fmean(logs)) if logs else None,
         "speedup_vs_llamacpp_ar_min": min(per_prompt.values()) if per_prompt else None,
         "speedup_vs_llamacpp_ar_by_set": {k: math.exp(statistics.fmean(v)) for k, v in by_set.items()} or None,
+        "decode_speedup_vs_llamacpp_ar": decode / base_decode if decode and base_decode else None,
     }
 
 
@@ -305,10 +308,14 @@ def environment(command: str, dtype: str) -> dict[str, Any]:
 
 
 def llamacpp_info(models: Any) -> dict[str, Any]:
-    """The GGUFs the llama.cpp methods and peers run, and their threads."""
+    """The GGUFs the llama.cpp methods and peers run, their threads, and the weight layout the
+    backend's models prefill on (:func:`specdec.backends.llamacpp.choose_prefill_layout`)."""
+    layouts = {role: getattr(model, "prefill_choice", None)
+               for role, model in (("target", models.target), ("draft", models.draft)) if model is not None}
     return {"target_gguf": str(models.target_path),
             "draft_gguf": str(models.draft_path) if models.draft_path else None,
-            "threads": models.n_threads}
+            "threads": models.n_threads,
+            "prefill_layout": layouts or None}
 
 
 def model_info(model: Any, name: str | None) -> dict[str, Any] | None:
@@ -411,6 +418,7 @@ COLUMNS = [
     ("vs llamacpp-ar", "speedup_vs_llamacpp_ar"),
     ("geomean (worst)", "speedup_vs_llamacpp_ar_geomean"),
     ("decoding speed-up", "decode_speedup_vs_ar"),
+    ("decoding vs llamacpp-ar", "decode_speedup_vs_llamacpp_ar"),
     ("first step (s)", "first_step_seconds"),
     ("tokens/forward", "mean_accepted_per_forward"),
     ("acceptance", "acceptance_rate"),
@@ -427,7 +435,7 @@ COLUMNS = [
 def markdown(data: dict[str, Any]) -> str:
     """The summary table, one row per method, under a line saying what was run."""
     llamacpp_ar = any(m.get("speedup_vs_llamacpp_ar") is not None for m in data["methods"].values())
-    columns = [(c, key) for c, key in COLUMNS if llamacpp_ar or not (key or "").startswith("speedup_vs_llamacpp_ar")]
+    columns = [(c, key) for c, key in COLUMNS if llamacpp_ar or "vs_llamacpp_ar" not in (key or "")]
     lines = [
         f"**{title(data)}**",
         "",
@@ -447,7 +455,7 @@ def markdown(data: dict[str, Any]) -> str:
                 worst = m.get("speedup_vs_llamacpp_ar_min")
                 cells.append(_fmt(m.get(key), "x") + (f" ({_fmt(worst, 'x')})" if worst is not None else ""))
             elif key in ("speedup_vs_ar", "speedup_vs_ar_geomean", "predicted_speedup", "decode_speedup_vs_ar",
-                         "speedup_vs_llamacpp_ar"):
+                         "speedup_vs_llamacpp_ar", "decode_speedup_vs_llamacpp_ar"):
                 cells.append(_fmt(m.get(key), "x"))
             elif key in ("acceptance_rate", "alpha"):
                 cells.append(_fmt(m.get(key), "%"))
@@ -467,7 +475,8 @@ def markdown(data: dict[str, Any]) -> str:
         "Speed-ups and identity are against `ar` on the method's own backend (`ar:backend=llamacpp` for "
         "llama.cpp methods and peers). "
         + ("vs llamacpp-ar: ratio of tokens per second to the llama.cpp binding's own generation on the same "
-           "GGUF (then: geomean over prompts, the worst prompt in brackets). " if llamacpp_ar else "")
+           "GGUF (then: geomean over prompts, the worst prompt in brackets; decoding: after the first step). "
+           if llamacpp_ar else "")
         + "tokens/forward: new tokens per target forward. α: per-token acceptance; k: drafts per step; "
         "c: one draft token's time / one `ar` step; predicted: (1-α^(k+1)) / ((1-α)(kc+1)). "
         "vs peer: speed-up over the fastest peer of the same kind (draft model: `hf-assisted`; "
