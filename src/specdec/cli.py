@@ -318,11 +318,17 @@ def _check_cache_dir(args: argparse.Namespace, *, create: bool) -> None:
 def _load(name: str, args: argparse.Namespace) -> tuple[Any, Any]:
     _note(f"loading {name} ({args.dtype})")
     try:
-        return models.load(name, dtype=args.dtype, cache_dir=args.cache_dir,
-                           kernels=getattr(args, "kernels", "auto"), backend=getattr(args, "backend", "torch"),
-                           n_threads=getattr(args, "threads", None))
+        model, tokenizer = models.load(name, dtype=args.dtype, cache_dir=args.cache_dir,
+                                       kernels=getattr(args, "kernels", "auto"), backend=getattr(args, "backend", "torch"),
+                                       n_threads=getattr(args, "threads", None))
     except models.ModelPackError as err:
         raise CLIError(err.message, err.hint) from None
+    choice = getattr(model, "prefill_choice", None)
+    if choice and choice.get("layout") == "file" and "seconds" in choice:
+        t = choice["seconds"]
+        _note(f"{name}: prompts prefill on the GGUF's stored weight layout, decoding on llama.cpp's repacked one "
+              f"({choice['rows']} rows took {t['file']:.2f} s against {t['repacked']:.2f} s; {choice['source']})")
+    return model, tokenizer
 
 
 # ------------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ package, so any module may use it.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -29,3 +30,16 @@ def model_key(model: Any) -> str:
     name = os.path.basename(str(getattr(config, "_name_or_path", "") or "").rstrip("/\\"))
     name = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name) or config.model_type
     return f"{name}-{config.num_hidden_layers}x{config.hidden_size}"
+
+
+def save_measurement(path: Path, data: Any) -> None:
+    """Write ``data`` as JSON to ``path`` atomically (a temporary file, then a rename), creating
+    its folder. A cache that cannot be written is not an error: the measurement is only repeated
+    next time."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1))
+        os.replace(tmp, path)
+    except OSError:
+        pass

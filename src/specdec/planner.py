@@ -63,6 +63,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
+from specdec.paths import save_measurement
 from specdec.policies import DEFAULT_K_MAX, AcceptanceEstimates, check_k
 from specdec.stats import Step
 
@@ -272,13 +273,7 @@ def row_costs(model: Any, max_rows: int = MAX_ROWS, *, cache_dir: str | Path | N
         except (OSError, ValueError, KeyError, TypeError):
             pass  # missing or unreadable: measure
     curve = measure_rows(model, max_rows)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"format": CACHE_FORMAT, "key": key, "seconds": curve}, indent=1))
-        os.replace(tmp, path)
-    except OSError:
-        pass
+    save_measurement(path, {"format": CACHE_FORMAT, "key": key, "seconds": curve})
     return curve, "measured"
 
 

@@ -45,6 +45,7 @@ import numpy as np
 import torch
 
 from specdec.backends.base import ModelFacts
+from specdec.paths import save_measurement
 
 REQUIREMENT = "llama-cpp-python==0.3.36"
 INSTALL = f"pip install {REQUIREMENT}"
@@ -236,13 +237,7 @@ def choose_prefill_layout(model: "LlamaCppCausalLM", as_stored: GGUFWeights, *,
     seconds = {layout: min(t) for layout, t in times.items()}
     layout = "file" if seconds["file"] < PREFILL_MARGIN * seconds["repacked"] else "repacked"
     choice = {"layout": layout, "seconds": seconds, "rows": rows}
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"format": PREFILL_CACHE_FORMAT, "key": key, "choice": choice}, indent=1))
-        os.replace(tmp, path)
-    except OSError:
-        pass
+    save_measurement(path, {"format": PREFILL_CACHE_FORMAT, "key": key, "choice": choice})
     return {**choice, "source": "measured"}
 
 

@@ -58,8 +58,11 @@ class LlamaCppModels:
 
             from specdec.backends.llamacpp import DEFAULT_BATCH
 
-            # Flash attention off, and a context of at least DEFAULT_BATCH tokens (the binding batches
-            # its prefill by min(n_ctx, 512)), as on the backend: the same passes, the same logits.
+            # The binding's own settings (flash attention off, repacked weights for every pass) with
+            # the backend's prefill batch: a context of at least DEFAULT_BATCH tokens, since the
+            # binding batches its prefill by min(n_ctx, 512). The backend leaves flash attention to
+            # llama.cpp (on for the CPU) and prefills long prompts on the file's layout where that is
+            # faster (specdec.backends.llamacpp.choose_prefill_layout), so near-ties can round apart.
             self.peers[method.kind] = Llama(
                 str(self.target_path), n_ctx=max(self.n_ctx, DEFAULT_BATCH), n_threads=self.n_threads or None,
                 n_threads_batch=self.n_threads or None, n_batch=DEFAULT_BATCH, flash_attn=False, verbose=False,

@@ -13,9 +13,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import time
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator
 
-import numpy as np
 import torch
 
 from specdec.bench.methods import PROMPT_LOOKUP_K, MethodSpec
