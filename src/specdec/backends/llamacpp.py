@@ -55,7 +55,8 @@ DEFAULT_BATCH = 512
 MAX_SEQUENCES = 64  # leaves a verified token tree may have
 # A causal chain of at least this many new tokens may run on the file's weight layout (a prefill):
 # shorter passes are faster on the repacked layout. On a 2-core AVX-512 CPU with Qwen2.5-Coder-1.5B
-# Q4_K_M, 16 rows took 349 ms repacked and 374 ms as stored, 64 rows 864 ms and 727 ms.
+# Q4_K_M, 16 rows took 247 ms repacked and 294 ms as stored, 32 rows 443 and 451 ms, 64 rows 855 and
+# 612 ms (benchmarks/prefill_layouts.py; docs/backends.md).
 PREFILL_ROWS = 64
 PREFILL_LAYOUTS = ("auto", "file", "repacked")
 PREFILL_MARGIN = 0.9  # "auto" prefills on the file's layout when it takes under this share of the time
