@@ -132,13 +132,12 @@ def test_the_prefill_layout_is_measured_once_then_read_from_the_cache(model, tmp
     model.forward(CONTEXT)
     before = model.forward(EXTRA[:1])
     model.trim(len(CONTEXT))
-    stored = llamacpp.GGUFWeights(model.weights.path, repack=False)
-    first = llamacpp.choose_prefill_layout(model, stored, cache_dir=tmp_path)
+    first = llamacpp.choose_prefill_layout(model, cache_dir=tmp_path)
     assert first["source"] == "measured" and first["rows"] == llamacpp.PREFILL_ROWS
     assert first["layout"] in ("file", "repacked") and all(v > 0 for v in first["seconds"].values())
     wins = first["seconds"]["file"] < llamacpp.PREFILL_MARGIN * first["seconds"]["repacked"]
     assert first["layout"] == ("file" if wins else "repacked")
-    assert llamacpp.choose_prefill_layout(model, stored, cache_dir=tmp_path) == {**first, "source": "cache"}
+    assert llamacpp.choose_prefill_layout(model, cache_dir=tmp_path) == {**first, "source": "cache"}
     assert model.tokens == CONTEXT and torch.equal(model.forward(EXTRA[:1]), before)  # the cache as it was
 
 

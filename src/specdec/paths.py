@@ -32,6 +32,17 @@ def model_key(model: Any) -> str:
     return f"{name}-{config.num_hidden_layers}x{config.hidden_size}"
 
 
+def load_measurement(path: Path, key: Any, version: int) -> dict | None:
+    """What :func:`save_measurement` wrote to ``path``, if it is there, readable, and was measured
+    for ``key`` in format ``version``; else None (measure again)."""
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(saved, dict) and saved.get("format") == version and saved.get("key") == key
+    return saved if ok else None
+
+
 def save_measurement(path: Path, data: Any) -> None:
     """Write ``data`` as JSON to ``path`` atomically (a temporary file, then a rename), creating
     its folder. A cache that cannot be written is not an error: the measurement is only repeated

@@ -63,7 +63,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from specdec.paths import save_measurement
+from specdec.paths import load_measurement, save_measurement
 from specdec.policies import DEFAULT_K_MAX, AcceptanceEstimates, check_k
 from specdec.stats import Step
 
@@ -263,15 +263,14 @@ def row_costs(model: Any, max_rows: int = MAX_ROWS, *, cache_dir: str | Path | N
     """
     key = cost_key(model)
     path = cache_file(key, cache_dir)
-    if not refresh:
+    saved = None if refresh else load_measurement(path, key, CACHE_FORMAT)
+    if saved is not None:
         try:
-            saved = json.loads(path.read_text())
             curve = [float(v) for v in saved["seconds"]]
-            if saved.get("format") == CACHE_FORMAT and saved.get("key") == key and len(curve) >= max_rows:
-                if all(v > 0 for v in curve):
-                    return curve[:max_rows], "cache"
-        except (OSError, ValueError, KeyError, TypeError):
-            pass  # missing or unreadable: measure
+            if len(curve) >= max_rows and all(v > 0 for v in curve):
+                return curve[:max_rows], "cache"
+        except (KeyError, TypeError, ValueError):
+            pass  # malformed: measure
     curve = measure_rows(model, max_rows)
     save_measurement(path, {"format": CACHE_FORMAT, "key": key, "seconds": curve})
     return curve, "measured"

@@ -34,7 +34,6 @@ from __future__ import annotations
 import collections
 import ctypes
 import functools
-import json
 import os
 import time
 import types
@@ -45,7 +44,7 @@ import numpy as np
 import torch
 
 from specdec.backends.base import ModelFacts
-from specdec.paths import save_measurement
+from specdec.paths import load_measurement, save_measurement
 
 REQUIREMENT = "llama-cpp-python==0.3.36"
 INSTALL = f"pip install {REQUIREMENT}"
@@ -185,23 +184,20 @@ def load_gguf(
         raise ValueError(f"prefill_layout must be one of {', '.join(PREFILL_LAYOUTS)}, got {prefill_layout!r}")
     weights = GGUFWeights(path)
     model = LlamaCppCausalLM(weights, n_threads=n_threads, n_ctx=n_ctx, n_batch=n_batch, eos_token_ids=eos_token_ids)
-    if prefill_layout != "repacked":
-        as_stored = GGUFWeights(path, repack=False)  # memory-mapped: the file's pages, shared with the first load
-        if prefill_layout == "auto":
-            model.prefill_choice = choose_prefill_layout(model, as_stored, cache_dir=cache_dir)
-            prefill_layout = model.prefill_choice["layout"]
-        else:
-            model.prefill_choice = {"layout": "file", "source": "asked for"}
-        if prefill_layout == "file":
-            model.prefill_weights = as_stored
+    if prefill_layout == "auto":
+        model.prefill_choice = choose_prefill_layout(model, cache_dir=cache_dir)
+    elif prefill_layout == "file":
+        model.prefill_choice = {"layout": "file", "source": "asked for"}
+    if model.prefill_choice["layout"] == "file":
+        model.prefill_weights = GGUFWeights(path, repack=False)  # memory-mapped: pages shared with the first load
     return model
 
 
-def choose_prefill_layout(model: "LlamaCppCausalLM", as_stored: GGUFWeights, *,
-                          cache_dir: str | Path | None = None, refresh: bool = False) -> dict[str, Any]:
-    """Which weight layout a chain of :data:`PREFILL_ROWS` tokens runs faster on, for ``model``
-    (repacked) and ``as_stored`` (the same file as stored): ``{"layout": "file" | "repacked",
-    "seconds": {layout: fastest time}, "rows", "source": "measured" | "cache"}``.
+def choose_prefill_layout(model: "LlamaCppCausalLM", *, cache_dir: str | Path | None = None,
+                          refresh: bool = False) -> dict[str, Any]:
+    """Which weight layout a chain of :data:`PREFILL_ROWS` tokens runs faster on, ``model``'s
+    (repacked) or its file's as stored: ``{"layout": "file" | "repacked", "seconds": {layout:
+    fastest time}, "rows", "source": "measured" | "cache"}``.
 
     Times a pass of :data:`PREFILL_ROWS` rows (logits for the last) on each, alternating, the
     fastest of two after a warm-up (other work on the machine only adds time); "file" wins when
@@ -212,17 +208,14 @@ def choose_prefill_layout(model: "LlamaCppCausalLM", as_stored: GGUFWeights, *,
 
     key = {**planner.cost_key(model), "what": "llama.cpp prefill layouts", "rows": PREFILL_ROWS}
     path = planner.cache_file(key, cache_dir)
-    if not refresh:
-        try:
-            saved = json.loads(path.read_text())
-            if saved.get("format") == PREFILL_CACHE_FORMAT and saved.get("key") == key \
-                    and saved["choice"]["layout"] in ("file", "repacked"):
-                return {**saved["choice"], "source": "cache"}
-        except (OSError, ValueError, KeyError, TypeError):
-            pass  # missing or unreadable: measure
-    other = LlamaCppCausalLM(as_stored, n_threads=model.n_threads, n_ctx=model.max_context, n_batch=model.n_batch,
+    saved = None if refresh else load_measurement(path, key, PREFILL_CACHE_FORMAT)
+    choice = saved.get("choice") if saved is not None else None
+    if isinstance(choice, dict) and choice.get("layout") in ("file", "repacked"):
+        return {**choice, "source": "cache"}
+    other = LlamaCppCausalLM(GGUFWeights(model.weights.path, repack=False), n_threads=model.n_threads,
+                             n_ctx=model.max_context, n_batch=model.n_batch,
                              eos_token_ids=model.generation_config.eos_token_id)
-    rows = min(PREFILL_ROWS, model.max_context)
+    rows = min(PREFILL_ROWS, model.max_context - len(model.tokens))
     ids = [(17 + 7919 * i) % model.vocab_size for i in range(rows)]
     times: dict[str, list[float]] = {"repacked": [], "file": []}
     for sweep in range(3):  # the first is a warm-up
@@ -230,9 +223,9 @@ def choose_prefill_layout(model: "LlamaCppCausalLM", as_stored: GGUFWeights, *,
             base = len(m.tokens)
             t0 = time.perf_counter()
             try:
-                m._decode_chain(ids, base, 1)
+                m.forward(ids, num_logits=1)
             finally:
-                m._api.llama_memory_seq_rm(m._mem, 0, base, -1)  # the cache as it was
+                m.trim(base)  # the cache as it was
             if sweep:
                 times[layout].append(time.perf_counter() - t0)
     seconds = {layout: min(t) for layout, t in times.items()}
