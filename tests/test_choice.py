@@ -140,6 +140,29 @@ def test_a_lookups_length_follows_how_far_back_its_match_reaches(pair):
     assert policy.choose({"ngram": short, "model": None})[1] == 0  # neither drafts: a plain step
 
 
+def test_a_lookup_whose_first_token_keeps_failing_stops_copying_however_well_its_copies_went(pair):
+    """A copy's tokens stand or fall together: three 16-token copies accepted in full, then six
+    long matches rejected at their first token (each copied passage ended where the target wrote
+    something new). Counted token by token that is 45 accepts to 6 rejects, a chance of 0.89 at
+    which a 16-token draft pays; counted as a first token and the tokens after it, the first
+    token's chance is (1.9 + 3) / (2 + 9) = 0.45, and a 17-row pass at 8.2x a step does not
+    pay for its 1 + 0.45 * 15.8 = 8.0 expected tokens: the planner takes a plain step."""
+    _, draft = pair
+    drafter = ChoiceDrafter.build(ModelDrafter(HFCausalLM(draft)))
+    policy = AutoPolicy(costs=CostModel(COMPUTE_BOUND, draft=0.6))
+    policy.bind(HFCausalLM(draft), drafter)
+    long = lookup_confidence(32)
+    for accepted in [16] * 3 + [0] * 6:
+        policy.next_k()
+        assert policy.choose({"ngram": long, "model": None}) == ("ngram", 16)
+        policy.update(Step(list(range(accepted + 1)), 16, accepted, 0.0, 0.1))
+    ngram = policy._sources["ngram"].acceptance
+    assert ngram.lead_chance(long) == pytest.approx((2 * 0.95 + 3) / (2 + 9))
+    assert ngram.accept_chance(long) == pytest.approx((2 * 0.95 + 45) / (2 + 45))  # the tokens after a first
+    policy.next_k()
+    assert policy.choose({"ngram": long, "model": None})[1] == 0
+
+
 @pytest.mark.parametrize("verify", ["token", "block"])
 def test_sampled_output_follows_the_target_law_while_the_planner_switches_drafters(verify):
     vocab, horizon = 5, 3

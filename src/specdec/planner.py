@@ -439,11 +439,13 @@ class AutoPolicy:
 
     def _alphas(self, sure: float | None) -> list[float]:
         """The chance of each draft position given the ones before it were accepted: where the
-        draft's confidence is known before drafting (a lookup's match), its calibrated chance at
-        every position; else the per-position estimates."""
+        draft's confidence is known before drafting (a lookup's match), the calibrated chance of
+        such a draft's first token, then of each token after an accepted one; else the
+        per-position estimates."""
         if sure is None:
             return self.acceptance.position_alphas(self.k_max)
-        return [min(self.acceptance.accept_chance(sure), 0.999)] * self.k_max
+        rest = min(self.acceptance.accept_chance(sure), 0.999)
+        return [min(self.acceptance.lead_chance(sure), 0.999)] + [rest] * (self.k_max - 1)
 
     def _plan(self) -> int:
         """Plan this step for the current drafter: the cap ``keep_going`` drafts up to (0: plain)."""

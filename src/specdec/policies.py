@@ -156,6 +156,13 @@ class AcceptanceEstimates:
     alpha and the positions decay by ``decay`` per drafting step (the estimates follow a drifting
     workload); the calibration table does not. Priors count as ``prior_weight`` observations
     (``prior_alpha`` for alpha and the positions, a bin's own confidence for the bin).
+
+    A draft whose confidence is foreseen (a lookup copying a match) is not one trial per token:
+    its tokens stand or fall together, and where a copied passage ends the first token fails
+    however long the match was. Its first token is calibrated in a table of its own
+    (:meth:`lead_chance`), the tokens after it in the shared one (:meth:`accept_chance`: the
+    chance of a token given the ones before it were accepted), so a 16-token copy accepted in
+    full does not outweigh fifteen first tokens rejected.
     """
 
     BINS = 10  # calibration bins of the draft's top probability, equal width on [0, 1]
@@ -171,6 +178,8 @@ class AcceptanceEstimates:
         centres = [(b + 0.5) / self.BINS for b in range(self.BINS)]
         self._bin_accepted = [prior_weight * m for m in centres]  # not decayed
         self._bin_tested = [prior_weight] * self.BINS
+        self._lead_accepted = list(self._bin_accepted)  # the same for a foreseen draft's first token
+        self._lead_tested = list(self._bin_tested)
         self._confidences: list[float] = []  # top draft probabilities seen in the current step
 
     def start_step(self) -> None:
@@ -199,8 +208,10 @@ class AcceptanceEstimates:
         for i, confidence in enumerate(self._confidences[: step.accepted + 1]):
             if i < step.drafted:
                 b = self._bin(confidence)
-                self._bin_tested[b] += 1.0
-                self._bin_accepted[b] += float(i < step.accepted)
+                tested, accepted = ((self._lead_tested, self._lead_accepted) if foreseen is not None and i == 0
+                                    else (self._bin_tested, self._bin_accepted))
+                tested[b] += 1.0
+                accepted[b] += float(i < step.accepted)
         self._confidences = []
 
     def _bin(self, confidence: float) -> int:
@@ -210,6 +221,11 @@ class AcceptanceEstimates:
         """Calibrated chance that a draft token whose draft top probability is ``confidence`` is accepted."""
         b = self._bin(confidence)
         return self._bin_accepted[b] / self._bin_tested[b]
+
+    def lead_chance(self, confidence: float) -> float:
+        """Calibrated chance that the first token of a draft whose confidence was foreseen is accepted."""
+        b = self._bin(confidence)
+        return self._lead_accepted[b] / self._lead_tested[b]
 
     @property
     def alpha(self) -> float:
