@@ -159,6 +159,9 @@ def test_a_lookup_whose_first_token_keeps_failing_stops_copying_however_well_its
     ngram = policy._sources["ngram"].acceptance
     assert ngram.lead_chance(long) == pytest.approx((2 * 0.95 + 3) / (2 + 9))
     assert ngram.accept_chance(long) == pytest.approx((2 * 0.95 + 45) / (2 + 45))  # the tokens after a first
+    shown = policy.describe()["drafters"]["ngram"]  # stats.policy shows both tables
+    assert shown["first_token_calibration"][9] == pytest.approx(ngram.lead_chance(long), abs=1e-3)
+    assert shown["calibration"][9] == pytest.approx(ngram.accept_chance(long), abs=1e-3)
     policy.next_k()
     assert policy.choose({"ngram": long, "model": None})[1] == 0
 

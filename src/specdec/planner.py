@@ -553,6 +553,8 @@ class AutoPolicy:
             **({"drafters": {
                 name: {"draft_ms_per_token": round(1000 * (e.draft or 0.0), 3), "draft_source": e.label,
                        "steps": e.chosen, "alpha": e.acceptance.alpha,
+                       "calibration": e.acceptance.calibration(),
+                       "first_token_calibration": e.acceptance.lead_calibration(),
                        "alpha_by_position": [round(a, 3) for a in e.acceptance.position_alphas(self.k_max)]}
                 for name, e in self._sources.items()}} if self._choosing else {}),
             "planned": {str(k): n for k, n in sorted(self._planned.items())},

@@ -262,6 +262,10 @@ class AcceptanceEstimates:
         """Each bin's acceptance chance, rounded, for reports."""
         return [round(self._bin_accepted[b] / self._bin_tested[b], 3) for b in range(self.BINS)]
 
+    def lead_calibration(self) -> list[float]:
+        """Each bin's chance for the first token of a draft whose confidence was foreseen, rounded."""
+        return [round(self._lead_accepted[b] / self._lead_tested[b], 3) for b in range(self.BINS)]
+
 
 class TheoryK:
     """Draft the length that maximises expected tokens per unit of time, from running estimates.
