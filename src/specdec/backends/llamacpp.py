@@ -17,11 +17,19 @@ in llama.cpp.
 
 Token trees are verified in one batch: each leaf of the tree gets a sequence id, each node carries
 the ids of the leaves below it (a batch row may belong to several sequences), so a node's cache
-cell is visible exactly to its descendants; keeping the accepted path is ``seq_keep`` on one leaf's
-sequence followed by a ``seq_rm`` past the path (:meth:`LlamaCppCausalLM.keep`). What the binding
-cannot express is refused with a ``ValueError``: masks that are not a tree hanging from the whole
-cache (a draft tree extended over several passes), and hidden-state drafters (no output embeddings
-are read back from llama.cpp).
+cell is visible exactly to its descendants. A draft tree may grow over several passes: a new node
+hanging from an earlier one takes over that node's sequence, or a copy of its path in a new one.
+Keeping the accepted path (:meth:`LlamaCppCausalLM.keep`) moves it into sequence 0.
+
+Cells stay in position order. llama.cpp's CPU attention sums over a sequence's cells in cell order
+(and accumulates in half precision), so a token placed in a hole before older cells gets logits
+that differ from a one-token step's by much more than rounding (0.5 in a logit on SmolLM2).
+Cells of discarded branches are therefore not freed but parked in a spare sequence that no row
+attends to (:data:`SPARE_SEQUENCE`), so that new tokens always land after every visible cell;
+when parked cells would fill the cache, sequence 0 is copied out and back in one block
+(:meth:`LlamaCppCausalLM._compact`). What the binding cannot express is refused with a
+``ValueError``: masks that are not a tree hanging from the cache, and hidden-state drafters (no
+output embeddings are read back from llama.cpp).
 
 The binding is llama-cpp-python (:data:`REQUIREMENT`), mainline llama.cpp: it computes these GGUF
 files as transformers' dequantised models do (the ik_llama.cpp fork's prebuilt wheel, faster to
@@ -51,7 +59,8 @@ INSTALL = f"pip install {REQUIREMENT}"
 MODULE = "llama_cpp"
 DEFAULT_CTX = 4096
 DEFAULT_BATCH = 512
-MAX_SEQUENCES = 64  # leaves a verified token tree may have
+MAX_SEQUENCES = 64  # sequence ids in a context: a token tree's leaves, and the spare one
+SPARE_SEQUENCE = MAX_SEQUENCES - 1  # holds the cells of discarded branches, out of every row's sight
 # A causal chain of at least this many new tokens may run on the file's weight layout (a prefill):
 # shorter passes are faster on the repacked layout. On a 2-core AVX-512 CPU with Qwen2.5-Coder-1.5B
 # Q4_K_M, 16 rows took 247 ms repacked and 294 ms as stored, 32 rows 443 and 451 ms, 64 rows 855 and
@@ -60,7 +69,7 @@ PREFILL_ROWS = 64
 PREFILL_LAYOUTS = ("auto", "file", "repacked")
 PREFILL_MARGIN = 0.9  # "auto" prefills on the file's layout when it takes under this share of the time
 PREFILL_CACHE_FORMAT = 1
-_TREE_SLACK = 256  # KV cells beyond max_context: a tree's siblings share positions, not cells
+_TREE_SLACK = 256  # KV cells beyond max_context: a tree's siblings and parked cells (see SPARE_SEQUENCE)
 
 
 class LlamaCppUnavailable(ImportError):
@@ -278,6 +287,7 @@ class LlamaCppCausalLM(ModelFacts):
         self._batch = api.llama_batch_init(n_batch, 0, MAX_SEQUENCES)
         self._tokens: list[int] = []
         self._branch: _Branch | None = None
+        self._parked = 0  # at least as many cells as the spare sequence holds (see SPARE_SEQUENCE)
         # Chains of PREFILL_ROWS tokens or more run on these weights (the file's layout) when set,
         # in a context made on first use; prefill_choice says why (see load_gguf).
         self.prefill_weights: GGUFWeights | None = None
@@ -324,19 +334,20 @@ class LlamaCppCausalLM(ModelFacts):
     ) -> torch.Tensor:
         """Append ``tokens``; return logits [len(tokens), V] float32, or only the last ``num_logits`` rows.
 
-        ``attend`` [n, cache_len + n] bool and ``positions`` [n] describe a token tree hanging
-        from the whole cache (as :func:`specdec.tree.forward_tree` builds); other masks raise
-        ``ValueError``. Until :meth:`keep` or :meth:`trim` resolves a tree, no forward may follow.
+        ``attend`` [n, cache_len + n] bool and ``positions`` [n] describe a token tree: each new
+        token sees the cache before the tree, its ancestors and itself (as
+        :func:`specdec.tree.forward_tree` and the draft trees build); a later pass may hang new
+        nodes from the tree's earlier ones. Other masks raise ``ValueError``. While a tree is
+        unresolved, only another tree pass, :meth:`keep` or :meth:`trim` may follow.
         """
         tokens = [int(t) for t in tokens]
         n = len(tokens)
         if n == 0:
             raise ValueError("forward needs at least one token")
-        if self._branch is not None:
+        if self._branch is not None and attend is None:
             raise ValueError(
                 "the llama.cpp backend holds an unresolved token tree: keep() its accepted path or trim() "
-                "back before the next forward (it cannot extend a tree over several passes; the dynamic and "
-                "static draft trees do, the confident tree does not)"
+                "back before a causal forward"
             )
         bad = [t for t in tokens if not 0 <= t < self._vocab]
         if bad:
@@ -346,15 +357,15 @@ class LlamaCppCausalLM(ModelFacts):
         if attend is None:
             if positions is not None and list(positions) != list(range(start, start + n)):
                 raise ValueError("positions without attend must continue the cache: start..start+n-1")
-            self._check_room(start + n, n)
+            self._make_room(start + n, n)
             if self.prefill_weights is not None and n >= PREFILL_ROWS:
                 rows = self._decode_chain_as_stored(tokens, start, want)
             else:
                 rows = self._decode_chain(tokens, start, want)
         else:
-            parents = tree_parents(attend, positions, start)
-            self._check_room(max(int(p) for p in positions) + 1, n)
-            rows = self._decode_tree(tokens, parents, start, want)
+            parents, pos = self._read_tree(attend, positions, start)
+            self._make_room(max(pos) + 1, n)
+            rows = self._decode_tree(tokens, parents, pos, start, want)
         self._tokens.extend(tokens)
         return torch.from_numpy(rows)  # [want, V] float32
 
@@ -379,12 +390,16 @@ class LlamaCppCausalLM(ModelFacts):
             if branch.parent.get(node) != parent:
                 raise ValueError("keep() takes one root-to-node path of the last tree, in order")
             parent = node
-        api, mem, seq = self._api, self._mem, branch.seq[path[-1]]
-        api.llama_memory_seq_keep(mem, seq)  # cells off this leaf's path are freed
-        api.llama_memory_seq_rm(mem, seq, branch.base + len(path), -1)  # below the kept node
+        api, mem, seq, base = self._api, self._mem, branch.owner[path[-1]], branch.base
+        for other in branch.sequences - {seq}:  # every other branch's cells: parked, not freed
+            api.llama_memory_seq_cp(mem, other, SPARE_SEQUENCE, base, -1)
+        api.llama_memory_seq_rm(mem, seq, branch.pos[path[-1]] + 1, -1)  # below the kept node: at the cache's end
         if seq != 0:
-            api.llama_memory_seq_cp(mem, seq, 0, -1, -1)
-            api.llama_memory_seq_rm(mem, seq, -1, -1)
+            api.llama_memory_seq_rm(mem, 0, base, -1)
+            api.llama_memory_seq_cp(mem, seq, 0, base, -1)
+        for other in branch.sequences - {0}:
+            api.llama_memory_seq_rm(mem, other, -1, -1)
+        self._parked += len(branch.parent)  # a bound: shared cells of the kept path may be parked too
         self._tokens = [self._tokens[i] for i in kept]
         self._branch = None
 
@@ -404,22 +419,38 @@ class LlamaCppCausalLM(ModelFacts):
         self._api.llama_memory_clear(self._mem, True)
         self._tokens = []
         self._branch = None
+        self._parked = 0
 
     # -- internals -------------------------------------------------------------------------------
 
-    def _check_room(self, end: int, n: int) -> None:
-        """Positions up to ``end`` must fit the context; a tree's extra cells fit the slack."""
+    def _make_room(self, end: int, n: int) -> None:
+        """Positions up to ``end`` must fit the context, and ``n`` new cells the KV cache:
+        compact it (:meth:`_compact`) when parked cells stand in the way."""
         if end > self._max_context:
             raise ValueError(
                 f"position {end - 1} is past the context of {self._max_context} tokens (n_ctx); "
                 "load the model with a larger n_ctx"
             )
-        if len(self._tokens) + n > self._max_context + _TREE_SLACK:
+        cells = self._max_context + _TREE_SLACK
+        if len(self._tokens) + self._parked + n > cells and self._branch is None:
+            self._compact()
+        if len(self._tokens) + self._parked + n > cells:
             raise ValueError(f"a token tree of {n} nodes does not fit the KV cache's {_TREE_SLACK} spare cells")
 
+    def _compact(self) -> None:
+        """Drop the parked cells: sequence 0 is copied out and written back as one block, in order."""
+        if self._parked == 0:
+            return
+        if self._tokens:
+            _move_sequence(self, self)
+        else:
+            self._api.llama_memory_clear(self._mem, False)
+        self._parked = 0
+
     def _drop_branch(self, length: int) -> None:
+        """Resolve the tree by keeping none of it: its cells are the cache's last, so they may be freed."""
         api = self._api
-        for seq in range(1, self._branch.sequences):
+        for seq in self._branch.sequences - {0}:
             api.llama_memory_seq_rm(self._mem, seq, -1, -1)
         api.llama_memory_seq_rm(self._mem, 0, length, -1)
         del self._tokens[length:]
@@ -448,6 +479,7 @@ class LlamaCppCausalLM(ModelFacts):
             rows = other._decode_chain(tokens, start, want)
             try:
                 _move_sequence(other, self)
+                self._parked = 0
             except BaseException:
                 self.reset()  # its cells are gone: keep the bookkeeping true (an empty cache)
                 raise
@@ -455,34 +487,66 @@ class LlamaCppCausalLM(ModelFacts):
             other.reset()
         return rows
 
-    def _decode_tree(self, tokens: list[int], parents: list[int], start: int, want: int) -> np.ndarray:
-        """Feed a forest of new tokens (``parents`` [n], -1 = hangs from the cache) in one batch
-        after its shared chain: sequence s holds the cache and the path to leaf s."""
-        n = len(tokens)
-        leaves_below = _leaves_below(parents)  # [n] sorted leaf numbers = sequence ids
-        sequences = max(max(s) for s in leaves_below) + 1
-        if sequences == 1:
-            return self._decode_chain(tokens, start, want)
-        if sequences > MAX_SEQUENCES:
-            raise ValueError(f"a token tree with {sequences} leaves exceeds the llama.cpp backend's {MAX_SEQUENCES}")
-        shared = next(i for i, s in enumerate(leaves_below) if len(s) < sequences)  # nodes every leaf descends from
-        if n - shared > self.n_batch:
-            raise ValueError(f"a token tree of {n - shared} nodes exceeds n_batch={self.n_batch}")
-        out = [self._decode_chain(tokens[:shared], start, max(0, want - (n - shared)))] if shared else []
-        for seq in range(1, sequences):
-            self._api.llama_memory_seq_cp(self._mem, 0, seq, -1, -1)
-        depth = [0] * n
-        for i, par in enumerate(parents):
-            depth[i] = 0 if par < 0 else depth[par] + 1
-        rows = [(tokens[i], start + depth[i], leaves_below[i], i >= n - want) for i in range(shared, n)]
-        out.append(self._decode(rows))
-        base = start + shared
-        self._branch = _Branch(
-            base=base,
-            parent={start + i: start + parents[i] for i in range(shared, n)},
-            seq={start + i: leaves_below[i][0] for i in range(shared, n)},
-            sequences=sequences,
-        )
+    def _read_tree(self, attend: torch.Tensor, positions: Sequence[int] | None, start: int) -> tuple[list[int], list[int]]:
+        """Read a tree pass from its mask: each new token's parent as a cache index (the new
+        tokens' being start, start + 1, ...; ``base - 1`` for a node hanging from the cache before
+        the tree) and its position. Raises ``ValueError`` for a mask llama.cpp's sequences cannot
+        express, or positions that are not the parent's + 1."""
+        attend = torch.as_tensor(attend).to(torch.bool)
+        n = attend.shape[0]
+        if attend.shape != (n, start + n):
+            raise ValueError(f"attend must be [n, cache_len + n] = [{n}, {start + n}], got {list(attend.shape)}")
+        if positions is None or len(positions) != n:
+            raise ValueError("a tree forward needs positions [n] with attend")
+        branch = self._branch
+        base = branch.base if branch is not None else start
+        if not bool(attend[:, :base].all()):
+            raise ValueError("the llama.cpp backend runs token trees that see the whole cache before the tree; "
+                             "this mask hides part of it")
+        parents: list[int] = []
+        pos: list[int] = []
+        for i in range(n):
+            row = attend[i]
+            if not row[start + i]:
+                raise ValueError("attend is not a token-tree mask (each token must see itself)")
+            seen = (row[start : start + i].nonzero().flatten() + start).tolist() or (row[base:start].nonzero().flatten() + base).tolist()
+            parent = seen[-1] if seen else base - 1  # the deepest node it sees: its parent
+            expected = torch.zeros(start + n, dtype=torch.bool)
+            expected[:base] = True
+            expected[start + i] = True
+            node = parent
+            while node >= base:
+                expected[node] = True
+                node = parents[node - start] if node >= start else branch.parent[node]
+            if not torch.equal(row, expected):
+                raise ValueError("attend is not a token-tree mask (each token must see exactly the cache before "
+                                 "the tree, its ancestors and itself)")
+            parents.append(parent)
+            pos.append((pos[parent - start] if parent >= start else branch.pos[parent] if parent >= base else base - 1) + 1)
+        if [int(p) for p in positions] != pos:
+            raise ValueError("tree positions must be each token's parent's position + 1 (the cache's length - 1 + "
+                             "depth for a tree on the cache)")
+        return parents, pos
+
+    def _decode_tree(self, tokens: list[int], parents: list[int], pos: list[int], start: int, want: int) -> np.ndarray:
+        """Feed a tree pass (``parents`` as cache indices, ``pos`` [n] positions). Without an open
+        tree, the leading tokens every leaf descends from are fed as a chain first."""
+        n, out = len(tokens), []
+        if self._branch is None:
+            below = _leaves_below([p - start if p >= start else -1 for p in parents])  # [n] leaf numbers
+            leaves = 1 + max(max(b) for b in below)
+            if leaves == 1:
+                return self._decode_chain(tokens, start, want)  # a chain: no tree
+            shared = next(i for i, b in enumerate(below) if len(b) < leaves)  # nodes every leaf descends from
+            if shared:
+                out.append(self._decode_chain(tokens[:shared], start, max(0, want - (n - shared))))
+            self._branch = _Branch(base=start + shared)
+            tokens, parents, pos = tokens[shared:], parents[shared:], pos[shared:]
+            start, n = start + shared, n - shared
+        if n > self.n_batch:
+            raise ValueError(f"a token tree of {n} nodes exceeds n_batch={self.n_batch}")
+        seqs = self._branch.grow(self._api, self._mem, parents, pos, start)  # [n] sequence ids of each new node
+        out.append(self._decode([(tokens[i], pos[i], seqs[i], i >= n - want) for i in range(n)]))
         out = [o for o in out if len(o)]
         return np.concatenate(out) if len(out) > 1 else out[0]
 
@@ -509,23 +573,65 @@ class LlamaCppCausalLM(ModelFacts):
 
 def _move_sequence(source: LlamaCppCausalLM, dest: LlamaCppCausalLM) -> None:
     """Copy sequence 0's KV cells (positions and keys/values of every layer) from ``source``'s
-    context into ``dest``'s, replacing what ``dest`` held there."""
+    context into ``dest``'s, replacing every cell ``dest`` held (parked ones too): one block, in
+    cell order. ``source`` may be ``dest``."""
     api = source._api
     size = api.llama_state_seq_get_size(source._ctx, 0)
     buffer = (ctypes.c_uint8 * size)()
     written = api.llama_state_seq_get_data(source._ctx, buffer, size, 0)
-    api.llama_memory_seq_rm(dest._mem, 0, -1, -1)
+    api.llama_memory_clear(dest._mem, False)
     _LOG.clear()
     if not written or not api.llama_state_seq_set_data(dest._ctx, buffer, written, 0):
         raise RuntimeError(f"llama.cpp could not move a sequence's cache between contexts{_last_error()}")
 
 
 class _Branch:
-    """An unresolved token tree in the cache: nodes from ``base`` on (cache indices), each with
-    its parent's index and one sequence (a leaf below it) whose cells are exactly its path."""
+    """An unresolved token tree in the cache, from cache index (and position) ``base`` on.
 
-    def __init__(self, base: int, parent: dict[int, int], seq: dict[int, int], sequences: int) -> None:
-        self.base, self.parent, self.seq, self.sequences = base, parent, seq, sequences
+    Each sequence in ``sequences`` holds the cache before the tree and the path to its ``tip``
+    (``base - 1``: none yet); each node has its parent's cache index, its position and an
+    ``owner``: a sequence whose path runs through it, so its cells up to the node's position are
+    exactly the cache and the node's path.
+    """
+
+    def __init__(self, base: int) -> None:
+        self.base = base
+        self.parent: dict[int, int] = {}
+        self.pos: dict[int, int] = {}
+        self.owner: dict[int, int] = {base - 1: 0}
+        self.tip: dict[int, int] = {0: base - 1}
+        self.sequences: set[int] = {0}
+
+    def grow(self, api: Any, mem: Any, parents: list[int], pos: list[int], start: int) -> list[list[int]]:
+        """Give the new nodes (cache indices start.., ``parents`` as cache indices) sequences:
+        each leaf of the pass one, which a node hanging from an old node ``a`` takes over from a
+        sequence whose tip is ``a``, or else gets as a fresh copy of ``a``'s path. Returns each
+        node's sequence ids (those of the leaves below it)."""
+        n = len(parents)
+        below = _leaves_below([p - start if p >= start else -1 for p in parents])
+        anchor = [0] * n  # the old node each new node's subtree hangs from
+        for i, par in enumerate(parents):
+            anchor[i] = anchor[par - start] if par >= start else par
+        seq_of_leaf: dict[int, int] = {}
+        leaves = [i for i in range(n) if start + i not in parents]  # numbered as _leaves_below numbers them
+        for number, i in enumerate(leaves):
+            a = anchor[i]
+            seq = next((s for s, t in self.tip.items() if t == a), None)
+            if seq is None:
+                free = [s for s in range(SPARE_SEQUENCE) if s not in self.sequences]
+                if not free:
+                    raise ValueError(f"a token tree with more than {SPARE_SEQUENCE} leaves exceeds the llama.cpp "
+                                     "backend's sequences")
+                seq = free[0]
+                a_pos = self.pos.get(a, self.base - 1)
+                api.llama_memory_seq_cp(mem, self.owner[a], seq, -1, a_pos + 1)  # the cache and a's path
+                self.sequences.add(seq)
+            self.tip[seq] = start + i
+            seq_of_leaf[number] = seq
+        seqs = [[seq_of_leaf[b] for b in below[i]] for i in range(n)]
+        for i in range(n):
+            self.parent[start + i], self.pos[start + i], self.owner[start + i] = parents[i], pos[i], seqs[i][0]
+        return seqs
 
 
 def _leaves_below(parents: list[int]) -> list[list[int]]:
@@ -542,35 +648,3 @@ def _leaves_below(parents: list[int]) -> list[list[int]]:
         if parents[i] >= 0:
             below[parents[i]].extend(below[i])
     return [sorted(b) for b in below]
-
-
-def tree_parents(attend: torch.Tensor, positions: Sequence[int] | None, cached: int) -> list[int]:
-    """Read a forest from a tree mask: each new token's parent among the new tokens (-1: the cache).
-
-    attend [n, cached + n] bool must show every new token the whole cache, itself, and exactly
-    its parent's visible new tokens; positions [n] must be cached + depth - 1. Anything else is a
-    mask llama.cpp's sequence ids cannot express: ``ValueError``.
-    """
-    attend = torch.as_tensor(attend).to(torch.bool)
-    n = attend.shape[0]
-    if attend.shape != (n, cached + n):
-        raise ValueError(f"attend must be [n, cache_len + n] = [{n}, {cached + n}], got {list(attend.shape)}")
-    if positions is None or len(positions) != n:
-        raise ValueError("a tree forward needs positions [n] with attend")
-    if not bool(attend[:, :cached].all()):
-        raise ValueError("the llama.cpp backend runs token trees that see the whole cache; this mask hides part of it")
-    new = attend[:, cached:]  # [n, n]
-    earlier = torch.ones(n, n, dtype=torch.bool).tril(-1)
-    index = torch.arange(n).expand(n, n)
-    parents = torch.where(new & earlier, index, -1).max(dim=1).values.tolist()  # [n]
-    sees = torch.zeros(n, n, dtype=torch.bool)
-    for i, par in enumerate(parents):
-        if par >= 0:
-            sees[i] = sees[par]
-        sees[i, i] = True
-    if not torch.equal(sees, new):
-        raise ValueError("attend is not a token-tree mask (each token must see exactly its ancestors and itself)")
-    depth = sees.sum(dim=1)  # [n]
-    if [int(p) for p in positions] != (cached - 1 + depth).tolist():
-        raise ValueError("tree positions must be the cache length - 1 + each token's depth")
-    return parents
