@@ -102,7 +102,7 @@ def test_tree_runs_show_the_tree(tiny, capsys, extra, shown):
 def bench_args(tiny, tmp_path, *extra):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "def f(x):"}\n')
-    return ["bench", "--target", tiny["target"], "--draft", "none", "--dtype", "float32", "--methods", "",
+    return ["bench", "--target", tiny["target"], "--draft", "none", "--dtype", "float32", "--methods", "ar",
             "--prompts", f"{prompts}:1", "--max-new-tokens", "3", "--warmup-tokens", "0", "--no-progress", *extra]
 
 

@@ -645,9 +645,69 @@ def test_a_near_tie_flipped_by_batched_rounding_is_explained(monkeypatch, prompt
             exact = torch.topk(target(context).logits[0, -1], 2)
         assert d["ar_margin"] == pytest.approx(float(exact.values[0] - exact.values[1]), abs=1e-4)
         assert d["ar_margin"] < 2 * 0.05 * 2  # a near-tie: within what the wobble can move two logits
+        assert d["batch_invariant"] is False  # measured on the wobbling backend
+        assert 0 < d["logit_gap"] <= 0.05 + 1e-6  # the wobble at that row, as the two replays computed it
     table = report.markdown(report.results(run, report.environment("x", "float32"), {"target": None, "draft": None})
                             | {"models": {"target": {"name": "tiny"}, "draft": None}})
     assert "`spec:block:k=4` leaves `ar` on" in table and "top-2 logit margin" in table
+    assert "round differently from its one-token steps (measured)" in table and "defect" not in table
+
+
+class OneByOne:
+    """A batch-invariant backend: every pass is computed as one-token steps."""
+
+    def __init__(self, backend):
+        self.backend = backend
+
+    def __getattr__(self, name):
+        return getattr(self.backend, name)
+
+    def forward(self, tokens, num_logits=0, attend=None, positions=None):
+        assert attend is None, "chains only"
+        rows = torch.cat([self.backend.forward([t]) for t in tokens])  # [n, V]
+        return rows[-num_logits:] if num_logits > 0 else rows
+
+
+class VerifyBug(BatchRounding):
+    """A backend whose passes are batch invariant (a plain pass of any length equals one-token
+    steps) but whose verification passes (several rows of logits asked for) are wrong: a bug in
+    the path a speculative method takes, which no rounding explains."""
+
+    def forward(self, tokens, num_logits=0, **kwargs):
+        if num_logits > 1:
+            return super().forward(tokens, num_logits, **kwargs)
+        return self.backend.forward(tokens, num_logits, **kwargs)
+
+
+def test_a_divergence_on_a_batch_invariant_backend_is_reported_as_a_defect_with_the_logit_gap(monkeypatch, prompts):
+    from specdec.backends.lean import make_backend
+    from specdec.bench import runner
+    from specdec.divergence import batch_invariance
+
+    target = tiny_llama(0, vocab=VOCAB, sharpness=1.0)
+    models = BenchModels(target, CharTokenizer(), copy.deepcopy(target))
+    assert batch_invariance(VerifyBug(OneByOne(make_backend(target)), 1.0))["invariant"] is True
+    monkeypatch.setattr(runner, "target_backend", lambda drafter, model: VerifyBug(OneByOne(make_backend(model)), 1.0))
+    settings = BenchSettings(max_new_tokens=16, temperature=0.0, warmup_tokens=0)
+    run = run_bench(models, parse_methods("spec:block:k=4"), prompts, settings, progress=False)
+    assert run.divergences, "the bug flipped no token: raise its scale"
+    for d in run.divergences:
+        assert d["batch_invariant"] is True and 0 < d["logit_gap"] <= 1.0 + 1e-6
+    table = report.markdown(report.results(run, report.environment("x", "float32"), {"target": None, "draft": None})
+                            | {"models": {"target": {"name": "tiny"}, "draft": None}})
+    assert "a defect: this backend's multi-token passes compute bit-identical rows" in table
+    assert "verification pass's logits there differ from the one-token step's by up to" in table
+
+
+def test_batch_invariance_is_measured_once_then_read_from_the_cache(tmp_path):
+    from specdec.backends.lean import make_backend
+    from specdec.divergence import INVARIANCE_ROWS, batch_invariance
+
+    wobbly = BatchRounding(make_backend(tiny_llama(0, vocab=VOCAB)), 0.05)
+    first = batch_invariance(wobbly, cache_dir=tmp_path)
+    assert first == {"invariant": False, "rows": {n: False for n in INVARIANCE_ROWS}, "source": "measured"}
+    assert batch_invariance(wobbly, cache_dir=tmp_path) == {**first, "source": "cache"}
+    assert wobbly.tokens == []
 
 
 def _differs(run, prompt):

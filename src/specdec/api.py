@@ -146,9 +146,12 @@ class _Run:
             raise ValueError("stop strings need a tokenizer to read the text; pass tokenizer=")
         prompt = _checked_prompt(prompt, tokenizer)
         target, drafter = _build_drafter(config, target, draft)
+        if drafter is None:
+            _check_nothing_to_verify(config)
         backend = as_backend(target)
         if drafter is not None:
             _check_vocabulary(drafter, backend)
+        _check_eos_ids(config.eos_token_ids, backend)
         prompt_ids = _prompt_ids(prompt, tokenizer, backend)
         room = _room(backend, len(prompt_ids), config.max_new_tokens)
         eos = set(config.eos_token_ids) if config.eos_token_ids is not None else eos_token_ids_of(target, tokenizer)
@@ -241,6 +244,26 @@ def _drafter_target(drafter: Drafter, target: Any) -> Any:
     if getattr(own, "model", None) is not target:
         raise ValueError(f"the {drafter.name} drafter runs on its own target backend; pass target=drafter.target")
     return own
+
+
+def _check_nothing_to_verify(config: DecodeConfig) -> None:
+    """Without a draft model or a drafter the target decodes alone: a verifier or a draft-length
+    policy other than the defaults would be ignored (the command line's --draft none rule)."""
+    default = DecodeConfig()
+    for name in ("verify", "policy"):
+        value = getattr(config, name)
+        if value != getattr(default, name):
+            shown = repr(value) if isinstance(value, str) else type(value).__name__
+            raise ValueError(f"{name}={shown} needs a draft model or a drafter; pass draft= (or drafter=), "
+                             f"or leave {name} out to decode with the target alone")
+
+
+def _check_eos_ids(ids: Sequence[int] | None, backend: CausalLM) -> None:
+    """An id outside the vocabulary is never sampled: stopping on it would silently never happen."""
+    bad = [t for t in ids or () if not 0 <= t < backend.vocab_size]
+    if bad:
+        raise ValueError(f"eos_token_ids {bad[:5]} are outside the vocabulary (0..{backend.vocab_size - 1}); "
+                         "give the ids of tokens that end generation")
 
 
 def _check_vocabulary(drafter: Drafter, backend: CausalLM) -> None:

@@ -70,6 +70,17 @@ probability = _number(float, lambda v: 0.0 < v <= 1.0, "a number in (0, 1]")
 seed_int = _number(int, lambda v: 0 <= v < 2**64, "an integer in [0, 2**64)")  # what torch.manual_seed takes
 
 
+def tree_choices(text: str) -> tuple[tuple[int, ...], ...]:
+    """--tree-static's value: a static tree's rank paths (:func:`specdec.drafters.tree.parse_choices`),
+    checked as the option is read, so a word taken for the tree (e.g. the prompt) is named as such."""
+    from specdec.drafters.tree import parse_choices
+
+    try:
+        return parse_choices(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 class _Given(argparse.Action):
     """Store the value and remember that the option was given (so a default can be told apart)."""
 
@@ -101,9 +112,9 @@ def add_model_options(parser: argparse.ArgumentParser, *, draft: bool = True) ->
         group.add_argument("--draft-weights", default="int8", choices=["int8", "bf16"],
                            help="the draft model's weights: int8 copies (half the bytes per draft token; the "
                                 "output law is unchanged) or its own bf16 ones (default: int8)")
-    group.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"],
+    group.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"], action=_Given,
                        help="compute dtype (default: bfloat16; on CPU verification is only cheap in bf16)")
-    group.add_argument("--kernels", default="auto", choices=["auto", "torch"],
+    group.add_argument("--kernels", default="auto", choices=["auto", "torch"], action=_Given,
                        help="linear-layer kernels: 'auto' uses specdec's batch-invariant bf16 kernel where "
                             "the CPU and a C compiler allow (a k-token forward then costs little more than "
                             "a 1-token one); 'torch' keeps PyTorch's (default: auto)")
@@ -138,10 +149,11 @@ def add_decoding_options(parser: argparse.ArgumentParser) -> None:
                             "k_max; 5 dynamic)")
     group.add_argument("--tree-width", type=positive_int, default=None, metavar="W",
                        help="--verify tree: children per expanded node (default: 2 confident, 4 dynamic)")
-    group.add_argument("--tree-static", nargs="?", const="default", default=None, metavar="PATHS",
+    group.add_argument("--tree-static", nargs="?", const=tree_choices("default"), default=None, metavar="PATHS",
+                       type=tree_choices,
                        help="--verify tree: a static Medusa-style tree instead of the dynamic one: the default "
                             "shape, or rank paths joined by '|' with ranks joined by '.', e.g. 0|1|0.0")
-    group.add_argument("-k", type=positive_int, default=4,
+    group.add_argument("-k", type=positive_int, default=4, action=_Given,
                        help="draft tokens per step; the start and maximum for adaptive policies (default: 4)")
     group.add_argument("--drafter", default=DEFAULT_DRAFTER, action=_Given,
                        choices=["ngram+model", "model", "ngram", "early-exit", "layer-skip", "heads", "eagle"],
@@ -173,6 +185,8 @@ def add_decoding_options(parser: argparse.ArgumentParser) -> None:
 
 def check_decoding_options(args: argparse.Namespace) -> None:
     """Reject inconsistent option values before any model is loaded; settle the default drafter."""
+    from specdec.verify import VERIFIERS
+
     if getattr(args, "drafter", None) == DEFAULT_DRAFTER and not given(args, "drafter"):
         # a tree is drafted by the draft model itself; with --draft none there is no draft model
         if args.verify == "tree" or str(getattr(args, "draft", None)).lower() == "none":
@@ -196,13 +210,19 @@ def check_decoding_options(args: argparse.Namespace) -> None:
                                  ("--tree-static", getattr(args, "tree_static", None))) if v is not None]
     if tree_flags and args.verify != "tree":
         raise CLIError(f"{tree_flags[0]} is an option of --verify tree", "add --verify tree or drop it", code=2)
-    if getattr(args, "tree_static", None):
-        tree_options(args)  # a malformed shape fails here, before any model loads
-    if getattr(args, "tree_static", None) and (args.tree_budget or args.tree_depth or args.tree_threshold is not None
-                                               or args.tree_width):
+    if getattr(args, "tree_static", None) is not None and (args.tree_budget or args.tree_depth or args.tree_width
+                                                           or args.tree_threshold is not None):
         raise CLIError("--tree-static fixes the tree's shape; --tree-threshold, --tree-budget, --tree-depth and "
                        "--tree-width shape the confident and the dynamic trees",
                        "use one or the other", code=2)
+    if args.verify == "tree":
+        *others, last = sorted(VERIFIERS)
+        chain = f"{', '.join(others)} or {last}"
+        for option, dest in (("-k", "k"), ("--policy", "policy")):
+            if given(args, dest):
+                raise CLIError(f"{option} is an option of --verify {chain}, but --verify is tree",
+                               f"drop {option} (the tree's shape sets how much it drafts: --tree-depth, "
+                               "--tree-budget), or use --verify block", code=2)
     if args.verify == "tree" and drafter not in ("model", "heads"):
         raise CLIError(f"--verify tree drafts its tree with the draft model or the heads, not --drafter {drafter}",
                        "drop --drafter, or use --verify block", code=2)
@@ -253,14 +273,8 @@ def tree_options(args: argparse.Namespace) -> dict[str, Any] | None:
     """The ``tree=`` options of :func:`specdec.generate` from the --tree-* options."""
     if getattr(args, "verify", None) != "tree":
         return None
-    from specdec.drafters.tree import parse_choices
-
-    if args.tree_static:
-        try:
-            return {"choices": parse_choices(args.tree_static)}
-        except ValueError as e:
-            raise CLIError(str(e), "e.g. --tree-static 0|1|0.0, or --tree-static alone for the default shape",
-                           code=2) from None
+    if args.tree_static is not None:
+        return {"choices": args.tree_static}  # parsed by tree_choices
     given = {k: v for k, v in (("budget", args.tree_budget), ("depth", args.tree_depth),
                                ("threshold", args.tree_threshold), ("width", args.tree_width)) if v is not None}
     return given or None  # None: the API's default tree (the confident tree)
@@ -282,8 +296,14 @@ def drafter_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 def load_models(args: argparse.Namespace, *, draft: bool = True) -> tuple[Any, Any, Any]:
     """(target, draft or None, tokenizer of the target); checks the two share a vocabulary."""
     names = [args.target] + ([args.draft] if draft and args.draft is not None else [])
+    _check_torch_options(args, [n for n in names if n.lower() != "none"])
     if any(name in models.PACKS for name in names):
         _check_cache_dir(args, create=True)  # before loading anything
+    for name in dict.fromkeys(n for n in names if n in models.PACKS):
+        try:
+            models.locate_parts(models.PACKS[name])  # a missing draft pack fails before the target loads
+        except models.ModelPackError as err:
+            raise CLIError(err.message, err.hint) from None
     target, tokenizer = _load(args.target, args)
     if not draft or args.draft is None or args.draft.lower() == "none":
         return target, None, tokenizer
@@ -315,12 +335,43 @@ def _check_cache_dir(args: argparse.Namespace, *, create: bool) -> None:
         raise CLIError(err.message, err.hint) from None
 
 
-def _load(name: str, args: argparse.Namespace) -> tuple[Any, Any]:
-    _note(f"loading {name} ({args.dtype})")
+def backend_of(name: str, args: argparse.Namespace) -> str:
+    """``torch`` or ``llamacpp``: where model ``name`` runs under --backend."""
     try:
-        model, tokenizer = models.load(name, dtype=args.dtype, cache_dir=args.cache_dir,
-                                       kernels=getattr(args, "kernels", "auto"), backend=getattr(args, "backend", "torch"),
-                                       n_threads=getattr(args, "threads", None))
+        return models.resolve_backend(name, getattr(args, "backend", "torch"))
+    except models.ModelPackError as err:
+        raise CLIError(err.message, err.hint) from None
+
+
+def _check_torch_options(args: argparse.Namespace, names: list[str]) -> None:
+    """--dtype and --kernels shape transformers models: refused when given and every model runs on llama.cpp."""
+    if not names or any(backend_of(name, args) == "torch" for name in names):
+        return
+    for option, dest in (("--dtype", "dtype"), ("--kernels", "kernels")):
+        if given(args, dest):
+            raise CLIError(f"{option} is an option of the torch backend, but {names[0]} runs on llama.cpp "
+                           "(its GGUF's own weights)",
+                           f"drop {option}, or add --backend torch to run the model in transformers", code=2)
+
+
+def check_threads(threads: int | None) -> None:
+    """Warn when --threads asks for more threads than the CPUs this process may run on."""
+    from specdec.backends import llamacpp
+
+    cpus = llamacpp.default_threads()
+    if threads is not None and threads > cpus:
+        _note(f"warning: --threads {threads} is more than the {cpus} CPUs this process may run on; threads "
+              f"beyond them only contend (use --threads {cpus} or fewer)")
+
+
+def _load(name: str, args: argparse.Namespace) -> tuple[Any, Any]:
+    backend = backend_of(name, args)
+    # what runs: --dtype on torch; on llama.cpp the GGUF as stored, e.g. 'Q4_1 GGUF via llama.cpp'
+    _note(f"loading {name} ({args.dtype if backend == 'torch' else models.gguf_weights(name)})")
+    torch_options = {"dtype": args.dtype, "kernels": getattr(args, "kernels", "auto")} if backend == "torch" else {}
+    try:
+        model, tokenizer = models.load(name, cache_dir=args.cache_dir, backend=backend,
+                                       n_threads=getattr(args, "threads", None), **torch_options)
     except models.ModelPackError as err:
         raise CLIError(err.message, err.hint) from None
     choice = getattr(model, "prefill_choice", None)
@@ -367,6 +418,8 @@ def run_generate(args: argparse.Namespace) -> int:
     _check_sampling(args)
     check_prompt_text(args.prompt, allow_blank=args.chat)
     config = decode_config(args)
+    _hint_escaped_stops(args.stop)
+    check_threads(args.threads)
     if args.threads:
         import torch
 
@@ -384,12 +437,12 @@ def run_generate(args: argparse.Namespace) -> int:
     ar = divergence = None
     if args.compare_ar:
         _note("decoding the target alone (--compare-ar)")
-        ar_config = config.replace(drafter=None, drafter_options=None, policy="static", tree=None, verify="block")
+        ar_config = config.replace(drafter=None, drafter_options=None, policy="auto", tree=None, verify="block")
         ar = api.generate(target, prompt, tokenizer=tokenizer, config=ar_config)
         if config.temperature == 0 and ar.token_ids != result.token_ids:
             _note("replaying both runs to explain the difference (--compare-ar)")
             divergence = explain_divergence(target, prompt, tokenizer, (config, drafting), (ar_config, {}),
-                                               result.token_ids, ar.token_ids)
+                                               result.token_ids, ar.token_ids, getattr(args, "cache_dir", None))
 
     if args.json:
         print(json.dumps(_report(args, result, ar, divergence), ensure_ascii=False))
@@ -401,26 +454,29 @@ def run_generate(args: argparse.Namespace) -> int:
 
 
 def explain_divergence(target: Any, prompt: Any, tokenizer: Any, spec: tuple[Any, dict], ar: tuple[Any, dict],
-                       tokens: list[int], ar_tokens: list[int]) -> dict[str, Any]:
+                       tokens: list[int], ar_tokens: list[int], cache_dir: Any = None) -> dict[str, Any]:
     """Why a greedy speculative output left the target's own: both runs replayed untimed with the
     target's logits recorded (greedy runs are deterministic), and the first differing position,
-    the two tokens and the target's top-2 logit margin there as each pass computed it
-    (:func:`specdec.divergence.explain`). A margin near 0 is a near-tie that a batched kernel's
-    rounding can flip; a wide one points at a bug. ``{"error": ...}`` if a replay fails."""
+    the two tokens, the target's top-2 logit margin there as each pass computed it, the largest
+    logit difference between the two rows, and whether the backend is batch invariant for this
+    model (measured, cached) (:func:`specdec.divergence.explain`). ``{"error": ...}`` if a
+    replay fails."""
     from specdec import api
-    from specdec.divergence import LogitsRecorder, explain
+    from specdec.divergence import LogitsRecorder, batch_invariance, decisive_position, explain
 
     ids = tokenizer(prompt, add_special_tokens=True)["input_ids"] if isinstance(prompt, str) else list(prompt)
+    at = decisive_position(ids, tokens, ar_tokens)
     recorders = []
     try:
         for (config, extra), want in ((spec, tokens), (ar, ar_tokens)):
-            recorders.append(LogitsRecorder(api.as_backend(target)))
+            recorders.append(LogitsRecorder(api.as_backend(target), keep={at}))
             again = api.generate(recorders[-1], ids, tokenizer=tokenizer, config=config, **extra)
             if again.token_ids != want:
                 return {"error": "a replay did not reproduce its run, so its margins would not explain it"}
+        invariance = batch_invariance(recorders[0].backend, cache_dir=cache_dir)
     except (ValueError, TypeError) as err:  # e.g. a drafter that needs the transformers model itself
         return {"error": f"could not replay the runs: {err}"}
-    found = explain(ids, tokens, ar_tokens, *recorders)
+    found = explain(ids, tokens, ar_tokens, *recorders, invariance=invariance)
     out = found.to_dict() if found is not None else {}
     for key in ("token", "ar_token"):
         if out.get(key) is not None:
@@ -429,14 +485,15 @@ def explain_divergence(target: Any, prompt: Any, tokenizer: Any, spec: tuple[Any
 
 
 def _divergence_words(d: dict[str, Any]) -> str:
+    from specdec.divergence import cause
+
     if "error" in d:
         return d["error"]
     def margin(m: Any) -> str:
         return "not recorded" if m is None else f"{m:.3f}"
     return (f"speculative chose {d.get('token_text')!r}, autoregressive {d.get('ar_token_text')!r}; the target's "
             f"top-2 logit margin there was {margin(d.get('margin'))} in the speculative pass and "
-            f"{margin(d.get('ar_margin'))} in the one-token step (a margin near 0 is a near-tie that rounding "
-            "in batched kernels can flip)")
+            f"{margin(d.get('ar_margin'))} in the one-token step; {cause(d)}")
 
 
 def check_prompt_text(prompt: str, *, allow_blank: bool = False) -> None:
@@ -456,6 +513,20 @@ def check_prompt_text(prompt: str, *, allow_blank: bool = False) -> None:
         raise CLIError("the prompt is empty", "give some text to continue", code=2)
     raise CLIError(f"the prompt is whitespace-only ({len(prompt)} whitespace characters)",
                    "give some text to continue", code=2)
+
+
+_ESCAPES = {"\\n": "newline", "\\t": "tab", "\\r": "carriage return"}
+
+
+def _hint_escaped_stops(stops: Sequence[str]) -> None:
+    """The shell passes --stop '\\n' as a backslash and an n, which never ends a line: say so (the
+    stop string is kept as given)."""
+    for stop in stops:
+        escape = next((e for e in _ESCAPES if e in stop), None)
+        if escape is not None:
+            what = _ESCAPES[escape]
+            _note(f"warning: --stop '{stop}' holds {escape} as two characters (a backslash and '{escape[1]}'), "
+                  f"not a {what}; to stop at a {what} pass --stop $'{stop}' (bash)")
 
 
 def _check_sampling(args: argparse.Namespace) -> None:
@@ -547,7 +618,8 @@ def _report(args: argparse.Namespace, result: Any, ar: Any, divergence: dict | N
         "target": args.target,
         "draft": args.draft,
         "draft_weights": args.draft_weights,
-        "dtype": args.dtype,
+        **({"weights": models.gguf_weights(args.target)} if backend_of(args.target, args) == "llamacpp"
+           else {"dtype": args.dtype}),
         "method": result.method,
         "exact": result.exact,
         "stats": result.stats.to_dict(),

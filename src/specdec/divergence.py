@@ -1,23 +1,32 @@
-"""Explain a greedy output that leaves its backend's ``ar``: where, which tokens, how close a call.
+"""Explain a greedy output that leaves its backend's ``ar``: where, which tokens, and why.
 
 Under greedy decoding an exact method reproduces ``ar`` token for token, unless the target's
 logits at some position differ between the two runs' forward passes: a backend whose batched
-kernels round differently from its one-token steps (llama.cpp's, for one) can flip a near-tie.
-For the first differing position the bench reports both tokens and the target's top-2 logit
-margin there as each pass computed it: ``ar``'s one-token step, and the row of the method's own
-verification pass that chose the token. A margin near 0 is a near-tie that rounding can flip; a
-wide margin points at a bug.
+kernels round differently from its one-token steps (llama.cpp's repacked Q4_K weights, for one)
+can flip a near-tie. For the first differing position the report gives both tokens, the target's
+top-2 logit margin there as each pass computed it (``ar``'s one-token step, and the row of the
+method's own verification pass that chose the token), and the largest difference between those
+two rows' logits. Whether the backend's passes are batch invariant for this model is measured
+(:func:`batch_invariance`, cached): where they are, the two rows must be equal, and a divergence
+is reported as a defect, never as rounding.
 
-The margins come from replaying both runs untimed with a :class:`LogitsRecorder` around the
+The rows come from replaying both runs untimed with a :class:`LogitsRecorder` around the
 target's backend (greedy runs are deterministic, so a replay makes the same passes).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from pathlib import Path
+from typing import Any, Collection, Mapping, Sequence
 
 import torch
+
+from specdec import planner
+from specdec.paths import load_measurement, save_measurement
+
+INVARIANCE_ROWS = (2, 4, 8, 16)  # pass lengths compared with one-token steps: a chain's verify passes
+INVARIANCE_FORMAT = 1
 
 
 @dataclass(frozen=True)
@@ -42,9 +51,12 @@ class LogitsRecorder:
     keeps it). Matching the token sets apart a token tree's siblings at the same position.
     """
 
-    def __init__(self, backend: Any) -> None:
+    def __init__(self, backend: Any, keep: Collection[int] = ()) -> None:
+        """keep: absolute positions whose whole rows are kept too (:meth:`full_row`)."""
         self.backend = backend
         self.rows: dict[int, list[Row]] = {}
+        self.keep = set(keep)
+        self.full: dict[tuple[int, int], torch.Tensor] = {}  # (position, token) -> logits [V]
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.backend, name)
@@ -61,11 +73,46 @@ class LogitsRecorder:
             self.rows.setdefault(where[j], []).append(
                 Row(int(tokens[j]), (int(top.indices[i, 0]), int(top.indices[i, 1])),
                     (float(top.values[i, 0]), float(top.values[i, 1]))))
+            if where[j] in self.keep:
+                self.full[where[j], int(tokens[j])] = logits[i].float().clone()
         return logits
 
     def row(self, position: int, token: int) -> Row | None:
         """The last row computed at ``position`` with ``token`` as its input, if any."""
         return next((r for r in reversed(self.rows.get(position, [])) if r.token == token), None)
+
+    def full_row(self, position: int, token: int) -> torch.Tensor | None:
+        """The last whole row [V] computed at a kept ``position`` with ``token`` as its input."""
+        return self.full.get((position, token))
+
+
+def batch_invariance(model: Any, *, cache_dir: str | Path | None = None, refresh: bool = False) -> dict[str, Any]:
+    """Whether ``model`` computes in one pass of n tokens the very logits (bit for bit) of n
+    one-token steps, for each n in :data:`INVARIANCE_ROWS`: ``{"invariant": all of them,
+    "rows": {n: bool}, "source": "measured" | "cache"}``.
+
+    Measured on fixed token ids after an 8-token context, once per machine, model, backend and
+    threads (the planner's cost key), and cached beside the planner's cost curves. Leaves the
+    model's cache empty.
+    """
+    key = {**planner.cost_key(model), "what": "batch invariance", "rows": list(INVARIANCE_ROWS)}
+    path = planner.cache_file(key, cache_dir)
+    saved = None if refresh else load_measurement(path, key, INVARIANCE_FORMAT)
+    if saved is not None and isinstance(saved.get("rows"), dict):
+        rows = {int(n): bool(v) for n, v in saved["rows"].items()}
+        return {"invariant": all(rows.values()), "rows": rows, "source": "cache"}
+    longest = max(INVARIANCE_ROWS)
+    ids = [(17 + 7919 * i) % model.vocab_size for i in range(8 + longest)]
+    model.trim(0)
+    model.forward(ids[:8])
+    steps = torch.cat([model.forward([t]) for t in ids[8:]])  # [longest, V]
+    rows = {}
+    for n in INVARIANCE_ROWS:
+        model.trim(8)
+        rows[n] = bool(torch.equal(model.forward(ids[8 : 8 + n]), steps[:n]))
+    model.trim(0)
+    save_measurement(path, {"format": INVARIANCE_FORMAT, "key": key, "rows": rows})
+    return {"invariant": all(rows.values()), "rows": rows, "source": "measured"}
 
 
 def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
@@ -89,26 +136,55 @@ class Divergence:
     top: tuple[int, int] | None = None
     ar_margin: float | None = None
     ar_top: tuple[int, int] | None = None
+    logit_gap: float | None = None  # max |logit| difference between the two rows that chose the tokens
+    batch_invariant: bool | None = None  # the backend's, measured (None: not measured)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
+def decisive_position(prompt: Sequence[int], tokens: Sequence[int], ar_tokens: Sequence[int]) -> int | None:
+    """The absolute input position whose row chose the first differing new token (None: no difference):
+    what a :class:`LogitsRecorder` should ``keep`` to give :func:`explain` the logit gap."""
+    position = first_difference(tokens, ar_tokens)
+    return None if position is None else len(prompt) + position - 1
+
+
 def explain(prompt: Sequence[int], tokens: Sequence[int], ar_tokens: Sequence[int],
-            recorder: LogitsRecorder | None, ar_recorder: LogitsRecorder | None) -> Divergence | None:
+            recorder: LogitsRecorder | None, ar_recorder: LogitsRecorder | None,
+            invariance: Mapping[str, Any] | None = None) -> Divergence | None:
     """The first divergence of ``tokens`` from ``ar_tokens`` (new tokens after ``prompt``), with the
     margins each run's :class:`LogitsRecorder` saw at the input position whose row chose that
-    token (None for a run not recorded); None if the outputs are equal."""
+    token (None for a run not recorded), the largest logit difference between the two rows where
+    both recorders kept them whole, and ``invariance`` (:func:`batch_invariance`) of the target's
+    backend; None if the outputs are equal."""
     position = first_difference(tokens, ar_tokens)
     if position is None:
         return None
     context = list(prompt) + list(tokens[:position])  # the same in both runs
     at, token = len(context) - 1, context[-1]  # the input whose row chose new token `position`
     mine, theirs = (r.row(at, token) if r is not None else None for r in (recorder, ar_recorder))
+    whole = [r.full_row(at, token) if r is not None else None for r in (recorder, ar_recorder)]
+    gap = float((whole[0] - whole[1]).abs().max()) if whole[0] is not None and whole[1] is not None else None
     return Divergence(
         position,
         tokens[position] if position < len(tokens) else None,
         ar_tokens[position] if position < len(ar_tokens) else None,
         margin=mine.margin if mine else None, top=mine.top if mine else None,
         ar_margin=theirs.margin if theirs else None, ar_top=theirs.top if theirs else None,
+        logit_gap=gap, batch_invariant=None if invariance is None else bool(invariance["invariant"]),
     )
+
+
+def cause(d: Mapping[str, Any]) -> str:
+    """What a divergence record (:meth:`Divergence.to_dict`) says about why, from what was measured."""
+    gap = d.get("logit_gap")
+    differ = (f"the verification pass's logits there differ from the one-token step's by up to {gap:.3g}"
+              if gap is not None else None)
+    if d.get("batch_invariant"):
+        return ("a defect: this backend's multi-token passes compute bit-identical rows to its one-token steps "
+                "(measured), so the runs must agree" + (f", yet {differ}" if differ else "") + "; please report it")
+    if d.get("batch_invariant") is False:
+        return ("this backend's multi-token passes round differently from its one-token steps (measured)"
+                + (f"; here {differ}" if differ else "") + ", which can flip a near-tie (a margin near 0)")
+    return "a margin near 0 is a near-tie that rounding in batched kernels can flip; a wide one points at a bug"

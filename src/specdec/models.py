@@ -23,6 +23,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -38,6 +39,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from specdec.paths import CACHE_ENV, cache_root  # noqa: E402  (re-exported: models.cache_root)
 
 MARKER = "specdec-pack.json"  # written last into a converted pack's directory
+STALE_AGE = 86_400  # seconds after which a preparation's temporary is left over, whatever its name says
 FORMAT = 1  # bump when conversion changes: caches written by an older version are redone
 BUFFER = 8 * 1024 * 1024
 
@@ -320,7 +322,7 @@ def join(pack: Pack, dest_dir: str | Path, *, progress: bool = True) -> Path:
     dest_dir = Path(dest_dir)
     dest_dir.mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha256()
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{pack.name}-", suffix=".gguf.part", dir=dest_dir)
+    fd, tmp_name = tempfile.mkstemp(prefix=_temporary_prefix(pack), suffix=".gguf.part", dir=dest_dir)
     tmp = Path(tmp_name)
     try:
         with os.fdopen(fd, "wb") as out, _bytes_progress(f"joining {len(paths)} parts", pack.size, progress) as advance:
@@ -373,6 +375,7 @@ def gguf_file(pack: Pack | str, cache_dir: str | Path | None = None, *, progress
     with _lock(dest / f".{pack.name}.lock"):
         ready = _checked_join(pack, root)  # another process may have joined it while we waited
         if ready is None:
+            remove_stale_temporaries(dest, pack.name)
             _say(progress, f"{pack.name}: first use, joining its GGUF into {dest} (once)")
             ready = join(pack, dest, progress=progress)
             stat = ready.stat()
@@ -435,9 +438,10 @@ def convert(pack: Pack | str, cache_dir: str | Path | None = None, *, progress: 
     with _lock(root / f".{pack.name}.lock"):
         if is_converted(pack, root):  # another process finished it while we waited
             return final
+        remove_stale_temporaries(root, pack.name)
         _say(progress, f"{pack.name}: first use, converting its GGUF into {final} (once)")
         start = time.perf_counter()
-        work = Path(tempfile.mkdtemp(prefix=f".{pack.name}-", dir=root))
+        work = Path(tempfile.mkdtemp(prefix=_temporary_prefix(pack), dir=root))
         try:
             if len(pack.parts) == 1:
                 gguf = verify_file(pack, progress=progress)
@@ -459,6 +463,54 @@ def convert(pack: Pack | str, cache_dir: str | Path | None = None, *, progress: 
             shutil.rmtree(work, ignore_errors=True)
         _say(progress, f"{pack.name}: converted in {time.perf_counter() - start:.0f} s")
     return final
+
+
+def _temporary_prefix(pack: Pack) -> str:
+    """How a preparation of ``pack`` names its temporaries: with this process's id, so that a later
+    run can tell one left by a process that is gone (:func:`remove_stale_temporaries`)."""
+    return f".{pack.name}-tmp{os.getpid()}-"
+
+
+def remove_stale_temporaries(folder: str | Path, name: str) -> list[Path]:
+    """Remove what interrupted preparations of pack ``name`` left in ``folder`` (a SIGTERM skips the
+    clean-up in ``finally``): temporaries whose process is gone, by the id in their name, and any
+    older than :data:`STALE_AGE` (an older version's have no id). Called under the pack's lock, so
+    no live preparation of this pack writes there. Returns the paths removed."""
+    pattern = re.compile(rf"\.{re.escape(name)}-(?:tmp(\d+)-)?[a-z0-9_]{{8}}(?:\.gguf\.part)?")
+    removed = []
+    try:
+        entries = sorted(Path(folder).iterdir())
+    except OSError:
+        return removed
+    for path in entries:
+        match = pattern.fullmatch(path.name)
+        if match is None:
+            continue
+        try:
+            old = time.time() - path.lstat().st_mtime > STALE_AGE
+        except OSError:
+            continue
+        if not (old or (match.group(1) is not None and _process_gone(int(match.group(1))))):
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+        removed.append(path)
+    return removed
+
+
+def _process_gone(pid: int) -> bool:
+    """Whether no process has this id (False where that cannot be told: Windows, another user's)."""
+    if pid == os.getpid() or os.name == "nt":  # on Windows os.kill would end the process
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # e.g. PermissionError: it exists, and is someone else's
+        return False
+    return False
 
 
 def _convert_gguf(pack: Pack, gguf: Path, out: Path, progress: bool) -> None:
@@ -520,6 +572,66 @@ def check_gguf(path: Path) -> None:
         ) from None
 
 
+_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_GGUF_STRING, _GGUF_ARRAY = 8, 9  # the other GGUF metadata value types
+
+
+def gguf_quantisation(path: str | Path) -> str | None:
+    """The quantisation a GGUF file's metadata records (``general.file_type``: ``Q4_K_M``, ``Q4_1``,
+    ``F16``, ...), or None where it records none or the file is not a GGUF. Reads only the metadata
+    at the head of the file, so the first part of a chunked pack will do."""
+    import struct
+
+    from gguf import LlamaFileType
+
+    def read(f: Any, code: str) -> Any:
+        data = f.read(struct.calcsize("<" + code))
+        if len(data) < struct.calcsize("<" + code):
+            raise EOFError
+        return struct.unpack("<" + code, data)[0]
+
+    def skip(f: Any, kind: int) -> None:
+        if kind == _GGUF_STRING:
+            f.seek(read(f, "Q"), os.SEEK_CUR)
+        elif kind == _GGUF_ARRAY:
+            item, count = read(f, "I"), read(f, "Q")
+            if item in _GGUF_SCALARS:
+                f.seek(count * struct.calcsize("<" + _GGUF_SCALARS[item]), os.SEEK_CUR)
+            else:
+                for _ in range(count):
+                    skip(f, item)
+        else:
+            read(f, _GGUF_SCALARS[kind])
+
+    try:
+        with open(path, "rb") as f:
+            if f.read(4) != b"GGUF" or read(f, "I") < 2:  # version 1 stored lengths in 32 bits
+                return None
+            read(f, "Q")  # the tensor count
+            for _ in range(read(f, "Q")):
+                key, kind = f.read(read(f, "Q")), read(f, "I")
+                if key == b"general.file_type" and kind in _GGUF_SCALARS:
+                    value = read(f, _GGUF_SCALARS[kind])
+                    break
+                skip(f, kind)
+            else:
+                return None
+    except (OSError, EOFError, KeyError, struct.error):
+        return None
+    try:
+        return LlamaFileType(value).name.removeprefix("MOSTLY_").removeprefix("ALL_")
+    except ValueError:
+        return f"file type {value}"
+
+
+def gguf_weights(name_or_path: str) -> str:
+    """What the llama.cpp backend runs for a pack or a .gguf file, in words: 'Q4_1 GGUF via llama.cpp'."""
+    pack = PACKS.get(name_or_path)
+    path = pack.parts[0].locate() if pack else Path(name_or_path).expanduser()
+    quantisation = gguf_quantisation(path) if path is not None else None
+    return f"{quantisation} GGUF via llama.cpp" if quantisation else "GGUF via llama.cpp"
+
+
 def require_gguf_support() -> None:
     """transformers reads GGUF files only with the ``gguf`` and ``accelerate`` packages installed."""
     missing = [name for name in ("gguf", "accelerate") if importlib.util.find_spec(name) is None]
@@ -572,12 +684,12 @@ def _check_tied(model: Any) -> None:
 
 
 def load(
-    name_or_path: str,
+    name_or_path: str | os.PathLike,
     *,
-    dtype: Any = "bfloat16",
+    dtype: Any = None,
     cache_dir: str | Path | None = None,
     progress: bool = True,
-    kernels: str = "auto",
+    kernels: str | None = None,
     backend: str = "torch",
     n_threads: int | None = None,
 ) -> tuple[Any, Any]:
@@ -585,24 +697,32 @@ def load(
 
     name_or_path: a pack name (see :data:`PACKS`; converted into the cache on first use), a local
     Hugging Face model directory, or a ``.gguf`` file. dtype: a ``torch.dtype`` or its name
-    (``bfloat16``/``bf16``, ``float32``/``fp32``, ``float16``/``fp16``). Never downloads.
+    (``bfloat16``/``bf16``, ``float32``/``fp32``, ``float16``/``fp16``; default bfloat16). Never
+    downloads.
 
-    kernels: ``"auto"`` routes bf16 linear layers and attention through :mod:`specdec.kernels`
-    where it can run (a k-token forward then costs little more than a 1-token one on CPUs without
-    native bf16, and every row of a verification pass is computed bit for bit as a one-token step
-    would compute it); ``"torch"`` keeps PyTorch's own.
+    kernels: ``"auto"`` (the default) routes bf16 linear layers and attention through
+    :mod:`specdec.kernels` where it can run (a k-token forward then costs little more than a 1-token
+    one on CPUs without native bf16, and every row of a verification pass is computed bit for bit as
+    a one-token step would compute it); ``"torch"`` keeps PyTorch's own.
 
     backend: ``"torch"`` (a transformers model), ``"llamacpp"`` (a GGUF file or pack run by
     llama.cpp: a :class:`~specdec.backends.llamacpp.LlamaCppCausalLM` on ``n_threads`` threads;
-    ``dtype`` and ``kernels`` do not apply) or ``"auto"`` (see :func:`resolve_backend`).
+    ``dtype`` and ``kernels`` do not apply and are refused) or ``"auto"`` (see :func:`resolve_backend`).
 
-    Raises :class:`ModelPackError` for an unknown name or a missing or corrupt pack.
+    Raises :class:`ModelPackError` for an unknown name or a missing or corrupt pack, ``TypeError``
+    for a ``name_or_path`` that is not text or a path.
     """
+    name_or_path = _checked_name(name_or_path)
     if resolve_backend(name_or_path, backend) == "llamacpp":
+        for name, value in (("dtype", dtype), ("kernels", kernels)):
+            if value is not None:
+                raise ValueError(f"{name} does not apply to the llama.cpp backend, which runs the GGUF's own "
+                                 f"weights; leave {name} out, or pass backend='torch'")
         return _load_llamacpp(name_or_path, cache_dir, progress, n_threads)
+    kernels = "auto" if kernels is None else kernels
     if kernels not in ("auto", "torch"):
         raise ValueError(f"kernels must be 'auto' or 'torch', got {kernels!r}")
-    torch_dtype = resolve_dtype(dtype)
+    torch_dtype = resolve_dtype("bfloat16" if dtype is None else dtype)
     source, gguf_file = _resolve(name_or_path, cache_dir, progress)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -625,6 +745,19 @@ def load(
 
 
 BACKENDS = ("auto", "torch", "llamacpp")
+
+
+def _checked_name(name_or_path: Any) -> str:
+    """``name_or_path`` as text, or a ``TypeError`` / ``ValueError`` saying what it takes."""
+    wanted = f"a pack name ({', '.join(PACKS)}), a model directory or a .gguf file"
+    if isinstance(name_or_path, os.PathLike):
+        name_or_path = os.fspath(name_or_path)
+    if not isinstance(name_or_path, str):
+        got = "None" if name_or_path is None else f"{type(name_or_path).__name__} {name_or_path!r}"
+        raise TypeError(f"name_or_path must be {wanted}, got {got}")
+    if not name_or_path.strip():
+        raise ValueError(f"name_or_path is empty; give {wanted}")
+    return name_or_path
 
 
 def resolve_backend(name_or_path: str, backend: str) -> str:

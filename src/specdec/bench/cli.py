@@ -1,7 +1,10 @@
 """``specdec bench``: run the benchmark from the command line and write its results.
 
 For each temperature the run writes ``<out>/greedy/`` or ``<out>/t<T>/`` holding results.json,
-results.md and the plots, and ``<out>/README.md`` gathers the command and every table.
+results.md and the plots, and ``<out>/README.md`` gathers the command and every table. Each
+timed run is saved as it ends, so an interrupted run resumes when the same command runs again;
+a run into an ``--out`` that holds another run's results is refused without ``--overwrite``
+(:mod:`specdec.bench.resume`).
 """
 
 from __future__ import annotations
@@ -76,22 +79,45 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eos", choices=("ignore", "stop"), default="ignore",
                         help="ignore: every run makes exactly --max-new-tokens tokens; stop: end at EOS (default: ignore)")
     parser.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's choice)")
-    parser.add_argument("--out", default="benchmarks/latest", help="output folder (default: benchmarks/latest)")
+    parser.add_argument("--out", default="benchmarks/latest",
+                        help="output folder; a run interrupted there resumes when run again with the same "
+                             "arguments (default: benchmarks/latest)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace the results --out holds from another run (without it, a run into an --out "
+                             "holding results of other arguments is refused)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def bench_command(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     """Run the benchmark described by ``args``; return the exit code."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    methods, prompts, settings = _plan(args)
+    out = Path(args.out)
+    saved = _prepare_output(args, out, methods, prompts, settings)  # before any model work
+    planned = len(prompts) * args.repeats * sum(not m.runs_at(s.temperature) for s in settings for m in methods)
+    if have := sum(map(len, saved.values())):
+        print(f"specdec bench: resuming: {have} of {planned} timed runs are saved in {out}; running the other "
+              f"{planned - have}", file=sys.stderr)
+    try:
+        return _run(args, argv, out, methods, prompts, saved)
+    except KeyboardInterrupt:  # Ctrl-C: every finished run is saved already
+        have = sum(map(len, saved.values()))
+        again = "run the same command again without --overwrite" if args.overwrite else "run the same command again"
+        print(f"\nspecdec: interrupted: {have} of {planned} timed runs are saved in {out}", file=sys.stderr)
+        print(f"hint: {again} to resume; it runs only the {max(planned - have, 0)} left", file=sys.stderr)
+        return 130
+
+
+def _run(args: argparse.Namespace, argv: Sequence[str] | None, out: Path, methods: list[MethodSpec],
+         prompts: list[Any], saved: dict[Any, Any]) -> int:
+    """Load the models, run each temperature (taking the runs ``saved`` holds) and write the reports."""
     import torch
     import transformers
 
     from specdec.bench import report
+    from specdec.bench.resume import write_atomic
     from specdec.bench.runner import run_bench
 
-    methods, prompts, settings = _plan(args)
-    out = Path(args.out)
-    folders = {s: _prepare_folder(out / _run_folder(s)) for s in settings}  # before any model work
     if args.threads:
         torch.set_num_threads(args.threads)
     transformers.logging.set_verbosity_error()
@@ -105,16 +131,17 @@ def bench_command(args: argparse.Namespace, argv: Sequence[str] | None = None) -
     if info["draft"] is not None:
         info["draft"]["weights"] = models.draft_weights
     runs = []
-    for s in settings:
+    for s, store in saved.items():
         before = _load_average()
-        run = run_bench(models, methods, prompts, s, progress=not args.no_progress)
+        run = run_bench(models, methods, prompts, s, progress=not args.no_progress, done=store.load(prompts),
+                        on_sample=lambda x, store=store: store.save(x, prompts[x.prompt]))
         if models.llamacpp is not None:  # after the run: what its models were loaded with
             info["llamacpp"] = report.llamacpp_info(models.llamacpp)
         data = report.results(run, env | {"load_average_run": [before, _load_average()]}, info)
-        folder = _save(lambda where: report.write_run(data, where), folders[s], _run_folder(s))
+        folder = _save(lambda where: report.write_run(data, where), out / _run_folder(s), _run_folder(s))
         print(report.markdown(data) + f"\n\n(written to {folder})\n")
         runs.append(data)
-    _save(lambda where: (where / "README.md").write_text(report.summary_markdown(runs, command)), out, "")
+    _save(lambda where: write_atomic(where / "README.md", report.summary_markdown(runs, command)), out, "")
     return 0
 
 
@@ -128,8 +155,8 @@ def _plan(args: argparse.Namespace) -> tuple[list[MethodSpec], list[Any], list[A
     try:
         methods = parse_methods(args.methods, BACKEND_CHOICES[getattr(args, "backend", "torch")])
     except ValueError as e:
-        raise CLIError(str(e), "write methods like ar,spec:block:k=4,hf-assisted (see 'specdec bench --help')",
-                       code=2) from None
+        raise CLIError(f"--methods: {e}", "write methods like ar,spec:block:k=4,hf-assisted (see 'specdec bench "
+                       "--help'; the grammar: the docstring of specdec.bench.methods)", code=2) from None
     try:
         prompts = load_prompts(args.prompts, seed=args.seed)
     except ValueError as e:
@@ -147,6 +174,34 @@ def _plan(args: argparse.Namespace) -> tuple[list[MethodSpec], list[Any], list[A
 
 def _run_folder(settings: Any) -> str:
     return "greedy" if settings.greedy else f"t{settings.temperature:g}"
+
+
+# Options that change neither what runs nor how it is timed: a rerun may change them and resume.
+# The methods, prompts and temperatures are recorded as parsed instead of as typed.
+_NOT_DEFINING = ("out", "overwrite", "no_progress", "cache_dir", "methods", "backend", "prompts", "temperature")
+
+
+def _prepare_output(args: argparse.Namespace, out: Path, methods: list[MethodSpec], prompts: list[Any],
+                    settings: list[Any]) -> dict[Any, Any]:
+    """Check ``out`` can take this run (:func:`specdec.bench.resume.prepare`) and make its folders;
+    the saved runs of each temperature (:class:`~specdec.bench.resume.SavedRuns`) by its settings."""
+    from specdec.bench import resume
+    from specdec.cli import CLIError
+
+    defaults = argparse.ArgumentParser()
+    _add_arguments(defaults)
+    arguments = {key: getattr(args, key) for key in vars(defaults.parse_args([])) if key not in _NOT_DEFINING}
+    arguments |= {"methods": [m.name for m in methods], "temperature": [s.temperature for s in settings],
+                  "prompts": [[p.set, p.id, resume.prompt_digest(p)] for p in prompts]}
+    _prepare_folder(out)
+    try:
+        resume.prepare(out, arguments, _resolved_command(args), overwrite=args.overwrite)
+    except resume.OutputInUse as e:
+        raise CLIError(e.message, e.hint, code=2) from None
+    except OSError as e:
+        raise CLIError(f"--out: cannot write into {out} ({e.strerror or e})",
+                       "give --out a folder you can write to", code=2) from None
+    return {s: resume.SavedRuns(_prepare_folder(out / _run_folder(s))) for s in settings}
 
 
 def _prepare_folder(folder: Path) -> Path:
@@ -266,7 +321,7 @@ def _resolved_command(args: argparse.Namespace) -> str:
     parts = ["specdec", "bench"]
     for key in vars(options.parse_args([])):
         value = getattr(args, key)
-        if value is None or value is False:
+        if value is None or value is False or key == "overwrite":  # rerun as recorded, it resumes
             continue
         flag = "--" + key.replace("_", "-")
         if value is True:

@@ -35,15 +35,17 @@ and is slower than its plain generation here, so ``llamacpp-ar`` is the only lla
 Examples: ``spec:block:k=4``, ``spec:token:k=2``, ``spec:ngram:block:k=4`` (the same as
 ``spec:block:drafter=ngram:k=4``), ``spec:block:policy=theory``,
 ``spec:early-exit:block:k=3:exit_layer=20``, ``spec:tree:budget=16``,
-``spec:block:k=4:backend=llamacpp``. Parsing checks the verifier, the drafter and the
-policy against what the project has, so a typo fails before any model loads; drafter options are
-checked when the drafter is first built (the warm-up).
+``spec:block:k=4:backend=llamacpp``. Parsing checks the verifier, the drafter, the policy, which
+options each takes and every option's value (:data:`OPTION_VALUES`), so a typo or an
+out-of-range value fails before any model loads; only what depends on the model (an
+``exit_layer`` past the target's layers, a ``path`` without heads) waits for the drafter to be
+built (the warm-up).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from specdec.drafters import DRAFTERS, MODEL_DRAFTERS
 from specdec.drafters.tree import TreeDrafter, parse_choices
@@ -64,6 +66,55 @@ _PEER_KEYS = {"hf-assisted": {"k"}, "hf-prompt-lookup": {"k"}, "hf-ar": set(), "
 BACKENDS = ("torch", "llamacpp")
 # Drafters that run on the llama.cpp backend: the others read the transformers model's layers.
 LLAMACPP_DRAFTERS = ("model", "ngram", "ngram+model")
+# The options each drafter takes (see specdec.drafters.make_drafter).
+DRAFTER_OPTIONS = {
+    "model": (), "ngram": ("max_ngram", "min_ngram"), "ngram+model": ("max_ngram", "min_ngram"),
+    "early-exit": ("exit_layer",), "layer-skip": ("skip",), "heads": ("path",), "eagle": ("path",),
+}
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise ValueError(text)
+    return value
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:  # NaN fails too
+        raise ValueError(text)
+    return value
+
+
+def _layers(text: str) -> tuple[int, ...]:
+    value = tuple(int(x) for x in text.split("/"))
+    if any(x < 0 for x in value):
+        raise ValueError(text)
+    return value
+
+
+def _text(text: str) -> str:
+    if not text:
+        raise ValueError(text)
+    return text
+
+
+# What each option's value may be: option -> (reader, what it accepts). A reader raises ValueError.
+OPTION_VALUES: dict[str, tuple[Callable[[str], Any], str]] = {
+    "k_max": (_positive_int, "a positive integer"),
+    "threshold": (_fraction, "a number from 0 to 1"),
+    "depth": (_positive_int, "a positive integer"),
+    "width": (_positive_int, "a positive integer"),
+    "expand": (_positive_int, "a positive integer"),
+    "budget": (_positive_int, "a positive integer"),
+    "choices": (_text, "'default' or rank paths like 0|1|0.0"),
+    "max_ngram": (_positive_int, "a positive integer"),
+    "min_ngram": (_positive_int, "a positive integer"),
+    "exit_layer": (_positive_int, "a positive integer (a layer below the target's top)"),
+    "skip": (_layers, "layer indices from 0, joined by '/' (e.g. 3/5/7)"),
+    "path": (_text, "a folder"),
+}
 
 
 @dataclass(frozen=True)
@@ -199,8 +250,7 @@ def parse_method(text: str, default_backend: str = "torch") -> MethodSpec:
     policy = options.pop("policy", "static")
     spec = MethodSpec(
         "spec", verifier=positional[-1], drafter=drafter, k=DEFAULT_K if k is None else k,
-        policy=policy,
-        options=tuple(sorted((key, v if key == "choices" else _value(v)) for key, v in options.items())),
+        policy=policy, options=tuple(sorted((key, _option(text, key, v)) for key, v in options.items())),
         backend=backend,
     )
     _check_spec(text, spec)
@@ -219,10 +269,11 @@ def parse_methods(text: str, backends: Sequence[str] = ("torch",)) -> list[Metho
     unknown = [b for b in backends if b not in BACKENDS]
     if unknown or not backends:
         raise ValueError(f"unknown backend {unknown[0] if unknown else ''!r}; choose from {', '.join(BACKENDS)}")
+    parts = [part for part in text.split(",") if part.strip()]
+    if not parts:
+        raise ValueError(f"no methods in {text!r}; name at least one, e.g. spec:block:k=4 (ar always runs)")
     specs: list[MethodSpec] = []
-    for part in text.split(","):
-        if not part.strip():
-            continue
+    for part in parts:
         for backend in backends:
             spec = parse_method(part, default_backend=backend)
             if spec not in specs:
@@ -247,19 +298,16 @@ def _parse_k(text: str, value: str) -> int:
     return k
 
 
-def _value(text: str) -> Any:
-    """An option value: ints, floats, ``/``-separated int lists (3/5/7), else the string."""
-    if "/" in text:
-        try:
-            return tuple(int(x) for x in text.split("/"))
-        except ValueError:
-            return text
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
+def _option(text: str, key: str, value: str) -> Any:
+    """The value of option ``key`` read by :data:`OPTION_VALUES`; a ValueError naming the option
+    and what it accepts if it cannot be read."""
+    if key not in OPTION_VALUES:
+        return value  # an option no drafter has: _check_spec names the ones the drafter takes
+    read, accepts = OPTION_VALUES[key]
+    try:
+        return read(value.strip())
+    except ValueError:
+        raise ValueError(f"method {text!r}: {key}= takes {accepts}, got {value!r}") from None
 
 
 def _format(value: Any) -> str:
@@ -267,9 +315,9 @@ def _format(value: Any) -> str:
 
 
 def _check_spec(text: str, spec: MethodSpec) -> None:
-    if spec.is_tree and "choices" in dict(spec.options):
+    if spec.is_tree:  # the tree options make a tree (a ValueError says why not)
         try:
-            TreeDrafter(None, choices=parse_choices(dict(spec.options)["choices"]))
+            TreeDrafter(None, **(spec.tree_options or {}))
         except ValueError as e:
             raise ValueError(f"method {text!r}: {e}") from None
     if spec.is_tree and spec.drafter == "heads":
@@ -293,6 +341,17 @@ def _check_spec(text: str, spec: MethodSpec) -> None:
     if spec.drafter not in DRAFTERS:
         raise ValueError(
             f"method {text!r}: unknown drafter {spec.drafter!r}; choose one of {', '.join(DRAFTERS)}"
+        )
+    takes = DRAFTER_OPTIONS.get(spec.drafter, ())
+    for key, _ in spec.options:
+        if key in POLICY_OPTIONS or key in takes:
+            continue
+        if key in TREE_OPTIONS:
+            raise ValueError(f"method {text!r}: {key}= shapes a token tree; give it to spec:tree")
+        drafter_takes = f"takes {', '.join(takes)}" if takes else "takes no options"
+        raise ValueError(
+            f"method {text!r}: unknown option {key}=; the {spec.drafter} drafter {drafter_takes}, "
+            f"the policy {', '.join(POLICY_OPTIONS)}"
         )
     try:
         make_policy(spec.policy, spec.k, **spec.policy_options)

@@ -58,7 +58,9 @@ from typing import Any, Sequence
 
 from specdec import kernels
 from specdec.backends.lean import lean_unsupported
+from specdec.divergence import cause
 from specdec.bench.methods import MethodSpec
+from specdec.bench.resume import write_atomic
 from specdec.bench.runner import BenchRun, Sample
 from specdec.theory import expected_speedup
 
@@ -385,6 +387,7 @@ def results(run: BenchRun, env: dict[str, Any], models: dict[str, Any]) -> dict[
         "skipped": run.skipped,
         "failed": run.failed,
         "wall_seconds": run.seconds,
+        "resumed_samples": run.resumed,
         "samples": [x.to_dict() for x in run.samples],
     }
 
@@ -393,8 +396,8 @@ def write_run(data: dict[str, Any], out_dir: str | Path) -> Path:
     """Write results.json, results.md and the plots for one run into ``out_dir``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(data, indent=1) + "\n")
-    (out / "results.md").write_text(markdown(data) + "\n")
+    write_atomic(out / "results.json", json.dumps(data, indent=1) + "\n")
+    write_atomic(out / "results.md", markdown(data) + "\n")
     plot(data, out)
     return out
 
@@ -468,6 +471,9 @@ def markdown(data: dict[str, Any]) -> str:
         lines.append(f"\n`{name}` not run: {why}.")
     for name, error in data.get("failed", {}).items():
         lines.append(f"\n`{name}` FAILED and is left out: {error}")
+    if data.get("resumed_samples"):
+        lines.append(f"\n{data['resumed_samples']} of the {len(data['samples'])} timed runs were made by an earlier, "
+                     "interrupted invocation of the same command (`wall_seconds` counts the last one only).")
     lines.append(
         "\nSpeed-up: ratio of tokens per second to `ar` over all prompts (geomean: per prompt); "
         "decoding speed-up: the same after each run's first step, which prefills the prompt "
@@ -511,7 +517,7 @@ def _divergence_lines(data: dict[str, Any]) -> list[str]:
             lines.append(
                 f"\n`{name}` leaves `{m['ar']}` on {d['prompt_id']} (repeat {d['repeat']}) at new token "
                 f"{d['position']}: {_token(d, 'token')} instead of {_token(d, 'ar_token')}"
-                + (f"; the target's top-2 logit margin there: {margins}" if margins else "") + "."
+                + (f"; the target's top-2 logit margin there: {margins}" if margins else "") + f"; {cause(d)}."
             )
     return lines
 

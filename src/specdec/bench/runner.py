@@ -6,6 +6,10 @@ so that drift in the machine's speed falls on all methods alike, and the order t
 from one prompt and repeat to the next (B, C, A, ...), so that no method always runs first or
 right after a given other one.
 
+Runs already made (by an interrupted invocation, :mod:`specdec.bench.resume`) can be handed in
+as ``done``: they keep their place in the order and only the others run; ``on_sample`` sees
+each run as it ends, so it can be saved at once.
+
 Project methods run through :func:`specdec.stream` with token ids (no tokenizer, so no decoding
 cost inside the timed region), on the torch backend or on the llama.cpp one (``backend=``); peers
 (:mod:`specdec.bench.peers`) run through transformers' ``model.generate`` or the llama.cpp
@@ -17,12 +21,12 @@ from __future__ import annotations
 import gc
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import specdec
 from specdec.api import eos_token_ids_of
 from specdec.backends.lean import make_backend
-from specdec.divergence import LogitsRecorder, explain
+from specdec.divergence import LogitsRecorder, batch_invariance, decisive_position, explain
 from specdec.bench.llamacpp import LlamaCppModels, context_needed
 from specdec.bench.methods import MethodSpec
 from specdec.bench.peers import run_peer
@@ -82,8 +86,9 @@ class BenchRun:
     prompts: list[Prompt]
     prompt_tokens: list[int]
     samples: list[Sample]
-    seconds: float = 0.0
+    seconds: float = 0.0  # this invocation's, warm-up and timed runs
     divergences: list[dict[str, Any]] = field(default_factory=list)  # see find_divergences
+    resumed: int = 0  # samples made by an earlier invocation (handed in as ``done``)
 
 
 def schedule(methods: Sequence[MethodSpec], n_prompts: int, repeats: int) -> Iterator[tuple[int, int, MethodSpec]]:
@@ -104,8 +109,14 @@ def run_bench(
     settings: BenchSettings,
     *,
     progress: bool = True,
+    done: Mapping[tuple[str, int, int], Sample] | None = None,
+    on_sample: Callable[[Sample], None] | None = None,
 ) -> BenchRun:
     """Warm every method up, then time every (repeat, prompt, method) in :func:`schedule` order.
+
+    ``done``: runs already made, by (method name, prompt, repeat); they are taken as they are, and
+    a method with none left to run is not warmed up. ``on_sample``: called with each new run as it
+    ends (outside the timed region).
 
     One function (past 60 lines) because the warm-up, the timed loop and the failure record share
     ``attempt`` and its ``failed`` map, and the garbage collector is frozen around the timed loop
@@ -120,7 +131,11 @@ def run_bench(
     if models.llamacpp is not None:
         models.llamacpp.prepare(runnable, context_needed([len(x) for x in ids], settings.max_new_tokens))
     eos = [] if settings.ignore_eos else sorted(eos_token_ids_of(models.target, models.tokenizer))
-    total = len(runnable) * (settings.warmup_tokens > 0) + settings.repeats * len(prompts) * len(runnable)
+    order = list(schedule(runnable, len(prompts), settings.repeats))
+    planned = {(m.name, p, r) for r, p, m in order}
+    done = {key: x for key, x in (done or {}).items() if key in planned}
+    warm = [m for m in runnable if any(key[0] == m.name for key in planned - done.keys())]  # runs left
+    total = len(warm) * (settings.warmup_tokens > 0) + len(order) - len(done)
     bar = _progress(total, f"T={settings.temperature:g}", progress)
     failed: dict[str, str] = {}
 
@@ -138,7 +153,7 @@ def run_bench(
 
     start = time.perf_counter()
     if settings.warmup_tokens > 0:
-        for method in runnable:
+        for method in warm:
             bar.set_postfix_str(f"warm-up {method.name}")
             attempt(method, ids[0], min(settings.warmup_tokens, settings.max_new_tokens), settings.seed)
             bar.update()
@@ -148,14 +163,19 @@ def run_bench(
     gc.collect()
     gc.freeze()
     try:
-        for order, (repeat, p, method) in enumerate(schedule(runnable, len(prompts), settings.repeats)):
+        for place, (repeat, p, method) in enumerate(order):
+            if (method.name, p, repeat) in done:
+                samples.append(done[method.name, p, repeat])
+                continue
             bar.set_postfix_str(f"r{repeat} {prompts[p].id} {method.name}")
             seed = settings.seed + 7919 * repeat + p
             gc.collect()
             sample = attempt(method, ids[p], settings.max_new_tokens, seed)
             if sample is not None:
-                sample.prompt, sample.repeat, sample.order = p, repeat, order
+                sample.prompt, sample.repeat, sample.order = p, repeat, place
                 samples.append(sample)
+                if on_sample is not None:
+                    on_sample(sample)
             bar.update()
     finally:
         gc.unfreeze()
@@ -165,7 +185,7 @@ def run_bench(
     kept = [x for x in samples if x.method not in failed]
     divergences = find_divergences(models, ran, kept, prompts, ids, settings, eos) if settings.greedy else []
     return BenchRun(settings, ran, skipped, failed, list(prompts), [len(x) for x in ids], kept, seconds,
-                    divergences)
+                    divergences, resumed=sum(x.method not in failed for x in done.values()))
 
 
 def find_divergences(models: BenchModels, methods: Sequence[MethodSpec], samples: Sequence[Sample],
@@ -173,10 +193,23 @@ def find_divergences(models: BenchModels, methods: Sequence[MethodSpec], samples
                      eos: list[int]) -> list[dict[str, Any]]:
     """For each (method, prompt) whose greedy output differs from its backend's ar (first such
     repeat), the :func:`~specdec.divergence.explain` record, after untimed replays of both
-    runs with the target's logits recorded (a peer's own passes are not recorded). ``replayed``
-    tells whether each replay reproduced the timed run's tokens (or why it failed)."""
+    runs with the target's logits recorded (a peer's own passes are not recorded), and whether
+    the target's backend is batch invariant (:func:`~specdec.divergence.batch_invariance`).
+    ``replayed`` tells whether each replay reproduced the timed run's tokens (or why it failed)."""
     by_name = {m.name: m for m in methods}
     runs = {(s.method, s.prompt, s.repeat): s for s in samples}
+    pairs, seen = [], set()  # (sample, its ar sample): the first differing repeat of each (method, prompt)
+    for s in samples:
+        method, base = by_name[s.method], runs.get((by_name[s.method].ar.name, s.prompt, s.repeat))
+        if method.kind == "ar" or base is None or s.token_ids == base.token_ids or (s.method, s.prompt) in seen:
+            continue
+        seen.add((s.method, s.prompt))
+        pairs.append((s, base))
+    keep: dict[tuple[str, int], set[int]] = {}  # (method, prompt) -> positions whose whole rows to keep
+    for s, base in pairs:
+        at = decisive_position(ids[s.prompt], s.token_ids, base.token_ids)
+        for name in (s.method, base.method):
+            keep.setdefault((name, s.prompt), set()).add(at)
     recorded: dict[tuple[str, int], tuple[LogitsRecorder | None, bool | str]] = {}
 
     def replay(method: MethodSpec, sample: Sample) -> tuple[LogitsRecorder | None, bool | str]:
@@ -184,7 +217,7 @@ def find_divergences(models: BenchModels, methods: Sequence[MethodSpec], samples
             recorders: list[LogitsRecorder] = []
 
             def wrap(backend: Any) -> LogitsRecorder:
-                recorders.append(LogitsRecorder(backend))
+                recorders.append(LogitsRecorder(backend, keep=keep[method.name, sample.prompt]))
                 return recorders[-1]
 
             try:
@@ -195,15 +228,17 @@ def find_divergences(models: BenchModels, methods: Sequence[MethodSpec], samples
                 recorded[method.name, sample.prompt] = (None, f"{type(e).__name__}: {e}")
         return recorded[method.name, sample.prompt]
 
-    out, seen = [], set()
-    for s in samples:
-        method, base = by_name[s.method], runs.get((by_name[s.method].ar.name, s.prompt, s.repeat))
-        if method.kind == "ar" or base is None or s.token_ids == base.token_ids or (s.method, s.prompt) in seen:
-            continue
-        seen.add((s.method, s.prompt))
+    out = []
+    for s, base in pairs:
+        method = by_name[s.method]
         ar_recorder, ar_same = replay(method.ar, base)
         recorder, same = (None, None) if method.is_peer else replay(method, s)
-        found = explain(ids[s.prompt], s.token_ids, base.token_ids, recorder, ar_recorder)
+        backend = next((r.backend for r in (recorder, ar_recorder) if r is not None), None)
+        try:
+            invariance = batch_invariance(backend) if backend is not None else None
+        except Exception:  # a diagnosis: an unmeasurable backend leaves the question open
+            invariance = None
+        found = explain(ids[s.prompt], s.token_ids, base.token_ids, recorder, ar_recorder, invariance)
         texts = {f"{key}_text": models.tokenizer.decode([getattr(found, key)])
                  for key in ("token", "ar_token") if getattr(found, key) is not None}
         out.append({"method": s.method, "prompt": s.prompt, "prompt_id": prompts[s.prompt].id,

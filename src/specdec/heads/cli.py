@@ -14,7 +14,7 @@ from specdec.heads.train import TrainConfig
 
 
 def add_train_heads_parser(subparsers: Any) -> None:
-    from specdec.cli import add_model_options, positive_float, positive_int, seed_int
+    from specdec.cli import _Given, add_model_options, positive_float, positive_int, seed_int
 
     parser = subparsers.add_parser(
         "train-heads", help="train Medusa-style draft heads on the target's own outputs",
@@ -30,7 +30,7 @@ def add_train_heads_parser(subparsers: Any) -> None:
     group.add_argument("--out", required=True, metavar="DIR", help="where data, checkpoints and heads go")
     group.add_argument("--kind", choices=["medusa", "eagle"], default=defaults.kind,
                        help="K Medusa heads, or one autoregressive layer (EAGLE) (default: %(default)s)")
-    group.add_argument("--num-heads", type=positive_int, default=defaults.num_heads,
+    group.add_argument("--num-heads", type=positive_int, default=defaults.num_heads, action=_Given,
                        help="K, for --kind medusa (default: %(default)s)")
     group.add_argument("--kept-tokens", type=positive_int, default=defaults.kept_tokens,
                        help="size of the trimmed vocabulary (default: %(default)s)")
@@ -48,9 +48,11 @@ def add_train_heads_parser(subparsers: Any) -> None:
 def run_train_heads(args: argparse.Namespace) -> int:
     import torch
 
-    from specdec.cli import _note, load_models
+    from specdec.cli import _note, check_threads, load_models
     from specdec.heads.train import collect, conversations, train, train_eagle, write_summary
 
+    _check_kind_options(args)
+    check_threads(args.threads)
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)})
@@ -74,6 +76,15 @@ def run_train_heads(args: argparse.Namespace) -> int:
     _note(f"done in {time.perf_counter() - began:.0f} s; heads in {out} "
           f"(use: specdec generate --drafter {'eagle' if cfg.kind == 'eagle' else 'heads'} --heads {out})")
     return 0
+
+
+def _check_kind_options(args: argparse.Namespace) -> None:
+    """--num-heads shapes Medusa heads only: refused with --kind eagle when given."""
+    from specdec.cli import CLIError, given
+
+    if args.kind == "eagle" and given(args, "num_heads"):
+        raise CLIError("--num-heads is an option of --kind medusa, but --kind is eagle",
+                       "drop --num-heads (--kind eagle trains one autoregressive layer), or use --kind medusa", code=2)
 
 
 def _output_folder(out: Path) -> Path:
