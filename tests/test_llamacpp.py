@@ -410,3 +410,30 @@ def test_the_context_limit_is_max_context(model):
     model.reset()
     with pytest.raises(ValueError, match="past the context of 512"):
         model.forward([1] * 513)
+
+
+def test_tree_methods_through_the_server_give_the_text_of_plain_decoding(model):
+    """Every tree kind a request may name runs on llama.cpp (none is refused or fails mid-stream)
+    and, greedy, answers the very text of the `ar` method with ``exact: true``."""
+    from fastapi.testclient import TestClient
+
+    from specdec.bench.methods import parse_method
+    from specdec.server.app import ServedModels, ServerOptions, create_app
+
+    tokenizer = _tokenizer()
+    served = ServedModels(model, tokenizer, _Unsure(model.fork()), name="smollm2-135m", draft_name="smollm2-135m")
+    app = create_app(served, ServerOptions(parse_method("spec:block:k=4", default_backend="llamacpp")))
+    methods = ["spec:tree:choices=0|1|0.0", "spec:tree:choices=default", "spec:tree:budget=16",
+               "spec:tree:depth=3:width=2", "spec:tree"]
+    with TestClient(app, base_url="http://localhost") as client:
+        for prompt in PROMPTS[:2]:
+            def ask(method):
+                r = client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 32, "temperature": 0,
+                                                         "speculative": {"method": method}})
+                assert r.status_code == 200, (method, r.text)
+                return r.json()
+            want = ask("ar")["choices"][0]["text"]
+            for method in methods:
+                got = ask(method)
+                assert got["choices"][0]["text"] == want, (method, prompt)
+                assert got["speculative"]["exact"] is True
