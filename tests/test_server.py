@@ -230,7 +230,7 @@ def test_chat_equals_generate_on_the_chat_template(pair, client):
 
 
 def test_a_request_picks_its_method(pair, client):
-    for method, kwargs in [("spec:token:k=2", dict(verify="token", k=2)), ("ar", dict(draft=None)),
+    for method, kwargs in [("spec:token:k=2", dict(verify="token", k=2)), ("ar", dict(draft=None, policy="auto")),
                            ("spec:block:k=3:policy=heuristic", dict(k=3, policy="heuristic")),
                            ("spec:ngram:block:k=3", dict(draft=None, drafter="ngram", k=3))]:
         want = reference(pair, "while True:", max_new_tokens=16, temperature=0, **kwargs)
@@ -284,7 +284,7 @@ def test_fill_in_the_middle_without_fim_tokens_is_a_400():
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4"),
     ({"prompt": ["one", "two"]}, "prompt", "one prompt per request"),
     ({"prompt": ""}, "prompt", "empty"),
-    ({"prompt": [1, 2, 100000]}, None, "outside the vocabulary"),
+    ({"prompt": [1, 2, 100000]}, "prompt", "outside the vocabulary"),
     ({"speculative": {"method": "spec:bogus:k=4"}}, "speculative.method", "unknown verifier"),
     ({"speculative": {"method": "hf-assisted"}}, "speculative.method", "peer"),
     ({"speculative": {"method": "spec:greedy:k=4"}, "temperature": 1.0}, "speculative.method", "greedy"),
@@ -392,9 +392,25 @@ def test_full_queue_answers_429_and_a_disconnect_stops_the_generation_within_one
         assert 'specdec_requests_total{endpoint="/v1/completions",outcome="cancelled"} 1.0' in metrics
 
 
+class _Slow:
+    """The tiny target's backend, at least 10 ms a forward: 480 tokens take over 4.8 s on any machine."""
+
+    def __init__(self, backend):
+        self.backend = backend
+
+    def __getattr__(self, name):
+        return getattr(self.backend, name)
+
+    def forward(self, *args, **kwargs):
+        time.sleep(0.01)
+        return self.backend.forward(*args, **kwargs)
+
+
 def test_a_non_streaming_client_that_leaves_stops_its_generation(pair):
+    from specdec.backends.lean import make_backend
+
     target, _, tokenizer = pair
-    with serve(target, tokenizer) as running:
+    with serve(_Slow(make_backend(target)), tokenizer) as running:
         body = {"prompt": "0", "max_tokens": 480, "temperature": 0}
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(running.url + "/v1/completions", json=body, trust_env=False, timeout=0.5)

@@ -4,8 +4,11 @@ Endpoints: ``GET /health`` (never needs the key), ``GET /metrics`` (Prometheus t
 ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions`` and ``GET /`` (a page
 that streams a completion and colours each token by where it came from).
 
-A generation request is checked (body, model, method, prompt) before it joins the queue, waits
-for the single worker (:mod:`specdec.server.worker`), and is answered either as one JSON object or,
+In front of every route, :class:`~specdec.server.guard.Guard` checks the ``Host`` header and reads
+the body within its size limit and read timeout. A generation request is checked (body, model,
+method, then the prompt: its length in characters, and its tokens, tokenized on a thread so the
+event loop keeps serving) before it joins the queue, waits for the single worker
+(:mod:`specdec.server.worker`), and is answered either as one JSON object or,
 with ``"stream": true``, as server-sent events ending with ``data: [DONE]``. The response is only
 started once the generation has produced its first tokens, so an error found when the generation
 is built (a prompt longer than the context, a drafter option the drafter refuses) still gets its
@@ -17,10 +20,13 @@ leading characters of the chunk's text those make) and ``drafted`` (draft tokens
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import hashlib
 import hmac
 import importlib.resources
 import json
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -29,12 +35,14 @@ from typing import Any, AsyncIterator
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import specdec
 from specdec.api import eos_token_ids_of
 from specdec.bench.methods import MethodSpec
 from specdec.server import requests as rq
+from specdec.server.guard import LOOPBACK_HOSTS, MAX_BODY_BYTES, Guard
 from specdec.server.metrics import Metrics
 from specdec.server.requests import APIError, ChatBody, CompletionBody, Generation
 from specdec.server.worker import Job, QueueFull, Scheduler
@@ -63,6 +71,9 @@ class ServerOptions:
     request_timeout: float = 600.0
     api_key: str | None = None
     max_tokens: int = 2048  # the most a request may ask for; also the chat default
+    allowed_hosts: frozenset[str] | None = LOOPBACK_HOSTS  # the Host names answered; None: any
+    max_body_bytes: int = MAX_BODY_BYTES
+    read_timeout: float = 30.0  # seconds for a request's headers to arrive, and again for its body
 
 
 def create_app(models: ServedModels, options: ServerOptions) -> FastAPI:
@@ -70,7 +81,8 @@ def create_app(models: ServedModels, options: ServerOptions) -> FastAPI:
     metrics = Metrics()
     scheduler = Scheduler(options.max_queue, metrics)
     state = _State(models, options, metrics, scheduler, rq.has_fim_tokens(models.tokenizer),
-                   eos_token_ids_of(models.target, models.tokenizer))
+                   eos_token_ids_of(models.target, models.tokenizer),
+                   rq.PromptLimits.of(models.target, models.tokenizer))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -80,6 +92,8 @@ def create_app(models: ServedModels, options: ServerOptions) -> FastAPI:
 
     app = FastAPI(title="specdec", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.specdec = state
+    app.add_middleware(Guard, hosts=options.allowed_hosts, max_body_bytes=options.max_body_bytes,
+                       read_timeout=options.read_timeout)
     _add_error_handlers(app, metrics)
     app.include_router(_public_routes(state))
     app.include_router(_private_routes(state), dependencies=[Depends(_key_check(options.api_key, metrics))])
@@ -94,6 +108,7 @@ class _State:
     scheduler: Scheduler
     fim: bool
     eos: set[int]
+    limits: rq.PromptLimits
 
 
 def _public_routes(state: _State) -> APIRouter:
@@ -109,10 +124,11 @@ def _public_routes(state: _State) -> APIRouter:
 def _private_routes(state: _State) -> APIRouter:
     router = APIRouter()
     models, options = state.models, state.options
+    html, policy = _page()
 
     @router.get("/", response_class=HTMLResponse)
     async def page() -> HTMLResponse:
-        return HTMLResponse(importlib.resources.files("specdec.server").joinpath("page.html").read_text("utf-8"))
+        return HTMLResponse(html, headers={"Content-Security-Policy": policy, "X-Frame-Options": "DENY"})
 
     @router.get("/metrics")
     async def metrics() -> Response:
@@ -130,33 +146,53 @@ def _private_routes(state: _State) -> APIRouter:
     async def completions(body: CompletionBody, request: Request) -> Response:
         _check_model(body.model, models.name)
         method = rq.choose_method(body, options.method, models.draft is not None)
-        prompt = rq.completion_prompt(body, models.tokenizer, state.fim)
         max_tokens = _max_tokens(body.max_tokens or COMPLETION_DEFAULT_MAX_TOKENS, "max_tokens", options)
-        gen = _generation("completion", prompt, body, method, max_tokens, models.tokenizer)
-        return await _serve(state, request, gen)
+        _check_stream_options(body)
+        if isinstance(body.prompt, str):
+            state.limits.check_chars(len(body.prompt) + len(body.suffix or ""), "prompt")
+        ids = await run_in_threadpool(rq.completion_ids, body, models.tokenizer, state.fim)
+        state.limits.check_ids(ids, "prompt")
+        return await _serve(state, request, _generation("completion", ids, body, method, max_tokens))
 
     @router.post("/v1/chat/completions")
     async def chat(body: ChatBody, request: Request) -> Response:
         _check_model(body.model, models.name)
         method = rq.choose_method(body, options.method, models.draft is not None)
-        prompt = rq.chat_prompt(body, models.tokenizer)
         if body.max_tokens is not None and body.max_completion_tokens is not None:
             raise APIError(400, "give max_tokens or max_completion_tokens, not both", param="max_tokens")
         asked, field = ((body.max_completion_tokens, "max_completion_tokens") if body.max_completion_tokens
                         else (body.max_tokens, "max_tokens"))
         max_tokens = _max_tokens(asked or options.max_tokens, field, options)
-        gen = _generation("chat", prompt, body, method, max_tokens, models.tokenizer)
-        return await _serve(state, request, gen)
+        _check_stream_options(body)
+        state.limits.check_chars(sum(len(m.content) + len(m.name or "") for m in body.messages), "messages")
+        ids = await run_in_threadpool(rq.chat_prompt, body, models.tokenizer)
+        state.limits.check_ids(ids, "messages")
+        return await _serve(state, request, _generation("chat", ids, body, method, max_tokens))
 
     return router
 
 
-def _generation(kind: str, prompt: str | list[int], body: Any, method: MethodSpec, max_tokens: int,
-                tokenizer: Any) -> Generation:
-    ids = tokenizer(prompt, add_special_tokens=True)["input_ids"] if isinstance(prompt, str) else list(prompt)
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+def _page() -> tuple[str, str]:
+    """The page, and a Content-Security-Policy that lets it run its own inline script and style
+    (by their hashes) and talk to this server, and nothing else (no framing either)."""
+    html = importlib.resources.files("specdec.server").joinpath("page.html").read_text("utf-8")
+
+    def hashes(tag: str) -> str:
+        blocks = re.findall(rf"<{tag}>(.*?)</{tag}>", html, re.S)
+        return " ".join(f"'sha256-{base64.b64encode(hashlib.sha256(b.encode()).digest()).decode()}'" for b in blocks)
+
+    policy = (f"default-src 'none'; script-src {hashes('script')}; style-src {hashes('style')}; "
+              "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+    return html, policy
+
+
+def _check_stream_options(body: Any) -> None:
     if body.stream_options is not None and not body.stream:
         raise APIError(400, "stream_options goes with \"stream\": true", param="stream_options")
+
+
+def _generation(kind: str, ids: list[int], body: Any, method: MethodSpec, max_tokens: int) -> Generation:
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return Generation(kind, ids, len(ids), method, rq.sampling_kwargs(body, max_tokens), body.stream,
                       include_usage, list(body.stop or []))
 
@@ -185,7 +221,8 @@ async def _serve(state: _State, request: Request, gen: Generation) -> Response:
         state.scheduler.submit(job)
     except QueueFull:
         raise APIError(429, f"the queue is full ({state.options.max_queue} requests waiting); retry later",
-                       code="queue_full", type="rate_limit_error") from None
+                       code="queue_full", type="rate_limit_error",
+                       headers={"Retry-After": str(state.scheduler.retry_after())}) from None
     watch = _Watch(request)
     first = await _next(job, watch)
     if first is None:  # the client went away while waiting
@@ -381,29 +418,29 @@ def _key_check(api_key: str | None, metrics: Metrics) -> Any:
 
 
 def _add_error_handlers(app: FastAPI, metrics: Metrics) -> None:
-    def answer(request: Request, err: APIError) -> JSONResponse:
+    def answer(request: Request, err: APIError) -> Response:
         outcome = {401: "unauthorized", 404: "not_found", 429: "queue_full", 504: "timeout"}.get(
             err.status, "bad_request" if err.status < 500 else "error")
         route = request.scope.get("route")
         metrics.outcome(route.path if route is not None else "other", outcome)
-        return JSONResponse(err.body(), status_code=err.status)
+        return Response(err.json(), status_code=err.status, media_type="application/json", headers=err.headers)
 
     @app.exception_handler(APIError)
-    async def api_error(request: Request, err: APIError) -> JSONResponse:
+    async def api_error(request: Request, err: APIError) -> Response:
         return answer(request, err)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, err: RequestValidationError) -> JSONResponse:
+    async def invalid(request: Request, err: RequestValidationError) -> Response:
         return answer(request, _validation_error(err))
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
+    async def http_error(request: Request, err: StarletteHTTPException) -> Response:
         message = {404: f"no such endpoint: {request.method} {request.url.path}",
                    405: f"{request.method} is not allowed on {request.url.path}"}.get(err.status_code, str(err.detail))
         return answer(request, APIError(err.status_code, message, code="not_found" if err.status_code == 404 else None))
 
     @app.exception_handler(Exception)
-    async def fault(request: Request, err: Exception) -> JSONResponse:
+    async def fault(request: Request, err: Exception) -> Response:
         return answer(request, APIError(500, "the server failed on this request; see its log"))
 
 
@@ -418,10 +455,15 @@ def _validation_error(err: RequestValidationError) -> APIError:
         return APIError(400, "the request body is not valid JSON", param=None)
     if kind == "missing" and not loc:
         return APIError(400, "the request needs a JSON object body", param=None)
+    if kind == "string_unicode":  # a field name pydantic cannot read
+        return APIError(400, "a field name holds a lone surrogate: text must be valid Unicode (a UTF-16 surrogate "
+                             "needs its pair)", param=param)
     if kind == "extra_forbidden":
         return APIError(400, f"{param}: unknown field; this server does not support it", param=param,
                         code="unsupported_field")
-    if kind == "model_attributes_type" or (kind.endswith("_type") and not loc):
+    if not loc and kind.endswith("_type"):
         return APIError(400, "the request body must be a JSON object", param=None)
+    if kind in ("model_type", "model_attributes_type"):
+        return APIError(400, f"{param} must be a JSON object", param=param)
     message = message.removeprefix("Value error, ")
     return APIError(400, message if param and message.startswith(param) else f"{param}: {message}", param=param)

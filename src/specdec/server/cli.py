@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from specdec import cli
@@ -26,6 +27,11 @@ def add_serve_parser(subparsers: Any) -> None:
     group = parser.add_argument_group("server")
     group.add_argument("--host", default="127.0.0.1",
                        help="address to bind (default: 127.0.0.1, this machine only; 0.0.0.0 exposes the server)")
+    group.add_argument("--allowed-hosts", default="", metavar="NAMES",
+                       help="Host header names to answer besides the bound address's own (localhost, 127.0.0.1 "
+                            "and [::1] on loopback), comma-separated; '*' answers any. Bound to 0.0.0.0 or ::, "
+                            "the server answers any. Other names get 400, so a web page cannot reach the server "
+                            "by DNS rebinding")
     group.add_argument("--port", type=cli.positive_int, default=8000, help="(default: 8000)")
     group.add_argument("--method", default=None, metavar="METHOD",
                        help="decoding method for requests that name none, as 'specdec bench --methods' takes "
@@ -39,9 +45,17 @@ def add_serve_parser(subparsers: Any) -> None:
                        help="seconds a request may take, queue wait included (default: 600)")
     group.add_argument("--max-tokens", type=cli.positive_int, default=2048, metavar="N",
                        help="the most tokens a request may ask for; the chat default (default: 2048)")
-    group.add_argument("--api-key", default=os.environ.get(API_KEY_ENV), metavar="KEY",
-                       help=f"require 'Authorization: Bearer KEY' on every endpoint but /health "
+    group.add_argument("--max-body-bytes", type=cli.positive_int, default=4 << 20, metavar="N",
+                       help="the largest request body; a larger one gets 413 (default: 4194304, 4 MiB)")
+    group.add_argument("--read-timeout", type=_seconds, default=30.0, metavar="S",
+                       help="seconds a client has to send a request's headers, and again its body; a slower "
+                            "one gets 408 and is disconnected (default: 30)")
+    group.add_argument("--api-key", default=None, metavar="KEY",
+                       help="require 'Authorization: Bearer KEY' on every endpoint but /health. A key on the "
+                            f"command line shows in ps; --api-key-file or ${API_KEY_ENV} keeps it out "
                             f"(default: ${API_KEY_ENV}, else none)")
+    group.add_argument("--api-key-file", default=None, metavar="PATH",
+                       help="read the API key from the first line of this file (it stays out of ps)")
     group.add_argument("--threads", type=cli.positive_int, default=None,
                        help="CPU threads for torch or llama.cpp (default: torch's choice; llama.cpp: every CPU "
                             "this process may use)")
@@ -86,13 +100,40 @@ def default_method(args: argparse.Namespace) -> Any:
     return method
 
 
+def api_key(args: argparse.Namespace) -> str | None:
+    """The key from --api-key, --api-key-file or $SPECDEC_API_KEY (in that order); None for none."""
+    if args.api_key is not None and args.api_key_file is not None:
+        raise cli.CLIError("give --api-key or --api-key-file, not both", "--api-key-file keeps the key out of ps",
+                           code=2)
+    if args.api_key_file is not None:
+        return _key_file(args.api_key_file)
+    key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV)
+    if key is not None and not key.strip():
+        raise cli.CLIError("--api-key is empty", f"give a key, or unset ${API_KEY_ENV}", code=2)
+    return key
+
+
+def _key_file(path: str) -> str:
+    try:
+        text = Path(path).read_text("utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        reason = err.strerror if isinstance(err, OSError) else "it is not UTF-8 text"
+        raise cli.CLIError(f"--api-key-file: cannot read {path}: {reason}",
+                           "give a file whose first line is the key", code=2) from None
+    key = text.split("\n", 1)[0].strip()
+    if not key:
+        raise cli.CLIError(f"--api-key-file {path} is empty: its first line holds no key",
+                           "write the key on the file's first line", code=2)
+    return key
+
+
 def run_serve(args: argparse.Namespace) -> int:
     method = default_method(args)
-    if args.api_key is not None and not args.api_key.strip():
-        raise cli.CLIError("--api-key is empty", f"give a key, or unset ${API_KEY_ENV}", code=2)
+    key = api_key(args)
     import uvicorn
 
     from specdec.server.app import ServedModels, ServerOptions, create_app
+    from specdec.server.guard import allowed_hosts, uvicorn_config
 
     if args.threads:
         import torch
@@ -102,12 +143,15 @@ def run_serve(args: argparse.Namespace) -> int:
     models = ServedModels(target, tokenizer, draft, name=args.target, draft_name=args.draft if draft else None,
                           draft_weights=args.draft_weights)
     options = ServerOptions(method, max_queue=args.max_queue, request_timeout=args.request_timeout,
-                            api_key=args.api_key, max_tokens=args.max_tokens)
+                            api_key=key, max_tokens=args.max_tokens,
+                            allowed_hosts=allowed_hosts(args.host, args.allowed_hosts),
+                            max_body_bytes=args.max_body_bytes, read_timeout=args.read_timeout)
     app = create_app(models, options)
     _warm_up(models, method)
     print(f"specdec: serving {args.target} ({method.name}) on http://{_url_host(args.host)}:{args.port}/ "
           "(the page is at /, metrics at /metrics)", file=sys.stderr, flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+    uvicorn.Server(uvicorn_config(app, options, host=args.host, port=args.port, log_level=args.log_level,
+                                  access_log=False)).run()
     return 0
 
 

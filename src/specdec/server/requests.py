@@ -8,16 +8,22 @@ is told the server does not have it.
 
 Non-standard fields: ``top_k`` (0 disables) and ``speculative``: ``{"method": "spec:block:k=4"}``,
 a method string as ``specdec bench --methods`` takes it (:mod:`specdec.bench.methods`).
+
+Text must be valid Unicode: JSON can spell a lone UTF-16 surrogate (``"\\ud800"``), which no
+tokenizer can encode, so it is refused by field. :class:`PromptLimits` checks a prompt against the
+model: its length in characters before tokenizing (a bound no tokenizer can beat), then in tokens.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from specdec.bench.methods import MethodSpec, parse_method
+from specdec.config import SEED_RANGE
 from specdec.drafters import MODEL_DRAFTERS
 from specdec.policies import make_policy
 
@@ -35,13 +41,18 @@ class APIError(Exception):
     """An error answered as OpenAI does: ``{"error": {"message", "type", "param", "code"}}``."""
 
     def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 type: str | None = None) -> None:
+                 type: str | None = None, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
         self.type = type or ("invalid_request_error" if status < 500 else "server_error")
+        self.headers = headers or {}
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def json(self) -> bytes:
+        """The body as JSON in ASCII (a lone surrogate named in it stays an escape)."""
+        return json.dumps(self.body()).encode()
 
 
 class StreamOptions(BaseModel):
@@ -61,7 +72,7 @@ class _Body(BaseModel):
     temperature: float = Field(1.0, ge=0.0, le=2.0)  # OpenAI's default; 0 is greedy
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=0)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=0, lt=SEED_RANGE)
     stop: Any = None
     n: int = 1
     stream: bool = False
@@ -72,6 +83,18 @@ class _Body(BaseModel):
     frequency_penalty: Any = None
     logit_bias: Any = None
     logprobs: Any = None
+
+    @field_validator("speculative", mode="before")
+    @classmethod
+    def _speculative_object(cls, value: Any) -> Any:
+        if value is not None and not isinstance(value, dict):
+            raise ValueError('speculative must be an object like {"method": "spec:block:k=4"}')
+        return value
+
+    @field_validator("model", "user")
+    @classmethod
+    def _text(cls, value: str | None, info: Any) -> str | None:
+        return value if value is None else unicode_text(value, info.field_name)
 
     @field_validator("n")
     @classmethod
@@ -88,7 +111,7 @@ class _Body(BaseModel):
             raise ValueError("stop must be a non-empty string or a list of them")
         if len(stops) > MAX_STOP:
             raise ValueError(f"stop takes at most {MAX_STOP} strings, got {len(stops)}")
-        return stops
+        return [unicode_text(s, "stop") for s in stops]
 
     @field_validator("presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "echo", "best_of",
                      "top_logprobs", "tools", "tool_choice", "parallel_tool_calls", check_fields=False)
@@ -117,12 +140,17 @@ class CompletionBody(_Body):
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("prompt is empty: give at least one token of text")
-            return prompt
+            return unicode_text(prompt, "prompt")
         if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             return prompt
         if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
             raise ValueError("prompt holds several prompts; this server takes one prompt per request")
         raise ValueError("prompt must be a string or a non-empty list of token ids")
+
+    @field_validator("suffix")
+    @classmethod
+    def _suffix(cls, suffix: str | None) -> str | None:
+        return suffix if suffix is None else unicode_text(suffix, "suffix")
 
 
 class ChatMessage(BaseModel):
@@ -136,12 +164,17 @@ class ChatMessage(BaseModel):
     def _content(cls, content: Any) -> str:
         """Text, or a list of ``{"type": "text", "text": ...}`` parts (joined)."""
         if isinstance(content, str):
-            return content
+            return unicode_text(content, "text")
         if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
                                              and isinstance(p.get("text"), str) and set(p) <= {"type", "text"}
                                              for p in content):
-            return "".join(p["text"] for p in content)
+            return unicode_text("".join(p["text"] for p in content), "text")
         raise ValueError("content must be a string or a list of {\"type\": \"text\", \"text\": ...} parts")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, name: str | None) -> str | None:
+        return name if name is None else unicode_text(name, "text")
 
 
 class ChatBody(_Body):
@@ -152,6 +185,16 @@ class ChatBody(_Body):
     tools: Any = None
     tool_choice: Any = None
     parallel_tool_calls: Any = None
+
+
+def unicode_text(text: str, what: str) -> str:
+    """``text`` if it is valid Unicode, else a ``ValueError`` at its first lone surrogate."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise ValueError(f"{what} holds a lone surrogate (U+{ord(text[err.start]):04X}) at character {err.start}: "
+                         "text must be valid Unicode (a UTF-16 surrogate needs its pair)") from None
+    return text
 
 
 def _same(value: Any, neutral: Any) -> bool:
@@ -173,6 +216,46 @@ class Generation:
     stream: bool = False
     include_usage: bool = False
     stop: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class PromptLimits:
+    """What a prompt must fit: the model's context in tokens (None: no limit) and vocabulary.
+
+    ``longest_token`` is the most characters one vocabulary entry spells (byte-level and
+    SentencePiece entries spell at least as many characters as they decode to), so a text of more
+    than ``longest_token * context`` characters cannot fit the context whatever its tokens: it is
+    refused without tokenizing it.
+    """
+
+    context: int | None
+    vocab_size: int
+    longest_token: int
+
+    @classmethod
+    def of(cls, target: Any, tokenizer: Any) -> "PromptLimits":
+        if all(hasattr(target, a) for a in ("forward", "trim", "tokens", "vocab_size")):  # a CausalLM backend
+            context, vocab = target.max_context, target.vocab_size
+        else:  # a transformers model, read as specdec's backend reads it
+            head = target.get_output_embeddings()
+            context = getattr(target.config, "max_position_embeddings", None)
+            vocab = int(head.weight.shape[0]) if head is not None else int(target.config.vocab_size)
+        return cls(context, vocab, max((len(t) for t in tokenizer.get_vocab()), default=1))
+
+    def check_chars(self, chars: int, param: str) -> None:
+        if self.context is not None and chars > self.longest_token * self.context:
+            raise APIError(400, f"{param}: {chars} characters cannot fit the model's context of {self.context} "
+                                f"tokens (no token spells more than {self.longest_token} characters); shorten it",
+                           param=param)
+
+    def check_ids(self, ids: Sequence[int], param: str) -> None:
+        if self.context is not None and len(ids) >= self.context:
+            raise APIError(400, f"{param}: the prompt has {len(ids)} tokens but the model's context holds "
+                                f"{self.context}; shorten it to leave room for new tokens", param=param)
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise APIError(400, f"{param}: token ids {bad[:5]} are outside the vocabulary "
+                                f"(0..{self.vocab_size - 1})", param=param)
 
 
 def choose_method(body: _Body, default: MethodSpec, has_draft: bool) -> MethodSpec:
@@ -222,6 +305,11 @@ def method_kwargs(method: MethodSpec, draft: Any, draft_weights: str) -> dict[st
 def sampling_kwargs(body: _Body, max_tokens: int) -> dict[str, Any]:
     return dict(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, max_new_tokens=max_tokens,
                 seed=body.seed, stop=list(body.stop or []))
+
+
+def completion_ids(body: CompletionBody, tokenizer: Any, fim: bool) -> list[int]:
+    prompt = completion_prompt(body, tokenizer, fim)
+    return tokenizer(prompt, add_special_tokens=True)["input_ids"] if isinstance(prompt, str) else list(prompt)
 
 
 def completion_prompt(body: CompletionBody, tokenizer: Any, fim: bool) -> str | list[int]:

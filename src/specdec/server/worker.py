@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import math
+import statistics
 import threading
 import time
 from dataclasses import dataclass, field
@@ -77,6 +79,7 @@ class Scheduler:
         self.max_queue = max_queue
         self.metrics = metrics
         self.history: collections.deque[Job] = collections.deque(maxlen=256)  # finished jobs, newest last
+        self.durations: collections.deque[float] = collections.deque(maxlen=16)  # seconds of recent ok jobs
         self._waiting: collections.deque[Job] = collections.deque()
         self._busy = False
         self._closed = False
@@ -107,6 +110,14 @@ class Scheduler:
             self.metrics.queue_length.set(len(self._waiting))
             self._cond.notify()
 
+    def retry_after(self) -> int:
+        """Whole seconds (at least 1) for the jobs ahead, waiting and running, to finish at the
+        recent mean time of a generation (1 s before any has finished)."""
+        with self._cond:
+            ahead = len(self._waiting) + self._busy
+            mean = statistics.fmean(self.durations) if self.durations else 1.0
+        return max(1, math.ceil(ahead * mean))
+
     def _loop(self) -> None:
         while True:
             with self._cond:
@@ -118,6 +129,7 @@ class Scheduler:
                 self._busy = True
                 self.metrics.queue_length.set(len(self._waiting))
             self.metrics.running.set(1)
+            started = time.monotonic()
             try:
                 self._run(job)
             finally:
@@ -125,6 +137,8 @@ class Scheduler:
                 self.history.append(job)
                 with self._cond:
                     self._busy = False
+                    if job.outcome == "ok":
+                        self.durations.append(time.monotonic() - started)
 
     def _run(self, job: Job) -> None:
         if job.stopped.is_set():
