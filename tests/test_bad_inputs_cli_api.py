@@ -200,12 +200,14 @@ def test_stop_with_a_literal_backslash_escape_gets_a_hint(tiny, capsys):
 # More threads than CPUs
 
 
-@pytest.mark.parametrize("command", [["generate", "hi", "--draft", "none"], ["train-heads", "--out", "OUT"]])
+@pytest.mark.parametrize("command", [["generate", "hi", "--draft", "none"], ["train-heads", "--out", "OUT"],
+                                     ["bench", "--draft", "none", "--methods", "ar", "--out", "OUT"],
+                                     ["serve", "--draft", "none"]])
 def test_threads_beyond_the_cpus_are_warned_of(command, tiny, tmp_path, capsys, monkeypatch, load_stops):
     monkeypatch.setattr(llamacpp, "default_threads", lambda: 2)
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # keep this process's threads
-    command = [str(tmp_path / "heads") if a == "OUT" else a for a in command]
     for threads, warned in (("3", True), ("2", False)):
+        command = [str(tmp_path / f"out{threads}") if a == "OUT" or a.startswith(str(tmp_path)) else a for a in command]
         code, _, err = run_main([*command, "--target", tiny["target"], "--threads", threads], capsys)
         assert code == 1 and "loading stopped by the test" in err, err
         line = ("specdec: warning: --threads 3 is more than the 2 CPUs this process may run on; threads beyond "

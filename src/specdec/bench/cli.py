@@ -117,7 +117,9 @@ def _run(args: argparse.Namespace, argv: Sequence[str] | None, out: Path, method
     from specdec.bench import report
     from specdec.bench.resume import write_atomic
     from specdec.bench.runner import run_bench
+    from specdec.cli import check_threads
 
+    check_threads(args.threads)
     if args.threads:
         torch.set_num_threads(args.threads)
     transformers.logging.set_verbosity_error()

@@ -135,6 +135,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from specdec.server.app import ServedModels, ServerOptions, create_app
     from specdec.server.guard import allowed_hosts, uvicorn_config
 
+    cli.check_threads(args.threads)
     if args.threads:
         import torch
 
