@@ -185,11 +185,11 @@ def test_a_started_run_with_nothing_saved_may_be_restarted_with_other_arguments(
     assert bench(out, "--seed", "3") == (0, 24)
 
 
-def test_samples_are_written_by_replacing_a_temporary_file(tmp_path, monkeypatch):
-    from specdec.bench import resume
+def test_files_are_written_by_replacing_a_temporary_file(tmp_path, monkeypatch):
+    from specdec import paths
 
     target = tmp_path / "x.json"
-    resume.write_atomic(target, "old")
+    paths.write_atomic(target, "old")
     seen = []
 
     def replace(src, dst):
@@ -198,7 +198,7 @@ def test_samples_are_written_by_replacing_a_temporary_file(tmp_path, monkeypatch
 
     monkeypatch.setattr(os, "replace", replace)
     with pytest.raises(OSError):
-        resume.write_atomic(target, "new")
+        paths.write_atomic(target, "new")
     (src, dst, text), = seen
     assert src.parent == tmp_path and dst == target and text == "new"  # whole, beside it, then renamed
     assert target.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["x.json"]

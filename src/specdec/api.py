@@ -36,11 +36,23 @@ class GenerationResult:
 
 @dataclass
 class StreamEvent:
-    """Tokens appended by one step; ``from_draft[i]`` tells whether token i was a kept draft token."""
+    """Tokens appended by one step; ``from_draft[i]`` tells whether token i was a kept draft token.
+
+    text: the text that settled this step. Text that could still begin a stop string, or that ends
+    in an incomplete multi-byte character, is held back until later tokens settle it (or until the
+    end), so no event's text is ever taken back: the events' texts add up to the final text.
+    draft_chars: how many characters of ``text`` kept draft tokens wrote. Each character of the
+    decoded output is credited to the step that first decodes it whole, and within a step to its
+    kept draft tokens up to the length of the text decoded through the last of them, the rest to
+    the target's token; held text carries its credit into the event that releases it (so the draft's
+    characters lead ``text`` unless held text from an earlier step comes first).
+    The last event may carry no tokens: the held text, where the generation ended unforeseen.
+    """
 
     token_ids: list[int]
     text: str
     from_draft: list[bool]
+    draft_chars: int
     stats: GenerationStats = field(repr=False)
 
 
@@ -130,9 +142,15 @@ class _Run:
     method: str
     exact: bool
     token_ids: list[int] = field(default_factory=list)
-    text: str = ""
+    text: str = ""  # the text released so far: the events' texts, joined
     stats: GenerationStats = field(default_factory=GenerationStats)
     policy: DraftLengthPolicy | None = None
+    limit: int | None = None  # the new tokens the decode loop stops at, and its end-of-sequence ids
+    eos: set[int] = field(default_factory=set)
+    decoded: str = ""  # the output's decoding at the last step
+    settled: int = 0  # its length less a trailing incomplete multi-byte character
+    by_draft: list[bool] = field(default_factory=list)  # for decoded[:settled]: written by a draft token?
+    finished: bool = False  # the text is complete (a stop string was hit, or the last step is in)
 
     @classmethod
     def build(cls, target: Any, prompt: Any, *, draft: Any, tokenizer: Any, config: DecodeConfig) -> "_Run":
@@ -167,6 +185,7 @@ class _Run:
         else:
             run = _chain_run(cls, config, backend, drafter, prompt_ids, common, tokenizer)
         run.stats.truncated_to = room
+        run.limit, run.eos = (config.max_new_tokens if room is None else room), eos
         return run
 
     def events(self) -> Iterator[StreamEvent]:
@@ -174,33 +193,73 @@ class _Run:
         for step in self.steps:
             self.stats.add(step)
             self.token_ids += step.tokens
-            delta, done = self._advance_text()
+            delta, draft_chars = self._advance_text(step)
             self.stats.seconds = time.perf_counter() - start
-            yield StreamEvent(step.tokens, delta, step.from_draft, self.stats)
-            if done:
+            yield StreamEvent(step.tokens, delta, step.from_draft, draft_chars, self.stats)
+            if self.finished:
                 break
+        if not self.finished:  # the steps ended where the limits did not foresee: release the held text
+            self.finished = True
+            delta, draft_chars = self._release(self.settled)
+            if delta:
+                yield StreamEvent([], delta, [], draft_chars, self.stats)
         self.stats.seconds = time.perf_counter() - start
         if self.policy is not None:
             self.stats.policy = self.policy.describe()
 
-    def _advance_text(self) -> tuple[str, bool]:
-        """Decode the output so far; return the new text and whether a stop string was hit."""
+    def _advance_text(self, step: Step) -> tuple[str, int]:
+        """Decode the output so far and release the text that settled: (the new text, how many of
+        its characters draft tokens wrote). At a stop string, or at the last step, the text ends."""
+        last = len(self.token_ids) >= self.limit or (bool(step.tokens) and step.tokens[-1] in self.eos)
         if self.tokenizer is None:
-            return "", False
-        full = self.tokenizer.decode(self.token_ids, skip_special_tokens=True)
-        for s in self.stop:
-            at = full.find(s)
-            if at >= 0:
-                delta, self.text = full[len(self.text) : at], full[:at]
-                return delta, True
-        if full.endswith("\ufffd"):  # an incomplete multi-byte character: wait for more
-            return "", False
-        delta, self.text = full[len(self.text) :], full
-        return delta, False
+            self.finished = last
+            return "", 0
+        before = self.settled
+        self.decoded = self._decode(self.token_ids)
+        self.settled = len(self.decoded.rstrip("\ufffd"))  # an incomplete multi-byte character waits for more
+        self._credit(step, before)
+        cut = min((at for at in (self.decoded.find(s) for s in self.stop) if at >= 0), default=-1)
+        if cut >= 0 or last:
+            self.finished = True
+            return self._release(cut if cut >= 0 else self.settled)
+        return self._release(self.settled - _stop_prefix(self.decoded[: self.settled], self.stop))
+
+    def _credit(self, step: Step, start: int) -> None:
+        """Credit the characters this step settled (``decoded[start:settled]``) to the draft or the
+        target: the draft's share runs to the length decoded through the last kept draft token."""
+        end = self.settled
+        start = min(start, end)
+        if step.accepted == 0:
+            split = start
+        elif step.accepted == len(step.tokens):
+            split = end
+        else:
+            through_draft = self.token_ids[: len(self.token_ids) - len(step.tokens) + step.accepted]
+            split = min(max(len(self._decode(through_draft).rstrip("\ufffd")), start), end)
+        self.by_draft[start:] = [True] * (split - start) + [False] * (end - split)
+
+    def _release(self, end: int) -> tuple[str, int]:
+        """Release ``decoded`` up to ``end``: (the new text, how many of its characters draft tokens wrote)."""
+        start = len(self.text)
+        delta = self.decoded[start:max(start, end)]
+        self.text += delta
+        return delta, sum(self.by_draft[start : start + len(delta)])
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def result(self) -> GenerationResult:
         text = self.text if self.tokenizer is not None else None
         return GenerationResult(self.token_ids, text, self.stats, self.method, self.exact)
+
+
+def _stop_prefix(text: str, stops: Sequence[str]) -> int:
+    """The length of the longest end of ``text`` that begins some stop string (0 if none): text
+    that may yet turn into a stop string, so held back."""
+    for n in range(min(len(text), max((len(s) for s in stops), default=1) - 1), 0, -1):
+        if any(s.startswith(text[-n:]) for s in stops):
+            return n
+    return 0
 
 
 def _build_drafter(config: DecodeConfig, target: Any, draft: Any) -> tuple[Any, Drafter | None]:

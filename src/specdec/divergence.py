@@ -22,7 +22,7 @@ from typing import Any, Collection, Mapping, Sequence
 
 import torch
 
-from specdec import planner
+from specdec.measurements import cache_file, cost_key
 from specdec.paths import load_measurement, save_measurement
 
 INVARIANCE_ROWS = (2, 4, 8, 16)  # pass lengths compared with one-token steps: a chain's verify passes
@@ -95,8 +95,8 @@ def batch_invariance(model: Any, *, cache_dir: str | Path | None = None, refresh
     threads (the planner's cost key), and cached beside the planner's cost curves. Leaves the
     model's cache empty.
     """
-    key = {**planner.cost_key(model), "what": "batch invariance", "rows": list(INVARIANCE_ROWS)}
-    path = planner.cache_file(key, cache_dir)
+    key = {**cost_key(model), "what": "batch invariance", "rows": list(INVARIANCE_ROWS)}
+    path = cache_file(key, cache_dir)
     saved = None if refresh else load_measurement(path, key, INVARIANCE_FORMAT)
     if saved is not None and isinstance(saved.get("rows"), dict):
         rows = {int(n): bool(v) for n, v in saved["rows"].items()}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -44,13 +45,25 @@ def load_measurement(path: Path, key: Any, version: int) -> dict | None:
 
 
 def save_measurement(path: Path, data: Any) -> None:
-    """Write ``data`` as JSON to ``path`` atomically (a temporary file, then a rename), creating
-    its folder. A cache that cannot be written is not an error: the measurement is only repeated
-    next time."""
+    """Write ``data`` as JSON to ``path`` atomically (:func:`write_atomic`), creating its folder.
+    A cache that cannot be written is not an error: the measurement is only repeated next time."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1))
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps(data, indent=1))
     except OSError:
         pass
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same folder renamed over it, so
+    a reader (or a later run, after an interrupt) sees the old file or the new one, never a part."""
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise

@@ -52,6 +52,7 @@ import numpy as np
 import torch
 
 from specdec.backends.base import ModelFacts
+from specdec.measurements import cache_file, cost_key
 from specdec.paths import load_measurement, save_measurement
 
 REQUIREMENT = "llama-cpp-python==0.3.36"
@@ -213,10 +214,8 @@ def choose_prefill_layout(model: "LlamaCppCausalLM", *, cache_dir: str | Path | 
     it takes under :data:`PREFILL_MARGIN` of the repacked time. Cached as JSON beside the
     planner's cost curves, keyed by machine, file, threads and n_batch.
     """
-    from specdec import planner
-
-    key = {**planner.cost_key(model), "what": "llama.cpp prefill layouts", "rows": PREFILL_ROWS}
-    path = planner.cache_file(key, cache_dir)
+    key = {**cost_key(model), "what": "llama.cpp prefill layouts", "rows": PREFILL_ROWS}
+    path = cache_file(key, cache_dir)
     saved = None if refresh else load_measurement(path, key, PREFILL_CACHE_FORMAT)
     choice = saved.get("choice") if saved is not None else None
     if isinstance(choice, dict) and choice.get("layout") in ("file", "repacked"):

@@ -115,7 +115,7 @@ def _run(args: argparse.Namespace, argv: Sequence[str] | None, out: Path, method
     import transformers
 
     from specdec.bench import report
-    from specdec.bench.resume import write_atomic
+    from specdec.paths import write_atomic
     from specdec.bench.runner import run_bench
     from specdec.cli import check_threads
 

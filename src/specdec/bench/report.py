@@ -59,8 +59,8 @@ from typing import Any, Sequence
 from specdec import kernels
 from specdec.backends.lean import lean_unsupported
 from specdec.divergence import cause
+from specdec.paths import write_atomic
 from specdec.bench.methods import MethodSpec
-from specdec.bench.resume import write_atomic
 from specdec.bench.runner import BenchRun, Sample
 from specdec.theory import expected_speedup
 

@@ -14,16 +14,16 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import re
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
 from specdec.bench.prompts import Prompt
+from specdec.bench.report import PLOTS
 from specdec.bench.sample import Sample
+from specdec.paths import write_atomic
 
 ARGUMENTS = "arguments.json"
 SAMPLES = "samples"
@@ -37,21 +37,6 @@ class OutputInUse(Exception):
     def __init__(self, message: str, hint: str) -> None:
         super().__init__(message)
         self.message, self.hint = message, hint
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same folder renamed over it, so
-    a reader (or a later run, after an interrupt) sees the old file or the new one, never a part."""
-    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
 
 
 def prompt_digest(prompt: Prompt) -> str:
@@ -95,8 +80,6 @@ def holds_results(out: Path) -> bool:
 def clear(out: Path) -> None:
     """Remove what the bench wrote into ``out``: the record of arguments, README.md, and in each
     per-temperature folder the results, the table, the plots and the saved runs. Other files stay."""
-    from specdec.bench.report import PLOTS
-
     for name in (ARGUMENTS, "README.md"):
         (out / name).unlink(missing_ok=True)
     for folder in _run_folders(out):

@@ -1,0 +1,92 @@
+"""Measurements of this machine, kept between runs: what a measurement is keyed by and where it lives.
+
+Each thing specdec measures once and reuses -- the planner's row-cost curves
+(:func:`specdec.planner.row_costs`), llama.cpp's prefill weight layout
+(:func:`specdec.backends.llamacpp.choose_prefill_layout`), a backend's batch invariance
+(:func:`specdec.divergence.batch_invariance`) -- is keyed by :func:`cost_key` (the machine, the
+backend, the model and its dtype, the threads) and kept as JSON at :func:`cache_file` of that key,
+written atomically (:func:`specdec.paths.save_measurement`). This module sits below the backends
+and imports no other part of specdec but :mod:`specdec.paths`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specdec.paths import cache_root
+
+CACHE_ENV = "SPECDEC_PLANNER_CACHE"  # a folder for measurements alone (tests point it elsewhere)
+
+
+def cost_key(model: Any) -> dict[str, Any]:
+    """What a cost curve depends on: machine, backend class, model, dtype and threads.
+
+    A backend may describe itself with a ``cost_key()`` method returning a dict (model identity,
+    dtype, threads). Otherwise a backend that runs a weights file (llama.cpp's GGUF) is keyed by
+    the file (name, size, modification time; its quantisation is in it) and its ``n_threads``;
+    a transformers-backed one by its ``model``'s config and parameters and torch's thread count.
+    """
+    key: dict[str, Any] = {
+        "machine": machine(),
+        "cores": os.cpu_count(),
+        "backend": f"{type(model).__module__}.{type(model).__qualname__}",
+    }
+    own = getattr(model, "cost_key", None)
+    if callable(own):
+        return {**key, **own()}
+    file = _model_file(model)
+    if file is not None:  # e.g. a GGUF file in llama.cpp: the file is the model and its dtype
+        stat = file.stat()
+        threads = getattr(model, "n_threads", None) or torch.get_num_threads()
+        return {**key, "model": file.name, "bytes": stat.st_size, "mtime": int(stat.st_mtime),
+                "dtype": "as stored in the file", "threads": threads, "batch": getattr(model, "n_batch", None)}
+    inner = getattr(model, "model", None)
+    config = getattr(inner, "config", None)
+    described = config.to_json_string(use_diff=False) if hasattr(config, "to_json_string") else repr(config)
+    param = next(inner.parameters(), None) if hasattr(inner, "parameters") else None
+    dtype = str(param.dtype).removeprefix("torch.") if param is not None else "unknown"
+    weights = getattr(model, "weights", None)  # the lean backend's int8 copies
+    return {
+        **key,
+        "model": str(getattr(config, "_name_or_path", "") or getattr(config, "model_type", "unknown")),
+        "config": hashlib.sha256(described.encode()).hexdigest()[:16],
+        "dtype": dtype if weights in (None, "bf16") else f"{dtype}/{weights}",
+        "threads": torch.get_num_threads(),
+    }
+
+
+def _model_file(model: Any) -> Path | None:
+    """The weights file a backend runs, where it names one (``model.weights.path`` or ``model.path``)."""
+    for holder in (getattr(model, "weights", None), model):
+        path = getattr(holder, "path", None)
+        if isinstance(path, (str, Path)) and Path(path).is_file():
+            return Path(path)
+    return None
+
+
+def machine() -> str:
+    """The CPU's model name (from /proc/cpuinfo where there is one), else what platform says."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def cache_file(key: dict[str, Any], cache_dir: str | Path | None = None) -> Path:
+    """Where the curve for ``key`` is kept: ``<folder>/<hash of the key>.json``, the folder being
+    ``<cache_dir>/planner`` if ``cache_dir`` is given, else ``$SPECDEC_PLANNER_CACHE``, else
+    ``planner`` under the cache directory (``$SPECDEC_CACHE`` or ``~/.cache/specdec``)."""
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+    folder = os.environ.get(CACHE_ENV) if cache_dir is None else None
+    return (Path(folder).expanduser() if folder else cache_root(cache_dir) / "planner") / f"{digest}.json"
