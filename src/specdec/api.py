@@ -38,15 +38,19 @@ class GenerationResult:
 class StreamEvent:
     """Tokens appended by one step; ``from_draft[i]`` tells whether token i was a kept draft token.
 
-    text: the text that settled this step. Text that could still begin a stop string, or that ends
-    in an incomplete multi-byte character, is held back until later tokens settle it (or until the
-    end), so no event's text is ever taken back: the events' texts add up to the final text.
-    draft_chars: how many characters of ``text`` kept draft tokens wrote. Each character of the
-    decoded output is credited to the step that first decodes it whole, and within a step to its
-    kept draft tokens up to the length of the text decoded through the last of them, the rest to
-    the target's token; held text carries its credit into the event that releases it (so the draft's
-    characters lead ``text`` unless held text from an earlier step comes first).
-    The last event may carry no tokens: the held text, where the generation ended unforeseen.
+    text: the text that settled with this step. An end of the decoded text that could still begin
+    a stop string, or an incomplete multi-byte character, is held back until later tokens settle it;
+    at the last step it is released (unless a stop string completed). So no text is ever taken
+    back: the events' texts, joined, are the final ``GenerationResult.text``.
+
+    draft_chars: how many characters of ``text`` kept draft tokens wrote. Each character is
+    credited to the step whose decoding first holds it whole: to the step's kept draft tokens if
+    it lies within the text decoded through the last of them, else to the target's own token.
+    Held text keeps its credit and counts in the event that releases it, so the draft's characters
+    lead ``text`` unless text held back at an earlier step comes first.
+
+    A last event with no tokens carries held text only where the decode loop ended early without
+    the stream foreseeing it (the step limit and the end-of-sequence ids are foreseen).
     """
 
     token_ids: list[int]
@@ -145,7 +149,7 @@ class _Run:
     text: str = ""  # the text released so far: the events' texts, joined
     stats: GenerationStats = field(default_factory=GenerationStats)
     policy: DraftLengthPolicy | None = None
-    limit: int | None = None  # the new tokens the decode loop stops at, and its end-of-sequence ids
+    limit: int | None = None  # the decode loop ends at this many new tokens, or at one of the eos ids
     eos: set[int] = field(default_factory=set)
     decoded: str = ""  # the output's decoding at the last step
     settled: int = 0  # its length less a trailing incomplete multi-byte character
@@ -210,7 +214,7 @@ class _Run:
     def _advance_text(self, step: Step) -> tuple[str, int]:
         """Decode the output so far and release the text that settled: (the new text, how many of
         its characters draft tokens wrote). At a stop string, or at the last step, the text ends."""
-        last = len(self.token_ids) >= self.limit or (bool(step.tokens) and step.tokens[-1] in self.eos)
+        last = (self.limit is not None and len(self.token_ids) >= self.limit) or step.tokens[-1] in self.eos
         if self.tokenizer is None:
             self.finished = last
             return "", 0

@@ -14,7 +14,10 @@ started once the generation has produced its first tokens, so an error found whe
 is built (a prompt longer than the context, a drafter option the drafter refuses) still gets its
 4xx status. Every chunk carries a non-standard ``speculative`` object: the step's ``token_ids``,
 ``from_draft`` (which of them were draft tokens the target accepted), ``draft_chars`` (how many
-leading characters of the chunk's text those make) and ``drafted`` (draft tokens proposed).
+characters of the chunk's text draft tokens wrote: its leading ones, unless text held back from an
+earlier step begins it) and ``drafted`` (draft tokens proposed). The chunks' text is
+:func:`specdec.stream`'s, which holds back text that may yet begin a stop string, so the streamed
+text never shows part of one and adds up to the non-streamed text.
 """
 
 from __future__ import annotations
@@ -259,8 +262,7 @@ def _job(state: _State, gen: Generation) -> Job:
     def finish(ids: list[int], text: str, stats: Any) -> dict[str, Any]:
         return _summary(gen, ids, text, stats, decode, state.eos)
 
-    return Job(start, decode, finish, time.monotonic() + state.options.request_timeout,
-               asyncio.get_running_loop(), gen.stop)
+    return Job(start, decode, finish, time.monotonic() + state.options.request_timeout, asyncio.get_running_loop())
 
 
 class _Watch:

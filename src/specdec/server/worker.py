@@ -33,9 +33,9 @@ class Step:
     """What one generation step appended (a snapshot: the stream's stats keep changing)."""
 
     token_ids: list[int]
-    text: str
+    text: str  # the text that settled this step (the library holds back what a stop string may take)
     from_draft: list[bool]
-    draft_chars: int  # the first draft_chars characters of text came from draft tokens
+    draft_chars: int  # how many characters of text draft tokens wrote (see specdec.api.StreamEvent)
     drafted: int
 
 
@@ -50,7 +50,6 @@ class Job:
     finish: Callable[[list[int], str, Any], dict[str, Any]]
     deadline: float  # time.monotonic() by which the last token must be out
     loop: asyncio.AbstractEventLoop
-    stop_strings: list[str] = field(default_factory=list)
     arrived: float = field(default_factory=time.monotonic)
     out: asyncio.Queue = field(default_factory=asyncio.Queue)
     stopped: threading.Event = field(default_factory=threading.Event)
@@ -170,23 +169,26 @@ class Scheduler:
 
     def _drive(self, job: Job, events: Iterator[Any]) -> None:
         ids: list[int] = []
-        text = _HeldText(job.stop_strings)
+        sent = ""  # the steps' text
+        rest = ""  # text the stream released after its last step, sent with the end summary
         drafted = 0
         last = job.arrived
         stats = None
-        for event in events:  # each step is one target forward pass
-            now = time.monotonic()
-            job.steps += 1
+        for event in events:
             stats = event.stats
-            draft_chars = _draft_chars(job.decode, ids, text.seen, event)
-            delta, draft_chars = text.add(event.text, draft_chars)
-            step = Step(list(event.token_ids), delta, list(event.from_draft), draft_chars,
+            if not event.token_ids:  # no step: the held text, released at the end
+                rest += event.text
+                continue
+            now = time.monotonic()  # each step is one target forward pass
+            job.steps += 1
+            step = Step(list(event.token_ids), event.text, list(event.from_draft), event.draft_chars,
                         stats.drafted_tokens - drafted)
             self.metrics.step(len(step.token_ids), step.drafted, sum(step.from_draft),
                               None if job.steps == 1 else now - last)
             if job.steps == 1:
                 self.metrics.ttft.observe(now - job.arrived)
             ids += step.token_ids
+            sent += step.text
             job.tokens = len(ids)
             drafted = stats.drafted_tokens
             last = now
@@ -200,56 +202,7 @@ class Scheduler:
                 return
         self.metrics.request_seconds.observe(time.monotonic() - job.arrived)
         job.outcome = "ok"
-        final = text.final(job.decode(ids))
-        job.post("done", (final[len(text.sent):], job.finish(ids, final, stats)))
-
-
-class _HeldText:
-    """Text as it may be shown: a tail that could begin a stop string is held back until the next
-    tokens tell (the stream's events show it at once, and a stop string cut afterwards would leave
-    its first characters on the client's screen)."""
-
-    def __init__(self, stops: list[str]) -> None:
-        self.stops = stops
-        self.seen = ""  # the events' text
-        self.sent = ""  # what was let through: a prefix of seen
-
-    def add(self, delta: str, draft_chars: int) -> tuple[str, int]:
-        """The text to send now and how many of its leading characters the draft supplied."""
-        start = len(self.seen)
-        self.seen += delta
-        end = len(self.seen) - self._held_tail()
-        out = self.seen[len(self.sent):end]
-        if len(self.sent) == start:  # the text sent now begins with this step's own text
-            draft_chars = max(0, min(draft_chars, len(out)))
-        else:  # it begins with held text of an earlier step: no colour for this step
-            draft_chars = 0
-        self.sent += out
-        return out, draft_chars
-
-    def _held_tail(self) -> int:
-        for n in range(min(len(self.seen), max((len(s) for s in self.stops), default=1) - 1), 0, -1):
-            if any(s.startswith(self.seen[-n:]) for s in self.stops):
-                return n
-        return 0
-
-    def final(self, decoded: str) -> str:
-        """The whole text at the end: cut before the first stop string, as the stream cut it."""
-        cuts = [at for at in (decoded.find(s) for s in self.stops) if at >= 0]
-        text = decoded[:min(cuts)] if cuts else self.seen
-        return text if text.startswith(self.sent) else self.sent
-
-
-def _draft_chars(decode: Callable[[list[int]], str], ids: list[int], text: str, event: Any) -> int:
-    """How many leading characters of the event's text its kept draft tokens make (the rest is the
-    target's own token): the decoded length up to the last draft token, less the text before."""
-    n = sum(event.from_draft)
-    if n == 0 or not event.text:
-        return 0
-    if n == len(event.token_ids):
-        return len(event.text)
-    cut = len(decode(ids + list(event.token_ids[:n]))) - len(text)
-    return max(0, min(len(event.text), cut))
+        job.post("done", (rest, job.finish(ids, sent + rest, stats)))
 
 
 def _timeout() -> APIError:
