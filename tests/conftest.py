@@ -16,7 +16,7 @@ torch.set_num_threads(1)
 def _planner_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """The planner's measured costs go to a folder of this test run, never the user's cache (set in
     the environment, so the command-line tests' subprocesses use it too)."""
-    from specdec.planner import CACHE_ENV
+    from specdec.measurements import CACHE_ENV
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(CACHE_ENV, str(tmp_path_factory.mktemp("planner")))

@@ -22,7 +22,7 @@ from specdec.backends.hf import HFCausalLM
 from specdec.drafters import ChoiceDrafter, ModelDrafter, make_drafter
 from specdec.drafters.ngram import lookup_confidence
 from specdec.engine import speculative_steps
-from specdec.planner import AutoPolicy, CostModel, summary_line
+from specdec.policies.auto import AutoPolicy, CostModel, summary_line
 from specdec.sampling import SamplingConfig, logits_to_probs
 from specdec.stats import Step
 from specdec.verify import make_verifier

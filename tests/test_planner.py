@@ -28,7 +28,7 @@ from specdec.drafters.heads import HeadsDrafter
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import NGramDrafter
 from specdec.engine import autoregressive_steps, speculative_steps
-from specdec.planner import AutoPolicy, CostModel, best_length, cost_key, measure_rows, row_costs, summary_line
+from specdec.policies.auto import AutoPolicy, CostModel, best_length, cost_key, measure_rows, row_costs, summary_line
 from specdec.policies import make_policy
 from specdec.sampling import SamplingConfig
 from specdec.stats import Step
@@ -216,7 +216,7 @@ def fake_measure(calls: list):
 
 
 def test_the_cache_round_trips_and_its_key_follows_threads_and_dtype(tmp_path, monkeypatch):
-    import specdec.planner as planner
+    import specdec.policies.auto as planner
 
     calls: list[int] = []
     monkeypatch.setattr(planner, "measure_rows", fake_measure(calls))
@@ -259,7 +259,7 @@ def test_a_backend_that_runs_a_weights_file_is_keyed_by_the_file_and_its_threads
 
 
 def test_bind_measures_the_target_and_the_draft_model_once(tmp_path, monkeypatch):
-    import specdec.planner as planner
+    import specdec.policies.auto as planner
 
     calls: list[int] = []
     monkeypatch.setattr(planner, "measure_rows", fake_measure(calls))

@@ -662,7 +662,7 @@ def _print_summary(result: Any, ar: Any, args: argparse.Namespace, divergence: d
             f"speed-up {_speedup(result, ar):.2f}x; identical output: {verdict}"
         )
     if s.policy.get("name") == "auto":
-        from specdec.planner import summary_line
+        from specdec.policies.auto import summary_line
 
         lines.append(summary_line(s.policy))
     for line in lines:

@@ -38,7 +38,7 @@ class DecodeConfig:
     ``theory``; ``auto`` and ``confidence`` draft up to max(k, 16) tokens.
     policy: a name from :data:`specdec.policies.POLICIES` or a
     :class:`~specdec.policies.DraftLengthPolicy`. The default, ``auto``, is the planner
-    (:mod:`specdec.planner`): each step it drafts the length -- 0 included -- with the most
+    (:mod:`specdec.policies.auto`): each step it drafts the length -- 0 included -- with the most
     expected tokens per second from this machine's measured costs; ``static`` drafts k tokens
     every step. Autoregressive decoding and tree verification use no policy.
     temperature 0 means greedy; top_k 0 and top_p 1 disable those filters; seed fixes sampling.

@@ -4,7 +4,7 @@ Prompt lookup (Saxena 2023) costs nothing and is often right where the output co
 (editing code, quoting, refactoring); a draft model costs a forward pass per token and is right
 more often elsewhere. :class:`ChoiceDrafter` holds both and, each step, drafts from one of them:
 the n-gram lookup where the context's suffix occurred before, else the draft model. A
-planner (``policy="auto"``, :class:`specdec.planner.AutoPolicy`) that binds to it makes the choice
+planner (``policy="auto"``, :class:`specdec.policies.auto.AutoPolicy`) that binds to it makes the choice
 itself -- which drafter, and how many tokens (0: a plain target step) -- from each one's measured
 cost and running acceptance estimates (:attr:`ChoiceDrafter.chooser`).
 
@@ -37,7 +37,7 @@ class ChoiceDrafter:
     """The n-gram lookup where it finds a match, else the draft model; or what :attr:`chooser` picks.
 
     choices: ``{"ngram": NGramDrafter, "model": ModelDrafter}`` as given. chooser: set by a planner
-    (:meth:`specdec.planner.AutoPolicy.bind`); without one the lookup is used whenever it matches.
+    (:meth:`specdec.policies.auto.AutoPolicy.bind`); without one the lookup is used whenever it matches.
     :attr:`used` counts the steps each drafter drafted.
     """
 

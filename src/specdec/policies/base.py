@@ -12,7 +12,8 @@
   when every token has the same alpha).
 
 A policy sees each :class:`~specdec.stats.Step` after it is taken; ``describe`` reports its state
-(for ``theory`` its estimates), which the API copies into ``GenerationStats.policy``.
+(for ``theory`` its estimates), which the API copies into ``GenerationStats.policy``. The
+default policy, ``auto``, is the planner in :mod:`specdec.policies.auto`.
 """
 
 from __future__ import annotations
@@ -426,39 +427,6 @@ class TheoryK:
         }
 
 
-POLICIES = ("static", "heuristic", "confidence", "theory", "auto")  # auto: specdec.planner.AutoPolicy
-
-
 def check_k(k: int) -> None:
     if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
         raise ValueError(f"k (tokens drafted per step) must be a positive integer, got {k!r}")
-
-
-def make_policy(
-    name: str, k: int, *, k_max: int | None = None, threshold: float | None = None
-) -> DraftLengthPolicy:
-    """Build a policy by name.
-
-    k: the static length (``static``) or the starting length (``heuristic``, ``theory``; ``auto``
-    plans every step's length itself, 0 included, from measured costs: :mod:`specdec.planner`).
-    k_max: the longest draft an adaptive policy may ask for (default max(k, 16)); for
-    ``confidence`` it is the length drafted when the draft stays confident. threshold: the
-    ``confidence`` policy's stopping threshold on the draft's top probability (default 0.8).
-    """
-    check_k(k)
-    if k_max is None:
-        k_max = max(k, DEFAULT_K_MAX)
-    check_k(k_max)
-    if name == "static":
-        return StaticK(k)
-    if name == "heuristic":
-        return HeuristicK(k, k_max)
-    if name == "confidence":
-        return ConfidenceStop(k_max, DEFAULT_THRESHOLD if threshold is None else threshold)
-    if name == "theory":
-        return TheoryK(k, k_max)
-    if name == "auto":
-        from specdec.planner import AutoPolicy  # the planner builds on this module
-
-        return AutoPolicy(k_max)
-    raise ValueError(f"unknown draft-length policy {name!r}; choose one of {', '.join(POLICIES)}")

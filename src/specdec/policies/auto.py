@@ -59,9 +59,9 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from specdec.measurements import CACHE_ENV, cache_file, cost_key, machine  # noqa: F401  (CACHE_ENV, machine: re-exported)
+from specdec.measurements import cache_file, cost_key
 from specdec.paths import load_measurement, save_measurement
-from specdec.policies import DEFAULT_K_MAX, AcceptanceEstimates, check_k
+from specdec.policies.base import DEFAULT_K_MAX, AcceptanceEstimates, check_k
 from specdec.stats import Step
 
 MAX_ROWS = 16  # the longest verify pass measured (k_max drafts + 1)

@@ -1,0 +1,52 @@
+"""Draft-length policies: how many tokens to draft each step.
+
+The policies themselves are in :mod:`specdec.policies.base` (``static``, ``heuristic``,
+``confidence``, ``theory``) and :mod:`specdec.policies.auto` (``auto``, the default: the planner,
+which drafts the length with the most expected tokens per second from this machine's measured
+costs). :func:`make_policy` builds one by name.
+"""
+
+from __future__ import annotations
+
+from specdec.policies.auto import AutoPolicy
+from specdec.policies.base import (
+    DEFAULT_K_MAX,
+    DEFAULT_THRESHOLD,
+    AcceptanceEstimates,
+    ConfidenceStop,
+    DraftLengthPolicy,
+    HeuristicK,
+    StaticK,
+    TheoryK,
+    check_k,
+)
+
+POLICIES = ("static", "heuristic", "confidence", "theory", "auto")  # auto: specdec.policies.auto.AutoPolicy
+
+
+def make_policy(
+    name: str, k: int, *, k_max: int | None = None, threshold: float | None = None
+) -> DraftLengthPolicy:
+    """Build a policy by name.
+
+    k: the static length (``static``) or the starting length (``heuristic``, ``theory``; ``auto``
+    plans every step's length itself, 0 included, from measured costs: :mod:`specdec.policies.auto`).
+    k_max: the longest draft an adaptive policy may ask for (default max(k, 16)); for
+    ``confidence`` it is the length drafted when the draft stays confident. threshold: the
+    ``confidence`` policy's stopping threshold on the draft's top probability (default 0.8).
+    """
+    check_k(k)
+    if k_max is None:
+        k_max = max(k, DEFAULT_K_MAX)
+    check_k(k_max)
+    if name == "static":
+        return StaticK(k)
+    if name == "heuristic":
+        return HeuristicK(k, k_max)
+    if name == "confidence":
+        return ConfidenceStop(k_max, DEFAULT_THRESHOLD if threshold is None else threshold)
+    if name == "theory":
+        return TheoryK(k, k_max)
+    if name == "auto":
+        return AutoPolicy(k_max)
+    raise ValueError(f"unknown draft-length policy {name!r}; choose one of {', '.join(POLICIES)}")
