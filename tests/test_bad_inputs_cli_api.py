@@ -124,36 +124,6 @@ def test_train_heads_kinds_without_foreign_options_pass(extra, tmp_path, capsys,
 # A GGUF on llama.cpp: say what runs, refuse what does not apply
 
 
-def test_quantisation_is_read_from_the_gguf_metadata(tmp_path):
-    import gguf
-
-    path = tmp_path / "q.gguf"
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
-    writer.add_token_list(["a", "b"])  # an array before the end, as real files have
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.close()
-    assert models.gguf_quantisation(path) == "Q4_K_M"
-    plain = tmp_path / "plain.gguf"
-    writer = gguf.GGUFWriter(str(plain), "llama")
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.close()
-    assert models.gguf_quantisation(plain) is None
-    (tmp_path / "not.gguf").write_bytes(b"nothing here")
-    assert models.gguf_quantisation(tmp_path / "not.gguf") is None
-
-
-def test_quantisation_of_the_smollm2_pack_from_its_head_alone(tmp_path):
-    source = smollm2_gguf()
-    head = tmp_path / "head.gguf"
-    with open(source, "rb") as f:
-        head.write_bytes(f.read(4_000_000))  # as the first chunk of a chunked pack: metadata, no weights
-    assert models.gguf_quantisation(source) == models.gguf_quantisation(head) == "Q4_1"
-    assert models.gguf_weights(SMOLLM2) == "Q4_1 GGUF via llama.cpp"
-
-
 def test_llamacpp_run_says_what_runs(tmp_path, capsys):
     smollm2_gguf()
     if not llamacpp.available():
@@ -162,10 +132,12 @@ def test_llamacpp_run_says_what_runs(tmp_path, capsys):
                                "llamacpp", "--threads", "1", "--max-new-tokens", "2", "--json",
                                "--cache-dir", str(tmp_path)], capsys)
     assert code == 0, err
-    assert "specdec: loading smollm2-135m (Q4_1 GGUF via llama.cpp)" in err.splitlines()
+    lines = err.splitlines()
+    assert "specdec: loading smollm2-135m (GGUF via llama.cpp)" in lines
+    assert "specdec: smollm2-135m: llama 256M Q4_1 GGUF via llama.cpp" in lines  # as llama.cpp describes it
     assert "float16" not in err
     report = json.loads(out)
-    assert report["weights"] == "Q4_1 GGUF via llama.cpp" and "dtype" not in report
+    assert report["weights"] == "llama 256M Q4_1 GGUF via llama.cpp" and "dtype" not in report
 
 
 @pytest.mark.parametrize("extra, option", [(["--dtype", "float32"], "--dtype"), (["--kernels", "torch"], "--kernels")])

@@ -15,32 +15,10 @@ from specdec.bench import runner
 from specdec.bench.cli import main
 from specdec.bench.methods import parse_method, parse_methods
 from specdec.bench.runner import BenchModels
+from test_bench import VOCAB, CharTokenizer, one_thread  # noqa: F401  (one_thread: an autouse fixture)
 from tiny import tiny_llama
 
-VOCAB = 32
 METHODS = "spec:block:k=2,spec:ngram:block:k=2"  # with ar: three methods
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-class CharTokenizer:
-    """Characters to ids in [2, VOCAB); no chat template."""
-
-    eos_token_id = 1
-    pad_token_id = 0
-    chat_template = None
-
-    def __call__(self, text, add_special_tokens=True):
-        return {"input_ids": [2 + ord(c) % (VOCAB - 2) for c in text]}
-
-    def decode(self, ids, skip_special_tokens=True):
-        return "".join(chr(65 + i % 26) for i in ids)
 
 
 @pytest.fixture(scope="module")

@@ -354,6 +354,11 @@ def _check_torch_options(args: argparse.Namespace, names: list[str]) -> None:
                            f"drop {option}, or add --backend torch to run the model in transformers", code=2)
 
 
+def gguf_weights(model: Any) -> str:
+    """What a model loaded on llama.cpp runs, as llama.cpp describes it: 'llama 256M Q4_1 GGUF via llama.cpp'."""
+    return f"{model.weights.description} GGUF via llama.cpp"
+
+
 def check_threads(threads: int | None) -> None:
     """Warn when --threads asks for more threads than the CPUs this process may run on."""
     from specdec.backends import llamacpp
@@ -366,14 +371,15 @@ def check_threads(threads: int | None) -> None:
 
 def _load(name: str, args: argparse.Namespace) -> tuple[Any, Any]:
     backend = backend_of(name, args)
-    # what runs: --dtype on torch; on llama.cpp the GGUF as stored, e.g. 'Q4_1 GGUF via llama.cpp'
-    _note(f"loading {name} ({args.dtype if backend == 'torch' else models.gguf_weights(name)})")
+    _note(f"loading {name} ({args.dtype if backend == 'torch' else 'GGUF via llama.cpp'})")
     torch_options = {"dtype": args.dtype, "kernels": getattr(args, "kernels", "auto")} if backend == "torch" else {}
     try:
         model, tokenizer = models.load(name, cache_dir=args.cache_dir, backend=backend,
                                        n_threads=getattr(args, "threads", None), **torch_options)
     except models.ModelPackError as err:
         raise CLIError(err.message, err.hint) from None
+    if backend == "llamacpp":
+        _note(f"{name}: {gguf_weights(model)}")
     choice = getattr(model, "prefill_choice", None)
     if choice and choice.get("layout") == "file" and "seconds" in choice:
         t = choice["seconds"]
@@ -445,7 +451,7 @@ def run_generate(args: argparse.Namespace) -> int:
                                                result.token_ids, ar.token_ids, getattr(args, "cache_dir", None))
 
     if args.json:
-        print(json.dumps(_report(args, result, ar, divergence), ensure_ascii=False))
+        print(json.dumps(_report(args, target, result, ar, divergence), ensure_ascii=False))
     else:
         if not args.stream:
             _print_text(args, result.text)
@@ -610,7 +616,8 @@ def _print_text(args: argparse.Namespace, text: str | None) -> None:
         print(text or "")
 
 
-def _report(args: argparse.Namespace, result: Any, ar: Any, divergence: dict | None = None) -> dict[str, Any]:
+def _report(args: argparse.Namespace, target: Any, result: Any, ar: Any,
+            divergence: dict | None = None) -> dict[str, Any]:
     report: dict[str, Any] = {
         "text": result.text,
         "token_ids": result.token_ids,
@@ -618,7 +625,7 @@ def _report(args: argparse.Namespace, result: Any, ar: Any, divergence: dict | N
         "target": args.target,
         "draft": args.draft,
         "draft_weights": args.draft_weights,
-        **({"weights": models.gguf_weights(args.target)} if backend_of(args.target, args) == "llamacpp"
+        **({"weights": gguf_weights(target)} if backend_of(args.target, args) == "llamacpp"
            else {"dtype": args.dtype}),
         "method": result.method,
         "exact": result.exact,

@@ -572,66 +572,6 @@ def check_gguf(path: Path) -> None:
         ) from None
 
 
-_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
-_GGUF_STRING, _GGUF_ARRAY = 8, 9  # the other GGUF metadata value types
-
-
-def gguf_quantisation(path: str | Path) -> str | None:
-    """The quantisation a GGUF file's metadata records (``general.file_type``: ``Q4_K_M``, ``Q4_1``,
-    ``F16``, ...), or None where it records none or the file is not a GGUF. Reads only the metadata
-    at the head of the file, so the first part of a chunked pack will do."""
-    import struct
-
-    from gguf import LlamaFileType
-
-    def read(f: Any, code: str) -> Any:
-        data = f.read(struct.calcsize("<" + code))
-        if len(data) < struct.calcsize("<" + code):
-            raise EOFError
-        return struct.unpack("<" + code, data)[0]
-
-    def skip(f: Any, kind: int) -> None:
-        if kind == _GGUF_STRING:
-            f.seek(read(f, "Q"), os.SEEK_CUR)
-        elif kind == _GGUF_ARRAY:
-            item, count = read(f, "I"), read(f, "Q")
-            if item in _GGUF_SCALARS:
-                f.seek(count * struct.calcsize("<" + _GGUF_SCALARS[item]), os.SEEK_CUR)
-            else:
-                for _ in range(count):
-                    skip(f, item)
-        else:
-            read(f, _GGUF_SCALARS[kind])
-
-    try:
-        with open(path, "rb") as f:
-            if f.read(4) != b"GGUF" or read(f, "I") < 2:  # version 1 stored lengths in 32 bits
-                return None
-            read(f, "Q")  # the tensor count
-            for _ in range(read(f, "Q")):
-                key, kind = f.read(read(f, "Q")), read(f, "I")
-                if key == b"general.file_type" and kind in _GGUF_SCALARS:
-                    value = read(f, _GGUF_SCALARS[kind])
-                    break
-                skip(f, kind)
-            else:
-                return None
-    except (OSError, EOFError, KeyError, struct.error):
-        return None
-    try:
-        return LlamaFileType(value).name.removeprefix("MOSTLY_").removeprefix("ALL_")
-    except ValueError:
-        return f"file type {value}"
-
-
-def gguf_weights(name_or_path: str) -> str:
-    """What the llama.cpp backend runs for a pack or a .gguf file, in words: 'Q4_1 GGUF via llama.cpp'."""
-    pack = PACKS.get(name_or_path)
-    path = pack.parts[0].locate() if pack else Path(name_or_path).expanduser()
-    quantisation = gguf_quantisation(path) if path is not None else None
-    return f"{quantisation} GGUF via llama.cpp" if quantisation else "GGUF via llama.cpp"
-
-
 def require_gguf_support() -> None:
     """transformers reads GGUF files only with the ``gguf`` and ``accelerate`` packages installed."""
     missing = [name for name in ("gguf", "accelerate") if importlib.util.find_spec(name) is None]

@@ -144,6 +144,9 @@ class GGUFWeights:
         self._vocab_ptr = api.llama_model_get_vocab(self._ptr)
         self.vocab_size = int(api.llama_vocab_n_tokens(self._vocab_ptr))
         self.n_ctx_train = int(api.llama_model_n_ctx_train(self._ptr))
+        desc = ctypes.create_string_buffer(256)
+        api.llama_model_desc(self._ptr, desc, len(desc))
+        self.description = desc.value.decode("utf-8", "replace")  # e.g. 'qwen2 1.5B Q4_K - Medium'
 
     @property
     def pointer(self) -> int:
