@@ -168,11 +168,12 @@ def test_a_prompt_that_leaves_less_room_than_asked_is_allowed_and_said(pair):
 def test_backends_are_built_before_the_timed_generation(pair, monkeypatch):
     """One-time costs (a draft's int8 weights) are paid when the run is built, not in its seconds."""
     from specdec import api
+    from specdec import build as builder
 
     target, draft = pair
     built = []
-    real = api.make_backend
-    monkeypatch.setattr(api, "make_backend", lambda model, **kw: built.append(model) or real(model, **kw))
+    real = builder.make_backend
+    monkeypatch.setattr(builder, "make_backend", lambda model, **kw: built.append(model) or real(model, **kw))
     run = _Run.build(target, PROMPT, draft=draft, tokenizer=None, config=api._config(None, {"max_new_tokens": 4}))
     assert built == [draft, target]  # the draft's backend (its weights converted) and the target's
     for _ in run.events():

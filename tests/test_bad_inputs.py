@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from specdec import cli, models
+from specdec import cli, models, packs
 
 from test_cli import assert_one_line_error, make_model_dir, run_main
 
@@ -26,7 +26,7 @@ def assert_error_after_notes(err: str, *, contains: str) -> None:
 def no_model_work(monkeypatch):
     """Fail the test if a model is loaded or a pack converted."""
     monkeypatch.setattr(models, "load", lambda *a, **kw: pytest.fail("loaded a model for bad input"))
-    monkeypatch.setattr(models, "convert", lambda *a, **kw: pytest.fail("converted a pack for bad input"))
+    monkeypatch.setattr(packs, "convert", lambda *a, **kw: pytest.fail("converted a pack for bad input"))
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +111,7 @@ def bench_args(tiny, tmp_path, *extra):
     (["--temperature", "0", "inf"], "argument --temperature"),
     (["--repeats", "0"], "argument --repeats"),
     (["--methods", "spec:magic"], "spec:magic"),
-    (["--methods", "spec:block:k=4"], "spec:block:k=4 needs a draft model, but --draft is none"),
+    (["--methods", "spec:model:block:k=4:policy=static"], "spec:model:block:k=4:policy=static needs a draft model, but --draft is none"),
 ])
 def test_bench_errors_are_one_line_with_a_hint(tiny, tmp_path, capsys, no_model_work, extra, contains):
     code, out, err = run_main(bench_args(tiny, tmp_path, "--out", str(tmp_path / "out"), *extra), capsys)
@@ -197,10 +197,10 @@ def converted_copy(tiny, root: Path) -> Path:
     """A tiny model saved where a converted pack lives, with the pack's marker."""
     import shutil
 
-    pack = models.PACKS["smollm2-135m"]
-    folder = models.pack_dir(pack, root)
+    pack = packs.PACKS["smollm2-135m"]
+    folder = packs.pack_dir(pack, root)
     shutil.copytree(tiny["target"], folder)
-    (folder / models.MARKER).write_text(json.dumps({"gguf_sha256": pack.sha256, "format": models.FORMAT}))
+    (folder / packs.MARKER).write_text(json.dumps({"gguf_sha256": pack.sha256, "format": packs.FORMAT}))
     return folder
 
 
@@ -208,13 +208,13 @@ def converted_copy(tiny, root: Path) -> Path:
                                             ("config", "config.json is missing")])
 def test_damaged_conversion_is_not_called_converted(tiny, tmp_path, capsys, damage, named):
     folder = converted_copy(tiny, tmp_path)
-    assert models.is_converted(models.PACKS["smollm2-135m"], tmp_path)
+    assert packs.is_converted(packs.PACKS["smollm2-135m"], tmp_path)
     if damage == "truncate":
         weights = folder / "model.safetensors"
         weights.write_bytes(weights.read_bytes()[:-100])
     else:
         (folder / "config.json").unlink()
-    assert not models.is_converted(models.PACKS["smollm2-135m"], tmp_path)
+    assert not packs.is_converted(packs.PACKS["smollm2-135m"], tmp_path)
     code, out, err = run_main(["models", "--cache-dir", str(tmp_path), "--json"], capsys)
     row = next(r for r in json.loads(out) if r["name"] == "smollm2-135m")
     assert row["converted"] is False and named in row["damaged"]
@@ -235,7 +235,7 @@ def test_damaged_model_directory_names_the_file(tiny, tmp_path, capsys):
 
 
 def test_truncated_gguf_names_the_file(tmp_path, capsys):
-    source = models.locate_parts(models.PACKS["smollm2-135m"])[0]
+    source = packs.locate_parts(packs.PACKS["smollm2-135m"])[0]
     cut = tmp_path / "cut.gguf"
     with open(source, "rb") as f:
         cut.write_bytes(f.read(5_000_000))
@@ -256,10 +256,10 @@ def test_damaged_conversion_is_converted_again(tiny, tmp_path, capsys, monkeypat
         redone.append(gguf)
         shutil.copytree(tiny["target"], out)
 
-    monkeypatch.setattr(models, "_convert_gguf", convert_gguf)
-    assert models.convert("smollm2-135m", tmp_path) == folder
+    monkeypatch.setattr(packs, "_convert_gguf", convert_gguf)
+    assert packs.convert("smollm2-135m", tmp_path) == folder
     assert len(redone) == 1 and (folder / "config.json").is_file()
-    assert models.is_converted(models.PACKS["smollm2-135m"], tmp_path)
+    assert packs.is_converted(packs.PACKS["smollm2-135m"], tmp_path)
     assert f"the converted copy is damaged ({folder / 'config.json'} is missing); converting it again" in capsys.readouterr().err
 
 

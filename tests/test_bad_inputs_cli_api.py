@@ -16,7 +16,7 @@ import time
 import pytest
 import torch
 
-from specdec import cli, generate, models
+from specdec import cli, generate, models, packs
 from specdec.backends import llamacpp
 
 from test_cli import assert_one_line_error, make_model_dir, run_main
@@ -29,7 +29,7 @@ SMOLLM2 = "smollm2-135m"
 def no_model_work(monkeypatch):
     """Fail the test if a model is loaded or a pack converted."""
     monkeypatch.setattr(models, "load", lambda *a, **kw: pytest.fail("loaded a model for bad input"))
-    monkeypatch.setattr(models, "convert", lambda *a, **kw: pytest.fail("converted a pack for bad input"))
+    monkeypatch.setattr(packs, "convert", lambda *a, **kw: pytest.fail("converted a pack for bad input"))
 
 
 @pytest.fixture
@@ -48,10 +48,10 @@ def tiny(tmp_path_factory):
 
 
 def smollm2_gguf():
-    missing = models.missing_parts(models.PACKS[SMOLLM2])
+    missing = packs.missing_parts(packs.PACKS[SMOLLM2])
     if missing:
-        pytest.skip(f"pack {SMOLLM2} is not installed: {models.PACKS[SMOLLM2].install_command(missing)}")
-    return models.PACKS[SMOLLM2].parts[0].locate()
+        pytest.skip(f"pack {SMOLLM2} is not installed: {packs.PACKS[SMOLLM2].install_command(missing)}")
+    return packs.PACKS[SMOLLM2].parts[0].locate()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -79,10 +79,9 @@ def test_tree_static_alone_and_by_name_is_the_default_shape():
 
     for extra in (["--tree-static"], ["--tree-static", "default"]):
         args = cli.build_parser().parse_args(["generate", "hi", "--verify", "tree", *extra])
-        cli.check_decoding_options(args)
-        assert cli.tree_options(args) == {"choices": DEFAULT_CHOICES}
+        assert cli.decode_config(args).tree == {"choices": DEFAULT_CHOICES}
     args = cli.build_parser().parse_args(["generate", "hi", "--verify", "tree", "--tree-static", "0|1|0.0"])
-    assert cli.tree_options(args) == {"choices": ((0,), (1,), (0, 0))}
+    assert cli.decode_config(args).tree == {"choices": ((0,), (1,), (0, 0))}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -102,7 +101,7 @@ def test_chain_options_under_a_tree_are_refused(extra, option, capsys, no_model_
 def test_chain_defaults_do_not_count_as_given():
     for argv in (["--verify", "tree"], ["--verify", "block", "-k", "2", "--policy", "static"]):
         args = cli.build_parser().parse_args(["generate", "hi", *argv])
-        cli.check_decoding_options(args)  # no error
+        cli.decode_config(args)  # no error
 
 
 def test_num_heads_with_eagle_is_refused(tmp_path, capsys, no_model_work):
@@ -251,7 +250,7 @@ def test_stale_temporaries_are_removed_and_live_ones_kept(tmp_path):
     keep = [tmp_path / SMOLLM2, tmp_path / f".{SMOLLM2}.lock"]
     keep[0].mkdir()
     keep[1].write_text("")
-    removed = models.remove_stale_temporaries(tmp_path, SMOLLM2)
+    removed = packs.remove_stale_temporaries(tmp_path, SMOLLM2)
     assert sorted(removed) == sorted([stale, stale_file, old_unnamed])
     assert not stale.exists() and not stale_file.exists() and not old_unnamed.exists()
     assert live.is_dir() and new_unnamed.is_dir() and other.is_dir() and all(p.exists() for p in keep)
@@ -269,21 +268,21 @@ def test_preparing_a_pack_removes_stale_temporaries(tmp_path, monkeypatch):
     stale_join = cache / "gguf" / f".{pack.name}-tmp{dead_pid()}-ef34gh56.gguf.part"
     stale_join.write_bytes(b"x")
     made = []
-    real_mkdtemp = models.tempfile.mkdtemp
+    real_mkdtemp = packs.tempfile.mkdtemp
 
     def mkdtemp(*args, **kwargs):  # the work folder is named with this process's id
         made.append(real_mkdtemp(*args, **kwargs))
         return made[-1]
 
-    monkeypatch.setattr(models.tempfile, "mkdtemp", mkdtemp)
+    monkeypatch.setattr(packs.tempfile, "mkdtemp", mkdtemp)
     def convert_gguf(pack, gguf, out, progress):  # stands in for the dequantisation
         out.mkdir()
         (out / "config.json").write_text("{}")
 
-    monkeypatch.setattr(models, "_convert_gguf", convert_gguf)
-    models.gguf_file(pack, cache, progress=False)
+    monkeypatch.setattr(packs, "_convert_gguf", convert_gguf)
+    packs.gguf_file(pack, cache, progress=False)
     assert not stale_join.exists()
-    models.convert(pack, cache, progress=False)
+    packs.convert(pack, cache, progress=False)
     assert not stale_work.exists()
     assert made and os.path.basename(made[0]).startswith(f".{pack.name}-tmp{os.getpid()}-")
     assert sorted(p.name for p in cache.iterdir()) == sorted(["gguf", pack.name, f".{pack.name}.lock"])

@@ -12,6 +12,8 @@ import torch
 from specdec.bench import report
 from specdec.bench.cli import add_bench_parser, main
 from specdec.bench.methods import MethodSpec, parse_method, parse_methods
+from specdec import build as builder
+from specdec.config import DecodeConfig
 from specdec.bench.prompts import (
     EDIT_REQUEST,
     Prompt,
@@ -67,82 +69,89 @@ class ChatTokenizer(CharTokenizer):
 # Method strings
 
 
+def spec(text: str, backend: str = "torch") -> MethodSpec:
+    """A project method as the bench holds it: the config of ``text``, its drafter named."""
+    return MethodSpec("spec", DecodeConfig.parse(text).resolve(True), backend=backend)
+
+
 @pytest.mark.parametrize(
     "text, expected",
     [
         ("ar", MethodSpec("ar")),
-        ("spec:block:k=4", MethodSpec("spec", "block", "model", 4, "static")),
-        ("spec:token", MethodSpec("spec", "token", "model", 4, "static")),
-        ("spec:model:greedy:k=2", MethodSpec("spec", "greedy", "model", 2, "static")),
-        ("spec:block:drafter=model:k=3:policy=static", MethodSpec("spec", "block", "model", 3, "static")),
-        ("spec:ngram:block:k=8:max_ngram=2", MethodSpec("spec", "block", "ngram", 8, "static", (("max_ngram", 2),))),
-        ("spec:layer-skip:token:skip=3/5", MethodSpec("spec", "token", "layer-skip", 4, "static", (("skip", (3, 5)),))),
-        ("spec:block:policy=confidence:threshold=0.3:k_max=6",
-         MethodSpec("spec", "block", "model", 4, "confidence", (("k_max", 6), ("threshold", 0.3)))),
-        ("spec:heads:tree", MethodSpec("spec", "tree", "heads", 4, "static")),
-        ("spec:heads:block:k=2:path=some/dir", MethodSpec("spec", "block", "heads", 2, "static", (("path", "some/dir"),))),
-        ("spec:eagle:block:k=3", MethodSpec("spec", "block", "eagle", 3, "static")),
-        ("spec:tree:budget=8:depth=4", MethodSpec("spec", "tree", "model", 4, "static", (("budget", 8), ("depth", 4)))),
-        ("spec:tree:choices=0|1|0.0", MethodSpec("spec", "tree", "model", 4, "static", (("choices", "0|1|0.0"),))),
-        ("spec:tree:choices=0", MethodSpec("spec", "tree", "model", 4, "static", (("choices", "0"),))),
+        ("spec", spec("spec:ngram+model:block:k=4:policy=auto")),
+        ("spec:block:k=4", spec("spec:ngram+model:block:k=4:policy=auto")),
+        ("spec:model:block:k=4:policy=static", spec("spec:model:block:k=4:policy=static")),
+        ("spec:model:greedy:k=2", spec("spec:model:greedy:k=2:policy=auto")),
+        ("spec:block:drafter=model:k=3:policy=static", spec("spec:model:block:k=3:policy=static")),
+        ("spec:ngram:block:k=8:max_ngram=2", spec("spec:ngram:block:k=8:policy=auto:max_ngram=2")),
+        ("spec:layer-skip:token:skip=3/5", spec("spec:layer-skip:token:k=4:policy=auto:skip=3/5")),
+        ("spec:model:block:policy=confidence:threshold=0.3:k_max=6",
+         spec("spec:model:block:k=4:policy=confidence:k_max=6:threshold=0.3")),
+        ("spec:heads:tree", spec("spec:heads:tree")),
+        ("spec:heads:block:k=2:path=some/dir", spec("spec:heads:block:k=2:policy=auto:path=some/dir")),
+        ("spec:tree:budget=8:depth=4", spec("spec:model:tree:budget=8:depth=4")),
+        ("spec:tree:choices=0|1|0.0", spec("spec:model:tree:choices=0|1|0.0")),
+        ("spec:tree:choices=0", spec("spec:model:tree:choices=0")),
         ("hf-assisted", MethodSpec("hf-assisted")),
         ("hf-assisted:k=5", MethodSpec("hf-assisted", k=5)),
         ("hf-prompt-lookup", MethodSpec("hf-prompt-lookup")),
         (" hf-ar ", MethodSpec("hf-ar")),
         ("ar:backend=llamacpp", MethodSpec("ar", backend="llamacpp")),
         ("ar:backend=torch", MethodSpec("ar")),
-        ("spec:block:k=4:backend=llamacpp", MethodSpec("spec", "block", "model", 4, "static", backend="llamacpp")),
-        ("spec:ngram:block:backend=llamacpp:k=3", MethodSpec("spec", "block", "ngram", 3, "static", backend="llamacpp")),
+        ("spec:block:k=4:backend=llamacpp", spec("spec:ngram+model:block:k=4:policy=auto", "llamacpp")),
+        ("spec:ngram:block:backend=llamacpp:k=3", spec("spec:ngram:block:k=3:policy=auto", "llamacpp")),
         ("llamacpp-ar", MethodSpec("llamacpp-ar")),
     ],
 )
 def test_parse_method(text, expected):
-    spec = parse_method(text)
-    assert spec == expected
-    assert parse_method(spec.name) == spec
+    method = parse_method(text)
+    assert method == expected
+    assert parse_method(method.name) == method
 
 
 def test_canonical_names():
-    assert parse_method("spec:block:drafter=model:k=4").name == "spec:block:k=4"
+    assert parse_method("spec").name == "spec:ngram+model:block:k=4:policy=auto"  # drafter and policy spelled out
+    assert parse_method("spec:block:drafter=model:k=4").name == "spec:model:block:k=4:policy=auto"
     assert parse_method("hf-prompt-lookup:k=7").name == "hf-prompt-lookup:k=7"
-    assert parse_method("spec:block:k=4").peer == "hf-assisted"
+    assert parse_method("spec:model:block:k=4").peer == "hf-assisted"
     assert parse_method("spec:ngram:block").peer == "hf-prompt-lookup"
     assert parse_method("spec:early-exit:block").peer is None
-    assert parse_method("spec:block:policy=confidence:threshold=0.3").policy_options == {"threshold": 0.3}
-    assert parse_method("spec:early-exit:block:exit_layer=2").drafter_options == {"exit_layer": 2}
+    assert parse_method("spec:model:block:policy=confidence:threshold=0.3").config.policy_options == {"threshold": 0.3}
+    assert parse_method("spec:early-exit:block:exit_layer=2").config.drafter_options == {"exit_layer": 2}
     assert parse_method("spec:token").needs_draft_model and parse_method("hf-assisted").needs_draft_model
     assert not parse_method("hf-prompt-lookup").needs_draft_model
-    assert parse_method("spec:tree:choices=0|1|0.0").tree_options == {"choices": ((0,), (1,), (0, 0))}
-    assert parse_method("spec:tree").tree_options is None  # the API's default tree, as generate() has it
-    assert parse_method("spec:heads:tree:choices=default").tree_options["choices"][:2] == ((0,), (1,))
+    assert parse_method("spec:tree:choices=0|1|0.0").config.tree == {"choices": ((0,), (1,), (0, 0))}
+    assert parse_method("spec:tree").config.tree is None  # the API's default tree, as generate() has it
+    assert parse_method("spec:heads:tree:choices=default").config.tree["choices"][:2] == ((0,), (1,))
 
 
 @pytest.mark.parametrize(
     "text, message",
     [
         ("beam", "unknown method"),
-        ("ar:k=2", "unknown key 'k'"),
+        ("ar:k=2", "ar takes no options"),
         ("ar:backend=gpu", "unknown backend"),
         ("llamacpp-ar:k=2", "unknown key"),
         ("spec:early-exit:block:backend=llamacpp", "runs on backend=torch only"),
-        ("spec", "expected spec:"),
-        ("spec:k=4", "expected spec:"),
         ("spec:nope:k=4", "unknown verifier"),
-        ("spec:a:b:block", "expected spec:"),
+        ("spec:model:ngram:block", "the drafter is given twice"),
         ("spec:block:k=0", "positive integer"),
         ("spec:block:k=two", "positive integer"),
         ("spec:block:k=2:k=3", "given twice"),
-        ("spec:model:block:drafter=model", "drafter is given twice"),
+        ("spec:model:block:drafter=model", "given twice"),
         ("spec:block:drafter=oracle", "unknown drafter"),
-        ("spec:block:policy=psychic", "unknown draft-length policy"),
+        ("spec:block:policy=psychic", "policy= takes one of"),
         ("spec:block:policy=confidence:threshold=2", "threshold"),
+        ("spec:block:threshold=0.5", "threshold= is an option of policy=confidence"),
+        ("spec:block:budget=4", "budget= shapes a token tree"),
         ("hf-assisted:policy=static", "unknown key"),
         ("hf-ar:k=2", "unknown key"),
         ("hf-assisted:block", "unexpected field"),
-        ("spec:eagle:tree", "a tree is drafted by the draft model"),
+        ("spec:eagle:tree", "drafts its tree with the draft model or the heads"),
         ("spec:heads:tree:budget=4", "a heads tree is static"),
         ("spec:tree:choices=0|1.0", "prefixes are listed"),
         ("spec:tree:choices=0|x", "rank paths like 0|1|0.0"),
+        ("spec:tree:k=3", "k= is an option of block"),
     ],
 )
 def test_parse_method_errors(text, message):
@@ -151,14 +160,14 @@ def test_parse_method_errors(text, message):
 
 
 def test_parse_methods_puts_ar_first_and_drops_duplicates():
-    specs = parse_methods("spec:block:k=4, hf-assisted,spec:block:drafter=model:k=4,ar")
-    assert [s.name for s in specs] == ["ar", "spec:block:k=4", "hf-assisted"]
+    specs = parse_methods("spec:model:block:k=4, hf-assisted,spec:block:drafter=model:k=4,ar")
+    assert [s.name for s in specs] == ["ar", "spec:model:block:k=4:policy=auto", "hf-assisted"]
 
 
 def test_greedy_verifier_does_not_run_with_sampling():
-    assert parse_method("spec:greedy:k=2").runs_at(1.0)
-    assert parse_method("spec:greedy:k=2").runs_at(0.0) is None
-    assert parse_method("spec:block:k=2").runs_at(1.0) is None
+    assert parse_method("spec:model:greedy:k=2:policy=static").runs_at(1.0)
+    assert parse_method("spec:model:greedy:k=2:policy=static").runs_at(0.0) is None
+    assert parse_method("spec:model:block:k=2:policy=static").runs_at(1.0) is None
 
 
 # ------------------------------------------------------------------------------------------
@@ -296,8 +305,8 @@ def test_steps_from_forwards():
 
 
 METHODS = (
-    "ar,spec:greedy:k=2,spec:block:k=3,spec:token:k=2,spec:ngram:block:k=3,spec:early-exit:block:k=2:exit_layer=1,"
-    "spec:tree:depth=3:budget=6,spec:typical:k=2,spec:early-exit:block:exit_layer=9,"
+    "ar,spec:model:greedy:k=2:policy=static,spec:model:block:k=3:policy=static,spec:model:token:k=2:policy=static,spec:ngram:block:k=3:policy=static,spec:early-exit:block:k=2:policy=static:exit_layer=1,"
+    "spec:model:tree:budget=6:depth=3,spec:model:typical:k=2:policy=static,spec:early-exit:block:k=4:policy=static:exit_layer=9,"
     "hf-assisted,hf-prompt-lookup,hf-ar"
 )
 
@@ -320,7 +329,7 @@ def greedy_run(tiny_models, prompts):
 
 
 def test_a_failing_method_is_reported_and_left_out(greedy_run):
-    bad = "spec:early-exit:block:k=4:exit_layer=9"  # the tiny target has 2 layers
+    bad = "spec:early-exit:block:k=4:policy=static:exit_layer=9"  # the tiny target has 2 layers
     assert "exit_layer" in greedy_run.failed[bad]
     assert bad not in [m.name for m in greedy_run.methods]
     assert all(s.method != bad for s in greedy_run.samples)
@@ -337,13 +346,13 @@ def test_run_order_and_counts(greedy_run):
 def test_self_drafting_accepts_everything(greedy_run):
     """The draft is a copy of the target, so under greedy every draft token must be kept."""
     methods = report.summarize(greedy_run)
-    for name in ("spec:greedy:k=2", "spec:block:k=3", "spec:token:k=2"):
+    for name in ("spec:model:greedy:k=2:policy=static", "spec:model:block:k=3:policy=static", "spec:model:token:k=2:policy=static"):
         assert methods[name]["acceptance_rate"] == 1.0
     for name, m in methods.items():  # every exact method reproduces ar under greedy
         if m["kind"] == "project" and m["exact"]:
             assert m["identical_to_ar_fraction"] == 1.0, name
-    assert not methods["spec:typical:k=2"]["exact"]
-    assert methods["spec:tree:budget=6:depth=3"]["predicted_speedup"] is None
+    assert not methods["spec:model:typical:k=2:policy=static"]["exact"]
+    assert methods["spec:model:tree:budget=6:depth=3"]["predicted_speedup"] is None
     for s in greedy_run.samples:
         if s.method == "hf-assisted":  # recovered from forward hooks; the last step may be cut
             assert s.step_accepted[:-1] == s.step_drafted[:-1]
@@ -358,7 +367,7 @@ def test_the_first_step_is_timed_apart_from_decoding(greedy_run):
         assert 1 <= s.first_step_tokens <= s.new_tokens, s.method
         if s.method == "ar":
             assert s.first_step_tokens == 1
-        if s.method == "spec:block:k=3":  # a copy of the target drafts: the first step keeps all 3
+        if s.method == "spec:model:block:k=3:policy=static":  # a copy of the target drafts: the first step keeps all 3
             assert s.first_step_tokens == 4
     methods = report.summarize(greedy_run)
     assert methods["ar"]["decode_speedup_vs_ar"] == pytest.approx(1.0)
@@ -384,25 +393,25 @@ def test_results_json_table_and_plots(greedy_run, tiny_models, tmp_path):
         assert m["tokens_per_second"] > 0
     assert saved["methods"]["ar"]["speedup_vs_ar"] == pytest.approx(1.0)
     assert saved["methods"]["ar"]["mean_accepted_per_forward"] == 1.0
-    assert saved["methods"]["spec:block:k=3"]["peer"] == "hf-assisted"
-    assert saved["methods"]["spec:ngram:block:k=3"]["peer"] == "hf-prompt-lookup"
-    assert saved["methods"]["spec:block:k=3"]["vs_peer"] > 0
-    assert saved["methods"]["spec:block:k=3"]["predicted_speedup"] is not None
+    assert saved["methods"]["spec:model:block:k=3:policy=static"]["peer"] == "hf-assisted"
+    assert saved["methods"]["spec:ngram:block:k=3:policy=static"]["peer"] == "hf-prompt-lookup"
+    assert saved["methods"]["spec:model:block:k=3:policy=static"]["vs_peer"] > 0
+    assert saved["methods"]["spec:model:block:k=3:policy=static"]["predicted_speedup"] is not None
     table = (out / "results.md").read_text()
     assert all(f"`{name}`" in table for name in saved["methods"])
     assert "decoding speed-up" in table and "first step (s)" in table
-    assert "`spec:typical:k=2` (LOSSY)" in table and "FAILED" in table
+    assert "`spec:model:typical:k=2:policy=static` (LOSSY)" in table and "FAILED" in table
     for png in report.PLOTS:
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
 
 
 def test_sampling_run_skips_greedy_verification(tiny_models, prompts):
     settings = BenchSettings(max_new_tokens=6, temperature=1.0, warmup_tokens=0)
-    run = run_bench(tiny_models, parse_methods("spec:greedy:k=2,spec:block:k=2"), prompts[:1], settings, progress=False)
-    assert [m.name for m in run.methods] == ["ar", "spec:block:k=2"]
-    assert "spec:greedy:k=2" in run.skipped
+    run = run_bench(tiny_models, parse_methods("spec:model:greedy:k=2:policy=static,spec:model:block:k=2:policy=static"), prompts[:1], settings, progress=False)
+    assert [m.name for m in run.methods] == ["ar", "spec:model:block:k=2:policy=static"]
+    assert "spec:model:greedy:k=2:policy=static" in run.skipped
     methods = report.summarize(run)
-    assert methods["spec:block:k=2"]["identical_to_ar_fraction"] is None
+    assert methods["spec:model:block:k=2:policy=static"]["identical_to_ar_fraction"] is None
 
 
 def test_trained_drafters_run_in_the_bench_and_keep_the_greedy_output(tiny_models, prompts, tmp_path):
@@ -428,13 +437,13 @@ def test_cli_end_to_end(tiny_models, tmp_path, monkeypatch):
     prompt_file.write_text('{"prompt": "abcabc"}\n{"prompt": "xyzxyz"}\n')
     monkeypatch.setattr("specdec.bench.cli.load_models", lambda args, methods: tiny_models)
     out = tmp_path / "out"
-    argv = ["--prompts", f"{prompt_file}:2", "--methods", "spec:block:k=2,hf-prompt-lookup",
+    argv = ["--prompts", f"{prompt_file}:2", "--methods", "spec:model:block:k=2:policy=static,hf-prompt-lookup",
             "--temperature", "0", "1", "--max-new-tokens", "6", "--warmup-tokens", "0",
             "--no-progress", "--out", str(out)]
     assert main(argv) == 0
     for folder in ("greedy", "t1"):
         data = json.loads((out / folder / "results.json").read_text())
-        assert list(data["methods"]) == ["ar", "spec:block:k=2", "hf-prompt-lookup"]
+        assert list(data["methods"]) == ["ar", "spec:model:block:k=2:policy=static", "hf-prompt-lookup"]
         assert "--temperature 0 1" in data["environment"]["command"]
         assert "--repeats 1" in data["environment"]["resolved_command"]
     assert "specdec bench" in (out / "README.md").read_text()
@@ -453,28 +462,28 @@ def test_add_bench_parser_registers_the_subcommand():
 
 
 def test_parse_methods_runs_unmarked_methods_on_each_backend():
-    both = parse_methods("spec:block:k=4,spec:ngram:block:backend=torch,llamacpp-ar,hf-ar", ("torch", "llamacpp"))
+    both = parse_methods("spec:model:block:k=4:policy=static,spec:ngram:block:k=4:policy=static:backend=torch,llamacpp-ar,hf-ar", ("torch", "llamacpp"))
     assert [s.name for s in both] == [
-        "ar", "ar:backend=llamacpp", "spec:block:k=4", "spec:block:k=4:backend=llamacpp",
-        "spec:ngram:block:k=4", "llamacpp-ar", "hf-ar",
+        "ar", "ar:backend=llamacpp", "spec:model:block:k=4:policy=static", "spec:model:block:k=4:policy=static:backend=llamacpp",
+        "spec:ngram:block:k=4:policy=static", "llamacpp-ar", "hf-ar",
     ]
-    only = parse_methods("spec:block:k=2,llamacpp-ar", ("llamacpp",))
-    assert [s.name for s in only] == ["ar:backend=llamacpp", "spec:block:k=2:backend=llamacpp", "llamacpp-ar"]
+    only = parse_methods("spec:model:block:k=2:policy=static,llamacpp-ar", ("llamacpp",))
+    assert [s.name for s in only] == ["ar:backend=llamacpp", "spec:model:block:k=2:policy=static:backend=llamacpp", "llamacpp-ar"]
     assert [s.name for s in parse_methods("hf-ar")] == ["ar", "hf-ar"]
     assert [s.backend for s in only] == ["llamacpp"] * 3
     with pytest.raises(ValueError, match="unknown backend"):
         parse_methods("ar", ("cuda",))
     with pytest.raises(ValueError, match="runs on backend=torch only"):
-        parse_methods("spec:layer-skip:block", ("torch", "llamacpp"))
+        parse_methods("spec:layer-skip:block:k=4:policy=static", ("torch", "llamacpp"))
 
 
 def test_each_method_is_compared_with_its_own_backend():
-    llama_block = parse_method("spec:block:k=4:backend=llamacpp")
+    llama_block = parse_method("spec:model:block:k=4:policy=static:backend=llamacpp")
     assert llama_block.ar == MethodSpec("ar", backend="llamacpp") and llama_block.ar.name == "ar:backend=llamacpp"
     assert parse_method("hf-prompt-lookup").ar.name == "ar" and parse_method("llamacpp-ar").ar.name == "ar:backend=llamacpp"
-    assert parse_method("spec:ngram:block:backend=llamacpp").peer is None  # the binding drafts nothing itself
-    assert parse_method("spec:ngram:block").peer == "hf-prompt-lookup"
-    assert parse_method("spec:block:backend=llamacpp").peer is None  # the binding has no draft-model peer
+    assert parse_method("spec:ngram:block:k=4:policy=static:backend=llamacpp").peer is None  # the binding drafts nothing itself
+    assert parse_method("spec:ngram:block:k=4:policy=static").peer == "hf-prompt-lookup"
+    assert parse_method("spec:model:block:k=4:policy=static:backend=llamacpp").peer is None  # the binding has no draft-model peer
     assert not parse_method("llamacpp-ar").needs_draft_model
 
 
@@ -490,8 +499,8 @@ def test_per_prompt_speedups_take_the_median_run_and_the_total_takes_every_run()
     work on the machine moves the total but not the per-prompt figures."""
     from specdec.bench.runner import BenchRun
 
-    methods = parse_methods("spec:ngram:block:k=2,llamacpp-ar", ("llamacpp",))
-    times = {"ar:backend=llamacpp": (1.0, 1.0, 1.0), "spec:ngram:block:k=2:backend=llamacpp": (0.8, 2.4, 0.9),
+    methods = parse_methods("spec:ngram:block:k=2:policy=static,llamacpp-ar", ("llamacpp",))
+    times = {"ar:backend=llamacpp": (1.0, 1.0, 1.0), "spec:ngram:block:k=2:policy=static:backend=llamacpp": (0.8, 2.4, 0.9),
              "llamacpp-ar": (1.0, 1.1, 0.9)}  # seconds for 10 tokens in repeats 0, 1, 2 of one prompt
     samples = []
     for name, seconds in times.items():
@@ -500,7 +509,7 @@ def test_per_prompt_speedups_take_the_median_run_and_the_total_takes_every_run()
             samples[-1].repeat = repeat
     run = BenchRun(BenchSettings(max_new_tokens=10, repeats=3), methods, {}, {}, [Prompt("code", "c/0", text="x")],
                    [3], samples, 1.0)
-    spec = report.summarize(run)["spec:ngram:block:k=2:backend=llamacpp"]
+    spec = report.summarize(run)["spec:ngram:block:k=2:policy=static:backend=llamacpp"]
     assert spec["speedup_vs_llamacpp_ar_min"] == pytest.approx((10 / 0.9) / (10 / 1.0))  # medians: 0.9 s, 1.0 s
     assert spec["speedup_vs_ar_geomean"] == pytest.approx(1 / 0.9)
     assert spec["speedup_vs_llamacpp_ar"] == pytest.approx(3.0 / 4.1)  # totals: 30 tokens in 4.1 s and in 3.0 s
@@ -533,17 +542,17 @@ def test_report_against_llamacpp_ar_and_each_backends_ar():
     table, computed from known times."""
     from specdec.bench.runner import BenchRun
 
-    methods = parse_methods("spec:ngram:block:k=2,llamacpp-ar", ("torch", "llamacpp"))
+    methods = parse_methods("spec:ngram:block:k=2:policy=static,llamacpp-ar", ("torch", "llamacpp"))
     seconds = {  # method -> seconds on prompt 0 (set "code") and prompt 1 (set "chat"); 10 tokens each
-        "ar": (2.0, 2.0), "ar:backend=llamacpp": (1.0, 1.0), "spec:ngram:block:k=2": (1.0, 2.0),
-        "spec:ngram:block:k=2:backend=llamacpp": (0.5, 1.25), "llamacpp-ar": (1.0, 1.0),
+        "ar": (2.0, 2.0), "ar:backend=llamacpp": (1.0, 1.0), "spec:ngram:block:k=2:policy=static": (1.0, 2.0),
+        "spec:ngram:block:k=2:policy=static:backend=llamacpp": (0.5, 1.25), "llamacpp-ar": (1.0, 1.0),
     }
     samples = [_sample(name, p, list(range(10)), t) for name, times in seconds.items() for p, t in enumerate(times)]
     samples[-3].token_ids = [0, 1, 2, 7, 7, 7, 7, 7, 7, 7]  # spec on llama.cpp leaves its ar on prompt 1
     prompts = [Prompt("code", "c/0", text="x"), Prompt("chat", "t/0", text="y")]
     run = BenchRun(BenchSettings(max_new_tokens=10), methods, {}, {}, prompts, [3, 3], samples, 1.0)
     summary = report.summarize(run)
-    spec = summary["spec:ngram:block:k=2:backend=llamacpp"]
+    spec = summary["spec:ngram:block:k=2:policy=static:backend=llamacpp"]
     assert spec["ar"] == "ar:backend=llamacpp"
     assert spec["speedup_vs_ar"] == pytest.approx(2 / 1.75)  # 20 tokens in 1.75 s vs 20 in 2 s
     assert spec["speedup_vs_llamacpp_ar"] == pytest.approx(2 / 1.75)
@@ -552,7 +561,7 @@ def test_report_against_llamacpp_ar_and_each_backends_ar():
     assert spec["speedup_vs_llamacpp_ar_by_set"] == pytest.approx({"code": 2.0, "chat": 0.8})
     assert spec["ms_per_token"] == pytest.approx(1000 * 1.75 / 20)
     assert spec["identical_prompts"] == "1/2"
-    torch_spec = summary["spec:ngram:block:k=2"]
+    torch_spec = summary["spec:ngram:block:k=2:policy=static"]
     assert torch_spec["ar"] == "ar" and torch_spec["speedup_vs_ar"] == pytest.approx(4 / 3)
     assert torch_spec["speedup_vs_llamacpp_ar"] == pytest.approx(2 / 3) and torch_spec["identical_prompts"] == "2/2"
     assert summary["llamacpp-ar"]["speedup_vs_ar"] == pytest.approx(1.0)
@@ -563,8 +572,8 @@ def test_report_against_llamacpp_ar_and_each_backends_ar():
     table = report.markdown(data)
     for column in ("ms/token", "vs llamacpp-ar", "speed-up vs ar"):
         assert f"| {column} |" in table
-    assert "| `spec:ngram:block:k=2:backend=llamacpp` | 11.4 | 87.5 | 1.14× |" in table
-    assert "| `spec:ngram:block:k=2:backend=llamacpp` | 2.00× | 0.80× |" in table  # per set: code, chat
+    assert "| `spec:ngram:block:k=2:policy=static:backend=llamacpp` | 11.4 | 87.5 | 1.14× |" in table
+    assert "| `spec:ngram:block:k=2:policy=static:backend=llamacpp` | 2.00× | 0.80× |" in table  # per set: code, chat
     data["methods"] = report.summarize(BenchRun(BenchSettings(), methods[:1], {}, {}, prompts[:1], [3],
                                                 samples[:1], 1.0))
     assert "vs llamacpp-ar" not in report.markdown(data)  # no llamacpp-ar, no column
@@ -627,15 +636,15 @@ def test_a_near_tie_flipped_by_batched_rounding_is_explained(monkeypatch, prompt
 
     target = tiny_llama(0, vocab=VOCAB, sharpness=1.0)
     models = BenchModels(target, CharTokenizer(), copy.deepcopy(target))
-    monkeypatch.setattr(runner, "target_backend", lambda drafter, model: BatchRounding(make_backend(model), 0.05))
+    monkeypatch.setattr(builder, "target_backend", lambda drafter, model: BatchRounding(make_backend(model), 0.05))
     settings = BenchSettings(max_new_tokens=16, temperature=0.0, warmup_tokens=0)
-    run = run_bench(models, parse_methods("spec:block:k=4"), prompts, settings, progress=False)
+    run = run_bench(models, parse_methods("spec:model:block:k=4:policy=static"), prompts, settings, progress=False)
     summary = report.summarize(run)
-    assert summary["spec:block:k=4"]["identical_to_ar_fraction"] < 1, "the wobble flipped no token: raise it"
+    assert summary["spec:model:block:k=4:policy=static"]["identical_to_ar_fraction"] < 1, "the wobble flipped no token: raise it"
     assert [d["prompt"] for d in run.divergences] == [p for p in range(2) if _differs(run, p)]
     for d in run.divergences:
         ar, mine = (next(s for s in run.samples if s.method == name and s.prompt == d["prompt"])
-                    for name in ("ar", "spec:block:k=4"))
+                    for name in ("ar", "spec:model:block:k=4:policy=static"))
         p = d["position"]
         assert ar.token_ids[:p] == mine.token_ids[:p] and (d["token"], d["ar_token"]) == (mine.token_ids[p], ar.token_ids[p])
         assert d["replayed"] == {"ar": True, "method": True}
@@ -649,7 +658,7 @@ def test_a_near_tie_flipped_by_batched_rounding_is_explained(monkeypatch, prompt
         assert 0 < d["logit_gap"] <= 0.05 + 1e-6  # the wobble at that row, as the two replays computed it
     table = report.markdown(report.results(run, report.environment("x", "float32"), {"target": None, "draft": None})
                             | {"models": {"target": {"name": "tiny"}, "draft": None}})
-    assert "`spec:block:k=4` leaves `ar` on" in table and "top-2 logit margin" in table
+    assert "`spec:model:block:k=4:policy=static` leaves `ar` on" in table and "top-2 logit margin" in table
     assert "round differently from its one-token steps (measured)" in table and "defect" not in table
 
 
@@ -687,9 +696,9 @@ def test_a_divergence_on_a_batch_invariant_backend_is_reported_as_a_defect_with_
     target = tiny_llama(0, vocab=VOCAB, sharpness=1.0)
     models = BenchModels(target, CharTokenizer(), copy.deepcopy(target))
     assert batch_invariance(VerifyBug(OneByOne(make_backend(target)), 1.0))["invariant"] is True
-    monkeypatch.setattr(runner, "target_backend", lambda drafter, model: VerifyBug(OneByOne(make_backend(model)), 1.0))
+    monkeypatch.setattr(builder, "target_backend", lambda drafter, model: VerifyBug(OneByOne(make_backend(model)), 1.0))
     settings = BenchSettings(max_new_tokens=16, temperature=0.0, warmup_tokens=0)
-    run = run_bench(models, parse_methods("spec:block:k=4"), prompts, settings, progress=False)
+    run = run_bench(models, parse_methods("spec:model:block:k=4:policy=static"), prompts, settings, progress=False)
     assert run.divergences, "the bug flipped no token: raise its scale"
     for d in run.divergences:
         assert d["batch_invariant"] is True and 0 < d["logit_gap"] <= 1.0 + 1e-6
@@ -711,7 +720,7 @@ def test_batch_invariance_is_measured_once_then_read_from_the_cache(tmp_path):
 
 
 def _differs(run, prompt):
-    ar, mine = (next(s for s in run.samples if s.method == name and s.prompt == prompt) for name in ("ar", "spec:block:k=4"))
+    ar, mine = (next(s for s in run.samples if s.method == name and s.prompt == prompt) for name in ("ar", "spec:model:block:k=4:policy=static"))
     return ar.token_ids != mine.token_ids
 
 

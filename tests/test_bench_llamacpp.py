@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from specdec import models
+from specdec import packs
 
 from specdec.backends import llamacpp  # noqa: E402
 
@@ -19,15 +19,15 @@ if not llamacpp.available():
     pytest.skip(f"the llama.cpp binding is not installed: {llamacpp.INSTALL}", allow_module_level=True)
 
 PACK = "smollm2-135m"
-METHODS = "spec:ngram:block:k=4,spec:block:k=3,llamacpp-ar"
+METHODS = "spec:ngram:block:k=4:policy=static,spec:model:block:k=3:policy=static,llamacpp-ar"
 NEW_TOKENS = 16
 
 
 @pytest.fixture(scope="module")
 def bench_run(tmp_path_factory):
-    missing = models.missing_parts(models.PACKS[PACK])
+    missing = packs.missing_parts(packs.PACKS[PACK])
     if missing:
-        pytest.skip(f"pack {PACK} is not installed: {models.PACKS[PACK].install_command(missing)}")
+        pytest.skip(f"pack {PACK} is not installed: {packs.PACKS[PACK].install_command(missing)}")
     from specdec.bench.cli import main
 
     out = tmp_path_factory.mktemp("bench")
@@ -47,8 +47,8 @@ def bench_run(tmp_path_factory):
 def test_one_run_holds_both_backends_and_the_llamacpp_peers(bench_run):
     greedy = bench_run["greedy"]
     assert list(greedy["methods"]) == [
-        "ar", "ar:backend=llamacpp", "spec:ngram:block:k=4", "spec:ngram:block:k=4:backend=llamacpp",
-        "spec:block:k=3", "spec:block:k=3:backend=llamacpp", "llamacpp-ar",
+        "ar", "ar:backend=llamacpp", "spec:ngram:block:k=4:policy=static", "spec:ngram:block:k=4:policy=static:backend=llamacpp",
+        "spec:model:block:k=3:policy=static", "spec:model:block:k=3:policy=static:backend=llamacpp", "llamacpp-ar",
     ]
     assert not greedy["failed"], greedy["failed"]
     assert [p["set"] for p in greedy["prompts"]] == ["edit", "humaneval"]
@@ -63,7 +63,7 @@ def test_greedy_exact_methods_equal_their_backends_ar(bench_run):
     are batch invariant; the llama.cpp peer is compared with the llama.cpp backend's ar."""
     methods = bench_run["greedy"]["methods"]
     assert methods["llamacpp-ar"]["ar"] == "ar:backend=llamacpp"
-    for name in ("spec:ngram:block:k=4", "spec:block:k=3"):
+    for name in ("spec:ngram:block:k=4:policy=static", "spec:model:block:k=3:policy=static"):
         assert methods[name]["identical_to_ar_fraction"] == 1.0, name
         assert methods[f"{name}:backend=llamacpp"]["identical_to_ar_fraction"] == 1.0, name
 

@@ -18,7 +18,7 @@ from specdec.bench.runner import BenchModels
 from test_bench import VOCAB, CharTokenizer, one_thread  # noqa: F401  (one_thread: an autouse fixture)
 from tiny import tiny_llama
 
-METHODS = "spec:block:k=2,spec:ngram:block:k=2"  # with ar: three methods
+METHODS = "spec:model:block:k=2:policy=static,spec:ngram:block:k=2:policy=static"  # with ar: three methods
 
 
 @pytest.fixture(scope="module")
@@ -202,12 +202,12 @@ def test_files_are_written_by_replacing_a_temporary_file(tmp_path, monkeypatch):
         ("spec:early-exit:block:exit_layer=0", r"exit_layer= takes a positive integer"),
         ("spec:layer-skip:block:skip=-1", r"skip= takes layer indices"),
         ("spec:layer-skip:block:skip=1/x", r"skip= takes layer indices"),
-        ("spec:block:k=-2", r"k must be a positive integer"),
+        ("spec:block:k=-2", r"k= takes a positive integer"),
         ("hf-assisted:k=0", r"k must be a positive integer"),
         ("spec:block:budget=4", r"budget= .*tree"),
-        ("spec:ngram:block:exit_layer=2", r"the ngram drafter takes max_ngram, min_ngram"),
-        ("spec:block:max_ngram=2", r"the model drafter takes no options"),
-        ("spec:tree:choices=0|1:threshold=0.5", r"static tree"),
+        ("spec:ngram:block:exit_layer=2", r"exit_layer= is an option of early-exit, but the drafter is ngram"),
+        ("spec:model:block:max_ngram=2", r"max_ngram= is an option of ngram or ngram\+model, but the drafter is model"),
+        ("spec:tree:choices=0|1:threshold=0.5", r"choices= fixes the tree's shape"),
     ],
 )
 def test_out_of_range_option_values_are_refused_when_parsed(text, message):
@@ -216,14 +216,14 @@ def test_out_of_range_option_values_are_refused_when_parsed(text, message):
 
 
 def test_valid_option_values_still_parse_and_round_trip():
-    for text in ("spec:tree:budget=1:depth=2:width=1:expand=1", "spec:tree:threshold=0", "spec:tree:threshold=1",
-                 "spec:ngram:block:max_ngram=2:min_ngram=1", "spec:early-exit:block:exit_layer=1",
-                 "spec:layer-skip:token:skip=3/5", "spec:layer-skip:token:skip=0",
-                 "spec:block:policy=confidence:threshold=0.3:k_max=6", "spec:heads:block:path=123"):
+    for text in ("spec:model:tree:budget=1:depth=2:expand=1:width=1", "spec:model:tree:threshold=0.0", "spec:model:tree:threshold=1.0",
+                 "spec:ngram:block:k=4:policy=static:max_ngram=2:min_ngram=1", "spec:early-exit:block:k=4:policy=static:exit_layer=1",
+                 "spec:layer-skip:token:k=4:policy=static:skip=3/5", "spec:layer-skip:token:k=4:policy=static:skip=0",
+                 "spec:model:block:k=4:policy=confidence:k_max=6:threshold=0.3", "spec:heads:block:k=4:policy=static:path=123"):
         spec = parse_method(text)
         assert parse_method(spec.name) == spec, text
-    assert parse_method("spec:layer-skip:token:skip=0").drafter_options == {"skip": (0,)}
-    assert parse_method("spec:heads:block:path=123").drafter_options == {"path": "123"}
+    assert parse_method("spec:layer-skip:token:k=4:policy=static:skip=0").config.drafter_options == {"skip": (0,)}
+    assert parse_method("spec:heads:block:k=4:policy=static:path=123").config.drafter_options == {"path": "123"}
 
 
 @pytest.mark.parametrize("text", ["", " ", ",", " , "])

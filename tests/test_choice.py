@@ -19,7 +19,8 @@ from tiny import noisy_copy, tiny_llama
 
 from specdec import generate
 from specdec.backends.hf import HFCausalLM
-from specdec.drafters import ChoiceDrafter, ModelDrafter, make_drafter
+from specdec.build import make_drafter
+from specdec.drafters import ChoiceDrafter, ModelDrafter
 from specdec.drafters.ngram import lookup_confidence
 from specdec.engine import speculative_steps
 from specdec.policies.auto import AutoPolicy, CostModel, summary_line
@@ -199,7 +200,7 @@ def test_bad_uses_fail_clearly(pair):
     target, draft = pair
     with pytest.raises(ValueError, match="needs a draft model"):
         generate(target, [1, 2, 3], drafter="ngram+model", max_new_tokens=2)
-    with pytest.raises(ValueError, match="tree verification needs a draft model"):
+    with pytest.raises(ValueError, match="drafts its tree with the draft model or the heads"):
         generate(target, [1, 2, 3], draft=draft, drafter="ngram+model", verify="tree", max_new_tokens=2)
     with pytest.raises(ValueError, match=r"bad option for the ngram\+model drafter"):
         generate(target, [1, 2, 3], draft=draft, drafter="ngram+model", drafter_options={"width": 2}, max_new_tokens=2)

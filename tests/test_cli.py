@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from specdec import cli, models
-from specdec.models import Pack, Part
+from specdec.packs import Pack, Part
 
 
 def make_model_dir(path: Path, *, extra_vocab: int = 0, seed: int = 0, chat: bool = False) -> Path:
@@ -219,7 +219,7 @@ def test_plain_and_stream_print_the_same_text(tiny, capsys):
             "--max-new-tokens", "12"]
     code, out, err = run_main(base, capsys)
     assert code == 0 and out == report["text"] + "\n"
-    assert "speculative (block, k=4): 12 tokens" in err
+    assert "speculative (ngram+model drafter, block, k=4, policy auto): 12 tokens" in err
     code, out, err = run_main(base + ["--stream", "--compare-ar"], capsys)
     assert code == 0 and out == report["text"] + "\n"
     assert "identical output: yes" in err
@@ -283,20 +283,20 @@ def test_the_planner_is_the_default_policy(tiny, capsys):
     base = ["generate", "hello", "--target", tiny["target"], "--draft", tiny["draft"], "--dtype", "float32",
             "--max-new-tokens", "12"]
     code, out, err = run_main(base, capsys)
-    assert code == 0 and "speculative (block, k=4): 12 tokens" in err and "\nplanner: " in err
+    assert code == 0 and "speculative (ngram+model drafter, block, k=4, policy auto): 12 tokens" in err and "\nplanner: " in err
     code, out, err = run_main(base + ["--policy", "static"], capsys)
-    assert code == 0 and "speculative (block, k=4, policy static): 12 tokens" in err and "planner:" not in err
+    assert code == 0 and "speculative (ngram+model drafter, block, k=4, policy static): 12 tokens" in err and "planner:" not in err
     code, out, err = run_main(base + ["--policy", "auto"], capsys)
-    assert code == 0 and "speculative (block, k=4): 12 tokens" in err
+    assert code == 0 and "speculative (ngram+model drafter, block, k=4, policy auto): 12 tokens" in err
 
 
 def test_draft_none_takes_the_default_policy_but_not_a_given_one(tiny, capsys):
     report = generate_json(tiny, capsys, "--draft", "none")  # the default policy has nothing to do: no error
     assert report["method"] == "ar" and report["stats"]["policy"] == {}
-    code, _, err = run_main(["generate", "x", "--target", tiny["target"], "--draft", "none", "--policy", "auto"],
+    code, _, err = run_main(["generate", "x", "--target", tiny["target"], "--draft", "none", "--policy", "static"],
                             capsys)
     assert code == 2
-    assert_one_line_error(err, contains="--draft none decodes with the target alone, so --policy auto has nothing")
+    assert_one_line_error(err, contains="--draft none decodes with the target alone, so --policy static has nothing")
 
 
 def test_stream_colours_draft_tokens_in_a_terminal(tiny, capsys, monkeypatch):

@@ -10,7 +10,7 @@ import torch
 import specdec
 from specdec import DecodeConfig, generate, stream
 from specdec.backends.hf import HFCausalLM
-from specdec.drafters import target_backend
+from specdec.build import target_backend
 from specdec.drafters.heads import HeadsDrafter
 from specdec.drafters.tree import DEFAULT_CHOICES, TreeDrafter
 from specdec.sampling import SamplingConfig
@@ -61,7 +61,7 @@ def test_a_config_checks_itself_and_names_the_field():
         DecodeConfig(temperature=None)
     with pytest.raises(ValueError, match="max_new_tokens"):
         DecodeConfig(max_new_tokens=-1)
-    with pytest.raises(ValueError, match="drafter_options go with a drafter given by name"):
+    with pytest.raises(ValueError, match="exit_layer is an option of drafter='early-exit'"):
         DecodeConfig(drafter_options={"exit_layer": 2})
     with pytest.raises(TypeError, match="unknown decoding option 'sed'"):
         DecodeConfig().replace(sed=1)
@@ -82,7 +82,7 @@ def test_the_planner_is_the_default_policy(pair):
     ar = generate(target, PROMPT, max_new_tokens=12)
     assert ar.method == "ar" and ar.stats.policy == {}  # no draft: autoregressive, no policy at work
     spec = generate(target, PROMPT, draft=draft, max_new_tokens=12)
-    assert spec.stats.policy["name"] == "auto" and spec.method == "spec:model:block:auto:k=4"
+    assert spec.stats.policy["name"] == "auto" and spec.method == "spec:ngram+model:block:auto:k=4"
     assert spec.token_ids == ar.token_ids
 
 

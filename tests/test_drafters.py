@@ -25,7 +25,8 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from specdec.backends.hf import HFCausalLM
 from specdec.backends.hf_layers import HFLayeredCausalLM
-from specdec.drafters import DRAFTERS, make_drafter
+from specdec.build import make_drafter
+from specdec.drafters import DRAFTERS
 from specdec import tuning
 from specdec.drafters.early_exit import EarlyExitDrafter
 from specdec.drafters.model import ModelDrafter

@@ -24,7 +24,7 @@ from tiny import tiny_llama
 
 from specdec import generate
 from specdec.backends.hf import HFCausalLM
-from specdec.drafters import make_drafter, target_backend
+from specdec.build import make_drafter, target_backend
 from specdec.drafters.eagle import EagleDrafter
 from specdec.engine import autoregressive_steps, speculative_steps
 from specdec.heads.eagle import EagleCache, EagleConfig, EagleHead

@@ -23,7 +23,7 @@ from tiny import tiny_llama
 
 from specdec import generate
 from specdec.backends.hf import HFCausalLM
-from specdec.drafters import make_drafter, target_backend
+from specdec.build import make_drafter, target_backend
 from specdec.drafters.heads import HeadsDrafter
 from specdec.engine import autoregressive_steps, speculative_steps
 from specdec.heads import HeadsConfig, MedusaHeads, TrimmedLMHead, frequent_tokens
@@ -107,7 +107,8 @@ def test_sampled_output_with_heads_follows_the_target_law(verify: str) -> None:
     counts = np.zeros_like(law)
     accepted = 0
     for seed in range(SAMPLES):
-        r = generate(backend, PROMPT, drafter=drafter, verify=verify, k=2, policy="static", temperature=1.0,
+        chain = {} if verify == "tree" else dict(k=2, policy="static")  # a tree's shape sets its length
+        r = generate(backend, PROMPT, drafter=drafter, verify=verify, **chain, temperature=1.0,
                      max_new_tokens=3, seed=seed, eos_token_ids=[])
         counts[tuple(r.token_ids)] += 1
         accepted += r.stats.accepted_tokens

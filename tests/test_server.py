@@ -22,8 +22,8 @@ import openai
 import pytest
 import torch
 
-from specdec import generate, models
-from specdec.bench.methods import parse_method
+from specdec import generate, models, packs
+from specdec.server.requests import method_config
 from specdec.server.app import ServedModels, ServerOptions, create_app
 
 FIM = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"]
@@ -108,9 +108,9 @@ class Server:
 
 
 def serve(target: Any, tokenizer: Any, draft: Any = None, **options: Any) -> Server:
-    method = options.pop("method", "spec:block:k=4" if draft is not None else "ar")
+    method = options.pop("method", "spec:model:block:k=4:policy=static" if draft is not None else "ar")
     served = ServedModels(target, tokenizer, draft, name="tiny", draft_name="tiny-draft" if draft is not None else None)
-    return Server(create_app(served, ServerOptions(parse_method(method), **options)))
+    return Server(create_app(served, ServerOptions(method_config(method, True), **options)))
 
 
 def sse_events(response: httpx.Response) -> list[Any]:
@@ -146,7 +146,7 @@ def client(server):
 
 
 def reference(pair, prompt, **kwargs):
-    """specdec.generate with the test server's method, spec:block:k=4 (block verification, k=4, static policy)."""
+    """specdec.generate with the test server's method, spec:model:block:k=4:policy=static (block verification, k=4, static policy)."""
     target, draft, tokenizer = pair
     defaults = dict(draft=draft, tokenizer=tokenizer, verify="block", k=4, policy="static")
     return generate(target, prompt, **{**defaults, **kwargs})
@@ -159,7 +159,7 @@ def reference(pair, prompt, **kwargs):
 def test_models_lists_the_served_model(client):
     listed = client.models.list()
     assert [m.id for m in listed.data] == ["tiny"]
-    assert listed.data[0].speculative == {"method": "spec:block:k=4", "draft": "tiny-draft", "draft_weights": "int8"}
+    assert listed.data[0].speculative == {"method": "spec:model:block:k=4:policy=static", "draft": "tiny-draft", "draft_weights": "int8"}
 
 
 def test_greedy_completion_equals_generate(pair, client):
@@ -170,7 +170,7 @@ def test_greedy_completion_equals_generate(pair, client):
     assert got.usage.completion_tokens == 24 == len(want.token_ids)
     assert got.usage.prompt_tokens == len(pair[2]("def quicksort(arr):")["input_ids"])
     spec = got.speculative
-    assert spec["method"] == "spec:block:k=4" and spec["exact"] is True and spec["policy"] == "static"
+    assert spec["method"] == "spec:model:block:k=4:policy=static" and spec["exact"] is True and spec["policy"] == "static"
     assert spec["target_forwards"] == want.stats.target_forwards
     assert spec["accepted_tokens"] == want.stats.accepted_tokens
     assert spec["drafted_tokens"] == want.stats.drafted_tokens
@@ -230,14 +230,14 @@ def test_chat_equals_generate_on_the_chat_template(pair, client):
 
 
 def test_a_request_picks_its_method(pair, client):
-    for method, kwargs in [("spec:token:k=2", dict(verify="token", k=2)), ("ar", dict(draft=None, policy="auto")),
-                           ("spec:block:k=3:policy=heuristic", dict(k=3, policy="heuristic")),
-                           ("spec:ngram:block:k=3", dict(draft=None, drafter="ngram", k=3))]:
+    for method, kwargs in [("spec:model:token:k=2:policy=static", dict(verify="token", k=2)), ("ar", dict(draft=None, policy="auto")),
+                           ("spec:model:block:k=3:policy=heuristic", dict(k=3, policy="heuristic")),
+                           ("spec:ngram:block:k=3:policy=static", dict(draft=None, drafter="ngram", k=3))]:
         want = reference(pair, "while True:", max_new_tokens=16, temperature=0, **kwargs)
         got = client.completions.create(model="tiny", prompt="while True:", max_tokens=16, temperature=0,
                                         extra_body={"speculative": {"method": method}})
         assert got.choices[0].text == want.text, method
-        assert got.speculative["method"] == parse_method(method).name
+        assert got.speculative["method"] == str(method_config(method, True))
         assert got.speculative["target_forwards"] == want.stats.target_forwards, method
 
 
@@ -286,8 +286,8 @@ def test_fill_in_the_middle_without_fim_tokens_is_a_400():
     ({"prompt": ""}, "prompt", "empty"),
     ({"prompt": [1, 2, 100000]}, "prompt", "outside the vocabulary"),
     ({"speculative": {"method": "spec:bogus:k=4"}}, "speculative.method", "unknown verifier"),
-    ({"speculative": {"method": "hf-assisted"}}, "speculative.method", "peer"),
-    ({"speculative": {"method": "spec:greedy:k=4"}, "temperature": 1.0}, "speculative.method", "greedy"),
+    ({"speculative": {"method": "hf-assisted"}}, "speculative.method", "unknown method"),
+    ({"speculative": {"method": "spec:model:greedy:k=4:policy=static"}, "temperature": 1.0}, "speculative.method", "greedy"),
     ({"speculative": {"methd": "ar"}}, "speculative.methd", "unknown field"),
     ({"stream_options": {"include_usage": True}}, "stream_options", "stream"),
 ])
@@ -504,8 +504,8 @@ def test_health(server):
 
 @pytest.mark.parametrize("args, words", [
     (["--method", "spec:bogus"], "unknown verifier"),
-    (["--method", "hf-assisted"], "benchmark peer"),
-    (["--draft", "none", "--method", "spec:block:k=4"], "needs a draft model"),
+    (["--method", "hf-assisted"], "unknown method"),
+    (["--draft", "none", "--method", "spec:model:block:k=4:policy=static"], "needs a draft model"),
     (["--max-queue", "-1"], "--max-queue"),
     (["--request-timeout", "0"], "--request-timeout"),
     (["--api-key", " "], "--api-key is empty"),
@@ -560,14 +560,14 @@ def test_the_serve_command_serves_on_loopback(tmp_path):
 
 @pytest.mark.slow
 def test_smollm2_server_matches_generate():
-    pack = models.PACKS["smollm2-135m"]
-    missing = models.missing_parts(pack)
+    pack = packs.PACKS["smollm2-135m"]
+    missing = packs.missing_parts(pack)
     if missing:
         pytest.skip(f"pack smollm2-135m is not installed: {pack.install_command(missing)}")
     target, tokenizer = models.load("smollm2-135m")
     served = ServedModels(target, tokenizer, target, name="smollm2-135m", draft_name="smollm2-135m",
                           draft_weights="bf16")
-    app = create_app(served, ServerOptions(parse_method("spec:block:k=4")))
+    app = create_app(served, ServerOptions(method_config("spec:model:block:k=4:policy=static", True)))
     prompt = "def fibonacci(n):"
     want = generate(target, prompt, draft=target, draft_weights="bf16", tokenizer=tokenizer, max_new_tokens=24,
                     policy="static")
@@ -595,10 +595,10 @@ def test_qwen_coder_fim_prompt_holds_the_fim_tokens_by_id():
 
     from specdec.server import requests as rq
 
-    pack = models.PACKS[models.DEFAULT_TARGET]
-    if not models.is_converted(pack):
+    pack = packs.PACKS[models.DEFAULT_TARGET]
+    if not packs.is_converted(pack):
         pytest.skip(f"{pack.name} is not converted yet (specdec generate --target {pack.name} converts it)")
-    tokenizer = AutoTokenizer.from_pretrained(models.pack_dir(pack), local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(packs.pack_dir(pack), local_files_only=True)
     assert rq.has_fim_tokens(tokenizer)
     body = rq.CompletionBody.model_validate({"prompt": "def add(a, b):\n    ", "suffix": "\n    return c\n"})
     ids = rq.completion_prompt(body, tokenizer, fim=True)
@@ -607,9 +607,9 @@ def test_qwen_coder_fim_prompt_holds_the_fim_tokens_by_id():
     assert tokenizer.decode(ids) == "<|fim_prefix|>def add(a, b):\n    <|fim_suffix|>\n    return c\n<|fim_middle|>"
 
 
-def test_methods_run_on_the_backend_the_server_loads():
-    """--backend llamacpp: unmarked methods run there; a method that names another backend is refused
-    (at start for --method, with a 400 for a request)."""
+def test_methods_name_no_backend_the_server_runs_its_loaded_models():
+    """A method is a decoding method only: the server runs it on the models it loaded (a bench's
+    backend= key is refused, at start for --method, with a 400 for a request)."""
     import argparse
 
     from specdec.cli import CLIError
@@ -618,11 +618,11 @@ def test_methods_run_on_the_backend_the_server_loads():
 
     args = argparse.Namespace(target="smollm2-135m", draft="none", backend="llamacpp", method="spec:ngram:block")
     method = default_method(args)
-    assert method.backend == "llamacpp" and method.drafter == "ngram"
-    with pytest.raises(CLIError, match="runs on torch"):
+    assert method.drafter == "ngram" and str(method) == "spec:ngram:block:k=4:policy=auto"
+    with pytest.raises(CLIError, match="backend="):
         default_method(argparse.Namespace(**{**vars(args), "method": "spec:ngram:block:backend=torch"}))
     body = rq.CompletionBody(prompt="x", speculative={"method": "spec:ngram:block:k=3"})
-    assert rq.choose_method(body, method, has_draft=False).backend == "llamacpp"
+    assert rq.choose_method(body, method, has_draft=False).k == 3
     body = rq.CompletionBody(prompt="x", speculative={"method": "spec:ngram:block:backend=torch"})
-    with pytest.raises(rq.APIError, match="runs its models with llamacpp"):
+    with pytest.raises(rq.APIError, match="backend="):
         rq.choose_method(body, method, has_draft=False)

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from specdec.bench.methods import parse_method
+from specdec.server.requests import method_config
 from specdec.server.app import ServedModels, ServerOptions, create_app
 from test_server import Server, running_stream, tiny_pair, tiny_tokenizer, wait_for
 
@@ -82,7 +82,7 @@ def pair():
 def app_of(pair: Any, tokenizer: Any = None, **options: Any) -> Any:
     target, draft, default_tokenizer = pair
     served = ServedModels(target, tokenizer or default_tokenizer, draft, name="tiny", draft_name="tiny-draft")
-    return create_app(served, ServerOptions(parse_method(options.pop("method", "spec:block:k=4")), **options))
+    return create_app(served, ServerOptions(method_config(options.pop("method", "spec:model:block:k=4:policy=static"), True), **options))
 
 
 @pytest.fixture(scope="module")

@@ -53,10 +53,10 @@ class Outcome:
 
 
 METHOD_KWARGS = {
-    "spec:block:k=4": dict(verify="block", k=4, policy="static"),
-    "spec:token:k=2": dict(verify="token", k=2, policy="static"),
+    "spec:model:block:k=4:policy=static": dict(verify="block", k=4, policy="static"),
+    "spec:model:token:k=2:policy=static": dict(verify="token", k=2, policy="static"),
     "ar": dict(draft=None),
-    "spec:ngram:block:k=3": dict(draft=None, drafter="ngram", verify="block", k=3, policy="static"),
+    "spec:ngram:block:k=3:policy=static": dict(draft=None, drafter="ngram", verify="block", k=3, policy="static"),
 }
 
 

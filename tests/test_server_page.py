@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from specdec import generate, models
+from specdec import generate, models, packs
 from test_server import Server, serve, tiny_pair, tiny_tokenizer
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -100,18 +100,18 @@ def test_page_typed_prompt_with_an_api_key_and_a_chosen_method(browser, tmp_path
     tokenizer = tiny_tokenizer()
     with serve(target, tokenizer, draft, api_key="k3y") as running:
         body = {"prompt": "while True:", "max_tokens": 24, "temperature": 0,
-                "speculative": {"method": "spec:token:k=2"}}
+                "speculative": {"method": "spec:model:token:k=2:policy=static"}}
         steps = streamed_steps(running, body, key="k3y")
         page = browser.new_page()
         page.goto(page_url(running, key="k3y"))
         page.fill("#prompt", "while True:")
         page.fill("#max_tokens", "24")
-        page.fill("#method", "spec:token:k=2")
+        page.fill("#method", "spec:model:token:k=2:policy=static")
         page.click("#go")
         page.wait_for_selector('#status[data-state="done"]', timeout=60_000)
         page.screenshot(path=str(tmp_path / "typed.png"))
         check_page_against_stream(page, steps, "while True:")
-        assert "spec:token:k=2" in page.inner_text("#model")
+        assert "spec:model:token:k=2:policy=static" in page.inner_text("#model")
         page.fill("#method", "spec:nope")  # an error is shown, not swallowed
         page.click("#go")
         page.wait_for_selector('#status[data-state="error"]', timeout=60_000)
@@ -121,17 +121,17 @@ def test_page_typed_prompt_with_an_api_key_and_a_chosen_method(browser, tmp_path
 @pytest.mark.slow
 def test_page_with_smollm2(browser, tmp_path):
     """SmolLM2-135M drafted by its own int8 copy: the picture in docs/server.md."""
-    pack = models.PACKS["smollm2-135m"]
-    missing = models.missing_parts(pack)
+    pack = packs.PACKS["smollm2-135m"]
+    missing = packs.missing_parts(pack)
     if missing:
         pytest.skip(f"pack smollm2-135m is not installed: {pack.install_command(missing)}")
-    from specdec.bench.methods import parse_method
+    from specdec.server.requests import method_config
     from specdec.server.app import ServedModels, ServerOptions, create_app
 
     target, tokenizer = models.load("smollm2-135m")
     served = ServedModels(target, tokenizer, target, name="smollm2-135m", draft_name="smollm2-135m (int8)")
     prompt = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
-    with Server(create_app(served, ServerOptions(parse_method("spec:block:k=4")))) as running:
+    with Server(create_app(served, ServerOptions(method_config("spec:model:block:k=4:policy=static", True)))) as running:
         steps = streamed_steps(running, {"prompt": prompt, "max_tokens": 96, "temperature": 0})
         page = run_page(browser, page_url(running, prompt=prompt, max_tokens=96, temperature=0, autorun=1),
                         tmp_path / "server-page.png", timeout_s=300)

@@ -12,15 +12,11 @@ import torch
 
 from specdec.backends.base import CausalLM
 from specdec.backends.hf import eos_token_ids
-from specdec.backends.lean import make_backend
+from specdec.build import as_backend, build
 from specdec.config import DecodeConfig
-from specdec.drafters.base import Drafter
-from specdec.drafters.model import ModelDrafter
-from specdec.drafters.tree import DEFAULT_TREE, TreeDrafter
 from specdec.engine import autoregressive_steps, speculative_steps, tree_steps
-from specdec.policies import DraftLengthPolicy, make_policy
+from specdec.policies import DraftLengthPolicy
 from specdec.stats import GenerationStats, Step
-from specdec.verify import make_verifier
 
 
 @dataclass
@@ -58,15 +54,6 @@ class StreamEvent:
     from_draft: list[bool]
     draft_chars: int
     stats: GenerationStats = field(repr=False)
-
-
-def as_backend(model: Any, weights: str = "bf16") -> CausalLM:
-    """Wrap a transformers model (:func:`~specdec.backends.lean.make_backend`: the lean backend
-    where it applies, else :class:`~specdec.backends.hf.HFCausalLM`; ``weights="int8"`` for draft
-    models only); pass a :class:`CausalLM` through unchanged."""
-    if hasattr(model, "forward") and hasattr(model, "trim") and hasattr(model, "tokens"):
-        return model
-    return make_backend(model, weights=weights)
 
 
 def stream(
@@ -167,12 +154,8 @@ class _Run:
         if config.stop and tokenizer is None:
             raise ValueError("stop strings need a tokenizer to read the text; pass tokenizer=")
         prompt = _checked_prompt(prompt, tokenizer)
-        target, drafter = _build_drafter(config, target, draft)
-        if drafter is None:
-            _check_nothing_to_verify(config)
-        backend = as_backend(target)
-        if drafter is not None:
-            _check_vocabulary(drafter, backend)
+        built = build(config, target, draft)
+        backend = built.target
         _check_eos_ids(config.eos_token_ids, backend)
         prompt_ids = _prompt_ids(prompt, tokenizer, backend)
         room = _room(backend, len(prompt_ids), config.max_new_tokens)
@@ -180,14 +163,13 @@ class _Run:
         generator = torch.Generator().manual_seed(config.seed) if config.seed is not None else None
         backend.reset()
         common = dict(sampling=config.sampling, max_new_tokens=config.max_new_tokens, eos_ids=eos, generator=generator)
-        if drafter is None:
-            run = cls(autoregressive_steps(backend, prompt_ids, **common), tokenizer, config.stop, "ar", True)
-        elif config.verify == "tree":
-            tree_drafter, shape = _tree_drafter(drafter, config.tree)
-            steps = tree_steps(backend, tree_drafter, prompt_ids, **common)
-            run = cls(steps, tokenizer, config.stop, f"spec:{drafter.name}:tree:{shape}", True)
+        if built.drafter is None:
+            steps = autoregressive_steps(backend, prompt_ids, **common)
+        elif built.tree:
+            steps = tree_steps(backend, built.drafter, prompt_ids, **common)
         else:
-            run = _chain_run(cls, config, backend, drafter, prompt_ids, common, tokenizer)
+            steps = speculative_steps(backend, built.drafter, built.verifier, built.policy, prompt_ids, **common)
+        run = cls(steps, tokenizer, config.stop, built.method, built.exact, policy=built.policy)
         run.stats.truncated_to = room
         run.limit, run.eos = (config.max_new_tokens if room is None else room), eos
         return run
@@ -266,104 +248,12 @@ def _stop_prefix(text: str, stops: Sequence[str]) -> int:
     return 0
 
 
-def _build_drafter(config: DecodeConfig, target: Any, draft: Any) -> tuple[Any, Drafter | None]:
-    """(target, drafter or None for autoregressive decoding): the drafter the config names, the
-    one it holds, or a :class:`ModelDrafter` on the ``draft`` model (its backend built here)."""
-    drafter = config.drafter
-    lookup_too = drafter == "ngram+model"  # the draft model below, with an n-gram lookup beside it
-    if drafter == "model" and config.drafter_options:
-        raise ValueError("the model drafter takes no drafter_options")
-    if lookup_too and draft is None:
-        raise ValueError("the ngram+model drafter needs a draft model; pass draft= (or use drafter='ngram')")
-    if isinstance(drafter, str) and drafter not in ("model", "ngram+model"):
-        if draft is not None:
-            raise ValueError(f"the {drafter} drafter uses no draft model; leave draft out")
-        from specdec.drafters import make_drafter, target_backend
-
-        if not isinstance(target, torch.nn.Module) and not hasattr(target, "trim"):
-            raise ValueError(f"the {drafter} drafter needs a transformers model or a CausalLM backend as the target")
-        target = target_backend(drafter, target)
-        return target, make_drafter(drafter, target, **(config.drafter_options or {}))
-    if drafter is not None and not isinstance(drafter, str):
-        if draft is not None:
-            raise ValueError("give either a draft model or a drafter, not both")
-        return _drafter_target(drafter, target), drafter
-    if draft is None:
-        return target, None
-    draft_backend = as_backend(draft, config.draft_weights)
-    draft_backend.reset()
-    if lookup_too:
-        from specdec.drafters import ChoiceDrafter
-
-        return target, ChoiceDrafter.build(ModelDrafter(draft_backend), **(config.drafter_options or {}))
-    return target, ModelDrafter(draft_backend)
-
-
-def _drafter_target(drafter: Drafter, target: Any) -> Any:
-    """The target a drafter object runs on: its own backend where it has one (it must wrap ``target``)."""
-    own = getattr(drafter, "target", None)
-    if own is None or own is target:
-        return target
-    if getattr(own, "model", None) is not target:
-        raise ValueError(f"the {drafter.name} drafter runs on its own target backend; pass target=drafter.target")
-    return own
-
-
-def _check_nothing_to_verify(config: DecodeConfig) -> None:
-    """Without a draft model or a drafter the target decodes alone: a verifier or a draft-length
-    policy other than the defaults would be ignored (the command line's --draft none rule)."""
-    default = DecodeConfig()
-    for name in ("verify", "policy"):
-        value = getattr(config, name)
-        if value != getattr(default, name):
-            shown = repr(value) if isinstance(value, str) else type(value).__name__
-            raise ValueError(f"{name}={shown} needs a draft model or a drafter; pass draft= (or drafter=), "
-                             f"or leave {name} out to decode with the target alone")
-
-
 def _check_eos_ids(ids: Sequence[int] | None, backend: CausalLM) -> None:
     """An id outside the vocabulary is never sampled: stopping on it would silently never happen."""
     bad = [t for t in ids or () if not 0 <= t < backend.vocab_size]
     if bad:
         raise ValueError(f"eos_token_ids {bad[:5]} are outside the vocabulary (0..{backend.vocab_size - 1}); "
                          "give the ids of tokens that end generation")
-
-
-def _check_vocabulary(drafter: Drafter, backend: CausalLM) -> None:
-    if drafter.vocab_size != backend.vocab_size:
-        raise ValueError(
-            f"the draft's vocabulary ({drafter.vocab_size} logits) differs from the target's "
-            f"({backend.vocab_size}); use a draft from the same model family and tokenizer"
-        )
-
-
-def _tree_drafter(drafter: Drafter, tree: Any) -> tuple[Any, str]:
-    """(the drafter that proposes trees, a short description of the tree's shape)."""
-    if isinstance(drafter, ModelDrafter):
-        tree_drafter = TreeDrafter(drafter.model, **(DEFAULT_TREE if tree is None else tree))
-        shape = {"static": "static", "confident": f"threshold={tree_drafter.threshold}",
-                 "dynamic": f"budget={tree_drafter.budget}"}[tree_drafter.mode]
-        return tree_drafter, shape
-    if hasattr(drafter, "with_choices"):  # the heads drafter: a static Medusa tree
-        tree = dict(tree or {})
-        if tree.pop("mode", "static") != "static" or set(tree) - {"choices"}:
-            raise ValueError(f"the {drafter.name} drafter's tree is static and takes only 'choices'")
-        return (drafter.with_choices(tree["choices"]) if "choices" in tree else drafter), "static"
-    raise ValueError(f"tree verification needs a draft model or the heads drafter, not {drafter.name}")
-
-
-def _chain_run(cls: type, config: DecodeConfig, backend: CausalLM, drafter: Drafter, prompt_ids: list[int],
-               common: dict[str, Any], tokenizer: Any) -> "_Run":
-    verifier = make_verifier(config.verify)
-    policy = config.policy
-    pol = make_policy(policy, config.k) if isinstance(policy, str) else policy
-    if hasattr(pol, "bind"):  # the planner measures its models' costs (or reads them from its cache)
-        pol.bind(backend, drafter)
-    steps = speculative_steps(backend, drafter, verifier, pol, prompt_ids, **common)
-    method = f"spec:{drafter.name}:{verifier.name}:{pol.name}:k={config.k}"
-    if not verifier.exact:
-        method += " (LOSSY)"
-    return cls(steps, tokenizer, config.stop, method, verifier.exact, policy=pol)
 
 
 def eos_token_ids_of(model: Any, tokenizer: Any) -> set[int]:

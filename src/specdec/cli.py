@@ -24,8 +24,12 @@ import sys
 import warnings
 from typing import Any, Callable, Iterator, Sequence
 
-from specdec import models
-from specdec.drafters import DEFAULT_DRAFTER, MODEL_DRAFTERS
+from specdec import models, packs
+from specdec.config import (
+    GROUP_FIELD, NAME_ONLY, OPTIONS, SAMPLING_FIELDS, ConfigError, DecodeConfig, NothingToVerify, Option, option,
+)
+from specdec.drafters import MODEL_DRAFTERS
+from specdec.drafters.tree import DEFAULT_TREE, TreeDrafter
 from specdec.memory import keep_freed_memory
 
 
@@ -70,17 +74,6 @@ probability = _number(float, lambda v: 0.0 < v <= 1.0, "a number in (0, 1]")
 seed_int = _number(int, lambda v: 0 <= v < 2**64, "an integer in [0, 2**64)")  # what torch.manual_seed takes
 
 
-def tree_choices(text: str) -> tuple[tuple[int, ...], ...]:
-    """--tree-static's value: a static tree's rank paths (:func:`specdec.drafters.tree.parse_choices`),
-    checked as the option is read, so a word taken for the tree (e.g. the prompt) is named as such."""
-    from specdec.drafters.tree import parse_choices
-
-    try:
-        return parse_choices(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
-
-
 class _Given(argparse.Action):
     """Store the value and remember that the option was given (so a default can be told apart)."""
 
@@ -109,9 +102,8 @@ def add_model_options(parser: argparse.ArgumentParser, *, draft: bool = True) ->
         group.add_argument("--draft", default=models.DEFAULT_DRAFT, metavar="MODEL", action=_Given,
                            help=f"draft model, as for --target; must share the target's vocabulary; "
                                 f"'none' decodes with the target alone (default: {models.DEFAULT_DRAFT})")
-        group.add_argument("--draft-weights", default="int8", choices=["int8", "bf16"],
-                           help="the draft model's weights: int8 copies (half the bytes per draft token; the "
-                                "output law is unchanged) or its own bf16 ones (default: int8)")
+        weights = option("sampling", "draft_weights")
+        group.add_argument(weights.flag, default=weights.default, choices=list(weights.choices()), help=weights.help)
     group.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"], action=_Given,
                        help="compute dtype (default: bfloat16; on CPU verification is only cheap in bf16)")
     group.add_argument("--kernels", default="auto", choices=["auto", "torch"], action=_Given,
@@ -131,206 +123,112 @@ def add_backend_option(parser: argparse.ArgumentParser) -> None:
 
 
 def add_decoding_options(parser: argparse.ArgumentParser) -> None:
-    from specdec.verify import VERIFIERS
-
+    """The decoding options, one per row of :data:`specdec.config.OPTIONS` (--draft-weights is
+    among the model options). A method option left out is None, so the config's default applies."""
     group = parser.add_argument_group("decoding")
-    group.add_argument("--verify", default="block", choices=sorted([*VERIFIERS, "tree"]), action=_Given,
-                       help="verification rule; 'tree' drafts a token tree with the draft model and "
-                            "verifies it in one pass (by default the confident tree, threshold 0.8); "
-                            "'typical' is lossy (default: block)")
-    group.add_argument("--tree-threshold", type=probability, default=None, metavar="P",
-                       help="--verify tree: the confident tree: a chain while the draft's top probability is at "
-                            "least P, a fork of --tree-width children where it is not (default tree: P = 0.8)")
-    group.add_argument("--tree-budget", type=positive_int, default=None, metavar="N",
-                       help="--verify tree: most nodes in the tree (default: 16); without --tree-threshold, "
-                            "--tree-budget, --tree-depth and --tree-width shape the EAGLE-2-style dynamic tree")
-    group.add_argument("--tree-depth", type=positive_int, default=None, metavar="D",
-                       help="--verify tree: deepest level (default: 16 confident, the confidence policy's "
-                            "k_max; 5 dynamic)")
-    group.add_argument("--tree-width", type=positive_int, default=None, metavar="W",
-                       help="--verify tree: children per expanded node (default: 2 confident, 4 dynamic)")
-    group.add_argument("--tree-static", nargs="?", const=tree_choices("default"), default=None, metavar="PATHS",
-                       type=tree_choices,
-                       help="--verify tree: a static Medusa-style tree instead of the dynamic one: the default "
-                            "shape, or rank paths joined by '|' with ranks joined by '.', e.g. 0|1|0.0")
-    group.add_argument("-k", type=positive_int, default=4, action=_Given,
-                       help="draft tokens per step; the start and maximum for adaptive policies (default: 4)")
-    group.add_argument("--drafter", default=DEFAULT_DRAFTER, action=_Given,
-                       choices=["ngram+model", "model", "ngram", "early-exit", "layer-skip", "heads", "eagle"],
-                       help="who proposes tokens: n-gram prompt lookup where the context repeats itself and "
-                            "the --draft model elsewhere (the planner picks each step), the --draft model "
-                            "alone, n-gram prompt lookup alone, the target's first layers, the target with "
-                            "layers skipped, trained Medusa heads, or a trained one-layer head (default: "
-                            "ngram+model; model with --verify tree)")
-    group.add_argument("--policy", default="auto", choices=["static", "heuristic", "confidence", "theory", "auto"],
-                       action=_Given,
-                       help="draft length: fixed k; grow/shrink on full acceptance/rejection; stop when the "
-                            "draft is unsure; the k the speed-up formula picks from running estimates; or "
-                            "'auto', the planner: each step the k (0 = a plain target step) with the most "
-                            "expected tokens per second from this machine's measured costs (default: auto)")
-    group.add_argument("--heads", default=None, metavar="DIR",
-                       help="--drafter heads or eagle: a folder from 'specdec train-heads' (default: "
-                            "the one shipped for the target)")
-    group.add_argument("--exit-layer", type=positive_int, default=None, metavar="L",
-                       help="--drafter early-exit: draft with the first L layers (default: all but two)")
-    group.add_argument("--temperature", type=non_negative_float, default=0.0,
-                       help="0 means greedy (default: 0)")
-    group.add_argument("--top-k", type=non_negative_int, default=0, help="0 disables (default: 0)")
-    group.add_argument("--top-p", type=probability, default=1.0, help="1 disables (default: 1)")
-    group.add_argument("--max-new-tokens", type=positive_int, default=128, help="(default: 128)")
-    group.add_argument("--seed", type=seed_int, default=None, help="fixes sampling (an integer in [0, 2**64))")
+    for opt in OPTIONS:
+        if opt.flag is None or opt.name == "draft_weights":
+            continue
+        kwargs: dict[str, Any] = dict(dest=opt.dest, help=opt.help,
+                                      default=opt.default if opt.group == "sampling" else None)
+        if opt.choices is not None:
+            kwargs.update(choices=list(opt.choices()), metavar=None)
+        else:
+            kwargs.update(type=_option_type(opt), metavar=opt.name.upper() if len(opt.flag) > 2 else "K")
+        if opt.name == "choices":
+            kwargs.update(nargs="?", const=_option_type(opt)("default"), metavar="PATHS")
+        group.add_argument(opt.flag, **kwargs)
     group.add_argument("--stop", action="append", default=[], metavar="TEXT",
                        help="end generation at this text (repeatable)")
 
 
-def check_decoding_options(args: argparse.Namespace) -> None:
-    """Reject inconsistent option values before any model is loaded; settle the default drafter."""
-    from specdec.verify import VERIFIERS
+def _option_type(opt: Option) -> Callable[[str], Any]:
+    """An argparse type for ``opt``: its reader, whose ValueError becomes "expected <what it takes>"."""
+    def parse(text: str) -> Any:
+        try:
+            return opt.value(text)
+        except ValueError as err:
+            message = str(err) if opt.name == "choices" else f"expected {opt.accepts}, got {text!r}"
+            raise argparse.ArgumentTypeError(message) from None
 
-    if getattr(args, "drafter", None) == DEFAULT_DRAFTER and not given(args, "drafter"):
-        # a tree is drafted by the draft model itself; with --draft none there is no draft model
-        if args.verify == "tree" or str(getattr(args, "draft", None)).lower() == "none":
-            args.drafter = "model"
-    if args.verify == "greedy" and args.temperature > 0:
-        raise CLIError(
-            "--verify greedy reproduces greedy decoding only, but --temperature is "
-            f"{args.temperature}",
-            "use --verify token or --verify block to sample, or drop --temperature", code=2,
-        )
-    drafter = getattr(args, "drafter", "model")
-    for option, value, wanted in (("--heads", getattr(args, "heads", None), ("heads", "eagle")),
-                                  ("--exit-layer", getattr(args, "exit_layer", None), ("early-exit",))):
-        if value is not None and drafter not in wanted:
-            raise CLIError(f"{option} is an option of --drafter {' or '.join(wanted)}, but --drafter is {drafter}",
-                           f"add --drafter {wanted[0]} or drop {option}", code=2)
-    tree_flags = [f for f, v in (("--tree-budget", getattr(args, "tree_budget", None)),
-                                 ("--tree-depth", getattr(args, "tree_depth", None)),
-                                 ("--tree-threshold", getattr(args, "tree_threshold", None)),
-                                 ("--tree-width", getattr(args, "tree_width", None)),
-                                 ("--tree-static", getattr(args, "tree_static", None))) if v is not None]
-    if tree_flags and args.verify != "tree":
-        raise CLIError(f"{tree_flags[0]} is an option of --verify tree", "add --verify tree or drop it", code=2)
-    if getattr(args, "tree_static", None) is not None and (args.tree_budget or args.tree_depth or args.tree_width
-                                                           or args.tree_threshold is not None):
-        raise CLIError("--tree-static fixes the tree's shape; --tree-threshold, --tree-budget, --tree-depth and "
-                       "--tree-width shape the confident and the dynamic trees",
-                       "use one or the other", code=2)
-    if args.verify == "tree":
-        *others, last = sorted(VERIFIERS)
-        chain = f"{', '.join(others)} or {last}"
-        for option, dest in (("-k", "k"), ("--policy", "policy")):
-            if given(args, dest):
-                raise CLIError(f"{option} is an option of --verify {chain}, but --verify is tree",
-                               f"drop {option} (the tree's shape sets how much it drafts: --tree-depth, "
-                               "--tree-budget), or use --verify block", code=2)
-    if args.verify == "tree" and drafter not in ("model", "heads"):
-        raise CLIError(f"--verify tree drafts its tree with the draft model or the heads, not --drafter {drafter}",
-                       "drop --drafter, or use --verify block", code=2)
-    _check_draft_choice(args, drafter)
+    parse.__name__ = opt.accepts
+    return parse
 
 
-def _check_draft_choice(args: argparse.Namespace, drafter: str) -> None:
-    """--draft none leaves nothing to verify; --draft with a drafter that does not use it is ignored."""
-    draft = str(getattr(args, "draft", None)).lower()
-    if drafter == "ngram+model" and draft == "none":
-        raise CLIError("--drafter ngram+model drafts with the draft model where the lookup finds nothing, "
-                       "but --draft is none", f"give a draft (--draft {models.DEFAULT_DRAFT}) or use --drafter ngram",
-                       code=2)
-    if drafter == "model" and draft == "none" and (given(args, "verify") or given(args, "policy")):
-        option = f"--verify {args.verify}" if given(args, "verify") else f"--policy {args.policy}"
-        raise CLIError(f"--draft none decodes with the target alone, so {option} has nothing to act on",
-                       f"drop {option.split()[0]}, or give a draft (--draft {models.DEFAULT_DRAFT}) or a "
-                       "drafter that needs none (--drafter ngram)", code=2)
-    if drafter not in MODEL_DRAFTERS and given(args, "draft") and draft != "none":
-        _note(f"warning: --drafter {drafter} drafts without a draft model; --draft {args.draft} is ignored "
-              "(drop --draft, or use --drafter model to draft with it)")
+def cli_spelling(group: str, name: str, value: Any) -> str:
+    """How the command line names an option (:class:`~specdec.config.ConfigError`): ``--verify tree``."""
+    flag = option(group, name).flag or f"--{name.replace('_', '-')}"
+    return flag if value is NAME_ONLY else f"{flag} {value}"
 
 
-def decoding_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    """The keyword arguments of :func:`specdec.generate` that the decoding options set."""
-    return dict(
-        verify=args.verify, k=args.k, temperature=args.temperature, top_k=args.top_k,
-        top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed, stop=args.stop,
-        policy=getattr(args, "policy", "auto"), tree=tree_options(args),
-    )
-
-
-def decode_config(args: argparse.Namespace) -> Any:
-    """The :class:`~specdec.config.DecodeConfig` the decoding and drafter options describe
-    (checked here, before any model loads)."""
-    from specdec.config import DecodeConfig
-
-    drafting = drafter_kwargs(args)
-    if getattr(args, "drafter", "model") in MODEL_DRAFTERS:
-        drafting["draft_weights"] = getattr(args, "draft_weights", "int8")
+def decode_config(args: argparse.Namespace) -> DecodeConfig:
+    """The :class:`~specdec.config.DecodeConfig` the decoding options describe, its default drafter
+    named for --draft; checked here, before any model loads."""
+    values: dict[str, Any] = {"stop": args.stop}
+    for opt in OPTIONS:
+        value = getattr(args, opt.dest, None) if opt.dest else None
+        if value is None:
+            continue
+        if opt.group in ("method", "sampling"):
+            values[opt.name] = value
+        else:
+            values.setdefault(GROUP_FIELD[opt.group], {})[opt.name] = value
+    has_draft = str(getattr(args, "draft", None)).lower() != "none"
     try:
-        return DecodeConfig(**decoding_kwargs(args), **drafting)
+        config = DecodeConfig(**values).resolve(has_draft, draft_flag="--draft")
+    except NothingToVerify as err:
+        shown = cli_spelling("method", err.name, err.value)
+        raise CLIError(f"--draft none decodes with the target alone, so {shown} has nothing to act on",
+                       f"drop {cli_spelling('method', err.name, NAME_ONLY)}, or give a draft (--draft "
+                       f"{models.DEFAULT_DRAFT}) or a drafter that needs none (--drafter ngram)", code=2) from None
+    except ConfigError as err:
+        message, hint = err.render(cli_spelling)
+        raise CLIError(message, hint or "see 'specdec generate --help'", code=2) from None
     except (TypeError, ValueError) as err:
         raise CLIError(str(err), "see 'specdec generate --help'", code=2) from None
+    if config.drafter not in MODEL_DRAFTERS and given(args, "draft") and has_draft:
+        _note(f"warning: --drafter {config.drafter} drafts without a draft model; --draft {args.draft} is ignored "
+              "(drop --draft, or use --drafter model to draft with it)")
+    return config
 
 
-def tree_options(args: argparse.Namespace) -> dict[str, Any] | None:
-    """The ``tree=`` options of :func:`specdec.generate` from the --tree-* options."""
-    if getattr(args, "verify", None) != "tree":
-        return None
-    if args.tree_static is not None:
-        return {"choices": args.tree_static}  # parsed by tree_choices
-    given = {k: v for k, v in (("budget", args.tree_budget), ("depth", args.tree_depth),
-                               ("threshold", args.tree_threshold), ("width", args.tree_width)) if v is not None}
-    return given or None  # None: the API's default tree (the confident tree)
-
-
-def drafter_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    """``drafter`` / ``drafter_options`` for :func:`specdec.generate` from --drafter and its options."""
-    name = getattr(args, "drafter", "model")
-    if name == "model":
-        return {}
-    options: dict[str, Any] = {}
-    if name in ("heads", "eagle") and args.heads is not None:
-        options["path"] = args.heads
-    if name == "early-exit" and args.exit_layer is not None:
-        options["exit_layer"] = args.exit_layer
-    return {"drafter": name, "drafter_options": options}
-
-
-def load_models(args: argparse.Namespace, *, draft: bool = True) -> tuple[Any, Any, Any]:
-    """(target, draft or None, tokenizer of the target); checks the two share a vocabulary."""
+def load_models(args: argparse.Namespace, *, draft: bool = True) -> models.Pair:
+    """The target and, unless ``draft`` is False or --draft is none, the draft, as a
+    :class:`~specdec.models.Pair` (:func:`specdec.models.load_pair`, which checks the two share a
+    vocabulary); notes on stderr say what loads, and a pack error is a :class:`CLIError`."""
     names = [args.target] + ([args.draft] if draft and args.draft is not None else [])
     _check_torch_options(args, [n for n in names if n.lower() != "none"])
-    if any(name in models.PACKS for name in names):
-        _check_cache_dir(args, create=True)  # before loading anything
-    for name in dict.fromkeys(n for n in names if n in models.PACKS):
-        try:
-            models.locate_parts(models.PACKS[name])  # a missing draft pack fails before the target loads
-        except models.ModelPackError as err:
-            raise CLIError(err.message, err.hint) from None
-    target, tokenizer = _load(args.target, args)
-    if not draft or args.draft is None or args.draft.lower() == "none":
-        return target, None, tokenizer
-    if args.draft == args.target:  # one set of weights; each use keeps its own KV cache
-        return target, (target.fork() if hasattr(target, "fork") else target), tokenizer
-    draft_model, _ = _load(args.draft, args)
-    t_vocab, d_vocab = logit_width(target), logit_width(draft_model)
-    if t_vocab != d_vocab:
-        raise CLIError(
-            f"the draft {args.draft} has a {d_vocab}-token vocabulary but the target {args.target} "
-            f"has {t_vocab}",
-            f"pick a draft from the target's model family (the default pair is --target "
-            f"{models.DEFAULT_TARGET} --draft {models.DEFAULT_DRAFT})",
-        )
-    return target, draft_model, tokenizer
+
+    def loading(name: str, backend: str) -> None:
+        _note(f"loading {name} ({args.dtype if backend == 'torch' else 'GGUF via llama.cpp'})")
+
+    try:
+        pair = models.load_pair(args.target, args.draft if draft else None,
+                                backend=getattr(args, "backend", "torch"), cache_dir=getattr(args, "cache_dir", None),
+                                dtype=args.dtype, kernels=getattr(args, "kernels", "auto"),
+                                n_threads=getattr(args, "threads", None), on_load=loading)
+    except models.ModelPackError as err:
+        raise CLIError(err.message, err.hint) from None
+    _loaded_notes(pair.target_name, pair.target, pair.backend)
+    if pair.draft_name is not None and pair.draft_name != pair.target_name:  # the same name: the target's weights
+        _loaded_notes(pair.draft_name, pair.draft, backend_of(pair.draft_name, args))
+    return pair
 
 
-def logit_width(model: Any) -> int:
-    if not hasattr(model, "get_output_embeddings"):  # a CausalLM backend (llama.cpp)
-        return int(model.vocab_size)
-    head = model.get_output_embeddings()
-    return int(head.weight.shape[0]) if head is not None else int(model.config.vocab_size)
+def _loaded_notes(name: str, model: Any, backend: str) -> None:
+    """What a loaded model runs: a GGUF's weights on llama.cpp, and the prefill layout it chose."""
+    if backend == "llamacpp":
+        _note(f"{name}: {gguf_weights(model)}")
+    choice = getattr(model, "prefill_choice", None)
+    if choice and choice.get("layout") == "file" and "seconds" in choice:
+        t = choice["seconds"]
+        _note(f"{name}: prompts prefill on the GGUF's stored weight layout, decoding on llama.cpp's repacked one "
+              f"({choice['rows']} rows took {t['file']:.2f} s against {t['repacked']:.2f} s; {choice['source']})")
 
 
 def _check_cache_dir(args: argparse.Namespace, *, create: bool) -> None:
     try:
-        models.check_cache_dir(getattr(args, "cache_dir", None), create=create)
+        packs.check_cache_dir(getattr(args, "cache_dir", None), create=create)
     except models.ModelPackError as err:
         raise CLIError(err.message, err.hint) from None
 
@@ -369,25 +267,6 @@ def check_threads(threads: int | None) -> None:
               f"beyond them only contend (use --threads {cpus} or fewer)")
 
 
-def _load(name: str, args: argparse.Namespace) -> tuple[Any, Any]:
-    backend = backend_of(name, args)
-    _note(f"loading {name} ({args.dtype if backend == 'torch' else 'GGUF via llama.cpp'})")
-    torch_options = {"dtype": args.dtype, "kernels": getattr(args, "kernels", "auto")} if backend == "torch" else {}
-    try:
-        model, tokenizer = models.load(name, cache_dir=args.cache_dir, backend=backend,
-                                       n_threads=getattr(args, "threads", None), **torch_options)
-    except models.ModelPackError as err:
-        raise CLIError(err.message, err.hint) from None
-    if backend == "llamacpp":
-        _note(f"{name}: {gguf_weights(model)}")
-    choice = getattr(model, "prefill_choice", None)
-    if choice and choice.get("layout") == "file" and "seconds" in choice:
-        t = choice["seconds"]
-        _note(f"{name}: prompts prefill on the GGUF's stored weight layout, decoding on llama.cpp's repacked one "
-              f"({choice['rows']} rows took {t['file']:.2f} s against {t['repacked']:.2f} s; {choice['source']})")
-    return model, tokenizer
-
-
 # ------------------------------------------------------------------------------------------------
 # specdec generate
 
@@ -420,8 +299,6 @@ def add_generate_parser(subparsers: Any) -> None:
 def run_generate(args: argparse.Namespace) -> int:
     from specdec import api
 
-    check_decoding_options(args)
-    _check_sampling(args)
     check_prompt_text(args.prompt, allow_blank=args.chat)
     config = decode_config(args)
     _hint_escaped_stops(args.stop)
@@ -430,32 +307,32 @@ def run_generate(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    uses_model = args.drafter in MODEL_DRAFTERS
-    target, draft, tokenizer = load_models(args, draft=uses_model)
-    prompt = _prompt(args, tokenizer)
-    common = dict(tokenizer=tokenizer, config=config)
-    drafting = dict(draft=draft) if uses_model else {}
+    uses_model = config.drafter in MODEL_DRAFTERS
+    pair = load_models(args, draft=uses_model)
+    prompt = _prompt(args, pair.tokenizer)
+    common = dict(tokenizer=pair.tokenizer, config=config)
+    drafting = dict(draft=pair.draft) if uses_model else {}
     _note("generating")
     if args.stream:
-        result = _stream(api.stream(target, prompt, **drafting, **common), tokenizer, args)
+        result = _stream(api.stream(pair.target, prompt, **drafting, **common), pair.tokenizer, args, config)
     else:
-        result = api.generate(target, prompt, **drafting, **common)
+        result = api.generate(pair.target, prompt, **drafting, **common)
     ar = divergence = None
     if args.compare_ar:
         _note("decoding the target alone (--compare-ar)")
-        ar_config = config.replace(drafter=None, drafter_options=None, policy="auto", tree=None, verify="block")
-        ar = api.generate(target, prompt, tokenizer=tokenizer, config=ar_config)
+        ar_config = DecodeConfig.parse("ar", **{f: getattr(config, f) for f in SAMPLING_FIELDS})
+        ar = api.generate(pair.target, prompt, tokenizer=pair.tokenizer, config=ar_config)
         if config.temperature == 0 and ar.token_ids != result.token_ids:
             _note("replaying both runs to explain the difference (--compare-ar)")
-            divergence = explain_divergence(target, prompt, tokenizer, (config, drafting), (ar_config, {}),
+            divergence = explain_divergence(pair.target, prompt, pair.tokenizer, (config, drafting), (ar_config, {}),
                                                result.token_ids, ar.token_ids, getattr(args, "cache_dir", None))
 
     if args.json:
-        print(json.dumps(_report(args, target, result, ar, divergence), ensure_ascii=False))
+        print(json.dumps(_report(args, pair.target, result, ar, divergence), ensure_ascii=False))
     else:
         if not args.stream:
             _print_text(args, result.text)
-        _print_summary(result, ar, args, divergence)
+        _print_summary(result, ar, args, config, divergence)
     return 0
 
 
@@ -535,15 +412,6 @@ def _hint_escaped_stops(stops: Sequence[str]) -> None:
                   f"not a {what}; to stop at a {what} pass --stop $'{stop}' (bash)")
 
 
-def _check_sampling(args: argparse.Namespace) -> None:
-    from specdec.sampling import SamplingConfig
-
-    try:
-        SamplingConfig(args.temperature, args.top_k, args.top_p)
-    except ValueError as err:
-        raise CLIError(str(err), "see 'specdec generate --help'", code=2) from None
-
-
 def _prompt(args: argparse.Namespace, tokenizer: Any) -> str | list[int]:
     if not args.chat:
         return args.prompt
@@ -555,7 +423,7 @@ def _prompt(args: argparse.Namespace, tokenizer: Any) -> str | list[int]:
     return [int(t) for t in (ids["input_ids"] if isinstance(ids, dict) else ids)]
 
 
-def _stream(events: Any, tokenizer: Any, args: argparse.Namespace) -> Any:
+def _stream(events: Any, tokenizer: Any, args: argparse.Namespace, config: DecodeConfig) -> Any:
     """Print each event's text as it comes; colour kept draft tokens when stdout is a terminal."""
     from specdec.api import GenerationResult
     from specdec.stats import GenerationStats
@@ -600,8 +468,7 @@ def _stream(events: Any, tokenizer: Any, args: argparse.Namespace) -> Any:
     else:
         console.print()
     stats = last.stats if last is not None else GenerationStats()
-    speculative = args.drafter != "model" or args.draft.lower() != "none"
-    return GenerationResult(ids, shown, stats, method="speculative" if speculative else "ar")
+    return GenerationResult(ids, shown, stats, method="ar" if config.is_ar else str(config))
 
 
 def _print_text(args: argparse.Namespace, text: str | None) -> None:
@@ -646,13 +513,14 @@ def _report(args: argparse.Namespace, target: Any, result: Any, ar: Any,
     return report
 
 
-def _print_summary(result: Any, ar: Any, args: argparse.Namespace, divergence: dict | None = None) -> None:
+def _print_summary(result: Any, ar: Any, args: argparse.Namespace, config: DecodeConfig,
+                   divergence: dict | None = None) -> None:
     s = result.stats
     if result.method == "ar":
         lines = [f"autoregressive: {s.new_tokens} tokens in {s.seconds:.1f} s = {s.tokens_per_second:.2f} tokens/s"]
     else:
         lines = [
-            f"speculative ({method_label(args)}): {s.new_tokens} tokens in {s.seconds:.1f} s = "
+            f"speculative ({method_label(config)}): {s.new_tokens} tokens in {s.seconds:.1f} s = "
             f"{s.tokens_per_second:.2f} tokens/s; {s.mean_accepted_per_forward:.2f} tokens per target "
             f"forward; {s.acceptance_rate:.0%} of draft tokens accepted"
         ]
@@ -676,18 +544,12 @@ def _print_summary(result: Any, ar: Any, args: argparse.Namespace, divergence: d
         print(line, file=sys.stderr)
 
 
-def method_label(args: argparse.Namespace) -> str:
-    """How the run drafts and verifies, in words: 'block, k=4' or the tree's shape."""
-    drafter = getattr(args, "drafter", "model")
-    words = [] if drafter in ("model", DEFAULT_DRAFTER) else [f"{drafter} drafter"]
-    if args.verify != "tree":
-        words += [args.verify, f"k={args.k}"]
-        if getattr(args, "policy", "auto") != "auto":
-            words.append(f"policy {args.policy}")
-        return ", ".join(words)
-    from specdec.drafters.tree import DEFAULT_TREE, TreeDrafter
-
-    tree = TreeDrafter(None, **(tree_options(args) or DEFAULT_TREE))  # only its shape is read
+def method_label(config: DecodeConfig) -> str:
+    """How the run drafts and verifies, in words: 'ngram+model drafter, block, k=4, policy auto' or the tree's shape."""
+    words = [f"{config.drafter} drafter"]
+    if config.verify != "tree":
+        return ", ".join(words + [config.verify, f"k={config.k}", f"policy {config.policy}"])
+    tree = TreeDrafter(None, **(config.tree or DEFAULT_TREE))  # only its shape is read
     if tree.choices is not None:
         words.append(f"static tree: {len(tree.choices)} nodes, depth {tree.depth}")
     elif tree.threshold is not None:
@@ -728,7 +590,7 @@ def add_models_parser(subparsers: Any) -> None:
 
 def run_models(args: argparse.Namespace) -> int:
     _check_cache_dir(args, create=False)
-    rows = models.describe(args.cache_dir)
+    rows = packs.describe(args.cache_dir)
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0

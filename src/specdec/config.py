@@ -1,9 +1,27 @@
-"""One object for every decoding option: :class:`DecodeConfig`.
+"""The one description of a decoding method: :class:`DecodeConfig`, its text form and its options.
 
-:func:`specdec.stream` and :func:`specdec.generate` take one (``config=``) and/or its fields as
-keyword overrides; the command line and the benchmark build the same object. A config checks
-itself when it is made, so bad values fail before any model work with a ``ValueError`` (a bad
-value) or ``TypeError`` (a value of the wrong kind) that names the field.
+Every front end says a method the same way. :func:`specdec.generate` takes a config (or its
+fields as keywords); ``specdec generate`` builds its options from :data:`OPTIONS`; a method string
+(``specdec bench --methods``, ``specdec serve --method``, a request's ``speculative.method``) is
+:meth:`DecodeConfig.parse`'s text form::
+
+    ar                                  the target alone
+    spec[:<drafter>][:<verifier>][:key=value ...]
+
+``spec`` alone is the default, the same as ``DecodeConfig()`` and ``specdec generate`` with no
+options: with a draft model, the ``ngram+model`` drafter (the draft model a tree's drafter),
+``block`` verification, ``k=4`` and the ``auto`` policy; without one, the target alone.
+:meth:`DecodeConfig.resolve` spells that out, and ``str(config)`` writes the canonical text,
+drafter and policy included: ``spec:ngram+model:block:k=4:policy=auto``. Keys: ``k``,
+``policy``, the policy's options (``k_max``, ``threshold``), the drafter's (``max_ngram``,
+``min_ngram``, ``exit_layer``, ``skip``, ``path``) and a tree's (``mode``, ``choices``, ``depth``,
+``width``, ``expand``, ``budget``, ``threshold``). Sampling and limits (temperature, seed, ...)
+are not part of a method: they come with each generation.
+
+Every rule that ties fields together is in :meth:`DecodeConfig.__post_init__` and
+:meth:`DecodeConfig.resolve`. A broken rule raises :class:`ConfigError` (a ``ValueError``), whose
+text names the options as the front end's users type them (``verify='tree'``, ``--verify tree``,
+``tree``); a value of the wrong kind is a ``TypeError`` naming the field.
 """
 
 from __future__ import annotations
@@ -11,24 +29,264 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import re
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
-from specdec.policies import POLICIES, DraftLengthPolicy, check_k
+from specdec.drafters import DRAFTER_OPTIONS, DRAFTERS, MODEL_DRAFTERS
+from specdec.drafters.tree import DEFAULT_CHOICES, TreeDrafter, parse_choices
+from specdec.policies import POLICIES, DraftLengthPolicy, check_k, make_policy
 from specdec.sampling import SamplingConfig
 from specdec.verify import VERIFIERS
 
+AR = "none"  # the drafter of autoregressive decoding: the target alone (text form ``ar``)
 VERIFY = (*VERIFIERS, "tree")  # "tree": a token tree (specdec.drafters.tree, specdec.verify.tree)
+CHAIN_VERIFIERS = tuple(sorted(VERIFIERS))
 DRAFT_WEIGHTS = ("bf16", "int8")  # specdec.backends.lean.WEIGHTS
 TREE_OPTIONS = ("mode", "choices", "threshold", "depth", "width", "expand", "budget")
+POLICY_OPTIONS = ("k_max", "threshold")
+TREE_DRAFTERS = ("model", "heads")  # the drafters that propose trees
 SEED_RANGE = 2**64  # torch.Generator.manual_seed takes 0 .. 2**64 - 1
+DEFAULT_K = 4
+
+
+# ------------------------------------------------------------------------------------------------
+# Errors that name options as each front end spells them
+
+
+class ConfigError(ValueError):
+    """A broken rule. ``message`` and ``hint`` name options as ``{group.name}`` (the option) or
+    ``{group.name=value}`` (the option set to a value); :meth:`render` spells them for a front end
+    (:func:`api_spelling`, :func:`text_spelling`, the command line's flags). ``str()`` is the API's
+    spelling, the hint appended."""
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        self.message, self.hint = message, hint
+        super().__init__(self.render(api_spelling, joined=True))
+
+    def render(self, spell: Callable[[str, str, Any], str], *, joined: bool = False) -> Any:
+        def fill(text: str) -> str:
+            return _PLACEHOLDER.sub(lambda m: spell(m[1], m[2], NAME_ONLY if m[3] is None else m[3]), text)
+
+        message, hint = fill(self.message), fill(self.hint)
+        if joined:
+            return f"{message}; {hint}" if hint else message
+        return message, hint
+
+
+class NothingToVerify(ConfigError):
+    """The default drafter without a draft model leaves the target decoding alone, so option
+    ``name`` (set to ``value``) has nothing to act on."""
+
+    def __init__(self, name: str, value: Any) -> None:
+        self.name, self.value = name, value
+        shown = repr(value) if isinstance(value, str) else type(value).__name__
+        super().__init__(f"{name}={shown} needs a draft model or a drafter",
+                         f"pass draft= (or drafter=), or leave {name} out to decode with the target alone")
+
+
+_PLACEHOLDER = re.compile(r"\{(\w+)\.([\w-]+)(?:=([^}]*))?\}")
+NAME_ONLY = object()
+
+
+def api_spelling(group: str, name: str, value: Any) -> str:
+    """``verify``, ``verify='tree'``, ``k=2``: :func:`specdec.generate`'s keyword arguments."""
+    if value is NAME_ONLY:
+        return name
+    return f"{name}={value!r}" if group in ("method",) and not _is_number(value) else f"{name}={value}"
+
+
+def text_spelling(group: str, name: str, value: Any) -> str:
+    """``tree``, ``ngram+model``, ``k=2``: the text form's fields."""
+    if group == "method" and name in ("drafter", "verify"):
+        return f"the {name if name == 'drafter' else 'verifier'}" if value is NAME_ONLY else str(value)
+    return f"{name}=" if value is NAME_ONLY else f"{name}={value}"
+
+
+def _is_number(value: Any) -> bool:
+    try:
+        float(value)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
+# ------------------------------------------------------------------------------------------------
+# The option table
+
+
+@dataclass(frozen=True)
+class Option:
+    """One decoding option. ``group``: ``method`` (a field of its own), ``drafter``, ``policy``
+    or ``tree`` (a key of ``drafter_options``, ``policy_options`` or ``tree``), ``sampling``.
+    Method, drafter, policy and tree options are the text form's; ``flag`` is the command line's
+    spelling (None: not on the command line); ``read`` turns a text value into the field's value
+    (raising ``ValueError``); ``choices`` reads the registry of allowed names."""
+
+    group: str
+    name: str
+    read: Callable[[str], Any]
+    accepts: str
+    default: Any
+    help: str
+    flag: str | None = None
+    choices: Callable[[], Sequence[str]] | None = None
+
+    @property
+    def in_text(self) -> bool:
+        return self.group != "sampling"
+
+    @property
+    def dest(self) -> str | None:
+        """The argparse destination of :attr:`flag`."""
+        return None if self.flag is None else self.flag.lstrip("-").replace("-", "_")
+
+    def value(self, text: str) -> Any:
+        """The value ``text`` stands for; a ``ValueError`` saying what the option takes if none."""
+        try:
+            value = self.read(text.strip())
+        except ValueError as err:
+            if self.name == "choices":  # parse_choices says which path is wrong and why
+                raise ValueError(str(err)) from None
+            raise ValueError(f"{self.name}= takes {self.accepts}, got {text!r}") from None
+        if self.choices is not None and value not in self.choices():
+            raise ValueError(f"{self.name}= takes one of {', '.join(self.choices())}, got {text!r}")
+        return value
+
+    def format(self, value: Any) -> str:
+        """The text of ``value`` (``value(format(v)) == v``)."""
+        if self.name == "choices":
+            return "default" if tuple(value) == DEFAULT_CHOICES else "|".join(".".join(map(str, p)) for p in value)
+        if isinstance(value, tuple):
+            return "/".join(map(str, value))
+        return str(value)
+
+
+def _integer_from(low: int, high: float = math.inf) -> Callable[[str], int]:
+    def read(text: str) -> int:
+        value = int(text)
+        if not low <= value < high:
+            raise ValueError(text)
+        return value
+
+    return read
+
+
+def _real(test: Callable[[float], bool]) -> Callable[[str], float]:
+    def read(text: str) -> float:
+        value = float(text)
+        if not math.isfinite(value) or not test(value):
+            raise ValueError(text)
+        return value
+
+    return read
+
+
+def _layers(text: str) -> tuple[int, ...]:
+    value = tuple(int(x) for x in text.split("/"))
+    if any(x < 0 for x in value):
+        raise ValueError(text)
+    return value
+
+
+def _text(text: str) -> str:
+    if not text:
+        raise ValueError(text)
+    return text
+
+
+def _name(text: str) -> str:
+    return text
+
+
+_positive = _integer_from(1)
+_fraction = _real(lambda v: 0.0 <= v <= 1.0)
+
+OPTIONS: tuple[Option, ...] = (
+    Option("method", "drafter", _name, "a drafter's name", None,
+           "who proposes tokens: n-gram prompt lookup where the context repeats itself and the draft model "
+           "elsewhere (ngram+model; the policy picks each step), the draft model alone, n-gram lookup alone, "
+           "the target's first layers, the target with layers skipped, trained Medusa heads, or a trained "
+           "one-layer head (default: ngram+model with a draft model, model for a tree, the target alone "
+           "without a draft model)", "--drafter", lambda: DRAFTERS),
+    Option("method", "verify", _name, "a verifier's name", "block",
+           "verification rule; 'tree' drafts a token tree and verifies it in one pass (by default the "
+           "confident tree, threshold 0.8); 'typical' is lossy (default: block)", "--verify", lambda: VERIFY),
+    Option("method", "k", _positive, "a positive integer", DEFAULT_K,
+           "draft tokens per step; the start and maximum for adaptive policies (default: 4)", "-k"),
+    Option("method", "policy", _name, "a policy's name", "auto",
+           "draft length: fixed k; grow/shrink on full acceptance/rejection; stop when the draft is unsure; "
+           "the k the speed-up formula picks from running estimates; or 'auto', the planner: each step the k "
+           "(0 = a plain target step) with the most expected tokens per second from this machine's measured "
+           "costs (default: auto)", "--policy", lambda: POLICIES),
+    Option("policy", "k_max", _positive, "a positive integer", None,
+           "the longest draft an adaptive policy asks for (default: max(k, 16))", "--k-max"),
+    Option("policy", "threshold", _fraction, "a number from 0 to 1", None,
+           "--policy confidence: stop drafting when the draft's top probability falls below this (default: 0.8)",
+           "--policy-threshold"),
+    Option("drafter", "max_ngram", _positive, "a positive integer", None,
+           "--drafter ngram or ngram+model: the longest suffix looked up (default: 3; 4 for ngram+model)",
+           "--max-ngram"),
+    Option("drafter", "min_ngram", _positive, "a positive integer", None,
+           "--drafter ngram or ngram+model: the shortest suffix looked up (default: 1; 4 for ngram+model)",
+           "--min-ngram"),
+    Option("drafter", "exit_layer", _positive, "a positive integer (a layer below the target's top)", None,
+           "--drafter early-exit: draft with the first L layers (default: all but two)", "--exit-layer"),
+    Option("drafter", "skip", _layers, "layer indices from 0, joined by '/' (e.g. 3/5/7)", None,
+           "--drafter layer-skip: the layers skipped, e.g. 3/5/7 (default: the set saved for the model)",
+           "--skip-layers"),
+    Option("drafter", "path", _text, "a folder", None,
+           "--drafter heads or eagle: a folder from 'specdec train-heads' (default: the one shipped for the "
+           "target)", "--heads"),
+    Option("tree", "mode", _name, "a tree mode", None,
+           "--verify tree: confident, dynamic or static (default: from the other tree options; confident "
+           "without any)", "--tree-mode", lambda: ("confident", "dynamic", "static")),
+    Option("tree", "choices", parse_choices, "'default' or rank paths like 0|1|0.0", None,
+           "--verify tree: a static Medusa-style tree: the default shape, or rank paths joined by '|' with "
+           "ranks joined by '.', e.g. 0|1|0.0", "--tree-static"),
+    Option("tree", "threshold", _fraction, "a number from 0 to 1", None,
+           "--verify tree: the confident tree: a chain while the draft's top probability is at least P, a "
+           "fork of --tree-width children where it is not (default tree: P = 0.8)", "--tree-threshold"),
+    Option("tree", "depth", _positive, "a positive integer", None,
+           "--verify tree: deepest level (default: 16 confident, the confidence policy's k_max; 5 dynamic)",
+           "--tree-depth"),
+    Option("tree", "width", _positive, "a positive integer", None,
+           "--verify tree: children per expanded node (default: 2 confident, 4 dynamic)", "--tree-width"),
+    Option("tree", "expand", _positive, "a positive integer", None,
+           "--verify tree: nodes expanded per level of the dynamic tree (default: 4)", "--tree-expand"),
+    Option("tree", "budget", _positive, "a positive integer", None,
+           "--verify tree: most nodes in the tree (default: 16); without --tree-threshold, --tree-budget, "
+           "--tree-depth and --tree-width shape the EAGLE-2-style dynamic tree", "--tree-budget"),
+    Option("sampling", "draft_weights", _name, "int8 or bf16", "int8",
+           "the draft model's weights: int8 copies (half the bytes per draft token; the output law is "
+           "unchanged) or its own bf16 ones (default: int8)", "--draft-weights", lambda: DRAFT_WEIGHTS),
+    Option("sampling", "temperature", _real(lambda v: v >= 0.0), "a finite number >= 0", 0.0,
+           "0 means greedy (default: 0)", "--temperature"),
+    Option("sampling", "top_k", _integer_from(0), "an integer >= 0", 0, "0 disables (default: 0)", "--top-k"),
+    Option("sampling", "top_p", _real(lambda v: 0.0 < v <= 1.0), "a number in (0, 1]", 1.0,
+           "1 disables (default: 1)", "--top-p"),
+    Option("sampling", "max_new_tokens", _positive, "a positive integer", 128, "(default: 128)",
+           "--max-new-tokens"),
+    Option("sampling", "seed", _integer_from(0, SEED_RANGE), "an integer in [0, 2**64)", None,
+           "fixes sampling (an integer in [0, 2**64))", "--seed"),
+)
+_BY_KEY = {(o.group, o.name): o for o in OPTIONS}
+GROUP_FIELD = {"drafter": "drafter_options", "policy": "policy_options", "tree": "tree"}
+
+
+def option(group: str, name: str) -> Option:
+    return _BY_KEY[group, name]
+
+
+# ------------------------------------------------------------------------------------------------
+# The config
 
 
 @dataclass(frozen=True)
 class DecodeConfig:
     """How to decode: the method, the verifier, draft lengths, sampling and limits.
 
-    drafter: None (a ``draft`` model if one is passed, else autoregressive), a name from
+    drafter: None (the default: :meth:`resolve`), ``"none"`` (the target alone), a name from
     :data:`specdec.drafters.DRAFTERS` built with ``drafter_options``, or a
     :class:`~specdec.drafters.base.Drafter`.
     draft_weights: ``int8`` (default) or ``bf16`` for a draft model (see :func:`specdec.generate`).
@@ -36,11 +294,11 @@ class DecodeConfig:
     :class:`~specdec.drafters.tree.TreeDrafter` options (``mode``: confident, dynamic or static).
     k: draft tokens per step with the ``static`` policy; the starting length of ``heuristic`` and
     ``theory``; ``auto`` and ``confidence`` draft up to max(k, 16) tokens.
-    policy: a name from :data:`specdec.policies.POLICIES` or a
-    :class:`~specdec.policies.DraftLengthPolicy`. The default, ``auto``, is the planner
-    (:mod:`specdec.policies.auto`): each step it drafts the length -- 0 included -- with the most
-    expected tokens per second from this machine's measured costs; ``static`` drafts k tokens
-    every step. Autoregressive decoding and tree verification use no policy.
+    policy: a name from :data:`specdec.policies.POLICIES` (``policy_options``: ``k_max``,
+    ``threshold``) or a :class:`~specdec.policies.DraftLengthPolicy`. The default, ``auto``, is
+    the planner (:mod:`specdec.policies.auto`): each step it drafts the length -- 0 included --
+    with the most expected tokens per second from this machine's measured costs; ``static``
+    drafts k tokens every step. Autoregressive decoding and tree verification use no policy.
     temperature 0 means greedy; top_k 0 and top_p 1 disable those filters; seed fixes sampling.
     stop: strings that end generation (one string is one stop string). eos_token_ids: the ids that
     end generation (None: the model's and tokenizer's own).
@@ -50,8 +308,10 @@ class DecodeConfig:
     drafter_options: Mapping[str, Any] | None = None
     draft_weights: str = "int8"
     verify: str = "block"
-    k: int = 4
+    k: int = DEFAULT_K
     policy: str | DraftLengthPolicy = "auto"
+    policy_options: Mapping[str, Any] | None = None
+    tree: Mapping[str, Any] | None = None
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
@@ -59,33 +319,34 @@ class DecodeConfig:
     seed: int | None = None
     stop: Sequence[str] = ()
     eos_token_ids: Sequence[int] | None = None
-    tree: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalise in place once, here
         set_(self, "stop", _stop_strings(self.stop))
         set_(self, "eos_token_ids", _eos_ids(self.eos_token_ids))
-        self._check_method()
+        for name in ("drafter_options", "policy_options", "tree"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, Mapping):
+                raise TypeError(f"{name} must be a dict, got {type(value).__name__}")
+            set_(self, name, _frozen(value) if value else None)
+        if self.tree and "choices" in self.tree and isinstance(self.tree["choices"], str):
+            set_(self, "tree", _frozen({**self.tree, "choices": parse_choices(self.tree["choices"])}))
+        self._check_names()
         self._check_sampling()
         _positive_int(self.max_new_tokens, "max_new_tokens")
         if self.seed is not None:
             _integer(self.seed, "seed")
             if not 0 <= self.seed < SEED_RANGE:
                 raise ValueError(f"seed must be in 0 .. 2**64 - 1, got {self.seed}")
+        self._check_combination()
 
-    def _check_method(self) -> None:
+    # -- the rules --------------------------------------------------------------------------------
+
+    def _check_names(self) -> None:
         if self.drafter is not None and not isinstance(self.drafter, str) and not hasattr(self.drafter, "propose"):
             raise TypeError(f"drafter must be a drafter's name or a Drafter, got {type(self.drafter).__name__}")
-        if isinstance(self.drafter, str):
-            from specdec.drafters import DRAFTERS
-
-            if self.drafter not in DRAFTERS:
-                raise ValueError(f"unknown drafter {self.drafter!r}; choose one of {', '.join(DRAFTERS)}")
-        if self.drafter_options is not None:
-            if not isinstance(self.drafter_options, Mapping):
-                raise TypeError(f"drafter_options must be a dict, got {type(self.drafter_options).__name__}")
-            if self.drafter_options and not isinstance(self.drafter, str):
-                raise ValueError("drafter_options go with a drafter given by name")
+        if isinstance(self.drafter, str) and self.drafter not in (AR, *DRAFTERS):
+            raise ValueError(f"unknown drafter {self.drafter!r}; choose one of {', '.join(DRAFTERS)}")
         if self.draft_weights not in DRAFT_WEIGHTS:
             raise ValueError(f"draft_weights must be one of {', '.join(DRAFT_WEIGHTS)}, got {self.draft_weights!r}")
         if self.verify not in VERIFY:
@@ -96,12 +357,10 @@ class DecodeConfig:
                 raise ValueError(f"unknown draft-length policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
         elif not all(hasattr(self.policy, m) for m in ("next_k", "keep_going", "update")):
             raise TypeError(f"policy must be a policy's name or a DraftLengthPolicy, got {type(self.policy).__name__}")
-        if self.tree is not None:
-            if not isinstance(self.tree, Mapping):
-                raise TypeError(f"tree must be a dict of tree options, got {type(self.tree).__name__}")
-            unknown = sorted(set(self.tree) - set(TREE_OPTIONS))
+        for group, keys in (("policy", POLICY_OPTIONS), ("tree", TREE_OPTIONS)):
+            unknown = sorted(set(getattr(self, GROUP_FIELD[group]) or ()) - set(keys))
             if unknown:
-                raise ValueError(f"unknown tree option {unknown[0]!r}; the tree takes {', '.join(TREE_OPTIONS)}")
+                raise ValueError(f"unknown {group} option {unknown[0]!r}; the {group} takes {', '.join(keys)}")
 
     def _check_sampling(self) -> None:
         for name in ("temperature", "top_p"):
@@ -112,11 +371,114 @@ class DecodeConfig:
                 raise ValueError(f"{name} must be a finite number, got {value}")
         _integer(self.top_k, "top_k")
         SamplingConfig(float(self.temperature), self.top_k, float(self.top_p))  # the value checks
+
+    def _check_combination(self) -> None:
+        """Every rule that ties options together, once."""
         if self.verify == "greedy" and self.temperature > 0:
-            raise ValueError(
-                "greedy verification reproduces greedy decoding only; with temperature > 0 "
-                "use verify='token' or verify='block'"
-            )
+            raise ConfigError(
+                f"greedy verification ({{method.verify=greedy}}) reproduces greedy decoding only, but "
+                f"{{sampling.temperature}} is "
+                f"{self.temperature}", "use {method.verify=token} or {method.verify=block} to sample")
+        named = self.drafter if isinstance(self.drafter, str) else None
+        if self.drafter_options and (named is None or named == AR) and self.drafter is not None:
+            raise ValueError("drafter_options go with a drafter given by name")
+        takes = DRAFTER_OPTIONS.get(named or "ngram+model", ())  # None: the default drafter's
+        for key in self.drafter_options or ():
+            if key not in takes:
+                owners = [d for d in DRAFTERS if key in DRAFTER_OPTIONS[d]]
+                if not owners:
+                    raise ValueError(f"bad option for the {named or 'ngram+model'} drafter: no drafter takes {key!r}")
+                shown = named or "the default (ngram+model)"
+                raise ConfigError(f"{{drafter.{key}}} is an option of {{method.drafter={owners[0]}}}"
+                                  f"{''.join(' or ' + o for o in owners[1:])}, but {{method.drafter}} is {shown}",
+                                  f"add {{method.drafter={owners[0]}}} or drop {{drafter.{key}}}")
+        if self.verify == "tree":
+            self._check_tree(named)
+        else:
+            for key in self.tree or ():
+                raise ConfigError(f"{{tree.{key}}} is an option of {{method.verify=tree}}",
+                                  f"add {{method.verify=tree}} or drop {{tree.{key}}}")
+            if isinstance(self.policy, str):
+                try:
+                    make_policy(self.policy, self.k, **(self.policy_options or {}))
+                except TypeError as err:
+                    raise ConfigError(f"{{method.policy={self.policy}}} takes no such option ({err})") from None
+                for key in self.policy_options or ():
+                    if key == "threshold" and self.policy != "confidence":
+                        raise ConfigError("{policy.threshold} is an option of {method.policy=confidence}",
+                                          "add {method.policy=confidence} or drop {policy.threshold}")
+                    if key == "k_max" and self.policy == "static":
+                        raise ConfigError("{policy.k_max} is an option of an adaptive policy, but "
+                                          "{method.policy} is static", "drop {policy.k_max}")
+            elif self.policy_options:
+                raise ValueError("policy_options go with a policy given by name")
+        if named == AR:
+            self._check_nothing_to_verify()
+
+    def _check_tree(self, named: str | None) -> None:
+        chain = f"{', '.join(CHAIN_VERIFIERS[:-1])} or {CHAIN_VERIFIERS[-1]}"
+        for group, name, changed in (("method", "k", self.k != DEFAULT_K), ("method", "policy", self.policy != "auto"),
+                                     ("method", "policy", bool(self.policy_options))):
+            if changed:
+                raise ConfigError(
+                    f"{{{group}.{name}}} is an option of {{method.verify={CHAIN_VERIFIERS[0]}}}"
+                    f"{chain[len(CHAIN_VERIFIERS[0]):]}, but {{method.verify}} is tree",
+                    f"drop {{{group}.{name}}} (the tree's shape sets how much it drafts: {{tree.depth}}, "
+                    "{tree.budget}), or use {method.verify=block}")
+        tree = dict(self.tree or {})
+        if "choices" in tree and {"threshold", "budget", "depth", "width"} & set(tree):
+            raise ConfigError("{tree.choices} fixes the tree's shape; {tree.threshold}, {tree.budget}, "
+                              "{tree.depth} and {tree.width} shape the confident and the dynamic trees",
+                              "use one or the other")
+        if named is not None and named not in TREE_DRAFTERS:
+            raise ConfigError(f"{{method.verify=tree}} drafts its tree with the draft model or the heads, "
+                              f"not {{method.drafter={named}}}", "drop {method.drafter}, or use {method.verify=block}")
+        if named == "heads":
+            if set(tree) - {"choices", "mode"} or tree.get("mode", "static") != "static":
+                raise ConfigError("a heads tree is static and takes only {tree.choices}",
+                                  "drop the other tree options")
+            return
+        try:
+            TreeDrafter(None, **tree)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+
+    def _check_nothing_to_verify(self) -> None:
+        for name, changed in (("verify", self.verify != "block"), ("policy", self.policy != "auto"),
+                              ("k", self.k != DEFAULT_K)):
+            if changed:
+                raise ConfigError(f"{{method.{name}={getattr(self, name)}}} has nothing to act on: "
+                                  "the target decodes alone", f"drop {{method.{name}}}")
+
+    # -- the default, spelled out -------------------------------------------------------------------
+
+    def resolve(self, has_draft: bool, *, draft_flag: str = "draft=") -> "DecodeConfig":
+        """This config with the default drafter named: with a draft model ``ngram+model`` (``model``
+        for a tree), without one the target alone (``"none"``), which leaves nothing to verify:
+        a verifier or policy other than the defaults is then a :class:`ConfigError`.
+        ``draft_flag``: how the front end names the draft model in that error."""
+        if self.drafter is not None:
+            if isinstance(self.drafter, str) and self.drafter in MODEL_DRAFTERS and not has_draft:
+                raise ConfigError(f"the {self.drafter} drafter needs a draft model; pass {draft_flag}",
+                                  "or use {method.drafter=ngram}, which needs none")
+            return self
+        if has_draft:
+            return self.replace(drafter="model" if self.verify == "tree" else "ngram+model")
+        default = DecodeConfig()
+        for name in ("verify", "policy"):
+            value = getattr(self, name)
+            if value != getattr(default, name):
+                raise NothingToVerify(name, value)
+        return self.replace(drafter=AR, drafter_options=None)
+
+    @property
+    def is_ar(self) -> bool:
+        return self.drafter == AR
+
+    @property
+    def exact(self) -> bool:
+        """False for a lossy verification rule (reports mark it)."""
+        return self.verify == "tree" or VERIFIERS[self.verify].exact
 
     @property
     def sampling(self) -> SamplingConfig:
@@ -131,8 +493,90 @@ class DecodeConfig:
             )
         return dataclasses.replace(self, **overrides) if overrides else self
 
+    # -- the text form ----------------------------------------------------------------------------
+
+    @classmethod
+    def parse(cls, text: str, **fields: Any) -> "DecodeConfig":
+        """The config a method string describes (see the module docstring), with ``fields`` (the
+        sampling options, which the text does not hold) on top. A ``ValueError`` names the
+        problem, spelled as the text is (:func:`text_spelling`)."""
+        head, *parts = [p.strip() for p in text.strip().split(":")]
+        if head == "ar":
+            if parts:
+                raise ValueError(f"ar takes no options, got {parts[0]!r}")
+            return cls(drafter=AR, **fields)
+        if head != "spec":
+            raise ValueError(f"unknown method {text.strip()!r}; write ar or spec[:<drafter>][:<verifier>][:key=value...]")
+        values: dict[str, Any] = {}
+        keys: dict[str, str] = {}
+        for part in parts:
+            key, eq, value = part.partition("=")
+            if not eq:
+                slot = "drafter" if part in DRAFTERS else "verify" if part in VERIFY else None
+                if slot is None:
+                    raise ValueError(f"unknown verifier {part!r} (nor is it a drafter); choose a verifier from "
+                                     f"{', '.join(VERIFY)} or a drafter from {', '.join(DRAFTERS)}")
+                key, value = slot, part
+            elif key == "verify" or key not in ("drafter", "k", "policy") and not _keyed(key):
+                raise ValueError(f"unknown option {key}=; the options are k, policy, "
+                                 f"{', '.join(sorted({o.name for o in OPTIONS if o.group != 'method' and o.in_text}))}")
+            if key in keys:
+                raise ValueError(f"{'the ' + key if not eq else key + '='} is given twice")
+            keys[key] = value
+        verify = keys.pop("verify", "block")
+        drafter = keys.pop("drafter", None)
+        if drafter is not None and drafter not in DRAFTERS:
+            raise ValueError(f"unknown drafter {drafter!r}; choose one of {', '.join(DRAFTERS)}")
+        values.update(drafter=drafter, verify=verify)
+        for name in ("k", "policy"):
+            if name in keys:
+                values[name] = option("method", name).value(keys.pop(name))
+        for key, value in keys.items():
+            group = "tree" if verify == "tree" and key in TREE_OPTIONS else (
+                "policy" if key in POLICY_OPTIONS else "drafter")
+            if group == "drafter" and key in TREE_OPTIONS:
+                raise ConfigError(f"{{tree.{key}}} shapes a token tree", f"give it to {{method.verify=tree}}")
+            values.setdefault(GROUP_FIELD[group], {})[key] = option(group, key).value(value)
+        return cls(**values, **fields)
+
+    def __str__(self) -> str:
+        """The canonical text: ``parse(str(c))`` equals ``c`` but for the sampling options. A drafter
+        or policy given as an object is written by its name (which does not parse back)."""
+        if self.is_ar:
+            return "ar"
+        drafter = self.drafter if isinstance(self.drafter, str) or self.drafter is None else self.drafter.name
+        fields = ["spec"] + ([drafter] if drafter is not None else []) + [self.verify]
+        if self.verify != "tree":
+            policy = self.policy if isinstance(self.policy, str) else self.policy.name
+            fields += [f"k={self.k}", f"policy={policy}"]
+        for group, values in (("policy", self.policy_options), ("tree", self.tree), ("drafter", self.drafter_options)):
+            fields += [f"{key}={option(group, key).format(value)}" for key, value in sorted((values or {}).items())]
+        return ":".join(fields)
+
 
 FIELDS = tuple(f.name for f in dataclasses.fields(DecodeConfig))
+# The fields that come with each generation rather than with the method (not in the text form).
+SAMPLING_FIELDS = ("draft_weights", "temperature", "top_k", "top_p", "max_new_tokens", "seed", "stop", "eos_token_ids")
+
+
+def _keyed(key: str) -> bool:
+    return any(o.name == key and o.group in ("drafter", "policy", "tree") for o in OPTIONS)
+
+
+class _FrozenDict(dict):
+    """A dict that hashes (a frozen config's option groups)."""
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(tuple(sorted(self.items(), key=lambda kv: kv[0])))
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("a DecodeConfig's options are read-only; use config.replace(...)")
+
+    __setitem__ = __delitem__ = update = pop = clear = setdefault = _refuse  # type: ignore[assignment]
+
+
+def _frozen(mapping: Mapping[str, Any]) -> _FrozenDict:
+    return _FrozenDict((k, tuple(v) if isinstance(v, list) else v) for k, v in mapping.items())
 
 
 def _integer(value: Any, name: str) -> None:

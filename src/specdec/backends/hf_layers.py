@@ -26,13 +26,15 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
-from specdec.backends.base import ModelFacts, common_prefix_len
+from specdec.backends.base import LAYERS, ModelFacts, common_prefix_len
 
 _SUPPORTED_ATTENTION = ("sdpa", "eager", "specdec")  # specdec: specdec.kernels.attention
 
 
 class HFLayeredCausalLM(ModelFacts):
     """One sequence's view of a llama/qwen2-style transformers model, run layer by layer."""
+
+    capabilities = frozenset({LAYERS})  # no tree masks
 
     def __init__(self, model: Any) -> None:
         from transformers import DynamicCache

@@ -24,7 +24,7 @@ from typing import Any, Sequence
 import torch
 
 from specdec import kernels
-from specdec.backends.base import ModelFacts
+from specdec.backends.base import HIDDEN_STATES, TREES, ModelFacts
 
 LEAN_MODEL_TYPES = ("llama", "qwen2", "mistral")
 _FIRST_CAPACITY = 256  # cached positions allocated at first; the cache doubles when full
@@ -154,6 +154,7 @@ class LeanCausalLM(ModelFacts):
         self._vocab = int(model.lm_head.weight.shape[0])
         self._max_context = getattr(config, "max_position_embeddings", None)
         self._keep_hidden = keep_hidden
+        self.capabilities = frozenset({TREES, HIDDEN_STATES} if keep_hidden else {TREES})
         self.reset()
 
     # -- the CausalLM protocol ------------------------------------------------------------------

@@ -51,7 +51,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from specdec.backends.base import ModelFacts
+from specdec.backends.base import TREES, ModelFacts
 from specdec.measurements import cache_file, cost_key
 from specdec.paths import load_measurement, save_measurement
 
@@ -253,6 +253,8 @@ class LlamaCppCausalLM(ModelFacts):
     [rows, V]. Several contexts may share one :class:`GGUFWeights` (:meth:`fork`), e.g. the
     same model as target and as its own draft.
     """
+
+    capabilities = frozenset({TREES})  # neither layers nor hidden states are exposed
 
     def __init__(
         self,

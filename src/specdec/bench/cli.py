@@ -22,9 +22,10 @@ if TYPE_CHECKING:
     from specdec.bench.methods import MethodSpec
     from specdec.bench.runner import BenchModels
 
-DEFAULT_METHODS = (
-    "ar,spec:greedy:k=4,spec:token:k=4,spec:block:k=2,spec:block:k=4,spec:block:k=4:policy=theory,"
-    "spec:ngram:block:k=4,hf-assisted,hf-prompt-lookup"
+DEFAULT_METHODS = (  # the default method (spec), fixed-length chains under each verifier, a policy, the lookup
+    "ar,spec,spec:model:greedy:k=4:policy=static,spec:model:token:k=4:policy=static,"
+    "spec:model:block:k=2:policy=static,spec:model:block:k=4:policy=static,spec:model:block:k=4:policy=theory,"
+    "spec:ngram:block:k=4:policy=static,hf-assisted,hf-prompt-lookup"
 )
 DEFAULT_PROMPTS = "humaneval:8,mtbench:8"
 BACKEND_CHOICES = {"torch": ("torch",), "llamacpp": ("llamacpp",), "both": ("torch", "llamacpp")}
@@ -275,34 +276,35 @@ def load_models(args: argparse.Namespace, methods: Sequence[MethodSpec]) -> Benc
                        "(--backend torch, no llamacpp-ar)", code=2)
     wants_draft = has_draft and any(m.needs_draft_model and m.backend == "torch" for m in methods)
     # the transformers models (the bench's --backend says where methods run, not how these load)
-    target, draft, tokenizer = load(argparse.Namespace(**{**vars(args), "backend": "torch"}), draft=wants_draft)
-    if draft is target:  # the peers' forward hooks must tell the two apart
-        draft = copy.deepcopy(target)
+    pair = load(argparse.Namespace(**{**vars(args), "backend": "torch"}), draft=wants_draft)
+    draft = pair.draft
+    if draft is pair.target:  # the peers' forward hooks must tell the two apart
+        draft = copy.deepcopy(pair.target)
     llamacpp = None
     if on_llamacpp:
         draft_gguf = has_draft and any(m.needs_draft_model for m in on_llamacpp)
         llamacpp = LlamaCppModels(gguf_path(args.target, args), gguf_path(args.draft, args) if draft_gguf else None,
                                   n_threads=args.threads or torch.get_num_threads())
-    return BenchModels(target, tokenizer, draft, args.target,
+    return BenchModels(pair.target, pair.tokenizer, draft, args.target,
                        args.draft if draft is not None or (llamacpp and llamacpp.draft_path) else None,
                        getattr(args, "draft_weights", "int8"), llamacpp)
 
 
 def gguf_path(name: str, args: argparse.Namespace) -> Path:
     """The GGUF a model name stands for on llama.cpp: a pack's (joined and hash-checked) or a local file."""
-    from specdec import models
+    from specdec import packs
     from specdec.cli import CLIError
 
-    if name in models.PACKS:
+    if name in packs.PACKS:
         try:
-            return models.gguf_file(name, args.cache_dir)
-        except models.ModelPackError as err:
+            return packs.gguf_file(name, args.cache_dir)
+        except packs.ModelPackError as err:
             raise CLIError(err.message, err.hint) from None
     path = Path(name).expanduser()
     if path.is_file() and path.suffix.lower() == ".gguf":
         return path
     raise CLIError(f"the llama.cpp backend runs GGUF files, and {name} is neither a model pack nor a .gguf file",
-                   f"give a pack ({', '.join(models.PACKS)}) or a .gguf file, or run the methods on "
+                   f"give a pack ({', '.join(packs.PACKS)}) or a .gguf file, or run the methods on "
                    "--backend torch", code=2)
 
 

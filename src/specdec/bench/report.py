@@ -51,7 +51,6 @@ import subprocess
 import sys
 import textwrap
 from collections import Counter, defaultdict
-from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
@@ -133,7 +132,7 @@ def _method_summary(method, samples, ar, ar_runs, ar_tps, ar_step, run) -> dict[
     out: dict[str, Any] = {
         "kind": "peer" if method.is_peer else "project",
         "exact": method.exact,
-        "spec": asdict(method),
+        "spec": method.record(),
         "runs": len(samples),
         "new_tokens": tokens,
         "seconds": seconds,

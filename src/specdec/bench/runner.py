@@ -25,16 +25,13 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import specdec
 from specdec.api import eos_token_ids_of
-from specdec.backends.lean import make_backend
+from specdec import build as builder
 from specdec.divergence import LogitsRecorder, batch_invariance, decisive_position, explain
 from specdec.bench.llamacpp import LlamaCppModels, context_needed
 from specdec.bench.methods import MethodSpec
 from specdec.bench.peers import run_peer
 from specdec.bench.prompts import Prompt
 from specdec.bench.sample import Sample, median as _median
-from specdec.config import DecodeConfig
-from specdec.drafters import MODEL_DRAFTERS, Drafter, make_drafter, target_backend
-from specdec.policies import make_policy
 
 
 @dataclass
@@ -280,24 +277,22 @@ def _run_project(method, models, prompt_ids, temperature, max_new_tokens, eos, s
                  wrap: Callable[[Any], Any] | None = None) -> Sample:
     """One run through :func:`specdec.stream`; ``wrap`` (untimed replays only) wraps the target's
     backend before the drafter is built on it."""
-    config = DecodeConfig(temperature=temperature, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
-                          seed=seed, eos_token_ids=eos)
+    config = method.config.replace(temperature=temperature, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
+                                   seed=seed, eos_token_ids=eos, draft_weights=models.draft_weights)
     start = time.perf_counter()
-    target = models.target if method.backend == "torch" else _fresh(models.llamacpp.target)
-    if wrap is not None and method.kind == "ar":
-        target = wrap(make_backend(target) if method.backend == "torch" else target)
-    if method.kind == "spec":
-        target, drafter = _build_drafter(method, models, wrap)
-        config = config.replace(drafter=drafter, verify=method.verifier, k=method.k)
-        if method.is_tree:
-            config = config.replace(tree=method.tree_options)
-        else:
-            config = config.replace(policy=make_policy(method.policy, method.k, **method.policy_options))
+    if method.backend == "torch":
+        target, draft = models.target, models.draft
+    else:  # loaded once: their caches are emptied (specdec.build does) so no run reuses an earlier prefix
+        target, draft = models.llamacpp.target, models.llamacpp.draft
+    if not method.needs_draft_model:
+        draft = None
+    if wrap is not None:  # the recorder wraps the backend the drafter runs on
+        target = wrap(builder.target_backend(config.drafter, target))
     tokens: list[int] = []
     drafted, accepted, draft_s, verify_s = [], [], [], []
     stats = None
     first: tuple[float, int] | None = None  # (seconds, tokens) of the first step
-    for event in specdec.stream(target, prompt_ids, config=config):
+    for event in specdec.stream(target, prompt_ids, draft=draft, config=config):
         if first is None:
             first = (time.perf_counter() - start, len(event.token_ids))
         stats = event.stats  # cumulative; the per-step figures are its increments
@@ -318,27 +313,6 @@ def _run_project(method, models, prompt_ids, temperature, max_new_tokens, eos, s
         draft_token_seconds=_median(per_token), step_seconds=_median(verify_s[1:]),
         first_step_seconds=first[0] if first else None, first_step_tokens=first[1] if first else None,
     )
-
-
-def _build_drafter(method: MethodSpec, models: BenchModels, wrap: Callable[[Any], Any] | None = None) -> tuple[Any, Drafter]:
-    """(target backend, drafter) for a spec method: fresh caches, built as the API builds them;
-    drafters that run part of the target get the layered backend. On llama.cpp the models are
-    loaded once, so their caches are emptied instead."""
-    if method.backend == "llamacpp":
-        target = _fresh(models.llamacpp.target)
-        draft = _fresh(models.llamacpp.draft) if method.drafter in MODEL_DRAFTERS else None
-    else:
-        target = target_backend(method.drafter, models.target)
-        draft = make_backend(models.draft, weights=models.draft_weights) if method.drafter in MODEL_DRAFTERS else None
-    if wrap is not None:
-        target = wrap(target)
-    return target, make_drafter(method.drafter, target, draft, **method.drafter_options)
-
-
-def _fresh(backend: Any) -> Any:
-    """A loaded backend with an empty cache, so no run reuses a prefix cached by an earlier one."""
-    backend.reset()
-    return backend
 
 
 def _increments(cumulative: list) -> list:

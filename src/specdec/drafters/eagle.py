@@ -25,7 +25,7 @@ from specdec.backends.base import forward_after
 from specdec.backends.hf import HFCausalLM
 from specdec.drafters.base import Draft, KeepGoing, draft_chain
 from specdec.heads import TrimmedLMHead, feature_target_head
-from specdec.heads.eagle import EagleCache, EagleHead
+from specdec.heads.eagle import EagleCache, EagleHead, load_eagle_for
 from specdec.sampling import SamplingConfig
 
 
@@ -43,6 +43,11 @@ class EagleDrafter:
         self.embed = target.model.get_input_embeddings()
         self.cache = EagleCache()
         self._read: list[int] = []  # the tokens the cached pairs were built on
+
+    @classmethod
+    def load(cls, target: HFCausalLM, path: str | None = None) -> "EagleDrafter":
+        """The drafter with the head read from ``path`` (default: the one shipped for the target)."""
+        return cls(target, load_eagle_for(target.model, path))
 
     @property
     def vocab_size(self) -> int:

@@ -22,7 +22,7 @@ from specdec.backends.base import forward_after
 from specdec.backends.hf import HFCausalLM
 from specdec.drafters.base import Draft, KeepGoing, draft_chain
 from specdec.drafters.tree import DEFAULT_CHOICES
-from specdec.heads import MedusaHeads, TrimmedLMHead, feature_target_head
+from specdec.heads import MedusaHeads, TrimmedLMHead, feature_target_head, load_heads_for
 from specdec.sampling import SamplingConfig, logits_to_probs
 from specdec.tree import TokenTree, top_children
 
@@ -40,6 +40,11 @@ class HeadsDrafter:
         kernels.accelerate(self.heads)  # bf16 blocks through the fast kernel, where it runs
         self.lm_head = TrimmedLMHead(head.weight, heads.kept)
         self.choices = self._fitting(DEFAULT_CHOICES if choices is None else choices)
+
+    @classmethod
+    def load(cls, target: HFCausalLM, path: str | None = None) -> "HeadsDrafter":
+        """The drafter with heads read from ``path`` (default: those shipped for the target)."""
+        return cls(target, load_heads_for(target.model, path))
 
     def _fitting(self, choices: Sequence[tuple[int, ...]]) -> list[tuple[int, ...]]:
         """The rank paths no deeper than the heads reach, parents first."""

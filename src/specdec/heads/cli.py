@@ -57,7 +57,8 @@ def run_train_heads(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)})
     out = _output_folder(Path(args.out))
-    target, _, tokenizer = load_models(args, draft=False)
+    pair = load_models(args, draft=False)
+    target, tokenizer = pair.target, pair.tokenizer
     _check_against_model(cfg, target)
     if torch.cuda.is_available():
         target = target.to("cuda")
@@ -96,7 +97,8 @@ def _output_folder(out: Path) -> Path:
 
 def _check_against_model(cfg: TrainConfig, target: Any) -> None:
     """Options the loaded target decides, checked before the long data collection."""
-    from specdec.cli import CLIError, logit_width
+    from specdec.cli import CLIError
+    from specdec.models import logit_width
 
     vocab = logit_width(target)
     if cfg.kept_tokens > vocab:

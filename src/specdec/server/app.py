@@ -43,7 +43,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import specdec
 from specdec.api import eos_token_ids_of
-from specdec.bench.methods import MethodSpec
+from specdec.config import DecodeConfig
 from specdec.server import requests as rq
 from specdec.server.guard import LOOPBACK_HOSTS, MAX_BODY_BYTES, Guard
 from specdec.server.metrics import Metrics
@@ -69,7 +69,7 @@ class ServedModels:
 
 @dataclass
 class ServerOptions:
-    method: MethodSpec  # used when a request names none
+    method: DecodeConfig  # used when a request names none
     max_queue: int = 16
     request_timeout: float = 600.0
     api_key: str | None = None
@@ -141,7 +141,7 @@ def _private_routes(state: _State) -> APIRouter:
     async def list_models() -> dict[str, Any]:
         return {"object": "list", "data": [{
             "id": models.name, "object": "model", "created": 0, "owned_by": "specdec",
-            "speculative": {"method": options.method.name, "draft": models.draft_name,
+            "speculative": {"method": str(options.method), "draft": models.draft_name,
                             "draft_weights": models.draft_weights if models.draft is not None else None},
         }]}
 
@@ -194,7 +194,7 @@ def _check_stream_options(body: Any) -> None:
         raise APIError(400, "stream_options goes with \"stream\": true", param="stream_options")
 
 
-def _generation(kind: str, ids: list[int], body: Any, method: MethodSpec, max_tokens: int) -> Generation:
+def _generation(kind: str, ids: list[int], body: Any, method: DecodeConfig, max_tokens: int) -> Generation:
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return Generation(kind, ids, len(ids), method, rq.sampling_kwargs(body, max_tokens), body.stream,
                       include_usage, list(body.stop or []))
@@ -381,8 +381,8 @@ def _summary(gen: Generation, ids: list[int], text: str, stats: Any, decode: Any
     stopped = bool(ids and ids[-1] in eos) or any(s in full for s in gen.stop)
     method = gen.method
     spec = {
-        "method": method.name, "exact": method.exact,
-        "policy": None if method.kind != "spec" or method.is_tree else method.policy,
+        "method": str(method), "exact": method.exact,
+        "policy": None if method.is_ar or method.verify == "tree" else method.policy,
         "policy_state": stats.policy if stats is not None else {},
         "target_forwards": stats.target_forwards if stats else 0,
         "tokens_per_forward": stats.mean_accepted_per_forward if stats else 0.0,

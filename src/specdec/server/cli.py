@@ -11,7 +11,7 @@ from typing import Any
 from specdec import cli
 
 API_KEY_ENV = "SPECDEC_API_KEY"
-DEFAULT_METHOD = "spec:ngram+model:block:k=4:policy=auto"  # the method of requests that name none, with a draft model
+DEFAULT_METHOD = "spec"  # the method of requests that name none: the default method (specdec.config)
 
 
 def add_serve_parser(subparsers: Any) -> None:
@@ -34,10 +34,11 @@ def add_serve_parser(subparsers: Any) -> None:
                             "by DNS rebinding")
     group.add_argument("--port", type=cli.positive_int, default=8000, help="(default: 8000)")
     group.add_argument("--method", default=None, metavar="METHOD",
-                       help="decoding method for requests that name none, as 'specdec bench --methods' takes "
-                            "it, e.g. spec:block:k=4, spec:tree, spec:ngram:block, ar (default: "
-                            f"{DEFAULT_METHOD}, block verification with the planner choosing each step's drafter "
-                            "(n-gram lookup or the draft model) and draft length; ar with --draft none); a request may pick its own with "
+                       help="decoding method for requests that name none, in the text form 'specdec bench "
+                            "--methods' takes, e.g. spec:model:block:k=4, spec:tree, spec:ngram:block, ar (default: "
+                            "spec, the method 'specdec generate' runs: spec:ngram+model:block:k=4:policy=auto, block "
+                            "verification with the planner choosing each step's drafter (n-gram lookup or the draft "
+                            "model) and draft length; ar with --draft none); a request may pick its own with "
                             "\"speculative\": {\"method\": ...}")
     group.add_argument("--max-queue", type=cli.non_negative_int, default=16, metavar="N",
                        help="requests that may wait while one generates; more get 429 (default: 16)")
@@ -72,32 +73,16 @@ def _seconds(text: str) -> float:
 
 
 def default_method(args: argparse.Namespace) -> Any:
-    """The server's default method, checked before any model loads."""
-    from specdec.bench.methods import parse_method
+    """The server's default method (a :class:`~specdec.config.DecodeConfig`), checked before any
+    model loads."""
+    from specdec.server.requests import method_config
 
     no_draft = args.draft is None or args.draft.lower() == "none"
-    text = args.method or ("ar" if no_draft else DEFAULT_METHOD)
-    from specdec import models
-
     try:
-        backend = models.resolve_backend(args.target, getattr(args, "backend", "torch"))
-    except models.ModelPackError as err:
-        raise cli.CLIError(err.message, err.hint, code=2) from None
-    try:
-        method = parse_method(text, default_backend=backend)
+        return method_config(args.method or ("ar" if no_draft else DEFAULT_METHOD), not no_draft)
     except ValueError as err:
-        raise cli.CLIError(f"--method: {err}", "e.g. --method spec:block:k=4 or --method spec:tree", code=2) from None
-    if method.backend != backend:
-        raise cli.CLIError(f"--method {method.name} runs on {method.backend}, but the server loads its models "
-                           f"for {backend}", f"drop backend= from --method, or pass --backend {method.backend}",
-                           code=2)
-    if method.is_peer:
-        raise cli.CLIError(f"--method: {method.kind} is a benchmark peer, not a method the server runs",
-                           "use ar or a spec:... method", code=2)
-    if method.needs_draft_model and no_draft:
-        raise cli.CLIError(f"--method {method.name} needs a draft model, but --draft is none",
-                           "drop --draft none, or use a drafter of its own, e.g. --method spec:ngram:block", code=2)
-    return method
+        raise cli.CLIError(f"--method: {err}", "e.g. --method spec, --method spec:ngram:block or --method spec:tree",
+                           code=2) from None
 
 
 def api_key(args: argparse.Namespace) -> str | None:
@@ -140,8 +125,8 @@ def run_serve(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    target, draft, tokenizer = cli.load_models(args)
-    models = ServedModels(target, tokenizer, draft, name=args.target, draft_name=args.draft if draft else None,
+    pair = cli.load_models(args)
+    models = ServedModels(pair.target, pair.tokenizer, pair.draft, name=args.target, draft_name=pair.draft_name,
                           draft_weights=args.draft_weights)
     options = ServerOptions(method, max_queue=args.max_queue, request_timeout=args.request_timeout,
                             api_key=key, max_tokens=args.max_tokens,
@@ -149,7 +134,7 @@ def run_serve(args: argparse.Namespace) -> int:
                             max_body_bytes=args.max_body_bytes, read_timeout=args.read_timeout)
     app = create_app(models, options)
     _warm_up(models, method)
-    print(f"specdec: serving {args.target} ({method.name}) on http://{_url_host(args.host)}:{args.port}/ "
+    print(f"specdec: serving {args.target} ({method}) on http://{_url_host(args.host)}:{args.port}/ "
           "(the page is at /, metrics at /metrics)", file=sys.stderr, flush=True)
     uvicorn.Server(uvicorn_config(app, options, host=args.host, port=args.port, log_level=args.log_level,
                                   access_log=False)).run()

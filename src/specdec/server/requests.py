@@ -6,8 +6,9 @@ change nothing at their default value (``echo``, ``logprobs``, the penalties, ..
 that value only, so clients that always send them work, and a request that asks for their effect
 is told the server does not have it.
 
-Non-standard fields: ``top_k`` (0 disables) and ``speculative``: ``{"method": "spec:block:k=4"}``,
-a method string as ``specdec bench --methods`` takes it (:mod:`specdec.bench.methods`).
+Non-standard fields: ``top_k`` (0 disables) and ``speculative``: ``{"method": "spec"}``, a method
+in :class:`~specdec.config.DecodeConfig`'s text form (``spec`` is the default method, as
+``specdec generate`` runs it; ``spec:ngram:block:k=8``, ``spec:tree``, ``ar``, ...).
 
 Text must be valid Unicode: JSON can spell a lone UTF-16 surrogate (``"\\ud800"``), which no
 tokenizer can encode, so it is refused by field. :class:`PromptLimits` checks a prompt against the
@@ -22,10 +23,8 @@ from typing import Any, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from specdec.bench.methods import MethodSpec, parse_method
-from specdec.config import SEED_RANGE
+from specdec.config import SEED_RANGE, ConfigError, DecodeConfig, text_spelling
 from specdec.drafters import MODEL_DRAFTERS
-from specdec.policies import make_policy
 
 MAX_STOP = 4  # as OpenAI's API
 FIM_TOKENS = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")
@@ -211,7 +210,7 @@ class Generation:
     kind: Literal["completion", "chat"]
     prompt: str | list[int]
     prompt_tokens: int
-    method: MethodSpec
+    method: DecodeConfig
     sampling: dict[str, Any]  # temperature, top_k, top_p, max_new_tokens, seed, stop
     stream: bool = False
     include_usage: bool = False
@@ -258,48 +257,41 @@ class PromptLimits:
                                 f"(0..{self.vocab_size - 1})", param=param)
 
 
-def choose_method(body: _Body, default: MethodSpec, has_draft: bool) -> MethodSpec:
+def method_config(text: str, has_draft: bool) -> DecodeConfig:
+    """The method a method string names (:meth:`DecodeConfig.parse`), its drafter named for this
+    server's models; a ``ValueError`` naming the problem."""
+    try:
+        config = DecodeConfig.parse(text)
+    except ConfigError as err:
+        raise ValueError(err.render(text_spelling, joined=True)) from None
+    if config.is_ar:
+        return config
+    config = config.resolve(True)
+    if config.drafter in MODEL_DRAFTERS and not has_draft:
+        raise ValueError(f"{config} needs a draft model, but the server runs without one (--draft none); use ar "
+                         "or a drafter of its own, e.g. spec:ngram:block")
+    return config
+
+
+def choose_method(body: _Body, default: DecodeConfig, has_draft: bool) -> DecodeConfig:
     """The request's method (``speculative.method``), checked against what this server can run."""
-    if body.speculative is None:
-        method = default
-    else:
+    method = default
+    if body.speculative is not None:
         try:
-            method = parse_method(body.speculative.method, default_backend=default.backend)
+            method = method_config(body.speculative.method, has_draft)
         except ValueError as err:
             raise APIError(400, f"speculative.method: {err}", param="speculative.method") from None
-        if method.is_peer:
-            raise APIError(400, f"speculative.method: {method.kind} is a benchmark peer; the server runs ar "
-                                "or spec:... methods", param="speculative.method")
-    if method.backend != default.backend:
-        raise APIError(400, f"speculative.method: the server runs its models with {default.backend}; drop "
-                            f"backend= from {method.name}", param="speculative.method")
-    if method.needs_draft_model and not has_draft:
-        raise APIError(400, f"speculative.method: {method.name} needs a draft model, but the server runs "
-                            "without one (--draft none); use ar or a drafter of its own, e.g. spec:ngram:block",
-                       param="speculative.method")
-    reason = method.runs_at(body.temperature)
-    if reason is not None:
-        raise APIError(400, f"speculative.method: {method.name} cannot sample at temperature "
-                            f"{body.temperature}: {reason}", param="speculative.method")
+    if method.verify == "greedy" and body.temperature > 0 and not method.is_ar:
+        raise APIError(400, f"speculative.method: {method} cannot sample at temperature {body.temperature}: "
+                            "greedy verification reproduces greedy decoding only", param="speculative.method")
     return method
 
 
-def method_kwargs(method: MethodSpec, draft: Any, draft_weights: str) -> dict[str, Any]:
-    """The :func:`specdec.stream` keyword arguments that run ``method`` (as the benchmark runs it)."""
-    if method.kind == "ar":
-        return {}
-    kwargs: dict[str, Any] = {"verify": method.verifier}
-    if method.drafter in MODEL_DRAFTERS:  # the draft model (ngram+model: and the lookup)
-        kwargs.update(draft=draft, draft_weights=draft_weights)
-        if method.drafter != "model":
-            kwargs.update(drafter=method.drafter, drafter_options=method.drafter_options or None)
-    else:
-        kwargs.update(drafter=method.drafter, drafter_options=method.drafter_options or None)
-    if method.is_tree:
-        kwargs["tree"] = method.tree_options
-    else:
-        kwargs.update(k=method.k, policy=make_policy(method.policy, method.k, **method.policy_options))
-    return kwargs
+def method_kwargs(method: DecodeConfig, draft: Any, draft_weights: str) -> dict[str, Any]:
+    """The :func:`specdec.stream` keyword arguments that run ``method`` (its config, and the draft
+    model where its drafter drafts with one)."""
+    return {"config": method.replace(draft_weights=draft_weights),
+            "draft": draft if method.drafter in MODEL_DRAFTERS else None}
 
 
 def sampling_kwargs(body: _Body, max_tokens: int) -> dict[str, Any]:
