@@ -323,7 +323,7 @@ def test_greedy_speculative_output_equals_its_own_autoregressive_output(model):
         spec = generate(model, prompt, tokenizer=tokenizer, max_new_tokens=40, eos_token_ids=[], **kwargs)
         assert spec.token_ids == ar.token_ids, kwargs
         assert spec.stats.target_forwards < len(ar.token_ids), kwargs
-    selfdraft = generate(model, prompt, tokenizer=tokenizer, draft=draft, k=4, policy="static", max_new_tokens=40,
+    selfdraft = generate(model, prompt, tokenizer=tokenizer, draft=draft, drafter="model", k=4, policy="static", max_new_tokens=40,
                          eos_token_ids=[])
     assert selfdraft.stats.acceptance_rate == 1.0  # draft = target accepts every greedy draft token
 

@@ -328,6 +328,8 @@ class DecodeConfig:
             value = getattr(self, name)
             if value is not None and not isinstance(value, Mapping):
                 raise TypeError(f"{name} must be a dict, got {type(value).__name__}")
+            if name == "tree" and value is not None and not value:
+                value = {"mode": "dynamic"}  # tree={}: the dynamic tree with its defaults, as TreeDrafter reads it
             set_(self, name, _frozen(value) if value else None)
         if self.tree and "choices" in self.tree and isinstance(self.tree["choices"], str):
             set_(self, "tree", _frozen({**self.tree, "choices": parse_choices(self.tree["choices"])}))
