@@ -78,3 +78,22 @@ def test_the_sampling_options_are_not_part_of_a_method():
     assert str(config) == "spec:block:k=4:policy=auto" and config.temperature == 0.5
     assert {o.name for o in OPTIONS if not o.in_text} == {
         "draft_weights", "temperature", "top_k", "top_p", "max_new_tokens", "seed"}
+
+
+def test_committed_results_read_back_as_the_methods_they_name():
+    """Result files keep their meaning: each method record, whatever its name was when written,
+    reads back (method_of_record) as a method with the same drafter, verifier and policy."""
+    import json
+    from pathlib import Path
+
+    from specdec.bench.methods import method_of_record
+
+    files = sorted(Path(__file__).parents[1].glob("benchmarks/*/*/results.json"))
+    assert files
+    for path in files:
+        for name, entry in json.loads(path.read_text())["methods"].items():
+            record = entry["spec"]
+            method = method_of_record(record)
+            if record["kind"] == "spec":
+                assert (method.drafter, method.verifier) == (record["drafter"], record["verifier"]), (path, name)
+                assert method.is_tree or method.policy == record["policy"], (path, name)

@@ -12,7 +12,7 @@ import torch
 
 from specdec.backends.base import CausalLM
 from specdec.backends.hf import eos_token_ids
-from specdec.build import as_backend, build
+from specdec.build import build
 from specdec.config import DecodeConfig
 from specdec.engine import autoregressive_steps, speculative_steps, tree_steps
 from specdec.policies import DraftLengthPolicy

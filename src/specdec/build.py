@@ -55,7 +55,7 @@ class Built:
 def build(config: DecodeConfig, target: Any, draft: Any = None) -> Built:
     """Build ``config`` for ``target`` (a transformers causal LM or a :class:`CausalLM`) and the
     ``draft`` model (the same, or None). Raises ``ValueError`` naming what does not fit."""
-    config = config.resolve(draft is not None or not (config.drafter is None or isinstance(config.drafter, str)))
+    config = config.resolve(draft is not None)  # a drafter given by name or object stays as it is
     if config.is_ar:
         if draft is not None:
             raise ValueError("drafter='none' decodes with the target alone; leave draft out")

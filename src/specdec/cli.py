@@ -345,6 +345,7 @@ def explain_divergence(target: Any, prompt: Any, tokenizer: Any, spec: tuple[Any
     model (measured, cached) (:func:`specdec.divergence.explain`). ``{"error": ...}`` if a
     replay fails."""
     from specdec import api
+    from specdec.build import as_backend
     from specdec.divergence import LogitsRecorder, batch_invariance, decisive_position, explain
 
     ids = tokenizer(prompt, add_special_tokens=True)["input_ids"] if isinstance(prompt, str) else list(prompt)
@@ -352,7 +353,7 @@ def explain_divergence(target: Any, prompt: Any, tokenizer: Any, spec: tuple[Any
     recorders = []
     try:
         for (config, extra), want in ((spec, tokens), (ar, ar_tokens)):
-            recorders.append(LogitsRecorder(api.as_backend(target), keep={at}))
+            recorders.append(LogitsRecorder(as_backend(target), keep={at}))
             again = api.generate(recorders[-1], ids, tokenizer=tokenizer, config=config, **extra)
             if again.token_ids != want:
                 return {"error": "a replay did not reproduce its run, so its margins would not explain it"}

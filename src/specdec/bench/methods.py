@@ -38,7 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from specdec.backends.base import HIDDEN_STATES, LAYERS
+from specdec.backends.llamacpp import LlamaCppCausalLM
 from specdec.config import AR, ConfigError, DecodeConfig, text_spelling
 from specdec.drafters import NEEDS
 
@@ -51,8 +51,6 @@ LLAMACPP_PEERS = ("llamacpp-ar",)
 PEERS = HF_PEERS + LLAMACPP_PEERS
 _PEER_KEYS = {"hf-assisted": {"k"}, "hf-prompt-lookup": {"k"}, "hf-ar": set(), "llamacpp-ar": set()}
 BACKENDS = ("torch", "llamacpp")
-# What the llama.cpp backend cannot offer a drafter (specdec.backends.llamacpp.LlamaCppCausalLM.capabilities).
-_NOT_ON_LLAMACPP = frozenset({LAYERS, HIDDEN_STATES})
 
 
 @dataclass(frozen=True)
@@ -170,7 +168,7 @@ def parse_method(text: str, default_backend: str = "torch") -> MethodSpec:
         raise ValueError(f"method {text!r}: {err.render(text_spelling, joined=True)}") from None
     except ValueError as err:
         raise ValueError(f"method {text!r}: {err}") from None
-    if backend == "llamacpp" and NEEDS.get(config.drafter, frozenset()) & _NOT_ON_LLAMACPP:
+    if backend == "llamacpp" and NEEDS.get(config.drafter, frozenset()) - LlamaCppCausalLM.capabilities:
         raise ValueError(
             f"method {text!r}: the {config.drafter} drafter reads the transformers model's layers or hidden "
             "states, so it runs on backend=torch only; on llamacpp draft with model, ngram or ngram+model")
