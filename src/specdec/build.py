@@ -84,8 +84,7 @@ def build(config: DecodeConfig, target: Any, draft: Any = None) -> Built:
     policy = config.policy
     if isinstance(policy, str):
         policy = make_policy(policy, config.k, **(config.policy_options or {}))
-    if hasattr(policy, "bind"):  # the planner measures its models' costs (or reads them from its cache)
-        policy.bind(backend, drafter)
+    policy.bind(backend, drafter)  # the planner measures its models' costs (or reads them from its cache)
     method = f"spec:{drafter.name}:{verifier.name}:{policy.name}:k={config.k}"
     if not verifier.exact:
         method += " (LOSSY)"

@@ -33,7 +33,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from specdec.drafters import DRAFTER_OPTIONS, DRAFTERS, MODEL_DRAFTERS
+from specdec.drafters import DRAFTER_OPTIONS, DRAFTERS, MODEL_DRAFTERS, Drafter
 from specdec.drafters.tree import DEFAULT_CHOICES, TreeDrafter, parse_choices
 from specdec.policies import POLICIES, DraftLengthPolicy, check_k, make_policy
 from specdec.sampling import SamplingConfig
@@ -345,8 +345,9 @@ class DecodeConfig:
     # -- the rules --------------------------------------------------------------------------------
 
     def _check_names(self) -> None:
-        if self.drafter is not None and not isinstance(self.drafter, str) and not hasattr(self.drafter, "propose"):
-            raise TypeError(f"drafter must be a drafter's name or a Drafter, got {type(self.drafter).__name__}")
+        if self.drafter is not None and not isinstance(self.drafter, (str, Drafter)):
+            raise TypeError(f"drafter must be a drafter's name or a Drafter, got {type(self.drafter).__name__} "
+                            "(a drafter of your own: subclass specdec.drafters.Drafter)")
         if isinstance(self.drafter, str) and self.drafter not in (AR, *DRAFTERS):
             raise ValueError(f"unknown drafter {self.drafter!r}; choose one of {', '.join(DRAFTERS)}")
         if self.draft_weights not in DRAFT_WEIGHTS:
@@ -357,8 +358,9 @@ class DecodeConfig:
         if isinstance(self.policy, str):
             if self.policy not in POLICIES:
                 raise ValueError(f"unknown draft-length policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
-        elif not all(hasattr(self.policy, m) for m in ("next_k", "keep_going", "update")):
-            raise TypeError(f"policy must be a policy's name or a DraftLengthPolicy, got {type(self.policy).__name__}")
+        elif not isinstance(self.policy, DraftLengthPolicy):
+            raise TypeError(f"policy must be a policy's name or a DraftLengthPolicy, got {type(self.policy).__name__} "
+                            "(a policy of your own: subclass specdec.policies.DraftLengthPolicy)")
         for group, keys in (("policy", POLICY_OPTIONS), ("tree", TREE_OPTIONS)):
             unknown = sorted(set(getattr(self, GROUP_FIELD[group]) or ()) - set(keys))
             if unknown:

@@ -14,14 +14,15 @@ import torch
 
 from specdec.backends.base import CausalLM, forward_after, rollback
 from specdec.drafters.base import Drafter
-from specdec.drafters.tree import TreeDrafter
-from specdec.policies import DraftLengthPolicy
-from specdec.sampling import SamplingConfig, logits_to_probs, next_token
+from specdec.drafters.tree import TreeDrafter, Trees
+from specdec.policies import DraftLengthPolicy, StaticK
+from specdec.sampling import SamplingConfig, next_token
 from specdec.stats import Step
-from specdec.tree import forward_tree, keep_path
-from specdec.verify.base import Verdict, Verifier, draw
-from specdec.verify.greedy import greedy_verdict
+from specdec.verify.base import Verifier
 from specdec.verify.tree import TreeVerifier
+
+# A tree's depth is its drafter's to decide: the policy beside a tree lets it use all the room left.
+TREE_ROOM = 1 << 30
 
 
 def speculative_steps(
@@ -38,35 +39,32 @@ def speculative_steps(
 ) -> Iterator[Step]:
     """Generate up to ``max_new_tokens`` after ``prompt``; the output follows the target's law.
 
-    Each step: the drafter proposes k tokens, one target forward scores the context's new tokens
-    and the k drafts, the verifier keeps a prefix and appends one token, and both caches are
-    trimmed back to the output.
+    Each step: the policy plans the draft from what the drafter offers (:meth:`DraftLengthPolicy.plan`),
+    the drafter proposes a chain of up to k tokens or a token tree at most k deep, one target forward
+    scores the context's new tokens and every draft node, the verifier keeps a path and appends one
+    token, and both caches are trimmed back to the output. (A chain is the tree whose node i's
+    parent is i - 1.)
     """
     context = list(prompt)
     limit = _context_limit(target, len(context), max_new_tokens)
     produced = 0
     while produced < limit:
         room = limit - produced - 1  # the step always appends one token of the target's
-        k = min(policy.next_k(), room)
         t0 = time.perf_counter()
-        draft = drafter.propose(context, k, sampling, generator, policy.keep_going)
+        plan = policy.plan(drafter.sources(context))  # which source drafts, and how far
+        draft = drafter.propose(context, min(plan.k, room), sampling, generator, plan.keep_going, plan.source)
         t1 = time.perf_counter()
-        draft_tokens = draft.tokens.tolist()
-        logits = forward_after(target, context, draft_tokens)  # [k + 1, V]
-        if not draft_tokens:  # a plain step: with no draft every verifier's law is the target's next-token law
-            verdict = Verdict(0, next_token(logits[-1], sampling, generator))
-        elif sampling.greedy and verifier.exact:  # the argmax chain: no probabilities needed
-            verdict = greedy_verdict(draft_tokens, logits)
-        else:
-            p = logits_to_probs(logits, sampling)  # [k + 1, V]
-            verdict = draw(verifier.plan(draft.tokens, draft.q, p), generator)
+        logits = draft.score(target, context)  # [1 + N, V]: after the context, after each draft node
+        verdict = verifier.verdict(draft, logits, sampling, generator)
         t2 = time.perf_counter()
-        new = _cut_at_eos(draft_tokens[: verdict.accepted] + [verdict.next_token], eos_ids)
+        path = draft.path(verdict.accepted - 1)  # the draft nodes kept, first to last
+        draft.keep(target, len(context), path)
+        new = _cut_at_eos(draft.tokens_on(path) + [verdict.next_token], eos_ids)
         context += new
         produced += len(new)
         rollback(target, context)
         drafter.observe(context)
-        step = Step(new, len(draft_tokens), min(verdict.accepted, len(new)), t1 - t0, t2 - t1)
+        step = Step(new, len(draft), min(len(path), len(new)), t1 - t0, t2 - t1)
         policy.update(step)
         yield step
         if eos_ids and new[-1] in eos_ids:
@@ -83,29 +81,10 @@ def tree_steps(
     eos_ids: Collection[int] = (),
     generator: torch.Generator | None = None,
 ) -> Iterator[Step]:
-    """Like :func:`speculative_steps` with a token tree: one target forward scores every node,
-    the tree verifier picks a path, and the target's cache keeps only that path."""
-    verifier = TreeVerifier()
-    context = list(prompt)
-    limit = _context_limit(target, len(context), max_new_tokens)
-    produced = 0
-    while produced < limit:
-        t0 = time.perf_counter()
-        tree = drafter.propose_tree(context, sampling, max_depth=limit - produced - 1, generator=generator)
-        t1 = time.perf_counter()
-        p = logits_to_probs(forward_tree(target, context, tree), sampling)  # [1 + N, V]
-        verdict = draw(verifier.plan_tree(tree, p), generator)
-        t2 = time.perf_counter()
-        path = tree.path(verdict.accepted - 1)
-        keep_path(target, len(context), path)
-        new = _cut_at_eos([tree.tokens[i] for i in path] + [verdict.next_token], eos_ids)
-        context += new
-        produced += len(new)
-        rollback(target, context)
-        drafter.observe(context)
-        yield Step(new, len(tree), min(len(path), len(new)), t1 - t0, t2 - t1)
-        if eos_ids and new[-1] in eos_ids:
-            return
+    """:func:`speculative_steps` with a token tree each step (``drafter.propose_tree``), verified
+    by :class:`~specdec.verify.tree.TreeVerifier`; the target's cache keeps only the accepted path."""
+    return speculative_steps(target, Trees(drafter), TreeVerifier(), StaticK(TREE_ROOM), prompt, sampling=sampling,
+                             max_new_tokens=max_new_tokens, eos_ids=eos_ids, generator=generator)
 
 
 def autoregressive_steps(

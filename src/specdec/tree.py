@@ -63,6 +63,17 @@ class TokenTree:
             node = self.parents[node]
         return path[::-1]
 
+    def tokens_on(self, path: Sequence[int]) -> list[int]:
+        return [self.tokens[i] for i in path]
+
+    def score(self, target: CausalLM, context: Sequence[int]) -> torch.Tensor:
+        """The target's logits at the root and after each node: [1 + N, V] (:func:`forward_tree`)."""
+        return forward_tree(target, context, self)
+
+    def keep(self, target: CausalLM, context_len: int, path: Sequence[int]) -> None:
+        """Keep only the context and the accepted ``path`` in the target's cache (:func:`keep_path`)."""
+        keep_path(target, context_len, path)
+
     def ancestry(self) -> torch.Tensor:
         """[N, N] bool: entry (i, j) is True when node j is node i or one of its ancestors."""
         n = len(self)

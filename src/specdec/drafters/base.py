@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 import torch
 
+from specdec.backends.base import CausalLM, forward_after
 from specdec.sampling import SamplingConfig, argmax, logits_to_probs, sample
 
 
@@ -26,6 +27,23 @@ class Draft:
     @staticmethod
     def empty(vocab_size: int) -> "Draft":
         return Draft(torch.zeros(0, dtype=torch.long), torch.zeros(0, vocab_size))
+
+    # A chain is the token tree whose node i's parent is i - 1: the engine reads both through
+    # score / path / tokens_on / keep (:class:`specdec.tree.TokenTree` for the tree).
+
+    def score(self, target: CausalLM, context: Sequence[int]) -> torch.Tensor:
+        """The target's logits after the context and after each draft token: [k + 1, V]."""
+        return forward_after(target, context, self.tokens.tolist())
+
+    def path(self, node: int) -> list[int]:
+        """The draft positions from the first down to ``node`` (none for -1)."""
+        return list(range(node + 1))
+
+    def tokens_on(self, path: Sequence[int]) -> list[int]:
+        return [int(self.tokens[i]) for i in path]
+
+    def keep(self, target: CausalLM, context_len: int, path: Sequence[int]) -> None:
+        """Nothing to do: a kept chain is a prefix, and rolling back by length drops the rest."""
 
 
 # Called after each draft token but the last with the draft's confidence there ([V], see
@@ -89,8 +107,29 @@ def draft_chain(
     return Draft(torch.tensor(tokens, dtype=torch.long), torch.stack(qs))
 
 
+@dataclass(frozen=True)
+class DraftCost:
+    """What one drafted token costs, as a drafter declares it to the planner: a one-row pass of
+    ``model`` (a :class:`~specdec.backends.base.CausalLM`, measured), else ``layers`` of the
+    target's ``of`` layers (that share of a target one-row pass), else nothing (a lookup; heads
+    whose cost is small beside a target pass)."""
+
+    model: Any = None
+    layers: int = 0
+    of: int = 0
+
+
+@runtime_checkable
 class Drafter(Protocol):
-    """Something that proposes draft tokens for the target to verify."""
+    """Something that proposes draft tokens for the target to verify.
+
+    A drafter drafts from one or more *sources* (its own name; the n-gram lookup and the draft
+    model for :class:`~specdec.drafters.choice.ChoiceDrafter`). Each step the engine asks
+    :meth:`sources` what can draft now, the draft-length policy picks one and a length
+    (:meth:`~specdec.policies.base.DraftLengthPolicy.plan`), and :meth:`propose` drafts it.
+    A class that subclasses this protocol inherits the one-source :meth:`sources` and a free
+    :meth:`costs`.
+    """
 
     name: str
 
@@ -104,8 +143,10 @@ class Drafter(Protocol):
         sampling: SamplingConfig,
         generator: torch.Generator | None,
         keep_going: KeepGoing | None = None,
+        source: str | None = None,
     ) -> Draft:
-        """Propose up to ``k`` tokens to follow ``context``.
+        """Propose up to ``k`` tokens to follow ``context`` from ``source`` (one of
+        :meth:`sources`; None: the first there).
 
         Promise: token i was drawn from ``q[i]`` with ``generator`` (a deterministic drafter
         reports a point mass), and ``q[i]`` depends only on the context and tokens before i.
@@ -118,3 +159,12 @@ class Drafter(Protocol):
     def observe(self, context: Sequence[int]) -> None:
         """The output now reads ``context``: forget state built on rejected tokens."""
         ...
+
+    def sources(self, context: Sequence[int]) -> dict[str, float | None]:
+        """The sources that can draft after ``context``, in order of preference, each with its
+        draft's confidence where that is known before drafting (None: known only as it drafts)."""
+        return {self.name: None}
+
+    def costs(self) -> dict[str, DraftCost]:
+        """Every source this drafter may draft from, and what a token from it costs."""
+        return {self.name: DraftCost()}

@@ -2,11 +2,12 @@
 
 Prompt lookup (Saxena 2023) costs nothing and is often right where the output copies its input
 (editing code, quoting, refactoring); a draft model costs a forward pass per token and is right
-more often elsewhere. :class:`ChoiceDrafter` holds both and, each step, drafts from one of them:
-the n-gram lookup where the context's suffix occurred before, else the draft model. A
-planner (``policy="auto"``, :class:`specdec.policies.auto.AutoPolicy`) that binds to it makes the choice
-itself -- which drafter, and how many tokens (0: a plain target step) -- from each one's measured
-cost and running acceptance estimates (:attr:`ChoiceDrafter.chooser`).
+more often elsewhere. :class:`ChoiceDrafter` holds both as two sources and offers, each step, the
+ones that can draft (:meth:`ChoiceDrafter.sources`: the lookup only where the context's suffix
+occurred before). The draft-length policy picks one: a fixed-length policy the first offered (the
+lookup where it matches, else the draft model); the planner (``policy="auto"``,
+:class:`specdec.policies.auto.AutoPolicy`) the one, and the length (0: a plain target step), with
+the most expected tokens per second from each one's measured cost and running acceptance estimates.
 
 The choice depends only on the context and on earlier steps, never on this step's draws, so the
 verifier still sees a proposal q drawn as reported and the output keeps the target's law.
@@ -14,11 +15,11 @@ verifier still sees a proposal q drawn as reported and the output keeps the targ
 
 from __future__ import annotations
 
-from typing import Callable, Mapping, Sequence
+from typing import Sequence
 
 import torch
 
-from specdec.drafters.base import Draft, Drafter, KeepGoing
+from specdec.drafters.base import Draft, DraftCost, Drafter, KeepGoing
 from specdec.drafters.ngram import NGramDrafter
 from specdec.sampling import SamplingConfig
 
@@ -27,17 +28,12 @@ from specdec.sampling import SamplingConfig
 # the output's 10-40% of the time, a 4-token match's 65-96%), and the draft model covers the rest.
 LOOKUP_DEFAULTS = {"max_ngram": 4, "min_ngram": 4}
 
-# Given the drafters that can draft now (names, in order of preference, each with its draft's
-# confidence where that is known before drafting: the lookup's match strength; None for a draft
-# model), which one and at most how many tokens (0: none, a plain target step).
-Chooser = Callable[[Mapping[str, "float | None"]], "tuple[str, int]"]
 
+class ChoiceDrafter(Drafter):
+    """Two sources: the n-gram lookup where it finds a match, and the draft model.
 
-class ChoiceDrafter:
-    """The n-gram lookup where it finds a match, else the draft model; or what :attr:`chooser` picks.
-
-    choices: ``{"ngram": NGramDrafter, "model": ModelDrafter}`` as given. chooser: set by a planner
-    (:meth:`specdec.policies.auto.AutoPolicy.bind`); without one the lookup is used whenever it matches.
+    choices: ``{"ngram": NGramDrafter, "model": ModelDrafter}`` as given. :meth:`propose` drafts
+    from the source it is given (the policy's pick), else from the first offered.
     :attr:`used` counts the steps each drafter drafted.
     """
 
@@ -49,7 +45,6 @@ class ChoiceDrafter:
                 f"the n-gram drafter's vocabulary ({lookup.vocab_size}) differs from the draft model's ({model.vocab_size})"
             )
         self.choices: dict[str, Drafter] = {"ngram": lookup, "model": model}
-        self.chooser: Chooser | None = None
         self.used: dict[str, int] = {name: 0 for name in self.choices}  # steps each drafter drafted
 
     @classmethod
@@ -72,7 +67,7 @@ class ChoiceDrafter:
     def model(self) -> Drafter:
         return self.choices["model"]
 
-    def available(self, context: Sequence[int]) -> dict[str, float | None]:
+    def sources(self, context: Sequence[int]) -> dict[str, float | None]:
         """The drafters that can propose after ``context``, the lookup only where it matches, each
         with the confidence its draft will have where that is known now (the lookup's
         :func:`~specdec.drafters.ngram.lookup_confidence`; None for the draft model)."""
@@ -86,12 +81,9 @@ class ChoiceDrafter:
         sampling: SamplingConfig,
         generator: torch.Generator | None,
         keep_going: KeepGoing | None = None,
+        source: str | None = None,
     ) -> Draft:
-        available = self.available(context)
-        name = next(iter(available))
-        if self.chooser is not None and k > 0:
-            name, most = self.chooser(available)
-            k = min(k, most)
+        name = source if source is not None else next(iter(self.sources(context)))
         if k <= 0:
             return Draft.empty(self.vocab_size)
         self.used[name] += 1
@@ -100,6 +92,9 @@ class ChoiceDrafter:
     def observe(self, context: Sequence[int]) -> None:
         for drafter in self.choices.values():
             drafter.observe(context)
+
+    def costs(self) -> dict[str, DraftCost]:
+        return {name: next(iter(drafter.costs().values())) for name, drafter in self.choices.items()}
 
     def describe(self) -> dict:
         """The drafter's settings and how often each choice drafted, for reports."""

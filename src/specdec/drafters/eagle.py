@@ -23,13 +23,13 @@ import torch
 from specdec import kernels
 from specdec.backends.base import forward_after
 from specdec.backends.hf import HFCausalLM
-from specdec.drafters.base import Draft, KeepGoing, draft_chain
+from specdec.drafters.base import Draft, Drafter, KeepGoing, draft_chain
 from specdec.heads import TrimmedLMHead, feature_target_head
 from specdec.heads.eagle import EagleCache, EagleHead, load_eagle_for
 from specdec.sampling import SamplingConfig
 
 
-class EagleDrafter:
+class EagleDrafter(Drafter):
     """Proposes k tokens with the head; ``target`` must be built with ``keep_hidden=True``."""
 
     name = "eagle"
@@ -61,6 +61,7 @@ class EagleDrafter:
         sampling: SamplingConfig,
         generator: torch.Generator | None,
         keep_going: KeepGoing | None = None,
+        source: str | None = None,
     ) -> Draft:
         n = len(context)
         if k <= 0 or n < 2:

@@ -26,13 +26,13 @@ import torch
 
 from specdec.backends.base import rollback
 from specdec.backends.hf_layers import HFLayeredCausalLM
-from specdec.drafters.base import Draft, KeepGoing, draft_chain
+from specdec.drafters.base import Draft, DraftCost, Drafter, KeepGoing, draft_chain
 from specdec.sampling import SamplingConfig
 
 DEFAULT_EXIT_BELOW_TOP = 2  # the default exit: this many layers below the top
 
 
-class LayerSubsetDrafter:
+class LayerSubsetDrafter(Drafter):
     """Drafts with a fixed ascending subset of the target's layers, sharing the target's cache.
 
     q[i] is ``logits_to_probs`` of the subset's logits with the caller's sampling settings, the
@@ -63,6 +63,7 @@ class LayerSubsetDrafter:
         sampling: SamplingConfig,
         generator: torch.Generator | None,
         keep_going: KeepGoing | None = None,
+        source: str | None = None,
     ) -> Draft:
         seq = list(context)
 
@@ -78,6 +79,9 @@ class LayerSubsetDrafter:
 
     def observe(self, context: Sequence[int]) -> None:
         rollback(self.target, context)
+
+    def costs(self) -> dict[str, DraftCost]:
+        return {self.name: DraftCost(layers=len(self.layers), of=self.target.num_layers)}
 
     def describe(self) -> dict:
         """The drafter's settings, for reports."""

@@ -20,14 +20,14 @@ import torch
 from specdec import kernels
 from specdec.backends.base import forward_after
 from specdec.backends.hf import HFCausalLM
-from specdec.drafters.base import Draft, KeepGoing, draft_chain
+from specdec.drafters.base import Draft, Drafter, KeepGoing, draft_chain
 from specdec.drafters.tree import DEFAULT_CHOICES
 from specdec.heads import MedusaHeads, TrimmedLMHead, feature_target_head, load_heads_for
 from specdec.sampling import SamplingConfig, logits_to_probs
 from specdec.tree import TokenTree, top_children
 
 
-class HeadsDrafter:
+class HeadsDrafter(Drafter):
     """Proposes up to K tokens from the heads; ``target`` must be built with ``keep_hidden=True``."""
 
     name = "heads"
@@ -72,6 +72,7 @@ class HeadsDrafter:
         sampling: SamplingConfig,
         generator: torch.Generator | None,
         keep_going: KeepGoing | None = None,
+        source: str | None = None,
     ) -> Draft:
         k = min(k, self.heads.config.num_heads)
         if k <= 0 or len(context) < 2:

@@ -7,11 +7,11 @@ from typing import Sequence
 import torch
 
 from specdec.backends.base import CausalLM, forward_after, rollback
-from specdec.drafters.base import Draft, KeepGoing, draft_chain
+from specdec.drafters.base import Draft, DraftCost, Drafter, KeepGoing, draft_chain
 from specdec.sampling import SamplingConfig
 
 
-class ModelDrafter:
+class ModelDrafter(Drafter):
     """Samples k tokens autoregressively from a draft model with its own KV cache."""
 
     name = "model"
@@ -30,6 +30,7 @@ class ModelDrafter:
         sampling: SamplingConfig,
         generator: torch.Generator | None,
         keep_going: KeepGoing | None = None,
+        source: str | None = None,
     ) -> Draft:
         def next_logits(previous: int | None) -> torch.Tensor:  # [V]
             if previous is None:
@@ -40,4 +41,7 @@ class ModelDrafter:
 
     def observe(self, context: Sequence[int]) -> None:
         rollback(self.model, context)
+
+    def costs(self) -> dict[str, DraftCost]:
+        return {self.name: DraftCost(model=self.model)}  # a draft model's one-row pass per token
 

@@ -22,7 +22,7 @@ from typing import Sequence
 
 import torch
 
-from specdec.drafters.base import Draft, KeepGoing, draft_chain
+from specdec.drafters.base import Draft, Drafter, KeepGoing, draft_chain
 from specdec.sampling import SamplingConfig
 
 LONGEST_MATCH = 32  # how far back a match's length is counted
@@ -103,7 +103,7 @@ class NGramIndex:
         del seq[length:]
 
 
-class NGramDrafter:
+class NGramDrafter(Drafter):
     """Proposes the continuation of the longest matching n-gram (point-mass drafts).
 
     max_ngram: longest suffix tried; min_ngram: shortest (1 also matches single tokens).
@@ -132,6 +132,7 @@ class NGramDrafter:
         sampling: SamplingConfig,
         generator: torch.Generator | None,
         keep_going: KeepGoing | None = None,
+        source: str | None = None,
     ) -> Draft:
         self.index.sync(context)
         start = self._match()

@@ -11,11 +11,12 @@ cache is rolled back to the context.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
 from specdec.backends.base import CausalLM, forward_after, rollback
+from specdec.drafters.base import Drafter, KeepGoing
 from specdec.policies import DEFAULT_K_MAX, DEFAULT_THRESHOLD
 from specdec.sampling import SamplingConfig, logits_to_probs
 from specdec.tree import TokenTree, sample_children, top_children
@@ -253,6 +254,35 @@ class TreeDrafter:
             positions.append(ctx - 1 + depth)
         fed.extend(nodes)
         return self.model.forward([tokens[i] for i in nodes], attend=attend, positions=positions)
+
+
+class Trees(Drafter):
+    """A drafter of token trees (:class:`TreeDrafter`, or the heads' static Medusa tree: anything
+    with ``propose_tree``) seen as the engine sees every drafter: each step's draft is a
+    :class:`~specdec.tree.TokenTree` at most k levels deep, k being the room left (the tree's own
+    shape, not a draft-length policy, decides how much is drafted)."""
+
+    def __init__(self, drafter: "TreeDrafter | Any") -> None:
+        self.drafter = drafter
+        self.name = drafter.name
+
+    @property
+    def vocab_size(self) -> int:
+        return self.drafter.vocab_size
+
+    def propose(
+        self,
+        context: Sequence[int],
+        k: int,
+        sampling: SamplingConfig,
+        generator: torch.Generator | None,
+        keep_going: KeepGoing | None = None,
+        source: str | None = None,
+    ) -> TokenTree:
+        return self.drafter.propose_tree(context, sampling, max_depth=k, generator=generator)
+
+    def observe(self, context: Sequence[int]) -> None:
+        self.drafter.observe(context)
 
 
 TREE_MODES = ("confident", "dynamic", "static")

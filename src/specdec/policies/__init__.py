@@ -16,6 +16,7 @@ from specdec.policies.base import (
     ConfidenceStop,
     DraftLengthPolicy,
     HeuristicK,
+    Plan,
     StaticK,
     TheoryK,
     check_k,

@@ -22,7 +22,7 @@ The model of a step that drafts k tokens (k = 0: a plain target step of one row)
   the lengths drafted so far; block verification accepts at least what token verification does
   for every draft, so for other lengths E(k) is a lower bound.
 
-``next_k`` takes the k in 0..k_max that maximises E(k) / T(k) (ties to the shorter). If that is 0
+Each step :meth:`AutoPolicy.plan` (through ``next_k``) takes the k in 0..k_max that maximises E(k) / T(k) (ties to the shorter). If that is 0
 the step is a plain target step. Otherwise it returns a cap (the longest draft that could pay if
 every token were as sure as the most confident calibration bin) and ``keep_going`` decides token
 by token: after drafting token i, whose calibrated chance (from the draft's own top probability)
@@ -34,7 +34,8 @@ linearly that is the one-token test "P_i a >= R* (draft cost + one more verify r
 
 Where the draft's confidence is known before drafting -- the n-gram lookup's, from how far back
 its match reaches (:func:`~specdec.drafters.ngram.lookup_confidence`; a
-:class:`~specdec.drafters.choice.ChoiceDrafter` passes it to :meth:`AutoPolicy.choose`) -- every
+:class:`~specdec.drafters.choice.ChoiceDrafter` offers it with the lookup among its sources, and
+:meth:`AutoPolicy.choose` weighs each source) -- every
 a_j is that confidence's calibrated chance, the best k is the cap, and every token drafted is
 calibrated at it: a long repeated passage is copied in one long draft, a short match's
 continuation is drafted short or not at all.
@@ -59,9 +60,10 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
+from specdec.drafters.base import DraftCost, Drafter
 from specdec.measurements import cache_file, cost_key
 from specdec.paths import load_measurement, save_measurement
-from specdec.policies.base import DEFAULT_K_MAX, AcceptanceEstimates, check_k
+from specdec.policies.base import DEFAULT_K_MAX, AcceptanceEstimates, DraftLengthPolicy, Plan, check_k
 from specdec.stats import Step
 
 MAX_ROWS = 16  # the longest verify pass measured (k_max drafts + 1)
@@ -222,7 +224,7 @@ def best_length(alphas: Sequence[float], times: Sequence[float]) -> tuple[int, f
     return best
 
 
-class AutoPolicy:
+class AutoPolicy(DraftLengthPolicy):
     """Draft the length (0 included) with the most expected tokens per second; see the module doc.
 
     costs: a :class:`CostModel` to use instead of measuring (tests inject curves). Without it,
@@ -281,38 +283,33 @@ class AutoPolicy:
         """The running acceptance estimates of the drafter this step drafts from."""
         return self._sources[self._current].acceptance
 
-    def bind(self, target: Any, drafter: Any) -> None:
-        """Measure, or read from the cache, the target's cost per 1..16 rows and the draft model's
-        per token (see the module doc for other drafters). Done once; injected costs stay.
-
-        A drafter with several ``choices`` and a ``chooser`` slot (:class:`~specdec.drafters.choice.
-        ChoiceDrafter`) gets :meth:`choose` as its chooser: each step the planner then picks the
-        drafter as well as the length, each drafter with its own costs and estimates."""
-        choices = getattr(drafter, "choices", None)
+    def bind(self, target: Any, drafter: Drafter) -> None:
+        """Measure, or read from the cache, the target's cost per 1..16 rows and each of the
+        drafter's sources' cost per token (:meth:`~specdec.drafters.base.Drafter.costs`; see the
+        module doc). Done once; injected costs stay. A drafter with several sources (a
+        :class:`~specdec.drafters.choice.ChoiceDrafter`) makes the planner choose the source as
+        well as the length each step, each source with its own costs and estimates."""
+        costs = drafter.costs()
         if self.costs is None:
             curve, source = row_costs(target, MAX_ROWS, cache_dir=self.cache_dir)
-            draft, draft_source = self._draft_cost(drafter, curve[0])
+            draft, draft_source = self._draft_cost(next(iter(costs.values())), curve[0])
             self.costs = CostModel(curve, draft, source, draft_source)
-        if isinstance(choices, dict) and hasattr(drafter, "chooser"):
-            self._sources = {name: _Source(AcceptanceEstimates(**self._estimates), None) for name in choices}
-            for name, sub in choices.items():
+        if len(costs) > 1:
+            self._sources = {name: _Source(AcceptanceEstimates(**self._estimates), None) for name in costs}
+            for name, cost in costs.items():
                 entry = self._sources[name]
-                if getattr(sub, "name", None) == "model" and self.costs.source == "injected":
+                if cost.model is not None and self.costs.source == "injected":
                     entry.draft, entry.label = self.costs.draft or 0.0, self.costs.draft_source
                 else:
-                    entry.draft, entry.label = self._draft_cost(sub, self.costs.target[0])
-            self._current, self._choosing = next(iter(choices)), True
-            drafter.chooser = self.choose
+                    entry.draft, entry.label = self._draft_cost(cost, self.costs.target[0])
+            self._current, self._choosing = next(iter(costs)), True
 
-    def _draft_cost(self, drafter: Any, one_row: float) -> tuple[float, str]:
-        """(seconds per drafted token, where that came from) for one drafter; a drafter that
-        offers a choice of drafters is costed per choice (0 here)."""
-        draft_model = getattr(drafter, "model", None) if getattr(drafter, "name", None) == "model" else None
-        layers, of = getattr(drafter, "layers", None), getattr(getattr(drafter, "target", None), "num_layers", None)
-        if draft_model is not None:
-            return row_costs(draft_model, 1, cache_dir=self.cache_dir)[0][0], "measured"
-        if layers is not None and of:
-            return one_row * len(layers) / of, f"{len(layers)} of {of} target layers"
+    def _draft_cost(self, cost: DraftCost, one_row: float) -> tuple[float, str]:
+        """(seconds per drafted token, where that came from) for one source."""
+        if cost.model is not None:
+            return row_costs(cost.model, 1, cache_dir=self.cache_dir)[0][0], "measured"
+        if cost.layers and cost.of:
+            return one_row * cost.layers / cost.of, f"{cost.layers} of {cost.of} target layers"
         return 0.0, "taken as free"
 
     def _ensure_costs(self) -> CostModel:
@@ -341,18 +338,27 @@ class AutoPolicy:
         costs, d, s = self._ensure_costs(), self.draft_cost, self.scale
         return [k * d + s * costs.target_cost(k + 1) for k in range(self.k_max + 1)]
 
+    def plan(self, sources: Mapping[str, float | None]) -> Plan:
+        """This step's source and length: with one source, :meth:`next_k`; with several,
+        :meth:`choose` weighs every source offered now."""
+        k = self.next_k()
+        if self._choosing:
+            source, k = self.choose(sources)
+            return Plan(source, k, self.keep_going)
+        return Plan(next(iter(sources)), k, self.keep_going)
+
     def next_k(self) -> int:
         self._foreseen = None
-        if self._choosing:  # the drafter asks choose() once it knows which of its drafters can draft
+        if self._choosing:  # the source is not known yet: choose() plans once it is
             self._reach, self._drafted_now, self._cap = 1.0, 0, 0
             return self.k_max
         return self._plan()
 
     def choose(self, available: Mapping[str, float | None]) -> tuple[str, int]:
-        """Which of ``available`` (a :class:`~specdec.drafters.choice.ChoiceDrafter`'s drafters that
-        can draft now, in its order of preference, each with its draft's confidence where that is
-        known before drafting) to draft from, and at most how many tokens: the one whose best
-        length has the most expected tokens per second (ties to the earlier)."""
+        """Which of ``available`` (the drafter's sources that can draft now, in its order of
+        preference, each with its draft's confidence where that is known before drafting) to
+        draft from, and at most how many tokens: the one whose best length has the most expected
+        tokens per second (ties to the earlier)."""
         best, best_rate = next(iter(available)), -1.0
         for name, sure in available.items():
             self._current = name

@@ -11,17 +11,22 @@
   (1 - alpha^(k+1)) / ((1 - alpha)(kc + 1)) of Leviathan et al. 2023 (:func:`specdec.theory.optimal_k`
   when every token has the same alpha).
 
-A policy sees each :class:`~specdec.stats.Step` after it is taken; ``describe`` reports its state
-(for ``theory`` its estimates), which the API copies into ``GenerationStats.policy``. The
-default policy, ``auto``, is the planner in :mod:`specdec.policies.auto`.
+Each step the engine makes one call, :meth:`DraftLengthPolicy.plan`: given the sources the
+drafter can draft from now, the policy returns a :class:`Plan` (which source, at most how many
+tokens, and a ``keep_going`` test that may stop the draft sooner). A policy sees each
+:class:`~specdec.stats.Step` after it is taken; ``describe`` reports its state (for ``theory``
+its estimates), which the API copies into ``GenerationStats.policy``. The default policy,
+``auto``, is the planner in :mod:`specdec.policies.auto`.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Any, Mapping, Protocol, runtime_checkable
 
 import torch
 
+from specdec.drafters.base import KeepGoing
 from specdec.stats import Step
 from specdec.theory import optimal_k
 
@@ -32,8 +37,33 @@ DEFAULT_K_MAX = 16  # the longest draft an adaptive policy tries unless told oth
 DEFAULT_THRESHOLD = 0.8
 
 
+@dataclass(frozen=True)
+class Plan:
+    """One step's drafting: at most ``k`` tokens (0: a plain target step) from ``source`` (one of
+    the drafter's :meth:`~specdec.drafters.base.Drafter.sources`); ``keep_going`` is asked after
+    each drafted token but the last and may stop the draft there (None: draft all k)."""
+
+    source: str
+    k: int
+    keep_going: KeepGoing | None = None
+
+
+@runtime_checkable
 class DraftLengthPolicy(Protocol):
+    """How much to draft, and from which source. A class that subclasses this protocol inherits
+    :meth:`plan` (the first source offered, :meth:`next_k` tokens, its own :meth:`keep_going`) and
+    a :meth:`bind` that needs nothing."""
+
     name: str
+
+    def plan(self, sources: Mapping[str, float | None]) -> Plan:
+        """The engine's one call each step. sources: what the drafter can draft from now, in its
+        order of preference, each with its draft's confidence where that is known before drafting."""
+        return Plan(next(iter(sources)), self.next_k(), self.keep_going)
+
+    def bind(self, target: Any, drafter: Any) -> None:
+        """Learn what the target and the drafter cost before the first step (the planner measures
+        them: :meth:`specdec.policies.auto.AutoPolicy.bind`); other policies need nothing."""
 
     def next_k(self) -> int:
         """How many tokens to draft in the next step (>= 0)."""
@@ -60,7 +90,7 @@ class DraftLengthPolicy(Protocol):
         ...
 
 
-class StaticK:
+class StaticK(DraftLengthPolicy):
     """Always draft k tokens."""
 
     name = "static"
@@ -82,7 +112,7 @@ class StaticK:
         return {"name": self.name, "k": self.k}
 
 
-class HeuristicK:
+class HeuristicK(DraftLengthPolicy):
     """Start at k; after a fully accepted draft draft ``grow`` more, after a rejection ``shrink`` fewer."""
 
     name = "heuristic"
@@ -112,7 +142,7 @@ class HeuristicK:
         return {"name": self.name, "k": self.k, "k_max": self.k_max}
 
 
-class ConfidenceStop:
+class ConfidenceStop(DraftLengthPolicy):
     """Draft up to ``k_max`` tokens; stop after a token whose top draft probability is below ``threshold``."""
 
     name = "confidence"
@@ -268,7 +298,7 @@ class AcceptanceEstimates:
         return [round(self._lead_accepted[b] / self._lead_tested[b], 3) for b in range(self.BINS)]
 
 
-class TheoryK:
+class TheoryK(DraftLengthPolicy):
     """Draft the length that maximises expected tokens per unit of time, from running estimates.
 
     Leviathan et al. (2023)'s speed-up (1 - alpha^(k+1)) / ((1 - alpha)(kc + 1)) is E[tokens per

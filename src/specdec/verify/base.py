@@ -13,11 +13,14 @@ share one sampler (:func:`draw`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from specdec.sampling import sample
+from specdec.sampling import SamplingConfig, argmax, logits_to_probs, next_token, sample
+
+if TYPE_CHECKING:
+    from specdec.drafters.base import Draft
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,7 @@ class Verifier(Protocol):
     """A verification rule.
 
     ``exact`` is False only for lossy rules that a user asks for by name; reports must mark them.
+    A class that subclasses this protocol inherits :meth:`verdict` for chain drafts.
     """
 
     name: str
@@ -53,6 +57,38 @@ class Verifier(Protocol):
     def plan(self, draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor) -> VerifyPlan:
         """draft_tokens: [k] int64; q: [k, V] draft probs; p: [k + 1, V] target probs."""
         ...
+
+    def verdict(
+        self, draft: "Draft", logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None
+    ) -> Verdict:
+        """The drawn outcome for one draft, from the target's logits after the context and after
+        each draft token ([k + 1, V]): the plan's law, drawn by :func:`draw`. Two shortcuts with
+        the same law: no draft is a plain step (every rule's law is then the target's next-token
+        law), and an exact rule under greedy decoding keeps the argmax chain (:func:`greedy_verdict`)."""
+        tokens = draft.tokens.tolist()
+        if not tokens:
+            return Verdict(0, next_token(logits[-1], sampling, generator))
+        if sampling.greedy and self.exact:
+            return greedy_verdict(tokens, logits)
+        p = logits_to_probs(logits, sampling)  # [k + 1, V]
+        return draw(self.plan(draft.tokens, draft.q, p), generator)
+
+
+def greedy_verdict(draft_tokens: list[int], logits: torch.Tensor) -> Verdict:
+    """The outcome of every exact rule under greedy decoding, from the target's raw logits.
+
+    draft_tokens: k ids; logits: [k + 1, V]. Greedy makes the target's law a point mass on its
+    argmax chain, and each exact rule (greedy, token, block) then keeps exactly the draft tokens
+    that equal the argmax, in order, and appends the argmax after them -- with probability 1, as
+    ``tests/test_verify_exact.py`` checks against each rule's plan. One argmax per row is all it takes:
+    no [k + 1, V] probabilities, residuals or draws (several milliseconds at a 150k vocabulary).
+    Ties go to the lowest id, as in :func:`~specdec.sampling.logits_to_probs`.
+    """
+    choice = argmax(logits).tolist()  # [k + 1]
+    accepted = 0
+    while accepted < len(draft_tokens) and draft_tokens[accepted] == choice[accepted]:
+        accepted += 1
+    return Verdict(accepted, choice[accepted])
 
 
 def draw(plan: VerifyPlan, generator: torch.Generator | None) -> Verdict:

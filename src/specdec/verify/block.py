@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import torch
 
-from specdec.verify.base import VerifyPlan
+from specdec.verify.base import Verifier, VerifyPlan
 
 
-class BlockVerifier:
+class BlockVerifier(Verifier):
     name = "block"
     exact = True
 

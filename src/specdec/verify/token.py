@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import torch
 
-from specdec.verify.base import VerifyPlan, residual
+from specdec.verify.base import Verifier, VerifyPlan, residual
 
 
-class TokenVerifier:
+class TokenVerifier(Verifier):
     name = "token"
     exact = True
 

@@ -41,13 +41,21 @@ from __future__ import annotations
 
 import torch
 
+from specdec.sampling import SamplingConfig, logits_to_probs
 from specdec.tree import TokenTree
-from specdec.verify.base import VerifyPlan
+from specdec.verify.base import Verdict, Verifier, VerifyPlan, draw
 
 
-class TreeVerifier:
+class TreeVerifier(Verifier):
     name = "tree"
     exact = True
+
+    def verdict(
+        self, draft: TokenTree, logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None
+    ) -> Verdict:
+        """The drawn outcome for a tree from the target's logits at the root and after each node
+        ([1 + N, V]): outcome 0 ends at the root, outcome 1 + i at node i (its whole path kept)."""
+        return draw(self.plan_tree(draft, logits_to_probs(logits, sampling)), generator)
 
     def plan_tree(self, tree: TokenTree, p: torch.Tensor) -> VerifyPlan:
         """tree: N nodes; p: [1 + N, V] target probabilities at the root and after each node."""

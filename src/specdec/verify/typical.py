@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import torch
 
-from specdec.verify.base import VerifyPlan
+from specdec.verify.base import Verifier, VerifyPlan
 
 
-class TypicalVerifier:
+class TypicalVerifier(Verifier):
     name = "typical"
     exact = False
 
