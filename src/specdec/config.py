@@ -76,11 +76,11 @@ class ConfigError(ValueError):
 
 class NothingToVerify(ConfigError):
     """The default drafter without a draft model leaves the target decoding alone, so option
-    ``name`` (set to ``value``) has nothing to act on."""
+    ``name`` (set to ``value``) has nothing to act on (:meth:`DecodeConfig._unused_alone`)."""
 
     def __init__(self, name: str, value: Any) -> None:
         self.name, self.value = name, value
-        shown = repr(value) if isinstance(value, str) else type(value).__name__
+        shown = repr(value) if isinstance(value, (str, numbers.Number)) else type(value).__name__
         super().__init__(f"{name}={shown} needs a draft model or a drafter",
                          f"pass draft= (or drafter=), or leave {name} out to decode with the target alone")
 
@@ -448,11 +448,19 @@ class DecodeConfig:
             raise ConfigError(str(err)) from None
 
     def _check_nothing_to_verify(self) -> None:
+        unused = self._unused_alone()
+        if unused:
+            raise ConfigError(f"{{method.{unused}={getattr(self, unused)}}} has nothing to act on: "
+                              "the target decodes alone", f"drop {{method.{unused}}}")
+
+    def _unused_alone(self) -> str | None:
+        """The first method option set away from its default, which a target decoding alone
+        (no draft model, or ``drafter="none"``) would leave with nothing to act on."""
         for name, changed in (("verify", self.verify != "block"), ("policy", self.policy != "auto"),
                               ("k", self.k != DEFAULT_K)):
             if changed:
-                raise ConfigError(f"{{method.{name}={getattr(self, name)}}} has nothing to act on: "
-                                  "the target decodes alone", f"drop {{method.{name}}}")
+                return name
+        return None
 
     # -- the default, spelled out -------------------------------------------------------------------
 
@@ -468,11 +476,9 @@ class DecodeConfig:
             return self
         if has_draft:
             return self.replace(drafter="model" if self.verify == "tree" else "ngram+model")
-        default = DecodeConfig()
-        for name in ("verify", "policy"):
-            value = getattr(self, name)
-            if value != getattr(default, name):
-                raise NothingToVerify(name, value)
+        unused = self._unused_alone()
+        if unused:
+            raise NothingToVerify(unused, getattr(self, unused))
         return self.replace(drafter=AR, drafter_options=None)
 
     @property

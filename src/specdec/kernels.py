@@ -35,6 +35,8 @@ from typing import Any, Iterator
 
 import torch
 
+from specdec.paths import cache_root
+
 SOURCE = "linear_bf16.c"
 FLAGS = ["-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
 
@@ -319,8 +321,6 @@ def _build_and_open() -> ctypes.CDLL:
         raise _Unavailable("no C compiler found (install gcc, or set CC)")
     source = resources.files("specdec").joinpath("csrc", SOURCE).read_bytes()
     digest = hashlib.sha256(source + " ".join(FLAGS).encode()).hexdigest()[:16]
-    from specdec.paths import cache_root
-
     target = cache_root() / "kernels" / f"linear_bf16-{digest}.so"
     if not target.is_file():
         src = target.with_suffix(".c")

@@ -18,7 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from specdec import kernels as fast
 from specdec import packs
+from specdec.backends import llamacpp  # imports the optional llama-cpp-python binding only when a model loads
 from specdec.packs import DEFAULT_DRAFT, DEFAULT_TARGET, PACKS, ModelPackError  # re-exported
 from specdec.paths import CACHE_ENV, cache_root
 
@@ -177,8 +179,6 @@ def load(
         packs.fix_gguf_tokenizer(tokenizer, source / gguf_file)
     model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, **kwargs)
     if kernels == "auto":
-        from specdec import kernels as fast
-
         fast.accelerate(model)
         fast.use_invariant_attention(model)
     return model.eval(), tokenizer
@@ -204,8 +204,6 @@ def resolve_backend(name_or_path: str, backend: str) -> str:
     """``"torch"`` or ``"llamacpp"``. ``"auto"`` is llamacpp for a pack or a ``.gguf`` file when the
     llama.cpp binding is installed (on a 2-core CPU it decodes the default target's Q4_K_M file
     about 3x faster per token than the bf16 torch model; docs/backends.md), else torch."""
-    from specdec.backends import llamacpp
-
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     is_gguf = name_or_path in PACKS or (Path(name_or_path).expanduser().suffix.lower() == ".gguf")
@@ -219,8 +217,6 @@ def resolve_backend(name_or_path: str, backend: str) -> str:
 
 def _load_llamacpp(name_or_path: str, cache_dir: str | Path | None, progress: bool, n_threads: int | None) -> tuple[Any, Any]:
     """A pack's hash-checked GGUF (no conversion) or a local .gguf file in llama.cpp, and its tokenizer."""
-    from specdec.backends import llamacpp
-
     pack = PACKS.get(name_or_path)
     gguf = packs.gguf_file(pack, cache_dir, progress=progress) if pack else Path(name_or_path).expanduser()
     model = llamacpp.load_gguf(gguf, n_threads=n_threads, eos_token_ids=(pack.eos_token_ids or None) if pack else None,

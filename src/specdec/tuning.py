@@ -19,8 +19,12 @@ import torch
 
 from specdec.backends.hf_layers import HFLayeredCausalLM
 from specdec.drafters.layer_skip import LayerSkipDrafter, save_skip_set
+from specdec.engine import autoregressive_steps, speculative_steps
 from specdec.paths import model_key
+from specdec.policies import StaticK
+from specdec.sampling import SamplingConfig
 from specdec.theory import expected_speedup, optimal_k
+from specdec.verify import make_verifier
 
 # A few short calibration prompts (code and prose) for the search when none are given.
 CALIBRATION_PROMPTS = (
@@ -109,11 +113,6 @@ def _decode(
 ) -> tuple[float, list[list[int]], int, int]:
     """Greedy decoding of every prompt, autoregressive or with ``drafter``: (seconds, outputs,
     drafted, accepted)."""
-    from specdec.engine import autoregressive_steps, speculative_steps
-    from specdec.policies import StaticK
-    from specdec.sampling import SamplingConfig
-    from specdec.verify import make_verifier
-
     greedy = SamplingConfig()
     seconds, outs, drafted, accepted = 0.0, [], 0, 0
     for p in prompts:

@@ -12,6 +12,8 @@ from typing import Any, Protocol, Sequence
 
 import torch
 
+from specdec import kernels
+
 
 # What a backend can do beyond the protocol's plain forward, trim and keep (its ``capabilities``).
 TREES = "trees"  # forward takes attend= and positions=: token trees in one pass
@@ -128,8 +130,6 @@ def prefill(model: CausalLM, context: Sequence[int]) -> int:
     every method prefills the same tokens this way, so the faster kernels it allows change no
     method's output relative to another's.
     """
-    from specdec import kernels
-
     if not context:
         raise ValueError("the context is empty: give at least one token")
     keep = min(common_prefix_len(model.tokens, context), len(context) - 1)

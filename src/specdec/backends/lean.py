@@ -25,6 +25,7 @@ import torch
 
 from specdec import kernels
 from specdec.backends.base import HIDDEN_STATES, TREES, ModelFacts
+from specdec.backends.hf import HFCausalLM
 
 LEAN_MODEL_TYPES = ("llama", "qwen2", "mistral")
 _FIRST_CAPACITY = 256  # cached positions allocated at first; the cache doubles when full
@@ -68,8 +69,6 @@ def make_backend(model: Any, *, keep_hidden: bool = False, weights: str = "bf16"
     :class:`LeanCausalLM` where :func:`lean_unsupported` allows it, else ``HFCausalLM``. With
     ``weights="bf16"`` both compute the same logits bit for bit; ``weights="int8"`` (for draft
     models only, see :class:`LeanCausalLM`) applies where the lean backend does."""
-    from specdec.backends.hf import HFCausalLM
-
     check_weights(weights)
     if lean_unsupported(model) is None:
         return LeanCausalLM(model, keep_hidden=keep_hidden, weights=weights)

@@ -51,6 +51,7 @@ import subprocess
 import sys
 import textwrap
 from collections import Counter, defaultdict
+from importlib.metadata import version
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
@@ -281,8 +282,6 @@ def environment(command: str, dtype: str) -> dict[str, Any]:
     import torch
     import transformers
 
-    import specdec
-
     return {
         "command": command,
         "dtype": dtype,
@@ -290,7 +289,7 @@ def environment(command: str, dtype: str) -> dict[str, Any]:
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "versions": {
-            "specdec": specdec.__version__,
+            "specdec": version("specdec"),
             "torch": torch.__version__,
             "transformers": transformers.__version__,
             "numpy": numpy.__version__,

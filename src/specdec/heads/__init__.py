@@ -14,10 +14,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from specdec import kernels
+from specdec.paths import model_key
 
 CONFIG = "config.json"
 WEIGHTS = "heads.safetensors"
@@ -138,8 +142,6 @@ class TrimmedLMHead:
 
     def trimmed_logits(self, h: torch.Tensor) -> torch.Tensor:
         """h [..., H] -> [..., N] logits over the kept ids."""
-        from specdec import kernels
-
         if self.weight.dtype == torch.bfloat16 and kernels.status() == "available" and not torch.is_grad_enabled():
             return kernels.linear(h.to(torch.bfloat16), self.weight)
         return torch.nn.functional.linear(h.to(self.weight.dtype), self.weight)
@@ -161,10 +163,6 @@ def frequent_tokens(counts: torch.Tensor, size: int) -> torch.Tensor:
 
 def shipped_dir(model: Any) -> Path:
     """Where heads for ``model`` ship inside the package (they may not exist)."""
-    from importlib import resources
-
-    from specdec.paths import model_key
-
     return Path(str(resources.files("specdec").joinpath("data", "heads", model_key(model))))
 
 

@@ -16,6 +16,7 @@ Files: ``eagle.safetensors`` (the layer and the kept token ids) and ``config.jso
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ import torch
 from torch import nn
 
 from specdec.heads import CONFIG, load_pack, save_pack
+from specdec.paths import model_key
 
 WEIGHTS = "eagle.safetensors"
 
@@ -131,10 +133,6 @@ def _rotate(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
 
 def shipped_dir(model: Any) -> Path:
     """Where a one-layer head for ``model`` ships inside the package (it may not exist)."""
-    from importlib import resources
-
-    from specdec.paths import model_key
-
     return Path(str(resources.files("specdec").joinpath("data", "eagle", model_key(model))))
 
 

@@ -28,7 +28,9 @@ from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
+from specdec.backends.hf import final_norm
 from specdec.heads import HeadsConfig, MedusaHeads, frequent_tokens
+from specdec.heads.eagle import EagleConfig, EagleHead
 
 STATE = "train-state.pt"
 
@@ -78,8 +80,6 @@ def collect(model: Any, sequences: Iterable[list[int]], out: Path, cfg: TrainCon
     input tokens, lengths [s] int32) until
     ``cfg.positions`` positions are stored; a rerun skips the sequences already stored."""
     from safetensors.torch import load_file, save_file
-
-    from specdec.backends.hf import final_norm
 
     data = out / "data"
     data.mkdir(parents=True, exist_ok=True)
@@ -280,8 +280,6 @@ def train_eagle(model: Any, out: Path, cfg: TrainConfig, log: Log, progress_fact
     One function (past 60 lines) because both passes of a window share the optimiser, the learning
     rate schedule and the resumable checkpoint; the loop reads top to bottom as one epoch.
     """
-    from specdec.heads.eagle import EagleConfig, EagleHead
-
     device = next(model.parameters()).device
     data = out / "data"
     hidden, labels, seq = load_data(data)
