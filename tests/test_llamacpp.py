@@ -86,7 +86,7 @@ def _layouts_agree(path) -> bool:
 
 
 def test_a_prefill_on_the_stored_layout_leaves_the_cache_decoding_would_have(monkeypatch):
-    """Chains of PREFILL_ROWS tokens or more run in a second context on the file's layout and their
+    """Chains of FILE_LAYOUT_ROWS tokens or more run in a second context on the file's layout and their
     cells move into the decoding context. This file's quantisation is not repacked, so both layouts
     compute bit-identical logits: any cell the move lost, shifted or left behind shows up as a
     difference from a model that never moves anything -- in the moved pass, in the steps after it,
@@ -99,7 +99,7 @@ def test_a_prefill_on_the_stored_layout_leaves_the_cache_decoding_would_have(mon
     split = llamacpp.load_gguf(path, n_threads=2, n_ctx=512, prefill_layout="file")
     plain = llamacpp.load_gguf(path, n_threads=2, n_ctx=512, prefill_layout="repacked")
     assert split.prefill_choice == {"layout": "file", "source": "asked for"} and plain.prefill_weights is None
-    prompt = (CONTEXT * 6)[: llamacpp.PREFILL_ROWS + 36]
+    prompt = (CONTEXT * 6)[: llamacpp.FILE_LAYOUT_ROWS + 36]
     for m in (split, plain):
         m.reset()
     assert torch.equal(split.forward(prompt, num_logits=3), plain.forward(prompt, num_logits=3))
@@ -108,12 +108,12 @@ def test_a_prefill_on_the_stored_layout_leaves_the_cache_decoding_would_have(mon
         assert torch.equal(split.forward([t]), plain.forward([t]))
     for m in (split, plain):
         m.trim(30)  # back into the moved cells
-    chain = (EXTRA * 5)[: llamacpp.PREFILL_ROWS]
+    chain = (EXTRA * 5)[: llamacpp.FILE_LAYOUT_ROWS]
     assert torch.equal(split.forward(chain), plain.forward(chain))
     assert [(a is split, b is split) for a, b in moves[1:]] == [(True, False), (False, True)]  # out and back
     assert torch.equal(split.forward(EXTRA[:3]), plain.forward(EXTRA[:3]))
     assert split.tokens == plain.tokens and split._prefiller.tokens == []
-    split.forward((EXTRA * 4)[: llamacpp.PREFILL_ROWS - 1])  # shorter chains stay where they are
+    split.forward((EXTRA * 4)[: llamacpp.FILE_LAYOUT_ROWS - 1])  # shorter chains stay where they are
     assert len(moves) == 3
 
 
@@ -121,7 +121,7 @@ def test_a_failed_move_between_contexts_is_an_error_and_leaves_an_empty_cache(mo
     split = llamacpp.load_gguf(_gguf(), n_threads=2, n_ctx=512, prefill_layout="file")
     monkeypatch.setattr(split._api, "llama_state_seq_set_data", lambda *args: 0)
     with pytest.raises(RuntimeError, match="could not move a sequence's cache between contexts"):
-        split.forward((CONTEXT * 4)[: llamacpp.PREFILL_ROWS])
+        split.forward((CONTEXT * 4)[: llamacpp.FILE_LAYOUT_ROWS])
     assert split.tokens == []
     monkeypatch.undo()
     assert split.forward(CONTEXT, num_logits=1).shape == (1, split.vocab_size)  # usable again
@@ -133,7 +133,7 @@ def test_the_prefill_layout_is_measured_once_then_read_from_the_cache(model, tmp
     before = model.forward(EXTRA[:1])
     model.trim(len(CONTEXT))
     first = llamacpp.choose_prefill_layout(model, cache_dir=tmp_path)
-    assert first["source"] == "measured" and first["rows"] == llamacpp.PREFILL_ROWS
+    assert first["source"] == "measured" and first["rows"] == llamacpp.FILE_LAYOUT_ROWS
     assert first["layout"] in ("file", "repacked") and all(v > 0 for v in first["seconds"].values())
     wins = first["seconds"]["file"] < llamacpp.PREFILL_MARGIN * first["seconds"]["repacked"]
     assert first["layout"] == ("file" if wins else "repacked")

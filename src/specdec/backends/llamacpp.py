@@ -10,7 +10,7 @@ wide CPU kernels (``use_extra_bufts``): one-token steps and short verify passes 
 repacked copy, but on some machines a long pass (a prompt's prefill) runs faster on the layout as
 stored in the file. :func:`load_gguf` measures both once per machine, model and thread count
 (:func:`choose_prefill_layout`, cached) and, where the file's layout wins, feeds every chain of at
-least :data:`PREFILL_ROWS` tokens through a second context on the file's layout, then moves that
+least :data:`FILE_LAYOUT_ROWS` tokens through a second context on the file's layout, then moves that
 sequence's KV cells (``llama_state_seq_get_data`` / ``set_data``) into the decoding context. Both
 contexts compute the same model; their kernels round differently, as two batch sizes already do
 in llama.cpp.
@@ -66,7 +66,7 @@ SPARE_SEQUENCE = MAX_SEQUENCES - 1  # holds the cells of discarded branches, out
 # shorter passes are faster on the repacked layout. On a 2-core AVX-512 CPU with Qwen2.5-Coder-1.5B
 # Q4_K_M, 16 rows took 247 ms repacked and 294 ms as stored, 32 rows 443 and 451 ms, 64 rows 855 and
 # 612 ms (benchmarks/prefill_layouts.py; docs/backends.md).
-PREFILL_ROWS = 64
+FILE_LAYOUT_ROWS = 64
 PREFILL_LAYOUTS = ("auto", "file", "repacked")
 PREFILL_MARGIN = 0.9  # "auto" prefills on the file's layout when it takes under this share of the time
 PREFILL_CACHE_FORMAT = 1
@@ -208,16 +208,16 @@ def load_gguf(
 
 def choose_prefill_layout(model: "LlamaCppCausalLM", *, cache_dir: str | Path | None = None,
                           refresh: bool = False) -> dict[str, Any]:
-    """Which weight layout a chain of :data:`PREFILL_ROWS` tokens runs faster on, ``model``'s
+    """Which weight layout a chain of :data:`FILE_LAYOUT_ROWS` tokens runs faster on, ``model``'s
     (repacked) or its file's as stored: ``{"layout": "file" | "repacked", "seconds": {layout:
     fastest time}, "rows", "source": "measured" | "cache"}``.
 
-    Times a pass of :data:`PREFILL_ROWS` rows (logits for the last) on each, alternating, the
+    Times a pass of :data:`FILE_LAYOUT_ROWS` rows (logits for the last) on each, alternating, the
     fastest of two after a warm-up (other work on the machine only adds time); "file" wins when
     it takes under :data:`PREFILL_MARGIN` of the repacked time. Cached as JSON beside the
     planner's cost curves, keyed by machine, file, threads and n_batch.
     """
-    key = {**cost_key(model), "what": "llama.cpp prefill layouts", "rows": PREFILL_ROWS}
+    key = {**cost_key(model), "what": "llama.cpp prefill layouts", "rows": FILE_LAYOUT_ROWS}
     path = cache_file(key, cache_dir)
     saved = None if refresh else load_measurement(path, key, PREFILL_CACHE_FORMAT)
     choice = saved.get("choice") if saved is not None else None
@@ -226,7 +226,7 @@ def choose_prefill_layout(model: "LlamaCppCausalLM", *, cache_dir: str | Path | 
     other = LlamaCppCausalLM(GGUFWeights(model.weights.path, repack=False), n_threads=model.n_threads,
                              n_ctx=model.max_context, n_batch=model.n_batch,
                              eos_token_ids=model.generation_config.eos_token_id)
-    rows = min(PREFILL_ROWS, model.max_context - len(model.tokens))
+    rows = min(FILE_LAYOUT_ROWS, model.max_context - len(model.tokens))
     ids = [(17 + 7919 * i) % model.vocab_size for i in range(rows)]
     times: dict[str, list[float]] = {"repacked": [], "file": []}
     for sweep in range(3):  # the first is a warm-up
@@ -292,7 +292,7 @@ class LlamaCppCausalLM(ModelFacts):
         self._tokens: list[int] = []
         self._branch: _Branch | None = None
         self._parked = 0  # at least as many cells as the spare sequence holds (see SPARE_SEQUENCE)
-        # Chains of PREFILL_ROWS tokens or more run on these weights (the file's layout) when set,
+        # Chains of FILE_LAYOUT_ROWS tokens or more run on these weights (the file's layout) when set,
         # in a context made on first use; prefill_choice says why (see load_gguf).
         self.prefill_weights: GGUFWeights | None = None
         self.prefill_choice: dict[str, Any] = {"layout": "repacked", "source": "default"}
@@ -362,7 +362,7 @@ class LlamaCppCausalLM(ModelFacts):
             if positions is not None and list(positions) != list(range(start, start + n)):
                 raise ValueError("positions without attend must continue the cache: start..start+n-1")
             self._make_room(start + n, n)
-            if self.prefill_weights is not None and n >= PREFILL_ROWS:
+            if self.prefill_weights is not None and n >= FILE_LAYOUT_ROWS:
                 rows = self._decode_chain_as_stored(tokens, start, want)
             else:
                 rows = self._decode_chain(tokens, start, want)

@@ -29,7 +29,7 @@ class QueueFull(Exception):
 
 
 @dataclass
-class Step:
+class Chunk:
     """What one generation step appended (a snapshot: the stream's stats keep changing)."""
 
     token_ids: list[int]
@@ -181,7 +181,7 @@ class Scheduler:
                 continue
             now = time.monotonic()  # each step is one target forward pass
             job.steps += 1
-            step = Step(list(event.token_ids), event.text, list(event.from_draft), event.draft_chars,
+            step = Chunk(list(event.token_ids), event.text, list(event.from_draft), event.draft_chars,
                         stats.drafted_tokens - drafted)
             self.metrics.step(len(step.token_ids), step.drafted, sum(step.from_draft),
                               None if job.steps == 1 else now - last)
