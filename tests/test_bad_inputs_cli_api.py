@@ -16,7 +16,7 @@ import time
 import pytest
 import torch
 
-from specdec import cli, generate, models, packs
+from specdec import cli, generate, models, options, packs
 from specdec.backends import llamacpp
 
 from test_cli import assert_one_line_error, make_model_dir, run_main
@@ -79,9 +79,9 @@ def test_tree_static_alone_and_by_name_is_the_default_shape():
 
     for extra in (["--tree-static"], ["--tree-static", "default"]):
         args = cli.build_parser().parse_args(["generate", "hi", "--verify", "tree", *extra])
-        assert cli.decode_config(args).tree == {"choices": DEFAULT_CHOICES}
+        assert options.decode_config(args).tree == {"choices": DEFAULT_CHOICES}
     args = cli.build_parser().parse_args(["generate", "hi", "--verify", "tree", "--tree-static", "0|1|0.0"])
-    assert cli.decode_config(args).tree == {"choices": ((0,), (1,), (0, 0))}
+    assert options.decode_config(args).tree == {"choices": ((0,), (1,), (0, 0))}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -101,7 +101,7 @@ def test_chain_options_under_a_tree_are_refused(extra, option, capsys, no_model_
 def test_chain_defaults_do_not_count_as_given():
     for argv in (["--verify", "tree"], ["--verify", "block", "-k", "2", "--policy", "static"]):
         args = cli.build_parser().parse_args(["generate", "hi", *argv])
-        cli.decode_config(args)  # no error
+        options.decode_config(args)  # no error
 
 
 def test_num_heads_with_eagle_is_refused(tmp_path, capsys, no_model_work):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from specdec.bench import report
-from specdec.bench.cli import add_bench_parser, main
+from specdec.cli.bench import add_bench_parser, main
 from specdec.bench.methods import MethodSpec, parse_method, parse_methods
 from specdec import build as builder
 from specdec.config import DecodeConfig
@@ -29,7 +29,8 @@ from specdec.bench.prompts import (
     sharegpt_prompts,
 )
 from specdec.bench.peers import _steps_from_forwards
-from specdec.bench.runner import BenchModels, BenchSettings, run_bench, schedule
+from specdec.bench.runner import BenchSettings, run_bench, schedule
+from specdec.models import Pair
 from tiny import tiny_llama
 
 VOCAB = 32
@@ -314,7 +315,7 @@ METHODS = (
 @pytest.fixture(scope="module")
 def tiny_models():
     target = tiny_llama(0, vocab=VOCAB, sharpness=8.0)
-    return BenchModels(target, CharTokenizer(), copy.deepcopy(target), "tiny", "tiny-copy")
+    return Pair(target, CharTokenizer(), copy.deepcopy(target), "tiny", "tiny-copy")
 
 
 @pytest.fixture(scope="module")
@@ -435,7 +436,7 @@ def test_trained_drafters_run_in_the_bench_and_keep_the_greedy_output(tiny_model
 def test_cli_end_to_end(tiny_models, tmp_path, monkeypatch):
     prompt_file = tmp_path / "p.jsonl"
     prompt_file.write_text('{"prompt": "abcabc"}\n{"prompt": "xyzxyz"}\n')
-    monkeypatch.setattr("specdec.bench.cli.load_models", lambda args, methods: tiny_models)
+    monkeypatch.setattr("specdec.cli.bench.load_models", lambda args, methods: tiny_models)
     out = tmp_path / "out"
     argv = ["--prompts", f"{prompt_file}:2", "--methods", "spec:model:block:k=2:policy=static,hf-prompt-lookup",
             "--temperature", "0", "1", "--max-new-tokens", "6", "--warmup-tokens", "0",
@@ -635,7 +636,7 @@ def test_a_near_tie_flipped_by_batched_rounding_is_explained(monkeypatch, prompt
     from specdec.bench import runner
 
     target = tiny_llama(0, vocab=VOCAB, sharpness=1.0)
-    models = BenchModels(target, CharTokenizer(), copy.deepcopy(target))
+    models = Pair(target, CharTokenizer(), copy.deepcopy(target))
     monkeypatch.setattr(builder, "target_backend", lambda drafter, model: BatchRounding(make_backend(model), 0.05))
     settings = BenchSettings(max_new_tokens=16, temperature=0.0, warmup_tokens=0)
     run = run_bench(models, parse_methods("spec:model:block:k=4:policy=static"), prompts, settings, progress=False)
@@ -694,7 +695,7 @@ def test_a_divergence_on_a_batch_invariant_backend_is_reported_as_a_defect_with_
     from specdec.divergence import batch_invariance
 
     target = tiny_llama(0, vocab=VOCAB, sharpness=1.0)
-    models = BenchModels(target, CharTokenizer(), copy.deepcopy(target))
+    models = Pair(target, CharTokenizer(), copy.deepcopy(target))
     assert batch_invariance(VerifyBug(OneByOne(make_backend(target)), 1.0))["invariant"] is True
     monkeypatch.setattr(builder, "target_backend", lambda drafter, model: VerifyBug(OneByOne(make_backend(model)), 1.0))
     settings = BenchSettings(max_new_tokens=16, temperature=0.0, warmup_tokens=0)
@@ -726,8 +727,8 @@ def _differs(run, prompt):
 
 def test_llamacpp_methods_without_the_binding_or_a_gguf_fail_clearly(monkeypatch, tmp_path, capsys):
 
-    from specdec.bench.cli import gguf_path
-    from specdec.cli import CLIError
+    from specdec.cli.bench import gguf_path
+    from specdec.options import CLIError
 
     from specdec.backends import llamacpp
 

@@ -28,7 +28,7 @@ def bench_run(tmp_path_factory):
     missing = packs.missing_parts(packs.PACKS[PACK])
     if missing:
         pytest.skip(f"pack {PACK} is not installed: {packs.PACKS[PACK].install_command(missing)}")
-    from specdec.bench.cli import main
+    from specdec.cli.bench import main
 
     out = tmp_path_factory.mktemp("bench")
     threads = "1"  # llama.cpp's threads spin at barriers: on a busy machine two threads crawl

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from specdec.bench import runner
-from specdec.bench.cli import main
+from specdec.cli.bench import main
 from specdec.bench.methods import parse_method, parse_methods
-from specdec.bench.runner import BenchModels
+from specdec.models import Pair
 from test_bench import VOCAB, CharTokenizer, one_thread  # noqa: F401  (one_thread: an autouse fixture)
 from tiny import tiny_llama
 
@@ -24,7 +24,7 @@ METHODS = "spec:model:block:k=2:policy=static,spec:ngram:block:k=2:policy=static
 @pytest.fixture(scope="module")
 def tiny_models():
     target = tiny_llama(0, vocab=VOCAB, sharpness=8.0)
-    return BenchModels(target, CharTokenizer(), copy.deepcopy(target), "tiny", "tiny-copy")
+    return Pair(target, CharTokenizer(), copy.deepcopy(target), "tiny", "tiny-copy")
 
 
 @pytest.fixture
@@ -33,7 +33,7 @@ def bench(tiny_models, tmp_path, monkeypatch):
     returns (exit code, timed runs computed). ``stop_after=N`` presses Ctrl-C as run N+1 starts."""
     prompt_file = tmp_path / "p.jsonl"
     prompt_file.write_text('{"prompt": "abcabcab"}\n{"prompt": "xyzxyzxy"}\n')
-    monkeypatch.setattr("specdec.bench.cli.load_models", lambda args, methods: tiny_models)
+    monkeypatch.setattr("specdec.cli.bench.load_models", lambda args, methods: tiny_models)
     real = runner.run_method
 
     def run(out, *extra, stop_after=None, methods=METHODS, prompts=f"{prompt_file}:2"):
@@ -238,7 +238,7 @@ def test_the_command_refuses_bad_methods_before_loading_a_model(methods, named, 
     def load(args, methods):
         raise AssertionError("a model was loaded")
 
-    monkeypatch.setattr("specdec.bench.cli.load_models", load)
+    monkeypatch.setattr("specdec.cli.bench.load_models", load)
     assert main(["--methods", methods, "--out", str(tmp_path / "out"), "--no-progress"]) == 2
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith("specdec: error: ") and named in err[0] and err[1].startswith("hint: ")

@@ -8,7 +8,7 @@ import torch
 
 from specdec import DecodeConfig, generate
 from specdec.backends.lean import make_backend
-from specdec.cli import _divergence_words, explain_divergence
+from specdec.cli.generate import _divergence_words, explain_divergence
 from test_bench import VOCAB, BatchRounding, CharTokenizer
 from tiny import tiny_llama
 

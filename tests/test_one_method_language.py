@@ -7,17 +7,17 @@ import argparse
 
 import pytest
 
-from specdec import cli
+from specdec import cli, options
 from specdec.config import OPTIONS, DecodeConfig
 from specdec.server import requests as rq
-from specdec.server.cli import DEFAULT_METHOD, default_method
+from specdec.cli.serve import DEFAULT_METHOD, default_method
 
 DEFAULT = "spec:ngram+model:block:k=4:policy=auto"
 
 
 def test_every_front_end_resolves_the_default_to_the_same_config():
     args = cli.build_parser().parse_args(["generate", "hello"])  # the command line with no options
-    from_cli = cli.decode_config(args)
+    from_cli = options.decode_config(args)
     from_api = DecodeConfig().resolve(has_draft=True)
     from_text = DecodeConfig.parse("spec").resolve(has_draft=True)
     serve_args = argparse.Namespace(target="qwen2.5-coder-1.5b", draft="qwen2.5-coder-0.5b", method=None)
@@ -28,7 +28,7 @@ def test_every_front_end_resolves_the_default_to_the_same_config():
     assert str(from_cli) == DEFAULT and DEFAULT_METHOD == "spec"
     # without a draft model the default is the target alone, on every front end
     no_draft = cli.build_parser().parse_args(["generate", "hello", "--draft", "none"])
-    assert cli.decode_config(no_draft) == DecodeConfig().resolve(has_draft=False) == DecodeConfig.parse("ar")
+    assert options.decode_config(no_draft) == DecodeConfig().resolve(has_draft=False) == DecodeConfig.parse("ar")
     assert default_method(argparse.Namespace(**{**vars(serve_args), "draft": "none"})).is_ar
 
 

@@ -612,9 +612,9 @@ def test_methods_name_no_backend_the_server_runs_its_loaded_models():
     backend= key is refused, at start for --method, with a 400 for a request)."""
     import argparse
 
-    from specdec.cli import CLIError
+    from specdec.options import CLIError
     from specdec.server import requests as rq
-    from specdec.server.cli import default_method
+    from specdec.cli.serve import default_method
 
     args = argparse.Namespace(target="smollm2-135m", draft="none", backend="llamacpp", method="spec:ngram:block")
     method = default_method(args)

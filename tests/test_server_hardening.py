@@ -394,7 +394,7 @@ def test_the_page_forbids_framing_sniffing_and_foreign_scripts(server):
 def test_the_api_key_is_read_from_a_file(tmp_path):
     import argparse
 
-    from specdec.server.cli import api_key
+    from specdec.cli.serve import api_key
 
     path = tmp_path / "key"
     path.write_text("  s3cret \nnot this line\n")

@@ -1,5 +1,7 @@
+"""``python -m specdec.bench``: the same as ``specdec bench`` (:mod:`specdec.cli.bench`)."""
+
 import sys
 
-from specdec.bench.cli import main
+from specdec.cli.bench import main
 
 sys.exit(main())

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from specdec.backends.llamacpp import DEFAULT_BATCH, load_gguf
 from specdec.bench.methods import MethodSpec
 
 CONTEXT_STEP = 256  # contexts are rounded up to a multiple of this
@@ -54,9 +55,7 @@ class LlamaCppModels:
     def peer(self, method: MethodSpec) -> Any:
         """The binding's own model object for a ``llamacpp-*`` peer (loaded on first use)."""
         if method.kind not in self.peers:
-            from llama_cpp import Llama
-
-            from specdec.backends.llamacpp import DEFAULT_BATCH
+            from llama_cpp import Llama  # the optional binding: imported when a peer first runs
 
             # The binding's own settings (flash attention off, repacked weights for every pass) with
             # the backend's prefill batch: a context of at least DEFAULT_BATCH tokens, since the
@@ -75,8 +74,6 @@ class LlamaCppModels:
         self.peers.clear()
 
     def _load_backend(self, path: Path) -> Any:
-        from specdec.backends.llamacpp import load_gguf
-
         return load_gguf(path, n_threads=self.n_threads, n_ctx=self.n_ctx)
 
 

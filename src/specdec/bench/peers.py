@@ -17,16 +17,19 @@ from typing import Any, Iterator
 
 import torch
 
+from specdec.bench.llamacpp import LlamaCppModels
 from specdec.bench.methods import PROMPT_LOOKUP_K, MethodSpec
 from specdec.bench.sample import Sample, median as _median
+from specdec.models import Pair
 
 
-def run_peer(method: MethodSpec, models: Any, prompt_ids: list[int], temperature: float,
-             max_new_tokens: int, eos: list[int], seed: int) -> Any:
-    """One timed generation by a peer; returns a :class:`~specdec.bench.runner.Sample`."""
+def run_peer(method: MethodSpec, pair: Pair, llamacpp: LlamaCppModels | None, prompt_ids: list[int],
+             temperature: float, max_new_tokens: int, eos: list[int], seed: int) -> Sample:
+    """One timed generation by a peer: transformers' on the ``pair``'s models, ``llamacpp-ar`` on
+    the binding's own model of the target's GGUF (``llamacpp``)."""
     if method.backend == "llamacpp":
-        return _run_llamacpp_peer(method, models, prompt_ids, temperature, max_new_tokens, eos, seed)
-    return _run_hf_peer(method, models, prompt_ids, temperature, max_new_tokens, eos, seed)
+        return _run_llamacpp_peer(method, llamacpp, prompt_ids, temperature, max_new_tokens, eos, seed)
+    return _run_hf_peer(method, pair, prompt_ids, temperature, max_new_tokens, eos, seed)
 
 
 # ------------------------------------------------------------------------------------------
@@ -34,11 +37,11 @@ def run_peer(method: MethodSpec, models: Any, prompt_ids: list[int], temperature
 
 
 
-def _run_hf_peer(method, models, prompt_ids, temperature, max_new_tokens, eos, seed) -> Any:
+def _run_hf_peer(method, pair, prompt_ids, temperature, max_new_tokens, eos, seed) -> Any:
     from transformers import GenerationConfig
 
     greedy = temperature == 0.0
-    target, assistant = models.target, None
+    target, assistant = pair.target, None
     config = GenerationConfig(
         max_new_tokens=max_new_tokens,
         do_sample=not greedy,
@@ -48,12 +51,12 @@ def _run_hf_peer(method, models, prompt_ids, temperature, max_new_tokens, eos, s
         # transformers' prompt lookup needs some EOS id: with EOS ignored, give one past the
         # vocabulary, which no model can produce.
         eos_token_id=eos or [_vocab_size(target)],
-        pad_token_id=eos[0] if eos else _pad_id(models),
+        pad_token_id=eos[0] if eos else _pad_id(pair),
     )
     kwargs: dict[str, Any] = {}
     assistant_config = None
     if method.kind == "hf-assisted":
-        assistant = models.draft
+        assistant = pair.draft
         assistant_config = GenerationConfig()  # transformers' defaults, fresh for every run
         if method.k is not None:
             assistant_config.num_assistant_tokens = method.k
@@ -92,8 +95,8 @@ def _vocab_size(model: Any) -> int:
     return int(model.get_output_embeddings().weight.shape[0])
 
 
-def _pad_id(models: Any) -> int:
-    pad = getattr(models.tokenizer, "pad_token_id", None)
+def _pad_id(pair: Pair) -> int:
+    pad = getattr(pair.tokenizer, "pad_token_id", None)
     return pad if isinstance(pad, int) else 0
 
 
@@ -177,13 +180,13 @@ def _forward_timer(model: Any, calls: list[tuple[int, int, float]], ends: list[f
 # The llama.cpp binding's own model
 
 
-def _run_llamacpp_peer(method, models, prompt_ids, temperature, max_new_tokens, eos, seed) -> Sample:
+def _run_llamacpp_peer(method, llamacpp, prompt_ids, temperature, max_new_tokens, eos, seed) -> Sample:
     """``llamacpp-ar``: llama-cpp-python's own ``Llama.generate`` on the target's GGUF, the same
     binding and llama.cpp build the backend runs. Its sampler chain is set to plain sampling
     (greedy at temperature 0, else softmax(logits / T) with top-k, top-p, min-p, typical and the
     repetition penalty switched off), seeded with ``seed``. The cache is emptied first, so the
     prompt is prefilled every time (no prefix reuse between repeats)."""
-    llm = models.llamacpp.peer(method)
+    llm = llamacpp.peer(method)
     llm.set_seed(seed if seed is not None else 0)
     llm.reset()
     tokens: list[int] = []

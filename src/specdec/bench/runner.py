@@ -1,10 +1,11 @@
 """Run benchmark methods on prompts: warm-up, interleaved order, repeats, timing.
 
-Every method sees the same loaded models, prompt tokens, sampling settings, token budget and EOS
-handling. Runs are interleaved prompt by prompt (for each repeat, for each prompt: A, B, C, ...)
-so that drift in the machine's speed falls on all methods alike, and the order turns by one place
-from one prompt and repeat to the next (B, C, A, ...), so that no method always runs first or
-right after a given other one.
+Every method sees the same loaded models (a :class:`~specdec.models.Pair` and the run's
+:class:`BenchBackends`), prompt tokens, sampling settings, token budget and EOS handling. Runs are
+interleaved prompt by prompt (for each repeat, for each prompt: A, B, C, ...) so that drift in the
+machine's speed falls on all methods alike, and the order turns by one place from one prompt and
+repeat to the next (B, C, A, ...), so that no method always runs first or right after a given
+other one.
 
 Runs already made (by an interrupted invocation, :mod:`specdec.bench.resume`) can be handed in
 as ``done``: they keep their place in the order and only the others run; ``on_sample`` sees
@@ -32,21 +33,17 @@ from specdec.bench.methods import MethodSpec
 from specdec.bench.peers import run_peer
 from specdec.bench.prompts import Prompt
 from specdec.bench.sample import Sample, median as _median
+from specdec.models import Pair
 
 
 @dataclass
-class BenchModels:
-    """The loaded models every method shares. ``draft`` is needed by draft-model methods only.
-    ``target`` and ``draft`` are transformers models (None when no method runs on torch);
-    ``llamacpp`` holds the GGUFs for methods with ``backend=llamacpp`` and the llama.cpp peers."""
+class BenchBackends:
+    """How a run's methods use their models beyond the :class:`~specdec.models.Pair` they share
+    (whose ``target`` and ``draft`` are transformers models, None when no method runs on torch;
+    ``draft`` is needed by draft-model methods only)."""
 
-    target: Any
-    tokenizer: Any
-    draft: Any = None
-    target_name: str = "target"
-    draft_name: str | None = None
     draft_weights: str = "int8"  # how draft-model methods run the draft (``make_backend(weights=...)``)
-    llamacpp: LlamaCppModels | None = None
+    llamacpp: LlamaCppModels | None = None  # the GGUFs for methods with ``backend=llamacpp`` and the llama.cpp peers
 
 
 @dataclass(frozen=True)
@@ -100,10 +97,11 @@ def schedule(methods: Sequence[MethodSpec], n_prompts: int, repeats: int) -> Ite
 
 
 def run_bench(
-    models: BenchModels,
+    pair: Pair,
     methods: Sequence[MethodSpec],
     prompts: Sequence[Prompt],
     settings: BenchSettings,
+    backends: BenchBackends | None = None,
     *,
     progress: bool = True,
     done: Mapping[tuple[str, int, int], Sample] | None = None,
@@ -111,6 +109,7 @@ def run_bench(
 ) -> BenchRun:
     """Warm every method up, then time every (repeat, prompt, method) in :func:`schedule` order.
 
+    ``backends``: the draft's weights and the llama.cpp models (default: int8, no llama.cpp).
     ``done``: runs already made, by (method name, prompt, repeat); they are taken as they are, and
     a method with none left to run is not warmed up. ``on_sample``: called with each new run as it
     ends (outside the timed region).
@@ -121,13 +120,14 @@ def run_bench(
     """
     if not prompts:
         raise ValueError("no prompts to run")
+    backends = backends if backends is not None else BenchBackends()
     skipped = {m.name: why for m in methods if (why := m.runs_at(settings.temperature))}
     runnable = [m for m in methods if m.name not in skipped]
-    check_models(models, runnable)
-    ids = [p.token_ids(models.tokenizer) for p in prompts]
-    if models.llamacpp is not None:
-        models.llamacpp.prepare(runnable, context_needed([len(x) for x in ids], settings.max_new_tokens))
-    eos = [] if settings.ignore_eos else sorted(eos_token_ids_of(models.target, models.tokenizer))
+    check_models(pair, runnable, backends)
+    ids = [p.token_ids(pair.tokenizer) for p in prompts]
+    if backends.llamacpp is not None:
+        backends.llamacpp.prepare(runnable, context_needed([len(x) for x in ids], settings.max_new_tokens))
+    eos = [] if settings.ignore_eos else sorted(eos_token_ids_of(pair.target, pair.tokenizer))
     order = list(schedule(runnable, len(prompts), settings.repeats))
     planned = {(m.name, p, r) for r, p, m in order}
     done = {key: x for key, x in (done or {}).items() if key in planned}
@@ -141,7 +141,7 @@ def run_bench(
         if method.name in failed:
             return None
         try:
-            return run_method(method, models, prompt_ids, settings.temperature, max_new_tokens, eos, seed)
+            return run_method(method, pair, backends, prompt_ids, settings.temperature, max_new_tokens, eos, seed)
         except Exception as e:
             if method.kind == "ar":
                 raise
@@ -180,14 +180,14 @@ def run_bench(
     seconds = time.perf_counter() - start
     ran = [m for m in runnable if m.name not in failed]
     kept = [x for x in samples if x.method not in failed]
-    divergences = find_divergences(models, ran, kept, prompts, ids, settings, eos) if settings.greedy else []
+    divergences = find_divergences(pair, backends, ran, kept, prompts, ids, settings, eos) if settings.greedy else []
     return BenchRun(settings, ran, skipped, failed, list(prompts), [len(x) for x in ids], kept, seconds,
                     divergences, resumed=sum(x.method not in failed for x in done.values()))
 
 
-def find_divergences(models: BenchModels, methods: Sequence[MethodSpec], samples: Sequence[Sample],
-                     prompts: Sequence[Prompt], ids: Sequence[list[int]], settings: BenchSettings,
-                     eos: list[int]) -> list[dict[str, Any]]:
+def find_divergences(pair: Pair, backends: BenchBackends, methods: Sequence[MethodSpec],
+                     samples: Sequence[Sample], prompts: Sequence[Prompt], ids: Sequence[list[int]],
+                     settings: BenchSettings, eos: list[int]) -> list[dict[str, Any]]:
     """For each (method, prompt) whose greedy output differs from its backend's ar (first such
     repeat), the :func:`~specdec.divergence.explain` record, after untimed replays of both
     runs with the target's logits recorded (a peer's own passes are not recorded), and whether
@@ -218,8 +218,8 @@ def find_divergences(models: BenchModels, methods: Sequence[MethodSpec], samples
                 return recorders[-1]
 
             try:
-                again = _run_project(method, models, ids[sample.prompt], 0.0, len(sample.token_ids), eos,
-                                     sample.seed, wrap=wrap)
+                again = _run_project(method, pair, backends, ids[sample.prompt], 0.0, len(sample.token_ids),
+                                     eos, sample.seed, wrap=wrap)
                 recorded[method.name, sample.prompt] = (recorders[0], again.token_ids == sample.token_ids)
             except Exception as e:  # the explanation is a diagnosis: its failure must not stop the run
                 recorded[method.name, sample.prompt] = (None, f"{type(e).__name__}: {e}")
@@ -236,23 +236,23 @@ def find_divergences(models: BenchModels, methods: Sequence[MethodSpec], samples
         except Exception:  # a diagnosis: an unmeasurable backend leaves the question open
             invariance = None
         found = explain(ids[s.prompt], s.token_ids, base.token_ids, recorder, ar_recorder, invariance)
-        texts = {f"{key}_text": models.tokenizer.decode([getattr(found, key)])
+        texts = {f"{key}_text": pair.tokenizer.decode([getattr(found, key)])
                  for key in ("token", "ar_token") if getattr(found, key) is not None}
         out.append({"method": s.method, "prompt": s.prompt, "prompt_id": prompts[s.prompt].id,
                     "repeat": s.repeat, "replayed": {"ar": ar_same, "method": same}} | found.to_dict() | texts)
     return out
 
 
-def check_models(models: BenchModels, methods: Sequence[MethodSpec]) -> None:
+def check_models(pair: Pair, methods: Sequence[MethodSpec], backends: BenchBackends) -> None:
     """Each method's models are there, else a ValueError naming the methods and what to give."""
     on_torch = [m for m in methods if m.backend == "torch"]
-    if on_torch and models.target is None:
+    if on_torch and pair.target is None:
         raise ValueError(f"methods {', '.join(m.name for m in on_torch)} run on torch; load the target's weights")
-    if any(m.needs_draft_model for m in on_torch) and models.draft is None:
+    if any(m.needs_draft_model for m in on_torch) and pair.draft is None:
         names = ", ".join(m.name for m in on_torch if m.needs_draft_model)
         raise ValueError(f"methods {names} need a draft model; give one (--draft)")
     on_llamacpp = [m for m in methods if m.backend == "llamacpp"]
-    if on_llamacpp and models.llamacpp is None:
+    if on_llamacpp and backends.llamacpp is None:
         raise ValueError(
             f"methods {', '.join(m.name for m in on_llamacpp)} run on llama.cpp and need the target's GGUF; "
             "give a pack or a .gguf file as the target"
@@ -260,30 +260,30 @@ def check_models(models: BenchModels, methods: Sequence[MethodSpec]) -> None:
 
 
 def run_method(
-    method: MethodSpec, models: BenchModels, prompt_ids: list[int], temperature: float,
+    method: MethodSpec, pair: Pair, backends: BenchBackends, prompt_ids: list[int], temperature: float,
     max_new_tokens: int, eos: list[int], seed: int,
 ) -> Sample:
     """One timed generation; the returned sample's prompt/repeat/order are left at 0."""
     if method.is_peer:
-        return run_peer(method, models, prompt_ids, temperature, max_new_tokens, eos, seed)
-    return _run_project(method, models, prompt_ids, temperature, max_new_tokens, eos, seed)
+        return run_peer(method, pair, backends.llamacpp, prompt_ids, temperature, max_new_tokens, eos, seed)
+    return _run_project(method, pair, backends, prompt_ids, temperature, max_new_tokens, eos, seed)
 
 
 # ------------------------------------------------------------------------------------------
 # The project's methods
 
 
-def _run_project(method, models, prompt_ids, temperature, max_new_tokens, eos, seed,
+def _run_project(method, pair, backends, prompt_ids, temperature, max_new_tokens, eos, seed,
                  wrap: Callable[[Any], Any] | None = None) -> Sample:
     """One run through :func:`specdec.stream`; ``wrap`` (untimed replays only) wraps the target's
     backend before the drafter is built on it."""
     config = method.config.replace(temperature=temperature, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
-                                   seed=seed, eos_token_ids=eos, draft_weights=models.draft_weights)
+                                   seed=seed, eos_token_ids=eos, draft_weights=backends.draft_weights)
     start = time.perf_counter()
     if method.backend == "torch":
-        target, draft = models.target, models.draft
+        target, draft = pair.target, pair.draft
     else:  # loaded once: their caches are emptied (specdec.build does) so no run reuses an earlier prefix
-        target, draft = models.llamacpp.target, models.llamacpp.draft
+        target, draft = backends.llamacpp.target, backends.llamacpp.draft
     if not method.needs_draft_model:
         draft = None
     if wrap is not None:  # the recorder wraps the backend the drafter runs on

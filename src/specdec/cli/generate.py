@@ -1,0 +1,316 @@
+"""``specdec generate``: continue a prompt with speculative decoding and print the text and its statistics.
+
+With --compare-ar the target alone decodes the same prompt too, and a greedy output that leaves
+the target's own is explained (:func:`explain_divergence`, :mod:`specdec.divergence`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Sequence
+
+from specdec import api
+from specdec.api import GenerationResult
+from specdec.build import as_backend
+from specdec.config import SAMPLING_FIELDS, DecodeConfig
+from specdec.divergence import LogitsRecorder, batch_invariance, cause, decisive_position, explain
+from specdec.drafters import MODEL_DRAFTERS
+from specdec.drafters.tree import DEFAULT_TREE, TreeDrafter
+from specdec.options import (
+    CLIError, add_backend_option, add_decoding_options, add_model_options, backend_of, check_threads, console,
+    decode_config, gguf_weights, load_models_from, note, positive_int,
+)
+from specdec.policies.auto import summary_line
+from specdec.stats import GenerationStats
+
+
+def add_generate_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "generate", help="generate text with speculative decoding",
+        description="Generate a continuation of PROMPT from the target, speculatively: the draft "
+                    "proposes tokens and the target verifies them. The output follows the target's "
+                    "distribution exactly (greedy: the same tokens as the target alone).",
+    )
+    parser.add_argument("prompt", metavar="PROMPT", help="the text to continue (or the user message with --chat)")
+    add_model_options(parser)
+    add_backend_option(parser)
+    add_decoding_options(parser)
+    group = parser.add_argument_group("output")
+    group.add_argument("--chat", action="store_true", help="wrap PROMPT in the model's chat template")
+    mode = group.add_mutually_exclusive_group()
+    mode.add_argument("--stream", action="store_true",
+                      help="print tokens as they are accepted (in a terminal, draft tokens in green)")
+    mode.add_argument("--json", action="store_true", help="print one JSON object with the text and statistics")
+    group.add_argument("--compare-ar", action="store_true",
+                       help="also decode the target alone; report the speed-up and whether the output is identical")
+    group.add_argument("--threads", type=positive_int, default=None,
+                       help="CPU threads for torch (default: torch's choice, one per core; on a busy "
+                            "machine 1 avoids contention)")
+    parser.set_defaults(func=run_generate)
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    check_prompt_text(args.prompt, allow_blank=args.chat)
+    config = decode_config(args)
+    _hint_escaped_stops(args.stop)
+    check_threads(args.threads)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    uses_model = config.drafter in MODEL_DRAFTERS
+    pair = load_models_from(args, draft=uses_model)
+    prompt = _prompt(args, pair.tokenizer)
+    common = dict(tokenizer=pair.tokenizer, config=config)
+    drafting = dict(draft=pair.draft) if uses_model else {}
+    note("generating")
+    if args.stream:
+        result = _stream(api.stream(pair.target, prompt, **drafting, **common), pair.tokenizer, args, config)
+    else:
+        result = api.generate(pair.target, prompt, **drafting, **common)
+    ar = divergence = None
+    if args.compare_ar:
+        note("decoding the target alone (--compare-ar)")
+        ar_config = DecodeConfig.parse("ar", **{f: getattr(config, f) for f in SAMPLING_FIELDS})
+        ar = api.generate(pair.target, prompt, tokenizer=pair.tokenizer, config=ar_config)
+        if config.temperature == 0 and ar.token_ids != result.token_ids:
+            note("replaying both runs to explain the difference (--compare-ar)")
+            divergence = explain_divergence(pair.target, prompt, pair.tokenizer, (config, drafting), (ar_config, {}),
+                                               result.token_ids, ar.token_ids, getattr(args, "cache_dir", None))
+
+    if args.json:
+        print(json.dumps(_report(args, pair.target, result, ar, divergence), ensure_ascii=False))
+    else:
+        if not args.stream:
+            _print_text(args, result.text)
+        _print_summary(result, ar, args, config, divergence)
+    return 0
+
+
+def explain_divergence(target: Any, prompt: Any, tokenizer: Any, spec: tuple[Any, dict], ar: tuple[Any, dict],
+                       tokens: list[int], ar_tokens: list[int], cache_dir: Any = None) -> dict[str, Any]:
+    """Why a greedy speculative output left the target's own: both runs replayed untimed with the
+    target's logits recorded (greedy runs are deterministic), and the first differing position,
+    the two tokens, the target's top-2 logit margin there as each pass computed it, the largest
+    logit difference between the two rows, and whether the backend is batch invariant for this
+    model (measured, cached) (:func:`specdec.divergence.explain`). ``{"error": ...}`` if a
+    replay fails."""
+    ids = tokenizer(prompt, add_special_tokens=True)["input_ids"] if isinstance(prompt, str) else list(prompt)
+    at = decisive_position(ids, tokens, ar_tokens)
+    recorders = []
+    try:
+        for (config, extra), want in ((spec, tokens), (ar, ar_tokens)):
+            recorders.append(LogitsRecorder(as_backend(target), keep={at}))
+            again = api.generate(recorders[-1], ids, tokenizer=tokenizer, config=config, **extra)
+            if again.token_ids != want:
+                return {"error": "a replay did not reproduce its run, so its margins would not explain it"}
+        invariance = batch_invariance(recorders[0].backend, cache_dir=cache_dir)
+    except (ValueError, TypeError) as err:  # e.g. a drafter that needs the transformers model itself
+        return {"error": f"could not replay the runs: {err}"}
+    found = explain(ids, tokens, ar_tokens, *recorders, invariance=invariance)
+    out = found.to_dict() if found is not None else {}
+    for key in ("token", "ar_token"):
+        if out.get(key) is not None:
+            out[f"{key}_text"] = tokenizer.decode([out[key]])
+    return out
+
+
+def _divergence_words(d: dict[str, Any]) -> str:
+    if "error" in d:
+        return d["error"]
+    def margin(m: Any) -> str:
+        return "not recorded" if m is None else f"{m:.3f}"
+    return (f"speculative chose {d.get('token_text')!r}, autoregressive {d.get('ar_token_text')!r}; the target's "
+            f"top-2 logit margin there was {margin(d.get('margin'))} in the speculative pass and "
+            f"{margin(d.get('ar_margin'))} in the one-token step; {cause(d)}")
+
+
+def check_prompt_text(prompt: str, *, allow_blank: bool = False) -> None:
+    """A prompt must be UTF-8 text (the shell passes undecodable bytes as lone surrogates) with
+    something to continue."""
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as err:
+        char = prompt[err.start]
+        what = (f"the byte 0x{ord(char) - 0xDC00:02x}, which is not UTF-8" if 0xDC80 <= ord(char) <= 0xDCFF
+                else f"a lone surrogate U+{ord(char):04X}")
+        raise CLIError(f"the prompt is not valid text: character {err.start} is {what}",
+                       "pass the prompt as UTF-8 text (e.g. convert the file with iconv -t UTF-8)", code=2) from None
+    if allow_blank or prompt.strip():
+        return
+    if not prompt:
+        raise CLIError("the prompt is empty", "give some text to continue", code=2)
+    raise CLIError(f"the prompt is whitespace-only ({len(prompt)} whitespace characters)",
+                   "give some text to continue", code=2)
+
+
+_ESCAPES = {"\\n": "newline", "\\t": "tab", "\\r": "carriage return"}
+
+
+def _hint_escaped_stops(stops: Sequence[str]) -> None:
+    """The shell passes --stop '\\n' as a backslash and an n, which never ends a line: say so (the
+    stop string is kept as given)."""
+    for stop in stops:
+        escape = next((e for e in _ESCAPES if e in stop), None)
+        if escape is not None:
+            what = _ESCAPES[escape]
+            note(f"warning: --stop '{stop}' holds {escape} as two characters (a backslash and '{escape[1]}'), "
+                 f"not a {what}; to stop at a {what} pass --stop $'{stop}' (bash)")
+
+
+def _prompt(args: argparse.Namespace, tokenizer: Any) -> str | list[int]:
+    if not args.chat:
+        return args.prompt
+    if not getattr(tokenizer, "chat_template", None):
+        raise CLIError(f"{args.target} has no chat template", "drop --chat to continue PROMPT as plain text")
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": args.prompt}], add_generation_prompt=True, tokenize=True
+    )
+    return [int(t) for t in (ids["input_ids"] if isinstance(ids, dict) else ids)]
+
+
+def _stream(events: Any, tokenizer: Any, args: argparse.Namespace, config: DecodeConfig) -> Any:
+    """Print each event's text as it comes; colour kept draft tokens when stdout is a terminal."""
+    screen = console(sys.stdout) if sys.stdout.isatty() else None
+    if screen is not None:
+        from rich.text import Text
+
+        note("green: draft tokens the target accepted; default colour: tokens the target chose")
+        if not args.chat:
+            screen.print(Text(args.prompt, style="dim"), end="")
+    ids: list[int] = []
+    shown = ""
+    last = None
+    for event in events:
+        last = event
+        n_draft = sum(event.from_draft)
+        before = ids[:]
+        ids += event.token_ids
+        if screen is None:
+            sys.stdout.write(event.text)
+            sys.stdout.flush()
+        else:
+            # The event's text ends with the text of the target's token(s); before it, the draft's.
+            if n_draft == 0:
+                cut = 0
+            elif n_draft == len(event.token_ids):
+                cut = len(event.text)
+            else:
+                def decoded(tokens: list[int]) -> int:
+                    return len(tokenizer.decode(tokens, skip_special_tokens=True))
+
+                cut = len(event.text) - (decoded(ids) - decoded(before + event.token_ids[:n_draft]))
+                cut = max(0, min(len(event.text), cut))
+            text = Text()
+            text.append(event.text[:cut], style="green")
+            text.append(event.text[cut:])
+            screen.print(text, end="")
+        shown += event.text
+    if screen is None:
+        sys.stdout.write("\n")
+    else:
+        screen.print()
+    stats = last.stats if last is not None else GenerationStats()
+    return GenerationResult(ids, shown, stats, method="ar" if config.is_ar else str(config))
+
+
+def _print_text(args: argparse.Namespace, text: str | None) -> None:
+    if sys.stdout.isatty() and not args.chat:
+        from rich.text import Text
+
+        out = Text()
+        out.append(args.prompt, style="dim")
+        out.append(text or "")
+        console(sys.stdout).print(out)
+    else:
+        print(text or "")
+
+
+def _report(args: argparse.Namespace, target: Any, result: Any, ar: Any,
+            divergence: dict | None = None) -> dict[str, Any]:
+    report: dict[str, Any] = {
+        "text": result.text,
+        "token_ids": result.token_ids,
+        "prompt": args.prompt,
+        "target": args.target,
+        "draft": args.draft,
+        "draft_weights": args.draft_weights,
+        **({"weights": gguf_weights(target)} if backend_of(args.target, args.backend) == "llamacpp"
+           else {"dtype": args.dtype}),
+        "method": result.method,
+        "exact": result.exact,
+        "stats": result.stats.to_dict(),
+    }
+    if ar is not None:
+        report["ar"] = {
+            "text": ar.text,
+            "token_ids": ar.token_ids,
+            "new_tokens": ar.stats.new_tokens,
+            "seconds": ar.stats.seconds,
+            "tokens_per_second": ar.stats.tokens_per_second,
+            "identical": ar.token_ids == result.token_ids,
+            "first_difference": _first_difference(result.token_ids, ar.token_ids),
+            "divergence": divergence,
+            "speedup": _speedup(result, ar),
+        }
+    return report
+
+
+def _print_summary(result: Any, ar: Any, args: argparse.Namespace, config: DecodeConfig,
+                   divergence: dict | None = None) -> None:
+    s = result.stats
+    if result.method == "ar":
+        lines = [f"autoregressive: {s.new_tokens} tokens in {s.seconds:.1f} s = {s.tokens_per_second:.2f} tokens/s"]
+    else:
+        lines = [
+            f"speculative ({method_label(config)}): {s.new_tokens} tokens in {s.seconds:.1f} s = "
+            f"{s.tokens_per_second:.2f} tokens/s; {s.mean_accepted_per_forward:.2f} tokens per target "
+            f"forward; {s.acceptance_rate:.0%} of draft tokens accepted"
+        ]
+    if ar is not None:
+        a = ar.stats
+        same = ar.token_ids == result.token_ids
+        verdict = "yes" if same else f"no (first difference at token {_first_difference(result.token_ids, ar.token_ids)})"
+        if not same and args.temperature > 0:
+            verdict += "; expected when sampling: the outputs share a distribution, not a sample"
+        elif divergence:
+            verdict += f": {_divergence_words(divergence)}"
+        lines.append(
+            f"autoregressive: {a.new_tokens} tokens in {a.seconds:.1f} s = {a.tokens_per_second:.2f} tokens/s; "
+            f"speed-up {_speedup(result, ar):.2f}x; identical output: {verdict}"
+        )
+    if s.policy.get("name") == "auto":
+        lines.append(summary_line(s.policy))
+    for line in lines:
+        print(line, file=sys.stderr)
+
+
+def method_label(config: DecodeConfig) -> str:
+    """How the run drafts and verifies, in words: 'ngram+model drafter, block, k=4, policy auto' or the tree's shape."""
+    words = [f"{config.drafter} drafter"]
+    if config.verify != "tree":
+        return ", ".join(words + [config.verify, f"k={config.k}", f"policy {config.policy}"])
+    tree = TreeDrafter(None, **(config.tree or DEFAULT_TREE))  # only its shape is read
+    if tree.choices is not None:
+        words.append(f"static tree: {len(tree.choices)} nodes, depth {tree.depth}")
+    elif tree.threshold is not None:
+        words.append(f"confident tree: threshold {tree.threshold:g}, width {tree.width}, depth up to {tree.depth}, "
+                     f"up to {tree.budget} nodes")
+    else:
+        words.append(f"dynamic tree: depth {tree.depth}, width {tree.width}, up to {tree.budget} nodes")
+    return ", ".join(words)
+
+
+def _speedup(result: Any, ar: Any) -> float:
+    base = ar.stats.tokens_per_second
+    return result.stats.tokens_per_second / base if base > 0 else 0.0
+
+
+def _first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+

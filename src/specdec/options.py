@@ -1,0 +1,340 @@
+"""The command line's shared option table and helpers, for every entry point under :mod:`specdec.cli`.
+
+The option groups (:func:`add_model_options`, :func:`add_backend_option`,
+:func:`add_decoding_options`, the decoding options built from :data:`specdec.config.OPTIONS`), the
+number types argparse checks values with, :func:`decode_config` (the options to a
+:class:`~specdec.config.DecodeConfig`), :func:`load_models` (names to a loaded
+:class:`~specdec.models.Pair`, with notes on what loads) and the way a command reports: a problem
+the user can fix is a :class:`CLIError` (one line and a hint, :func:`fail`), a note or warning one
+``specdec: ...`` line on stderr (:func:`note`, :func:`one_line_warnings`).
+
+This module imports only the library; the entry points import it and never each other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Collection, Iterator
+
+from specdec import models, packs
+from specdec.backends import llamacpp
+from specdec.config import (
+    GROUP_FIELD, NAME_ONLY, OPTIONS, ConfigError, DecodeConfig, NothingToVerify, Option, option,
+)
+from specdec.drafters import MODEL_DRAFTERS
+
+
+class CLIError(Exception):
+    """A problem the user can fix: ``message`` says what, ``hint`` says how."""
+
+    def __init__(self, message: str, hint: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.message, self.hint, self.code = message, hint, code
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line plus a hint (no usage block)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise CLIError(message, f"run '{self.prog} --help' to see the options", code=2)
+
+
+# ------------------------------------------------------------------------------------------------
+# Option types: each raises ArgumentTypeError, which argparse turns into "argument -k: <message>".
+
+
+def _number(kind: Callable[[str], Any], test: Callable[[Any], bool], wanted: str) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {wanted}, got {text!r}") from None
+        if not test(value):
+            raise argparse.ArgumentTypeError(f"expected {wanted}, got {text!r}")
+        return value
+
+    parse.__name__ = wanted
+    return parse
+
+
+positive_int = _number(int, lambda v: v > 0, "a positive integer")
+non_negative_int = _number(int, lambda v: v >= 0, "an integer >= 0")
+non_negative_float = _number(float, lambda v: math.isfinite(v) and v >= 0.0, "a finite number >= 0")  # no NaN, inf
+positive_float = _number(float, lambda v: math.isfinite(v) and v > 0.0, "a finite number > 0")
+probability = _number(float, lambda v: 0.0 < v <= 1.0, "a number in (0, 1]")
+seed_int = _number(int, lambda v: 0 <= v < 2**64, "an integer in [0, 2**64)")  # what torch.manual_seed takes
+
+
+class Given(argparse.Action):
+    """Store the value and remember that the option was given (so a default can be told apart)."""
+
+    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option_string: Any = None) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.given = getattr(namespace, "given", frozenset()) | {self.dest}
+
+
+def given(args: argparse.Namespace, dest: str) -> bool:
+    """Whether the option stored in ``dest`` was typed on the command line (options using :class:`Given`)."""
+    return dest in getattr(args, "given", frozenset())
+
+
+# ------------------------------------------------------------------------------------------------
+# Option groups, shared by subcommands
+
+
+def add_model_options(parser: argparse.ArgumentParser, *, draft: bool = True) -> None:
+    """--target, --dtype, --kernels, --cache-dir, and unless ``draft`` is False --draft and --draft-weights."""
+    group = parser.add_argument_group("models")
+    pack_names = ", ".join(models.PACKS)
+    group.add_argument("--target", default=models.DEFAULT_TARGET, metavar="MODEL",
+                       help=f"pack name ({pack_names}), local Hugging Face model directory or .gguf file "
+                            f"(default: {models.DEFAULT_TARGET})")
+    if draft:
+        group.add_argument("--draft", default=models.DEFAULT_DRAFT, metavar="MODEL", action=Given,
+                           help=f"draft model, as for --target; must share the target's vocabulary; "
+                                f"'none' decodes with the target alone (default: {models.DEFAULT_DRAFT})")
+        weights = option("sampling", "draft_weights")
+        group.add_argument(weights.flag, default=weights.default, choices=list(weights.choices()), help=weights.help)
+    group.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"], action=Given,
+                       help="compute dtype (default: bfloat16; on CPU verification is only cheap in bf16)")
+    group.add_argument("--kernels", default="auto", choices=["auto", "torch"], action=Given,
+                       help="linear-layer kernels: 'auto' uses specdec's batch-invariant bf16 kernel where "
+                            "the CPU and a C compiler allow (a k-token forward then costs little more than "
+                            "a 1-token one); 'torch' keeps PyTorch's (default: auto)")
+    group.add_argument("--cache-dir", default=None, metavar="DIR",
+                       help=f"where converted packs live (default: ${models.CACHE_ENV} or ~/.cache/specdec)")
+
+
+def add_backend_option(parser: argparse.ArgumentParser) -> None:
+    """--backend {auto,torch,llamacpp}, read by :func:`load_models_from` (bench has its own --backend)."""
+    parser.add_argument("--backend", default="auto", choices=["auto", "torch", "llamacpp"],
+                        help="'llamacpp' runs a pack's or a .gguf file's quantised weights in llama.cpp (needs "
+                             "llama-cpp-python); 'torch' converts them to bf16 for transformers; 'auto' picks "
+                             "llamacpp for GGUF models when the binding is installed, else torch (default: auto)")
+
+
+def add_decoding_options(parser: argparse.ArgumentParser) -> None:
+    """The decoding options, one per row of :data:`specdec.config.OPTIONS` (--draft-weights is
+    among the model options). A method option left out is None, so the config's default applies."""
+    group = parser.add_argument_group("decoding")
+    for opt in OPTIONS:
+        if opt.flag is None or opt.name == "draft_weights":
+            continue
+        kwargs: dict[str, Any] = dict(dest=opt.dest, help=opt.help,
+                                      default=opt.default if opt.group == "sampling" else None)
+        if opt.choices is not None:
+            kwargs.update(choices=list(opt.choices()), metavar=None)
+        else:
+            kwargs.update(type=_option_type(opt), metavar=opt.name.upper() if len(opt.flag) > 2 else "K")
+        if opt.name == "choices":
+            kwargs.update(nargs="?", const=_option_type(opt)("default"), metavar="PATHS")
+        group.add_argument(opt.flag, **kwargs)
+    group.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                       help="end generation at this text (repeatable)")
+
+
+def _option_type(opt: Option) -> Callable[[str], Any]:
+    """An argparse type for ``opt``: its reader, whose ValueError becomes "expected <what it takes>"."""
+    def parse(text: str) -> Any:
+        try:
+            return opt.value(text)
+        except ValueError as err:
+            message = str(err) if opt.name == "choices" else f"expected {opt.accepts}, got {text!r}"
+            raise argparse.ArgumentTypeError(message) from None
+
+    parse.__name__ = opt.accepts
+    return parse
+
+
+def cli_spelling(group: str, name: str, value: Any) -> str:
+    """How the command line names an option (:class:`~specdec.config.ConfigError`): ``--verify tree``."""
+    flag = option(group, name).flag or f"--{name.replace('_', '-')}"
+    return flag if value is NAME_ONLY else f"{flag} {value}"
+
+
+def decode_config(args: argparse.Namespace) -> DecodeConfig:
+    """The :class:`~specdec.config.DecodeConfig` the decoding options describe, its default drafter
+    named for --draft; checked here, before any model loads."""
+    values: dict[str, Any] = {"stop": args.stop}
+    for opt in OPTIONS:
+        value = getattr(args, opt.dest, None) if opt.dest else None
+        if value is None:
+            continue
+        if opt.group in ("method", "sampling"):
+            values[opt.name] = value
+        else:
+            values.setdefault(GROUP_FIELD[opt.group], {})[opt.name] = value
+    has_draft = str(getattr(args, "draft", None)).lower() != "none"
+    try:
+        config = DecodeConfig(**values).resolve(has_draft, draft_flag="--draft")
+    except NothingToVerify as err:
+        shown = cli_spelling("method", err.name, err.value)
+        raise CLIError(f"--draft none decodes with the target alone, so {shown} has nothing to act on",
+                       f"drop {cli_spelling('method', err.name, NAME_ONLY)}, or give a draft (--draft "
+                       f"{models.DEFAULT_DRAFT}) or a drafter that needs none (--drafter ngram)", code=2) from None
+    except ConfigError as err:
+        message, hint = err.render(cli_spelling)
+        raise CLIError(message, hint or "see 'specdec generate --help'", code=2) from None
+    except (TypeError, ValueError) as err:
+        raise CLIError(str(err), "see 'specdec generate --help'", code=2) from None
+    if config.drafter not in MODEL_DRAFTERS and given(args, "draft") and has_draft:
+        note(f"warning: --drafter {config.drafter} drafts without a draft model; --draft {args.draft} is ignored "
+             "(drop --draft, or use --drafter model to draft with it)")
+    return config
+
+
+# ------------------------------------------------------------------------------------------------
+# Loading models
+
+
+def load_models(target: str, draft: str | None = None, *, backend: str = "torch", cache_dir: str | None = None,
+                dtype: str = "bfloat16", kernels: str = "auto", threads: int | None = None,
+                typed: Collection[str] = ()) -> models.Pair:
+    """The target and, unless ``draft`` is None or 'none', the draft, as a
+    :class:`~specdec.models.Pair` (:func:`specdec.models.load_pair`, which checks the two share a
+    vocabulary); notes on stderr say what loads, and a pack error is a :class:`CLIError`.
+
+    backend: --backend ('auto', 'torch' or 'llamacpp'); threads: llama.cpp's thread count (None:
+    its default). typed: the options the user typed (``args.given``): a typed --dtype or --kernels
+    is refused when every model runs on llama.cpp, where they do not apply."""
+    names = [target] + ([draft] if draft is not None else [])
+    _check_torch_options([n for n in names if n.lower() != "none"], backend, typed)
+
+    def loading(name: str, where: str) -> None:
+        note(f"loading {name} ({dtype if where == 'torch' else 'GGUF via llama.cpp'})")
+
+    try:
+        pair = models.load_pair(target, draft, backend=backend, cache_dir=cache_dir, dtype=dtype, kernels=kernels,
+                                n_threads=threads, on_load=loading)
+    except models.ModelPackError as err:
+        raise CLIError(err.message, err.hint) from None
+    _loaded_notes(pair.target_name, pair.target, pair.backend)
+    if pair.draft_name is not None and pair.draft_name != pair.target_name:  # the same name: the target's weights
+        _loaded_notes(pair.draft_name, pair.draft, backend_of(pair.draft_name, backend))
+    return pair
+
+
+def load_models_from(args: argparse.Namespace, *, draft: bool = True) -> models.Pair:
+    """:func:`load_models` with what the parsed options say: --target, --draft (unless ``draft`` is
+    False), --backend (torch where the command has none), --cache-dir, --dtype, --kernels, --threads."""
+    return load_models(args.target, args.draft if draft else None, backend=getattr(args, "backend", "torch"),
+                       cache_dir=getattr(args, "cache_dir", None), dtype=args.dtype,
+                       kernels=getattr(args, "kernels", "auto"), threads=getattr(args, "threads", None),
+                       typed=getattr(args, "given", frozenset()))
+
+
+def _loaded_notes(name: str, model: Any, backend: str) -> None:
+    """What a loaded model runs: a GGUF's weights on llama.cpp, and the prefill layout it chose."""
+    if backend == "llamacpp":
+        note(f"{name}: {gguf_weights(model)}")
+    choice = getattr(model, "prefill_choice", None)
+    if choice and choice.get("layout") == "file" and "seconds" in choice:
+        t = choice["seconds"]
+        note(f"{name}: prompts prefill on the GGUF's stored weight layout, decoding on llama.cpp's repacked one "
+             f"({choice['rows']} rows took {t['file']:.2f} s against {t['repacked']:.2f} s; {choice['source']})")
+
+
+def check_cache_dir(cache_dir: str | None, *, create: bool) -> None:
+    """--cache-dir is usable (:func:`specdec.packs.check_cache_dir`), else a :class:`CLIError`."""
+    try:
+        packs.check_cache_dir(cache_dir, create=create)
+    except models.ModelPackError as err:
+        raise CLIError(err.message, err.hint) from None
+
+
+def backend_of(name: str, backend: str) -> str:
+    """``torch`` or ``llamacpp``: where model ``name`` runs under --backend ``backend``."""
+    try:
+        return models.resolve_backend(name, backend)
+    except models.ModelPackError as err:
+        raise CLIError(err.message, err.hint) from None
+
+
+def _check_torch_options(names: list[str], backend: str, typed: Collection[str]) -> None:
+    """--dtype and --kernels shape transformers models: refused when typed and every model runs on llama.cpp."""
+    if not names or any(backend_of(name, backend) == "torch" for name in names):
+        return
+    for flag, dest in (("--dtype", "dtype"), ("--kernels", "kernels")):
+        if dest in typed:
+            raise CLIError(f"{flag} is an option of the torch backend, but {names[0]} runs on llama.cpp "
+                           "(its GGUF's own weights)",
+                           f"drop {flag}, or add --backend torch to run the model in transformers", code=2)
+
+
+def gguf_weights(model: Any) -> str:
+    """What a model loaded on llama.cpp runs, as llama.cpp describes it: 'llama 256M Q4_1 GGUF via llama.cpp'."""
+    return f"{model.weights.description} GGUF via llama.cpp"
+
+
+def check_threads(threads: int | None) -> None:
+    """Warn when --threads asks for more threads than the CPUs this process may run on."""
+    cpus = llamacpp.default_threads()
+    if threads is not None and threads > cpus:
+        note(f"warning: --threads {threads} is more than the {cpus} CPUs this process may run on; threads "
+             f"beyond them only contend (use --threads {cpus} or fewer)")
+
+
+def prepare_folder(folder: Path) -> Path:
+    """Create ``folder`` (and its parents) and check files can be written in it: --out's check."""
+    for parent in (folder, *folder.parents):
+        if parent.exists() and not parent.is_dir():
+            raise CLIError(f"--out: {parent} is a file, not a folder",
+                           "give --out a folder path (it is created if missing)", code=2)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise CLIError(f"--out: cannot write into {folder} ({e.strerror or e})",
+                       "give --out a folder you can write to", code=2) from None
+    return folder
+
+
+# ------------------------------------------------------------------------------------------------
+# Reporting: errors, notes, warnings
+
+
+def fail(message: str, hint: str, code: int) -> int:
+    """Print an error and its hint, as every command does, and return the exit status ``code``."""
+    print(f"specdec: error: {message}", file=sys.stderr)
+    print(f"hint: {hint}", file=sys.stderr)
+    return code
+
+
+@contextlib.contextmanager
+def one_line_warnings() -> Iterator[None]:
+    """Warnings (e.g. the library's: the context leaves less room than --max-new-tokens) as
+    'specdec: warning: ...' lines, without the source line Python adds."""
+    def show(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+        print(f"specdec: warning: {message}", file=sys.stderr, flush=True)
+
+    with warnings.catch_warnings():
+        warnings.showwarning = show
+        yield
+
+
+def note(message: str) -> None:
+    """One 'specdec: ...' line on stderr (what loads, what runs, a warning)."""
+    print(f"specdec: {message}", file=sys.stderr, flush=True)
+
+
+def console(file: Any) -> Any:
+    """A rich console on ``file`` that neither highlights nor wraps."""
+    from rich.console import Console
+
+    return Console(file=file, highlight=False, soft_wrap=True)
+
+
+def quiet_libraries() -> None:
+    """transformers' advisory warnings are noise on a command line."""
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        return
+    hf_logging.set_verbosity_error()
