@@ -36,7 +36,7 @@ from specdec.api import as_backend
 from specdec.backends.base import forward_after
 from specdec.drafters.tree import DEFAULT_TREE, TreeDrafter
 from specdec.sampling import SamplingConfig, logits_to_probs
-from specdec.tree import TokenTree, forward_tree
+from specdec.token_tree import TokenTree, forward_tree
 from specdec.verify.tree import TreeVerifier
 
 PROMPTS = (

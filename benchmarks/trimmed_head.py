@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from specdec import kernels, models
-from specdec.heads import TrimmedLMHead, load_heads_for
+from specdec.drafters.medusa import TrimmedLMHead, load_heads_for
 
 
 def main() -> None:

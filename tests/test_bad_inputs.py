@@ -280,7 +280,7 @@ def test_train_heads_options_checked_at_parse_time(tmp_path, capsys, no_model_wo
 
 
 def test_train_heads_checks_before_collecting(tiny, tmp_path, capsys, monkeypatch):
-    from specdec.heads import train
+    from specdec.training import heads as train
 
     monkeypatch.setattr(train, "collect", lambda *a, **kw: pytest.fail("collected data for bad options"))
     taken = tmp_path / "file"

@@ -14,7 +14,7 @@ from specdec.cli.bench import add_bench_parser, main
 from specdec.bench.methods import MethodSpec, parse_method, parse_methods
 from specdec import build as builder
 from specdec.config import DecodeConfig
-from specdec.bench.prompts import (
+from specdec.prompts import (
     EDIT_REQUEST,
     Prompt,
     load_edit,
@@ -187,7 +187,7 @@ def test_edit_prompts_hold_a_canonical_solution_in_a_chat_request():
     """``edit``: HumanEval's prompt + canonical solution, verbatim inside the request, in the chat template."""
     import gzip
 
-    from specdec.bench.prompts import HUMANEVAL_FILE, _package_file
+    from specdec.prompts import HUMANEVAL_FILE, _package_file
 
     with gzip.open(_package_file(*HUMANEVAL_FILE), "rt") as f:
         rows = {r["task_id"]: r for r in map(json.loads, f)}
@@ -416,8 +416,8 @@ def test_sampling_run_skips_greedy_verification(tiny_models, prompts):
 
 
 def test_trained_drafters_run_in_the_bench_and_keep_the_greedy_output(tiny_models, prompts, tmp_path):
-    from specdec.heads import HeadsConfig, MedusaHeads
-    from specdec.heads.eagle import EagleConfig, EagleHead
+    from specdec.drafters.medusa import HeadsConfig, MedusaHeads
+    from specdec.drafters.eagle_head import EagleConfig, EagleHead
 
     hidden = tiny_models.target.config.hidden_size
     MedusaHeads(HeadsConfig(3, hidden, VOCAB, VOCAB, "tiny"), torch.arange(VOCAB)).save(tmp_path / "heads")

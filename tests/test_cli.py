@@ -336,7 +336,7 @@ def test_drafters_policies_and_trees_keep_the_greedy_output(tiny, capsys, extra)
 def test_heads_drafter_from_the_command_line(tiny, capsys, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from specdec.heads import HeadsConfig, MedusaHeads
+    from specdec.drafters.medusa import HeadsConfig, MedusaHeads
 
     model = AutoModelForCausalLM.from_pretrained(tiny["target"])
     config = HeadsConfig(3, model.config.hidden_size, model.config.vocab_size, 10, "tiny")
@@ -352,7 +352,7 @@ def test_heads_drafter_from_the_command_line(tiny, capsys, tmp_path):
 def test_eagle_drafter_from_the_command_line(tiny, capsys, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from specdec.heads.eagle import EagleConfig, EagleHead
+    from specdec.drafters.eagle_head import EagleConfig, EagleHead
 
     model = AutoModelForCausalLM.from_pretrained(tiny["target"])
     hidden = model.config.hidden_size

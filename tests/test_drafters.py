@@ -27,7 +27,7 @@ from specdec.backends.hf import HFCausalLM
 from specdec.backends.hf_layers import HFLayeredCausalLM
 from specdec.build import make_drafter
 from specdec.drafters import DRAFTERS
-from specdec import tuning
+from specdec import layer_skip_search as tuning
 from specdec.drafters.early_exit import EarlyExitDrafter
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.layer_skip import LayerSkipDrafter, load_skip_set, model_key, save_skip_set

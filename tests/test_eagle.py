@@ -27,8 +27,8 @@ from specdec.backends.hf import HFCausalLM
 from specdec.build import make_drafter, target_backend
 from specdec.drafters.eagle import EagleDrafter
 from specdec.engine import autoregressive_steps, speculative_steps
-from specdec.heads.eagle import EagleCache, EagleConfig, EagleHead
-from specdec.heads.train import TrainConfig, collect, eagle_windows, evaluate_eagle, load_data, load_ids, train_eagle
+from specdec.drafters.eagle_head import EagleCache, EagleConfig, EagleHead
+from specdec.training.heads import TrainConfig, collect, eagle_windows, evaluate_eagle, load_data, load_ids, train_eagle
 from specdec.policies import StaticK
 from specdec.sampling import SamplingConfig, sample
 from specdec.verify import make_verifier

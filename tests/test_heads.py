@@ -26,8 +26,8 @@ from specdec.backends.hf import HFCausalLM
 from specdec.build import make_drafter, target_backend
 from specdec.drafters.heads import HeadsDrafter
 from specdec.engine import autoregressive_steps, speculative_steps
-from specdec.heads import HeadsConfig, MedusaHeads, TrimmedLMHead, frequent_tokens
-from specdec.heads.train import TrainConfig, collect, head_targets, load_data, train
+from specdec.drafters.medusa import HeadsConfig, MedusaHeads, TrimmedLMHead, frequent_tokens
+from specdec.training.heads import TrainConfig, collect, head_targets, load_data, train
 from specdec.policies import StaticK
 from specdec.sampling import SamplingConfig, sample
 from specdec.verify import make_verifier
@@ -213,7 +213,7 @@ def test_training_resumes_and_beats_untrained_heads(tmp_path) -> None:
     agreement = heads.config.training["held_out_agreement"]
     # Untrained heads (zero blocks) repeat the LM head's next-token guess at every offset.
     untrained = MedusaHeads(heads.config, heads.kept)
-    from specdec.heads.train import evaluate
+    from specdec.training.heads import evaluate
     kept = heads.kept
     targets = head_targets(labels, seq, kept, 2)
     test_pos = torch.nonzero((seq % 10) == 9).flatten()

@@ -133,7 +133,7 @@ def test_a_verification_pass_computes_what_one_token_steps_compute() -> None:
 @needs_kernel
 def test_a_tree_pass_computes_what_one_token_steps_along_each_path_compute() -> None:
     from specdec.backends.hf import HFCausalLM
-    from specdec.tree import TokenTree, forward_tree
+    from specdec.token_tree import TokenTree, forward_tree
 
     model = _invariant_tiny(2)
     context = [5, 9, 2, 6, 5, 3, 5, 8]

@@ -9,7 +9,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from specdec import generate, kernels
 from specdec.backends.hf import HFCausalLM
 from specdec.backends.lean import LeanCausalLM, lean_unsupported, make_backend
-from specdec.tree import TokenTree, forward_tree, keep_path
+from specdec.token_tree import TokenTree, forward_tree, keep_path
 from tests.tiny import tiny_llama
 
 needs_kernel = pytest.mark.skipif(kernels.status() != "available", reason=f"fast kernel {kernels.status()}")

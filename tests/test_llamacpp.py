@@ -17,7 +17,7 @@ import torch
 
 from specdec import generate, packs
 from specdec.backends import llamacpp
-from specdec.tree import TokenTree, forward_tree, keep_path
+from specdec.token_tree import TokenTree, forward_tree, keep_path
 
 from test_engine import SIGNIFICANCE, chi_square_p_value, chi_square_power
 

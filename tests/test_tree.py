@@ -13,7 +13,7 @@ from specdec.backends.base import forward_after
 from specdec.backends.hf import HFCausalLM
 from specdec.drafters.tree import DEFAULT_CHOICES, TreeDrafter
 from specdec.engine import tree_steps
-from specdec.tree import TokenTree, forward_tree
+from specdec.token_tree import TokenTree, forward_tree
 from specdec.verify.tree import TreeVerifier
 from test_engine import (
     HORIZON, PROMPT, SAMPLES, SIGNIFICANCE, chi_square_p_value, chi_square_power, exact_target_law,

@@ -340,7 +340,7 @@ class LlamaCppCausalLM(ModelFacts):
 
         ``attend`` [n, cache_len + n] bool and ``positions`` [n] describe a token tree: each new
         token sees the cache before the tree, its ancestors and itself (as
-        :func:`specdec.tree.forward_tree` and the draft trees build); a later pass may hang new
+        :func:`specdec.token_tree.forward_tree` and the draft trees build); a later pass may hang new
         nodes from the tree's earlier ones. Other masks raise ``ValueError``. While a tree is
         unresolved, only another tree pass, :meth:`keep` or :meth:`trim` may follow.
         """
@@ -375,7 +375,7 @@ class LlamaCppCausalLM(ModelFacts):
 
     def keep(self, indices: Sequence[int]) -> None:
         """Keep only the cached positions ``indices`` (ascending): the cache before the last
-        tree and one path of it (what :func:`specdec.tree.keep_path` asks), or a prefix."""
+        tree and one path of it (what :func:`specdec.token_tree.keep_path` asks), or a prefix."""
         kept = [int(i) for i in indices]
         branch = self._branch
         if branch is None:

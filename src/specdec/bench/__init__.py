@@ -6,7 +6,7 @@ speculative methods, on the same models, prompts and settings, in one run.
 """
 
 from specdec.bench.methods import MethodSpec, parse_method, parse_methods
-from specdec.bench.prompts import Prompt, load_prompts
+from specdec.prompts import Prompt, load_prompts
 from specdec.bench.runner import BenchBackends, BenchRun, BenchSettings, run_bench
 
 __all__ = [

@@ -17,7 +17,7 @@ from typing import Any, Iterator
 
 import torch
 
-from specdec.bench.llamacpp import LlamaCppModels
+from specdec.bench.llamacpp_models import LlamaCppModels
 from specdec.bench.methods import PROMPT_LOOKUP_K, MethodSpec
 from specdec.bench.sample import Sample, median as _median
 from specdec.models import Pair

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from specdec.bench.prompts import Prompt
+from specdec.prompts import Prompt
 from specdec.bench.report import PLOTS
 from specdec.bench.sample import Sample
 from specdec.paths import write_atomic

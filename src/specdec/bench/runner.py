@@ -28,10 +28,10 @@ import specdec
 from specdec.api import eos_token_ids_of
 from specdec import build as builder
 from specdec.divergence import LogitsRecorder, batch_invariance, decisive_position, explain
-from specdec.bench.llamacpp import LlamaCppModels, context_needed
+from specdec.bench.llamacpp_models import LlamaCppModels, context_needed
 from specdec.bench.methods import MethodSpec
 from specdec.bench.peers import run_peer
-from specdec.bench.prompts import Prompt
+from specdec.prompts import Prompt
 from specdec.bench.sample import Sample, median as _median
 from specdec.models import Pair
 

@@ -22,9 +22,9 @@ from typing import Any, Sequence
 from specdec import options, packs
 from specdec.backends import llamacpp as llamacpp_backend
 from specdec.bench import report, resume
-from specdec.bench.llamacpp import LlamaCppModels
+from specdec.bench.llamacpp_models import LlamaCppModels
 from specdec.bench.methods import MethodSpec, parse_methods
-from specdec.bench.prompts import load_prompts
+from specdec.prompts import load_prompts
 from specdec.bench.runner import BenchBackends, BenchSettings, run_bench
 from specdec.memory import keep_freed_memory
 from specdec.models import Pair

@@ -10,7 +10,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from specdec.heads.train import TrainConfig, collect, conversations, train, train_eagle, write_summary
+from specdec.training.heads import TrainConfig, collect, conversations, train, train_eagle, write_summary
 from specdec.models import logit_width
 from specdec.options import (
     CLIError, Given, add_model_options, check_threads, given, load_models_from, note, positive_float, positive_int,

@@ -29,7 +29,7 @@ class Draft:
         return Draft(torch.zeros(0, dtype=torch.long), torch.zeros(0, vocab_size))
 
     # A chain is the token tree whose node i's parent is i - 1: the engine reads both through
-    # score / path / tokens_on / keep (:class:`specdec.tree.TokenTree` for the tree).
+    # score / path / tokens_on / keep (:class:`specdec.token_tree.TokenTree` for the tree).
 
     def score(self, target: CausalLM, context: Sequence[int]) -> torch.Tensor:
         """The target's logits after the context and after each draft token: [k + 1, V]."""

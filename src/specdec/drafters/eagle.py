@@ -24,8 +24,8 @@ from specdec import kernels
 from specdec.backends.base import forward_after
 from specdec.backends.hf import HFCausalLM
 from specdec.drafters.base import Draft, Drafter, KeepGoing, draft_chain
-from specdec.heads import TrimmedLMHead, feature_target_head
-from specdec.heads.eagle import EagleCache, EagleHead, load_eagle_for
+from specdec.drafters.medusa import TrimmedLMHead, feature_target_head
+from specdec.drafters.eagle_head import EagleCache, EagleHead, load_eagle_for
 from specdec.sampling import SamplingConfig
 
 

@@ -22,9 +22,9 @@ from specdec.backends.base import forward_after
 from specdec.backends.hf import HFCausalLM
 from specdec.drafters.base import Draft, Drafter, KeepGoing, draft_chain
 from specdec.drafters.tree import DEFAULT_CHOICES
-from specdec.heads import MedusaHeads, TrimmedLMHead, feature_target_head, load_heads_for
+from specdec.drafters.medusa import MedusaHeads, TrimmedLMHead, feature_target_head, load_heads_for
 from specdec.sampling import SamplingConfig, logits_to_probs
-from specdec.tree import TokenTree, top_children
+from specdec.token_tree import TokenTree, top_children
 
 
 class HeadsDrafter(Drafter):

@@ -6,7 +6,7 @@ attend to the full model's keys and values for the context, the layers before th
 one write genuine entries (reused by the verify pass, as with early exit), and the layers after it
 write scratch entries that live only while the drafter drafts. No second model is held in memory.
 
-Which layers to skip is found per model offline by :func:`specdec.tuning.search_skip_set` on a
+Which layers to skip is found per model offline by :func:`specdec.layer_skip_search.search_skip_set` on a
 few calibration prompts (a greedy search guided by how often the skipping model's greedy token
 agrees with the target's, then timed with the engine). :func:`save_skip_set` stores the result as JSON in
 ``$SPECDEC_CACHE/layer_skip/`` (default ``~/.cache/specdec/layer_skip/``);
@@ -62,7 +62,7 @@ def cache_dir() -> Path:
 
 
 def save_skip_set(model: Any, result: Any) -> Path:
-    """Write ``result`` (a :class:`specdec.tuning.SkipSearchResult`) as this model's skip set;
+    """Write ``result`` (a :class:`specdec.layer_skip_search.SkipSearchResult`) as this model's skip set;
     returns the file."""
     path = cache_dir() / f"{model_key(model)}.json"
     path.parent.mkdir(parents=True, exist_ok=True)

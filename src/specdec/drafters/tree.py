@@ -19,7 +19,7 @@ from specdec.backends.base import CausalLM, forward_after, rollback
 from specdec.drafters.base import Drafter, KeepGoing
 from specdec.policies import DEFAULT_K_MAX, DEFAULT_THRESHOLD
 from specdec.sampling import SamplingConfig, logits_to_probs
-from specdec.tree import TokenTree, sample_children, top_children
+from specdec.token_tree import TokenTree, sample_children, top_children
 
 # The tree that --verify tree drafts unless told otherwise: the confident tree with the confidence
 # policy's threshold (the best tree measured on the default pair).
@@ -259,7 +259,7 @@ class TreeDrafter:
 class Trees(Drafter):
     """A drafter of token trees (:class:`TreeDrafter`, or the heads' static Medusa tree: anything
     with ``propose_tree``) seen as the engine sees every drafter: each step's draft is a
-    :class:`~specdec.tree.TokenTree` at most k levels deep, k being the room left (the tree's own
+    :class:`~specdec.token_tree.TokenTree` at most k levels deep, k being the room left (the tree's own
     shape, not a draft-length policy, decides how much is drafted)."""
 
     def __init__(self, drafter: "TreeDrafter | Any") -> None:

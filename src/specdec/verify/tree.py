@@ -42,7 +42,7 @@ from __future__ import annotations
 import torch
 
 from specdec.sampling import SamplingConfig, logits_to_probs
-from specdec.tree import TokenTree
+from specdec.token_tree import TokenTree
 from specdec.verify.base import Verdict, Verifier, VerifyPlan, draw
 
 

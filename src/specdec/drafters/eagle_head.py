@@ -8,7 +8,7 @@ predicted feature and the drafted token form the next pair.
 
 Layer: ``x = fc([emb; h])``; ``x += Attn(RMSNorm(x))`` (causal, rotary positions, each query sees
 the last ``window`` pairs); ``x += MLP(RMSNorm(x))`` (SwiGLU). The target's weights stay frozen;
-the head is trained by :func:`specdec.heads.train.train_eagle`.
+the head is trained by :func:`specdec.training.heads.train_eagle`.
 
 Files: ``eagle.safetensors`` (the layer and the kept token ids) and ``config.json``.
 """
@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from specdec.heads import CONFIG, load_pack, save_pack
+from specdec.drafters.medusa import CONFIG, load_pack, save_pack
 from specdec.paths import model_key
 
 WEIGHTS = "eagle.safetensors"

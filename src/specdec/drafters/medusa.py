@@ -4,7 +4,7 @@ Head i (i = 1..K) maps the hidden state h_j at position j, whose LM-head output 
 distribution of token j+1, to a guess at token j+1+i: ``h + SiLU(W_i h + b_i)`` (the residual
 feed-forward block of Stern et al. 2018; Medusa's ResBlock) followed by the target's own
 LM head, restricted to a *trimmed vocabulary* of the most frequent tokens. The target's weights stay
-frozen; only W_i, b_i are trained (:mod:`specdec.heads.train`).
+frozen; only W_i, b_i are trained (:mod:`specdec.training.heads`).
 
 Files: ``heads.safetensors`` (the K blocks and the kept token ids) and ``config.json`` (sizes, the
 target it was trained on, and how). A head pack is small: K * (H^2 + H) parameters.

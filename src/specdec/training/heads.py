@@ -29,8 +29,9 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 
 from specdec.backends.hf import final_norm
-from specdec.heads import HeadsConfig, MedusaHeads, frequent_tokens
-from specdec.heads.eagle import EagleConfig, EagleHead
+from specdec.drafters.eagle_head import EagleConfig, EagleHead
+from specdec.drafters.medusa import HeadsConfig, MedusaHeads, frequent_tokens
+from specdec.prompts import read_sharegpt
 
 STATE = "train-state.pt"
 
@@ -56,8 +57,6 @@ Log = Callable[[str], None]
 def conversations(tokenizer: Any, seq_len: int, seed: int) -> Iterator[list[int]]:
     """Token ids of ShareGPT first exchanges (user, assistant) in the chat template, shuffled by
     ``seed``, each cut to ``seq_len``; skips records without both turns."""
-    from specdec.bench.prompts import read_sharegpt
-
     records = read_sharegpt()
     random.Random(seed).shuffle(records)
     for record in records:
