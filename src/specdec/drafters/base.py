@@ -40,7 +40,7 @@ class Draft:
         return list(range(node + 1))
 
     def tokens_on(self, path: Sequence[int]) -> list[int]:
-        return [int(self.tokens[i]) for i in path]
+        return self.tokens[: len(path)].tolist()  # a chain's path is always a prefix
 
     def keep(self, target: CausalLM, context_len: int, path: Sequence[int]) -> None:
         """Nothing to do: a kept chain is a prefix, and rolling back by length drops the rest."""
