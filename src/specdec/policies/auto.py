@@ -22,15 +22,16 @@ The model of a step that drafts k tokens (k = 0: a plain target step of one row)
   the lengths drafted so far; block verification accepts at least what token verification does
   for every draft, so for other lengths E(k) is a lower bound.
 
-Each step :meth:`AutoPolicy.plan` (through ``next_k``) takes the k in 0..k_max that maximises
-E(k) / T(k) (ties to the shorter). If that is 0 the step is a plain target step. Otherwise it
-returns a cap (the longest draft that could pay if every token were as sure as the most confident
-calibration bin) and ``keep_going`` decides token by token: after drafting token i, whose calibrated chance (from the draft's own top probability)
-makes the whole draft so far survive with P_i, it drafts on iff for some m > i the expected extra
-tokens P_i (a + a^2 + ... + a^(m-i)) pay for the extra time T(m) - T(i) at the planned rate R* =
-E(k*) / T(k*) (the optimal-stopping rule for tokens per second; a = the chance of token i: the
-next tokens are expected to be as predictable as this one). With a cost curve that grows
-linearly that is the one-token test "P_i a >= R* (draft cost + one more verify row)".
+Each step :meth:`AutoPolicy.plan` (through ``next_k``) takes the k in 0..k_max that maximises E(k)
+/ T(k) (ties to the shorter). If that is 0 the step is a plain target step. Otherwise it returns a
+cap (the longest draft that could pay if every token were as sure as the most confident calibration
+bin) and ``keep_going`` decides token by token: after drafting token i, whose calibrated chance
+(from the draft's own top probability) makes the whole draft so far survive with P_i, it drafts on
+iff for some m > i the expected extra tokens P_i (a + a^2 + ... + a^(m-i)) pay for the extra time
+T(m) - T(i) at the planned rate R* = E(k*) / T(k*) (the optimal-stopping rule for tokens per
+second; a = the chance of token i: the next tokens are expected to be as predictable as this one).
+With a cost curve that grows linearly that is the one-token test "P_i a >= R* (draft cost + one
+more verify row)".
 
 Where the draft's confidence is known before drafting -- the n-gram lookup's, from how far back
 its match reaches (:func:`~specdec.drafters.ngram.lookup_confidence`; a
