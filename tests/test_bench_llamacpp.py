@@ -19,7 +19,8 @@ if not llamacpp.available():
     pytest.skip(f"the llama.cpp binding is not installed: {llamacpp.INSTALL}", allow_module_level=True)
 
 PACK = "smollm2-135m"
-METHODS = "spec:ngram:block:k=4:policy=static,spec:model:block:k=3:policy=static,llamacpp-ar"
+SERVED = ("ar:backend=llamacpp:via=serve", "spec:model:block:k=3:policy=static:backend=llamacpp:via=serve")
+METHODS = ",".join(["spec:ngram:block:k=4:policy=static,spec:model:block:k=3:policy=static,llamacpp-ar", *SERVED])
 NEW_TOKENS = 16
 
 
@@ -49,6 +50,7 @@ def test_one_run_holds_both_backends_and_the_llamacpp_peers(bench_run):
     assert list(greedy["methods"]) == [
         "ar", "ar:backend=llamacpp", "spec:ngram:block:k=4:policy=static", "spec:ngram:block:k=4:policy=static:backend=llamacpp",
         "spec:model:block:k=3:policy=static", "spec:model:block:k=3:policy=static:backend=llamacpp", "llamacpp-ar",
+        *SERVED,
     ]
     assert not greedy["failed"], greedy["failed"]
     assert [p["set"] for p in greedy["prompts"]] == ["edit", "humaneval"]
@@ -66,6 +68,9 @@ def test_greedy_exact_methods_equal_their_backends_ar(bench_run):
     for name in ("spec:ngram:block:k=4:policy=static", "spec:model:block:k=3:policy=static"):
         assert methods[name]["identical_to_ar_fraction"] == 1.0, name
         assert methods[f"{name}:backend=llamacpp"]["identical_to_ar_fraction"] == 1.0, name
+    for name in SERVED:  # through specdec serve, over HTTP: the same tokens
+        assert methods[name]["ar"] == "ar:backend=llamacpp"
+        assert methods[name]["identical_to_ar_fraction"] == 1.0, name
 
 
 def test_every_greedy_difference_on_llamacpp_is_explained(bench_run):

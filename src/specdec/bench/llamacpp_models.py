@@ -42,7 +42,7 @@ class LlamaCppModels:
         if n_ctx > self.n_ctx:
             self.close()
             self.n_ctx = n_ctx
-        mine = [m for m in methods if m.backend == "llamacpp"]
+        mine = [m for m in methods if m.backend == "llamacpp" and not m.is_server]  # servers load their own
         if any(not m.is_peer for m in mine) and self.target is None:
             self.target = self._load_backend(self.target_path)
         if any(m.needs_draft_model for m in mine) and self.draft is None:

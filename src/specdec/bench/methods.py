@@ -18,6 +18,13 @@ The peers are the bench's own names:
     llamacpp-ar                  llama-cpp-python's own ``Llama.generate`` on the target's GGUF
                                  (the backend's binding and build; see :mod:`specdec.bench.peers`):
                                  llama.cpp's speed without specdec
+    llama-server                 llama.cpp's own server on the target's GGUF, plain decoding
+    llama-server-md              llama-server with the draft's GGUF (``-md``, its defaults)
+    llama-server-spec-default    llama-server with ``--spec-default`` (its n-gram drafter)
+
+The server peers are called over HTTP by the same client as ``specdec serve``: a project method
+with ``via=serve`` runs through a ``specdec serve`` process (the request names the method)
+instead of the library, so the server path is what is compared (:mod:`specdec.bench.servers`).
 
 On llama.cpp the drafters are the draft model and the n-gram drafter (the others read the
 transformers model's layers or hidden states). The binding's own prompt lookup
@@ -47,10 +54,12 @@ PROMPT_LOOKUP_K = 10  # transformers' documented example value for prompt_lookup
 PEER_OF_DRAFTER = {"model": "hf-assisted", "ngram": "hf-prompt-lookup"}
 LLAMACPP_PEER_OF_DRAFTER: dict[str, str] = {}  # the binding drafts nothing itself
 HF_PEERS = ("hf-assisted", "hf-prompt-lookup", "hf-ar")
-LLAMACPP_PEERS = ("llamacpp-ar",)
+SERVER_PEERS = ("llama-server", "llama-server-md", "llama-server-spec-default")
+LLAMACPP_PEERS = ("llamacpp-ar", *SERVER_PEERS)
 PEERS = HF_PEERS + LLAMACPP_PEERS
-_PEER_KEYS = {"hf-assisted": {"k"}, "hf-prompt-lookup": {"k"}, "hf-ar": set(), "llamacpp-ar": set()}
+_PEER_KEYS = {"hf-assisted": {"k"}, "hf-prompt-lookup": {"k"}} | {p: set() for p in ("hf-ar", *LLAMACPP_PEERS)}
 BACKENDS = ("torch", "llamacpp")
+VIAS = ("library", "serve")  # how a project method is called: specdec.stream, or a specdec serve process
 
 
 @dataclass(frozen=True)
@@ -58,12 +67,13 @@ class MethodSpec:
     """One method. ``kind`` is ``ar``, ``spec`` or a peer name. ``config``: an ``ar`` or ``spec``
     method's decoding method, its drafter named (:meth:`DecodeConfig.resolve`). ``k``: a peer's
     (None: the peer's default). ``backend``: where the target runs, ``torch`` or ``llamacpp`` (a
-    peer's is fixed by its kind)."""
+    peer's is fixed by its kind). ``via``: ``library`` or ``serve`` (see the module docstring)."""
 
     kind: str
     config: DecodeConfig | None = None
     k: int | None = None
     backend: str = "torch"
+    via: str = "library"
 
     def __post_init__(self) -> None:
         if self.kind in PEERS:  # a peer runs where its library runs
@@ -75,6 +85,7 @@ class MethodSpec:
     def name(self) -> str:
         """The canonical string; ``parse_method(spec.name) == spec``."""
         backend = "" if self.backend == "torch" or self.is_peer else f":backend={self.backend}"
+        backend += ":via=serve" if self.via == "serve" else ""
         if self.kind != "spec":
             return (self.kind if self.k is None else f"{self.kind}:k={self.k}") + backend
         return f"{self.config}{backend}"
@@ -105,8 +116,14 @@ class MethodSpec:
         return self.kind in PEERS
 
     @property
+    def is_server(self) -> bool:
+        """Called over HTTP: a llama-server peer, or a project method with ``via=serve``."""
+        return self.kind in SERVER_PEERS or self.via == "serve"
+
+    @property
     def needs_draft_model(self) -> bool:
-        return self.kind == "hf-assisted" or (self.kind == "spec" and self.drafter in ("model", "ngram+model"))
+        return self.kind in ("hf-assisted", "llama-server-md") or (
+            self.kind == "spec" and self.drafter in ("model", "ngram+model"))
 
     @property
     def peer(self) -> str | None:
@@ -131,7 +148,8 @@ class MethodSpec:
         config = self.config if self.kind == "spec" else None
         options = {} if config is None else {
             **(config.policy_options or {}), **(config.tree or {}), **(config.drafter_options or {})}
-        return {"kind": self.kind, "backend": self.backend, "verifier": self.verifier, "drafter": self.drafter,
+        return {"kind": self.kind, "backend": self.backend, "via": self.via, "verifier": self.verifier,
+                "drafter": self.drafter,
                 "k": config.k if config is not None else self.k, "policy": self.policy,
                 "options": sorted([key, _plain(value)] for key, value in options.items()), "name": self.name}
 
@@ -153,13 +171,19 @@ def parse_method(text: str, default_backend: str = "torch") -> MethodSpec:
         raise ValueError(f"unknown method {text!r}; use ar, spec[:<drafter>][:<verifier>][:key=value...], "
                          f"or a peer: {', '.join(PEERS)}")
     backends = [f.partition("=")[2] for f in fields if f.partition("=")[0] == "backend"]
-    fields = [f for f in fields if f.partition("=")[0] != "backend"]
-    if len(backends) > 1:
-        raise ValueError(f"method {text!r}: backend= given twice")
+    vias = [f.partition("=")[2] for f in fields if f.partition("=")[0] == "via"]
+    fields = [f for f in fields if f.partition("=")[0] not in ("backend", "via")]
+    if len(backends) > 1 or len(vias) > 1:
+        raise ValueError(f"method {text!r}: {'backend' if len(backends) > 1 else 'via'}= given twice")
     backend = backends[0] if backends else default_backend
     if backend not in BACKENDS:
         raise ValueError(f"method {text!r}: unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    via = vias[0] if vias else "library"
+    if via not in VIAS:
+        raise ValueError(f"method {text!r}: unknown via {via!r}; choose one of {', '.join(VIAS)}")
     if kind in PEERS:
+        if vias:
+            raise ValueError(f"method {text!r}: via= is for ar and spec methods; a peer runs its own way")
         return _parse_peer(text, kind, fields)
     try:
         config = DecodeConfig.parse(":".join([kind, *fields]))
@@ -172,7 +196,7 @@ def parse_method(text: str, default_backend: str = "torch") -> MethodSpec:
         raise ValueError(
             f"method {text!r}: the {config.drafter} drafter reads the transformers model's layers or hidden "
             "states, so it runs on backend=torch only; on llamacpp draft with model, ngram or ngram+model")
-    return MethodSpec("ar" if config.is_ar else "spec", config, backend=backend)
+    return MethodSpec("ar" if config.is_ar else "spec", config, backend=backend, via=via)
 
 
 def _parse_peer(text: str, kind: str, fields: list[str]) -> MethodSpec:
@@ -198,9 +222,9 @@ def _parse_peer(text: str, kind: str, fields: list[str]) -> MethodSpec:
 def method_of_record(record: dict[str, Any]) -> MethodSpec:
     """The method a results.json entry's ``spec`` record describes, however its name was spelled
     when it was written (the record always names the drafter and policy)."""
-    kind, backend = record["kind"], record.get("backend", "torch")
+    kind, backend, via = record["kind"], record.get("backend", "torch"), record.get("via", "library")
     if kind != "spec":
-        return MethodSpec(kind, k=record.get("k"), backend=backend)
+        return MethodSpec(kind, k=record.get("k"), backend=backend, via=via)
     options = dict(record.get("options") or [])
     tree = record["verifier"] == "tree"
     fields = ["spec", record["drafter"], record["verifier"]]
@@ -210,6 +234,7 @@ def method_of_record(record: dict[str, Any]) -> MethodSpec:
         if key == "choices" and isinstance(value, list):
             value = "|".join(".".join(map(str, p)) for p in value)
         fields.append(f"{key}={'/'.join(map(str, value)) if isinstance(value, list) else value}")
+    fields += ["via=serve"] if via == "serve" else []
     return parse_method(":".join(fields), default_backend=backend)
 
 

@@ -14,7 +14,9 @@ each run as it ends, so it can be saved at once.
 Project methods run through :func:`specdec.stream` with token ids (no tokenizer, so no decoding
 cost inside the timed region), on the torch backend or on the llama.cpp one (``backend=``); peers
 (:mod:`specdec.bench.peers`) run through transformers' ``model.generate`` or the llama.cpp
-binding's own model. Each run's wall time covers the whole call, prefill included.
+binding's own model; the llama-server peers and project methods with ``via=serve`` through a
+server process, over HTTP (:mod:`specdec.bench.servers`). Each run's wall time covers the whole
+call, prefill included.
 """
 
 from __future__ import annotations
@@ -31,9 +33,13 @@ from specdec.divergence import LogitsRecorder, batch_invariance, decisive_positi
 from specdec.bench.llamacpp_models import LlamaCppModels, context_needed
 from specdec.bench.methods import MethodSpec
 from specdec.bench.peers import run_peer
+from specdec.bench.servers import Servers, run_server
 from specdec.prompts import Prompt
 from specdec.bench.sample import Sample, median as _median
 from specdec.models import Pair
+
+
+WARMUP_SERVER_TOKENS = 8
 
 
 @dataclass
@@ -44,6 +50,7 @@ class BenchBackends:
 
     draft_weights: str = "int8"  # how draft-model methods run the draft (``make_backend(weights=...)``)
     llamacpp: LlamaCppModels | None = None  # the GGUFs for methods with ``backend=llamacpp`` and the llama.cpp peers
+    servers: Servers | None = None  # llama-server peers and methods with ``via=serve``
 
 
 @dataclass(frozen=True)
@@ -152,7 +159,10 @@ def run_bench(
     if settings.warmup_tokens > 0:
         for method in warm:
             bar.set_postfix_str(f"warm-up {method.name}")
-            attempt(method, ids[0], min(settings.warmup_tokens, settings.max_new_tokens), settings.seed)
+            # A server keeps the prompt it saw last: warmed up on the first prompt, it would not
+            # prefill that prompt's timed run. Its warm-up prompt is one no timed prompt begins with.
+            prompt = ids[0][-WARMUP_SERVER_TOKENS:][::-1] if method.is_server else ids[0]
+            attempt(method, prompt, min(settings.warmup_tokens, settings.max_new_tokens), settings.seed)
             bar.update()
     samples = []
     # Freeze what exists (models, libraries) out of the collector's sight, so the collection
@@ -264,6 +274,12 @@ def run_method(
     max_new_tokens: int, eos: list[int], seed: int,
 ) -> Sample:
     """One timed generation; the returned sample's prompt/repeat/order are left at 0."""
+    if method.is_server:
+        if backends.servers is None:
+            raise ValueError(f"{method.name} runs through a server; the run has none (BenchBackends.servers)")
+        key, config = (method.kind, None) if method.is_peer else (f"specdec:{method.backend}", str(method.config))
+        return run_server(backends.servers, key, method.name, prompt_ids, temperature, max_new_tokens, eos, seed,
+                          method=config)
     if method.is_peer:
         return run_peer(method, pair, backends.llamacpp, prompt_ids, temperature, max_new_tokens, eos, seed)
     return _run_project(method, pair, backends, prompt_ids, temperature, max_new_tokens, eos, seed)

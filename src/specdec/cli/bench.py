@@ -26,6 +26,7 @@ from specdec.bench.llamacpp_models import LlamaCppModels
 from specdec.bench.methods import MethodSpec, parse_methods
 from specdec.prompts import load_prompts
 from specdec.bench.runner import BenchBackends, BenchSettings, run_bench
+from specdec.bench.servers import ServerMissing, Servers, llama_server_binary
 from specdec.memory import keep_freed_memory
 from specdec.models import Pair
 from specdec.options import (
@@ -134,7 +135,16 @@ def _run(args: argparse.Namespace, argv: Sequence[str] | None, out: Path, method
     env["resolved_command"] = _resolved_command(args)
     _warn_if_busy(env)
     # the GGUFs first: a missing binding or GGUF fails before any model loads
-    backends = BenchBackends(args.draft_weights, llamacpp_models(args, methods))
+    backends = BenchBackends(args.draft_weights, llamacpp_models(args, methods), bench_servers(args, methods))
+    try:
+        return _run_all(args, command, env, out, methods, prompts, saved, backends)
+    finally:
+        if backends.servers is not None:
+            backends.servers.close()
+
+
+def _run_all(args: argparse.Namespace, command: str, env: dict[str, Any], out: Path, methods: list[MethodSpec],
+             prompts: list[Any], saved: dict[Any, Any], backends: BenchBackends) -> int:
     pair = load_models(args, methods)
     info = {"target": report.model_info(pair.target, pair.target_name),
             "draft": report.model_info(pair.draft, pair.draft_name)}
@@ -268,6 +278,28 @@ def llamacpp_models(args: argparse.Namespace, methods: Sequence[MethodSpec]) -> 
     draft_gguf = str(args.draft).lower() != "none" and any(m.needs_draft_model for m in on_llamacpp)
     return LlamaCppModels(gguf_path(args.target, args), gguf_path(args.draft, args) if draft_gguf else None,
                           n_threads=args.threads or torch.get_num_threads())
+
+
+def bench_servers(args: argparse.Namespace, methods: Sequence[MethodSpec]) -> Servers | None:
+    """The servers of the run's llama-server peers and ``via=serve`` methods (started when first
+    used); None when no method runs through a server. A :class:`CLIError` when llama-server is
+    not built."""
+    served = [m for m in methods if m.is_server]
+    if not served:
+        return None
+    if any(m.is_peer for m in served):
+        try:
+            llama_server_binary()
+        except ServerMissing as err:
+            raise CLIError(str(err), "or leave out the llama-server peers", code=2) from None
+    target = gguf_path(args.target, args) if any(m.backend == "llamacpp" for m in served) else None
+    draft = (gguf_path(args.draft, args) if str(args.draft).lower() != "none"
+             and any(m.needs_draft_model for m in served) else None)
+    argv = ["--target", args.target, "--draft", args.draft, *(["--cache-dir", args.cache_dir] if args.cache_dir else [])]
+    for dest in ("dtype", "kernels", "draft_weights"):  # only what was typed: the torch backend's options
+        if options.given(args, dest):
+            argv += [f"--{dest.replace('_', '-')}", str(getattr(args, dest))]
+    return Servers(target, draft, argv, n_threads=args.threads, n_ctx=llamacpp_backend.DEFAULT_CTX)
 
 
 def gguf_path(name: str, args: argparse.Namespace) -> Path:

@@ -15,6 +15,7 @@ from specdec.options import (
 )
 from specdec.server.app import ServedModels, ServerOptions, create_app
 from specdec.server.guard import allowed_hosts, uvicorn_config
+from specdec.server.worker import ModelThread
 from specdec.server.requests import method_config, method_kwargs
 
 API_KEY_ENV = "SPECDEC_API_KEY"
@@ -127,15 +128,16 @@ def run_serve(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    pair = load_models_from(args)
+    thread = ModelThread()  # every call into the models, loading included, runs on it (specdec.server.worker)
+    pair = thread.call(load_models_from, args)
     models = ServedModels(pair.target, pair.tokenizer, pair.draft, name=args.target, draft_name=pair.draft_name,
                           draft_weights=args.draft_weights)
     options = ServerOptions(method, max_queue=args.max_queue, request_timeout=args.request_timeout,
                             api_key=key, max_tokens=args.max_tokens,
                             allowed_hosts=allowed_hosts(args.host, args.allowed_hosts),
                             max_body_bytes=args.max_body_bytes, read_timeout=args.read_timeout)
-    app = create_app(models, options)
-    _warm_up(models, method)
+    app = create_app(models, options, thread)
+    thread.call(_warm_up, models, method)
     print(f"specdec: serving {args.target} ({method}) on http://{_url_host(args.host)}:{args.port}/ "
           "(the page is at /, metrics at /metrics)", file=sys.stderr, flush=True)
     uvicorn.Server(uvicorn_config(app, options, host=args.host, port=args.port, log_level=args.log_level,

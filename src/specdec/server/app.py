@@ -48,7 +48,7 @@ from specdec.server import requests as rq
 from specdec.server.guard import LOOPBACK_HOSTS, MAX_BODY_BYTES, Guard
 from specdec.server.metrics import Metrics
 from specdec.server.requests import APIError, ChatBody, CompletionBody, Generation
-from specdec.server.worker import Job, QueueFull, Scheduler
+from specdec.server.worker import Job, ModelThread, QueueFull, Scheduler
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 GRACE_SECONDS = 0.5  # past a request's deadline, how long to wait for the worker to notice it
@@ -79,10 +79,11 @@ class ServerOptions:
     read_timeout: float = 30.0  # seconds for a request's headers to arrive, and again for its body
 
 
-def create_app(models: ServedModels, options: ServerOptions) -> FastAPI:
-    """The application; its worker thread starts and stops with the app's lifespan."""
+def create_app(models: ServedModels, options: ServerOptions, thread: ModelThread | None = None) -> FastAPI:
+    """The application; its worker starts and stops with the app's lifespan. ``thread``: the
+    thread the models were loaded on, which runs every generation (default: a new one)."""
     metrics = Metrics()
-    scheduler = Scheduler(options.max_queue, metrics)
+    scheduler = Scheduler(options.max_queue, metrics, thread)
     state = _State(models, options, metrics, scheduler, rq.has_fim_tokens(models.tokenizer),
                    eos_token_ids_of(models.target, models.tokenizer),
                    rq.PromptLimits.of(models.target, models.tokenizer))
@@ -378,7 +379,8 @@ class _Answer:
 def _summary(gen: Generation, ids: list[int], text: str, stats: Any, decode: Any, eos: set[int]) -> dict[str, Any]:
     """The text, finish_reason, usage and the speculative figures of a finished generation."""
     full = decode(ids)
-    stopped = bool(ids and ids[-1] in eos) or any(s in full for s in gen.stop)
+    ends = eos if gen.sampling.get("eos_token_ids") is None else set(gen.sampling["eos_token_ids"])
+    stopped = bool(ids and ids[-1] in ends) or any(s in full for s in gen.stop)
     method = gen.method
     spec = {
         "method": str(method), "exact": method.exact,

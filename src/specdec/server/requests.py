@@ -6,7 +6,8 @@ change nothing at their default value (``echo``, ``logprobs``, the penalties, ..
 that value only, so clients that always send them work, and a request that asks for their effect
 is told the server does not have it.
 
-Non-standard fields: ``top_k`` (0 disables) and ``speculative``: ``{"method": "spec"}``, a method
+Non-standard fields: ``top_k`` (0 disables), ``ignore_eos`` (generate all ``max_tokens``, as
+llama-server's and vLLM's field does) and ``speculative``: ``{"method": "spec"}``, a method
 in :class:`~specdec.config.DecodeConfig`'s text form (``spec`` is the default method, as
 ``specdec generate`` runs it; ``spec:ngram:block:k=8``, ``spec:tree``, ``ar``, ...).
 
@@ -71,6 +72,7 @@ class _Body(BaseModel):
     temperature: float = Field(1.0, ge=0.0, le=2.0)  # OpenAI's default; 0 is greedy
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=0)
+    ignore_eos: bool = False
     seed: int | None = Field(None, ge=0, lt=SEED_RANGE)
     stop: Any = None
     n: int = 1
@@ -211,7 +213,7 @@ class Generation:
     prompt: str | list[int]
     prompt_tokens: int
     method: DecodeConfig
-    sampling: dict[str, Any]  # temperature, top_k, top_p, max_new_tokens, seed, stop
+    sampling: dict[str, Any]  # temperature, top_k, top_p, max_new_tokens, seed, stop (, eos_token_ids)
     stream: bool = False
     include_usage: bool = False
     stop: list[str] = field(default_factory=list)
@@ -296,7 +298,7 @@ def method_kwargs(method: DecodeConfig, draft: Any, draft_weights: str) -> dict[
 
 def sampling_kwargs(body: _Body, max_tokens: int) -> dict[str, Any]:
     return dict(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, max_new_tokens=max_tokens,
-                seed=body.seed, stop=list(body.stop or []))
+                seed=body.seed, stop=list(body.stop or []), **({"eos_token_ids": []} if body.ignore_eos else {}))
 
 
 def completion_ids(body: CompletionBody, tokenizer: Any, fim: bool) -> list[int]:

@@ -1,9 +1,17 @@
-"""One generation at a time: a bounded FIFO queue and the worker thread that owns the models.
+"""One generation at a time: a bounded FIFO queue and the one thread that runs the models.
 
 A :class:`Job` is submitted from the event loop; the worker thread builds its token stream and
 drives it one step (one target forward) at a time, posting each step back to the job's asyncio
 queue. Between steps it checks whether the job was stopped (the client went away, or its time ran
 out), so a stopped job runs at most the one step already under way.
+
+The worker is a :class:`ModelThread`, and ``specdec serve`` loads and warms the models on that
+same thread: every call into the models comes from one thread. llama.cpp computes a pass on an
+OpenMP team of the calling thread, and GNU OpenMP keeps a pool of threads for each thread that
+starts a team; once the pools' threads outnumber the CPUs, it cuts how long idle threads spin
+before they sleep, and llama.cpp's barriers slow down. Loading and warming up on the main thread
+and generating on another made a one-token step of Qwen2.5-Coder-1.5B Q4_K_M on 2 cores take
+35-39 ms instead of 26 (docs/backends.md).
 """
 
 from __future__ import annotations
@@ -13,8 +21,10 @@ import collections
 import logging
 import math
 import statistics
+import queue
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -71,10 +81,40 @@ class Job:
             self.stop()
 
 
-class Scheduler:
-    """At most ``max_queue`` jobs wait while one runs; ``submit`` raises :class:`QueueFull` beyond."""
+class ModelThread:
+    """A daemon thread that runs the callables given to it, one at a time, in order (see the
+    module docstring for why the models want one thread)."""
 
-    def __init__(self, max_queue: int, metrics: Metrics) -> None:
+    def __init__(self, name: str = "specdec-models") -> None:
+        self._tasks: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        future: Future = Future()
+        self._tasks.put((future, fn, args))
+        return future
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run ``fn(*args)`` on the thread and return its result (or raise its exception)."""
+        return self.submit(fn, *args).result()
+
+    def _serve(self) -> None:
+        while True:
+            future, fn, args = self._tasks.get()
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn(*args))
+            except BaseException as err:  # handed to the caller
+                future.set_exception(err)
+
+
+class Scheduler:
+    """At most ``max_queue`` jobs wait while one runs; ``submit`` raises :class:`QueueFull` beyond.
+    Jobs run on ``thread`` (a new :class:`ModelThread` if None) once :meth:`start` is called."""
+
+    def __init__(self, max_queue: int, metrics: Metrics, thread: ModelThread | None = None) -> None:
         self.max_queue = max_queue
         self.metrics = metrics
         self.history: collections.deque[Job] = collections.deque(maxlen=256)  # finished jobs, newest last
@@ -83,10 +123,13 @@ class Scheduler:
         self._busy = False
         self._closed = False
         self._cond = threading.Condition()
-        self._thread = threading.Thread(target=self._loop, name="specdec-worker", daemon=True)
+        self._thread = thread
+        self._running: Future | None = None
 
     def start(self) -> None:
-        self._thread.start()
+        if self._thread is None:
+            self._thread = ModelThread()
+        self._running = self._thread.submit(self._loop)
 
     def close(self, timeout: float = 5.0) -> None:
         with self._cond:
@@ -96,8 +139,11 @@ class Scheduler:
             self._waiting.clear()
             self.metrics.queue_length.set(0)
             self._cond.notify_all()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
+        if self._running is not None:
+            try:
+                self._running.result(timeout)
+            except TimeoutError:  # a generation's step is under way; the daemon thread ends with the process
+                pass
 
     def submit(self, job: Job) -> None:
         with self._cond:

@@ -1,0 +1,276 @@
+"""Servers as peers: llama.cpp's own ``llama-server`` and ``specdec serve``, called by one client.
+
+A CPU user with a GGUF file runs ``llama-server``; the comparison that matters to them is one
+server against the other, each called over HTTP the same way. :class:`Servers` starts each
+server once per bench run as its own process, on the same GGUF files and thread count (and a
+context of the same size), and :meth:`Servers.complete` sends every request the same way: the
+prompt as token ids to ``POST /v1/completions``, streamed, ``max_tokens`` and the sampling
+settings set so that both servers sample plainly (greedy at temperature 0, else softmax(logits /
+T) with top-k, top-p, min-p and the penalties off, seeded), EOS ignored when the run ignores it.
+A run's wall time is the client's: from sending the request to the stream's end.
+
+``llama-server`` runs with its own defaults (one slot, its prompt cache on, as a user gets it)
+plus what a fair comparison needs: the thread count, the context, and for the speculative
+configurations ``-md DRAFT`` (its defaults for the draft) or ``--spec-default`` (its n-gram
+drafter). Its binary is the one :data:`BUILD_SCRIPT` builds from the llama.cpp source that the
+installed llama-cpp-python vendors; ``$SPECDEC_LLAMA_SERVER`` or ``PATH`` may name another.
+The tokens each server produced are read from the stream: ``speculative.token_ids`` in
+specdec's chunks, ``__verbose.tokens`` in llama-server's (asked for with ``return_tokens`` and
+``verbose``), and llama-server's draft figures from its final ``timings``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import httpx
+
+from specdec.bench.sample import Sample, median as _median
+
+BUILD_SCRIPT = "benchmarks/build_llama_server.sh"
+LLAMA_SERVER_ENV = "SPECDEC_LLAMA_SERVER"
+DEFAULT_BINARY = Path.home() / ".cache" / "specdec" / "llama-server" / "bin" / "llama-server"
+# llama-server's configurations, by peer name: the flags beyond the shared ones.
+LLAMA_SERVER_FLAGS: dict[str, tuple[str, ...]] = {
+    "llama-server": (),
+    "llama-server-md": ("-md", "{draft}"),
+    "llama-server-spec-default": ("--spec-default",),
+}
+START_SECONDS = 300.0  # how long a server may take to load its models and answer /health
+REQUEST_SECONDS = 3600.0
+
+
+class ServerMissing(RuntimeError):
+    """No llama-server binary; the message says how to build one."""
+
+
+def llama_server_binary() -> Path:
+    """$SPECDEC_LLAMA_SERVER, else the build script's output, else ``llama-server`` on PATH."""
+    named = os.environ.get(LLAMA_SERVER_ENV)
+    if named:
+        path = Path(named)
+        if not path.is_file():
+            raise ServerMissing(f"${LLAMA_SERVER_ENV} names {path}, which is not a file")
+        return path
+    if DEFAULT_BINARY.is_file():
+        return DEFAULT_BINARY
+    found = shutil.which("llama-server")
+    if found:
+        return Path(found)
+    raise ServerMissing(
+        f"llama-server is not built: run {BUILD_SCRIPT} (it builds llama.cpp's server from the source the "
+        f"installed llama-cpp-python vendors, about 20 minutes on 2 cores), or set ${LLAMA_SERVER_ENV} to a "
+        "llama-server binary")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class ServerProcess:
+    """One server process on a loopback port; its output goes to a log file, shown if it fails."""
+
+    name: str
+    argv: list[str]
+    port: int
+    env: dict[str, str] | None = None
+    process: subprocess.Popen | None = None
+    log: Any = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, client: httpx.Client) -> None:
+        self.log = tempfile.TemporaryFile()
+        self.process = subprocess.Popen(self.argv, stdout=self.log, stderr=subprocess.STDOUT, env=self.env,
+                                        stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + START_SECONDS
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with status {self.process.returncode} while starting:\n"
+                                   f"{self.tail()}")
+            try:
+                if client.get(f"{self.url}/health", timeout=2.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.25)
+        self.close()
+        raise RuntimeError(f"{self.name} did not answer /health within {START_SECONDS:.0f} s:\n{self.tail()}")
+
+    def tail(self, lines: int = 15) -> str:
+        if self.log is None:
+            return ""
+        self.log.seek(0)
+        return "\n".join(self.log.read().decode("utf-8", "replace").splitlines()[-lines:])
+
+    def close(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+        if self.log is not None:
+            self.log.close()
+            self.log = None
+
+
+@dataclass
+class Servers:
+    """The servers of a bench run, started on first use and kept until :meth:`close`.
+
+    target_gguf / draft_gguf: the files llama-server loads. specdec_argv: ``specdec serve``'s
+    model options (the bench's own ``--target``, ``--draft``, ``--cache-dir``, ...), to which the
+    backend, threads, port and context are added. n_threads: both servers' threads (None: each
+    server's default). n_ctx: the context both allocate.
+    """
+
+    target_gguf: Path | None
+    draft_gguf: Path | None
+    specdec_argv: list[str]
+    n_threads: int | None = None
+    n_ctx: int = 4096
+    running: dict[str, ServerProcess] = field(default_factory=dict)
+    client: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=REQUEST_SECONDS))
+
+    def server(self, key: str) -> ServerProcess:
+        """The running server for ``key``: a llama-server peer's name, or ``specdec:<backend>``."""
+        if key not in self.running:
+            process = ServerProcess(key, self._argv(key), free_port())
+            process.argv = [a.replace("{port}", str(process.port)) for a in process.argv]
+            process.start(self.client)
+            self.running[key] = process
+        return self.running[key]
+
+    def _argv(self, key: str) -> list[str]:
+        threads = [] if self.n_threads is None else [str(self.n_threads)]
+        if key.startswith("specdec:"):
+            backend = key.partition(":")[2]
+            return [sys.executable, "-m", "specdec", "serve", *self.specdec_argv, "--backend", backend,
+                    "--port", "{port}", "--log-level", "warning", "--max-tokens", str(self.n_ctx),
+                    *(["--threads", *threads] if threads else [])]
+        if self.target_gguf is None:
+            raise ValueError(f"{key} runs the target's GGUF; give a pack or a .gguf file as the target")
+        flags = list(LLAMA_SERVER_FLAGS[key])
+        if "{draft}" in flags:
+            if self.draft_gguf is None:
+                raise ValueError(f"{key} needs the draft's GGUF; give a draft pack or .gguf file (--draft)")
+            flags = [str(self.draft_gguf) if f == "{draft}" else f for f in flags]
+        return [str(llama_server_binary()), "-m", str(self.target_gguf), *flags, "--host", "127.0.0.1",
+                "--port", "{port}", "-c", str(self.n_ctx), "-np", "1", "--no-webui",
+                *(["-t", *threads, "-tb", *threads] if threads else [])]
+
+    def complete(self, key: str, body: dict[str, Any]) -> "Completion":
+        """POST ``body`` (streamed) to the server's /v1/completions; the tokens, text and timings."""
+        server = self.server(key)
+        out = Completion()
+        start = time.perf_counter()
+        with self.client.stream("POST", f"{server.url}/v1/completions", json=body) as response:
+            if response.status_code != 200:
+                response.read()
+                raise RuntimeError(f"{key} answered {response.status_code}: {response.text[:500]}")
+            for line in response.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                now = time.perf_counter()
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    raise RuntimeError(f"{key} failed: {chunk['error']}")
+                out.add(chunk, now - start)
+        out.seconds = time.perf_counter() - start
+        return out
+
+    def close(self) -> None:
+        for process in self.running.values():
+            process.close()
+        self.running.clear()
+        self.client.close()
+
+
+@dataclass
+class Completion:
+    """What one streamed completion brought back."""
+
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    arrivals: list[tuple[float, int]] = field(default_factory=list)  # (seconds since the request, tokens)
+    timings: dict[str, Any] = field(default_factory=dict)  # llama-server's final timings
+    speculative: dict[str, Any] = field(default_factory=dict)  # specdec's final summary
+    drafted: list[int] = field(default_factory=list)  # specdec: per step
+    accepted: list[int] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def add(self, chunk: dict[str, Any], at: float) -> None:
+        for choice in chunk.get("choices", []):
+            self.text += choice.get("text") or ""
+        ids: list[int] = []
+        spec = chunk.get("speculative")
+        if spec is not None and "token_ids" in spec:
+            ids = spec["token_ids"]
+            self.drafted.append(spec["drafted"])
+            self.accepted.append(sum(spec["from_draft"]))
+        elif spec is not None:
+            self.speculative = spec
+        verbose = chunk.get("__verbose")
+        if verbose is not None:
+            ids = verbose.get("tokens") or []
+        if "timings" in chunk:
+            self.timings = chunk["timings"]
+        if ids:
+            self.token_ids += ids
+            self.arrivals.append((at, len(ids)))
+
+
+def request_body(prompt_ids: Sequence[int], temperature: float, max_new_tokens: int, seed: int,
+                 ignore_eos: bool, *, llama_server: bool, method: str | None = None) -> dict[str, Any]:
+    """The request both servers get: plain sampling (see the module docstring), streamed."""
+    body: dict[str, Any] = {"prompt": list(prompt_ids), "max_tokens": max_new_tokens, "temperature": temperature,
+                            "top_p": 1.0, "top_k": 0, "seed": seed, "stream": True}
+    if llama_server:
+        body |= {"min_p": 0.0, "typical_p": 1.0, "repeat_penalty": 1.0, "presence_penalty": 0.0,
+                 "frequency_penalty": 0.0, "dry_multiplier": 0.0, "xtc_probability": 0.0, "mirostat": 0,
+                 "ignore_eos": ignore_eos, "return_tokens": True, "verbose": True}
+    else:
+        body |= {"ignore_eos": ignore_eos, "speculative": {"method": method or "spec"}}
+    return body
+
+
+def run_server(servers: Servers, key: str, name: str, prompt_ids: list[int], temperature: float,
+               max_new_tokens: int, eos: list[int], seed: int, method: str | None = None) -> Sample:
+    """One timed completion through a server (``key``: see :meth:`Servers.server`) as a Sample."""
+    body = request_body(prompt_ids, temperature, max_new_tokens, seed, not eos,
+                        llama_server=not key.startswith("specdec:"), method=method)
+    done = servers.complete(key, body)
+    first = done.arrivals[0] if done.arrivals else (done.seconds, 0)
+    gaps = [b[0] - a[0] for a, b in zip(done.arrivals, done.arrivals[1:])]
+    timings = done.timings
+    drafted = done.drafted
+    accepted = done.accepted
+    if not drafted and timings.get("draft_n"):  # llama-server reports totals only
+        drafted, accepted = [int(timings["draft_n"])], [int(timings.get("draft_n_accepted", 0))]
+    spec = done.speculative
+    return Sample(
+        method=name, prompt=0, repeat=0, order=0, seed=seed, token_ids=done.token_ids, seconds=done.seconds,
+        target_forwards=int(spec.get("target_forwards") or len(done.token_ids) - sum(accepted)),
+        step_drafted=drafted, step_accepted=accepted,
+        draft_seconds=float(spec.get("draft_seconds") or 0.0),
+        verify_seconds=float(spec.get("verify_seconds") or 0.0),
+        step_seconds=_median(gaps), first_step_seconds=first[0], first_step_tokens=first[1],
+    )

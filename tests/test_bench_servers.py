@@ -1,0 +1,97 @@
+"""Servers as bench peers: the method names, the requests both servers get, reading their streams,
+finding llama-server, and the one thread that runs the served models."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from specdec.bench import servers
+from specdec.bench.methods import method_of_record, parse_method, parse_methods
+from specdec.bench.servers import Completion, ServerMissing, llama_server_binary, request_body
+from specdec.server.requests import CompletionBody, sampling_kwargs
+from specdec.server.worker import ModelThread
+
+
+@pytest.mark.parametrize("text", ["ar:backend=llamacpp:via=serve", "spec:ngram:block:k=4:policy=static:via=serve",
+                                  "llama-server", "llama-server-md", "llama-server-spec-default"])
+def test_server_methods_parse_and_read_back(text):
+    method = parse_method(text)
+    assert method.is_server
+    assert parse_method(method.name) == method == method_of_record(method.record())
+
+
+def test_via_is_checked():
+    assert parse_method("spec:ngram:block").via == "library" and not parse_method("spec:ngram:block").is_server
+    with pytest.raises(ValueError, match="unknown via 'http'"):
+        parse_method("ar:via=http")
+    with pytest.raises(ValueError, match="via= is for ar and spec"):
+        parse_method("llama-server:via=serve")
+    with pytest.raises(ValueError, match="via= given twice"):
+        parse_method("ar:via=serve:via=serve")
+    assert parse_method("llama-server-md").needs_draft_model and not parse_method("llama-server").needs_draft_model
+    assert [m.name for m in parse_methods("llama-server", ("torch",))] == ["ar:backend=llamacpp", "llama-server"]
+
+
+def test_both_servers_are_asked_for_plain_sampling_of_the_same_tokens():
+    ours = request_body([1, 2, 3], 0.7, 32, 5, True, llama_server=False, method="spec:ngram:block")
+    theirs = request_body([1, 2, 3], 0.7, 32, 5, True, llama_server=True)
+    shared = {"prompt": [1, 2, 3], "max_tokens": 32, "temperature": 0.7, "top_p": 1.0, "top_k": 0, "seed": 5,
+              "stream": True, "ignore_eos": True}
+    assert ours == shared | {"speculative": {"method": "spec:ngram:block"}}
+    assert theirs.items() >= shared.items()
+    for neutral in ("min_p", "presence_penalty", "frequency_penalty", "dry_multiplier", "xtc_probability"):
+        assert theirs[neutral] == 0
+    assert theirs["repeat_penalty"] == theirs["typical_p"] == 1.0 and theirs["mirostat"] == 0
+    assert theirs["return_tokens"] is True and theirs["verbose"] is True
+    CompletionBody.model_validate(ours)  # specdec serve takes every field it is sent
+
+
+def test_ignore_eos_empties_the_end_of_generation_ids():
+    body = CompletionBody.model_validate({"prompt": "x", "ignore_eos": True})
+    assert sampling_kwargs(body, 8)["eos_token_ids"] == []
+    assert "eos_token_ids" not in sampling_kwargs(CompletionBody.model_validate({"prompt": "x"}), 8)
+
+
+def test_streams_of_both_servers_are_read_into_tokens_and_figures():
+    ours = Completion()
+    ours.add({"choices": [{"text": "ab"}], "speculative": {"token_ids": [7, 8], "from_draft": [True, False],
+                                                           "draft_chars": 1, "drafted": 3}}, 0.5)
+    ours.add({"choices": [{"text": "c"}], "speculative": {"token_ids": [9], "from_draft": [False], "draft_chars": 0,
+                                                          "drafted": 0}}, 0.6)
+    ours.add({"choices": [{"text": None, "finish_reason": "length"}],
+              "speculative": {"method": "ar", "target_forwards": 2}}, 0.7)
+    assert (ours.token_ids, ours.text, ours.drafted, ours.accepted) == ([7, 8, 9], "abc", [3, 0], [1, 0])
+    assert ours.arrivals == [(0.5, 2), (0.6, 1)] and ours.speculative["target_forwards"] == 2
+
+    theirs = Completion()
+    theirs.add({"choices": [{"text": "x"}], "__verbose": {"tokens": [4]}}, 0.1)
+    theirs.add({"choices": [{"text": "y"}], "__verbose": {"tokens": [5]},
+                "timings": {"draft_n": 6, "draft_n_accepted": 2}}, 0.2)
+    assert (theirs.token_ids, theirs.text, theirs.timings["draft_n"]) == ([4, 5], "xy", 6)
+
+
+def test_a_missing_llama_server_says_how_to_build_it(monkeypatch, tmp_path):
+    monkeypatch.delenv(servers.LLAMA_SERVER_ENV, raising=False)
+    monkeypatch.setattr(servers, "DEFAULT_BINARY", tmp_path / "none")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(ServerMissing, match="benchmarks/build_llama_server.sh"):
+        llama_server_binary()
+    monkeypatch.setenv(servers.LLAMA_SERVER_ENV, str(tmp_path / "missing"))
+    with pytest.raises(ServerMissing, match="not a file"):
+        llama_server_binary()
+    binary = tmp_path / "llama-server"
+    binary.write_text("")
+    monkeypatch.setenv(servers.LLAMA_SERVER_ENV, str(binary))
+    assert llama_server_binary() == Path(binary)
+
+
+def test_the_model_thread_runs_every_call_on_one_thread_and_hands_back_errors():
+    thread = ModelThread()
+    names = {thread.call(lambda: threading.current_thread().name) for _ in range(3)}
+    assert names == {"specdec-models"} and threading.current_thread().name not in names
+    with pytest.raises(ZeroDivisionError):
+        thread.call(lambda: 1 / 0)
+    assert thread.call(sum, [1, 2]) == 3  # still serving after an error
