@@ -8,6 +8,7 @@ runs it is only checked for what it leaves behind (the model's cache) and its sh
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -28,7 +29,8 @@ from specdec.drafters.heads import HeadsDrafter
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import NGramDrafter
 from specdec.engine import autoregressive_steps, speculative_steps
-from specdec.policies.auto import AutoPolicy, CostModel, best_length, cost_key, measure_rows, row_costs, summary_line
+from specdec.drafters.choice import ChoiceDrafter
+from specdec.policies.auto import PROBE_SHARE, AutoPolicy, CostModel, best_length, cost_key, measure_rows, row_costs, summary_line
 from specdec.policies import make_policy
 from specdec.sampling import SamplingConfig
 from specdec.stats import Step
@@ -109,8 +111,39 @@ def test_the_planner_drafts_less_after_rejections_and_probes_back():
     policy.update(Step([5], 1, 0, 0.0, 1.0))  # rejected
     assert policy.next_k() == 0
     assert "alpha=0.40 does not pay" in policy.describe()["reason"]  # (0 + 2 x 0.6) / (1 + 2)
-    plans = [policy.next_k() for _ in range(40)]  # no drafting: the estimates stay, a probe comes
-    assert plans.count(1) == 1 and plans.index(1) == 31 and policy.describe()["probes"] == 1
+    plans = [policy.next_k() for _ in range(40)]  # no drafting: the estimates stay, probes come
+    # A probe costs 0.4 s beyond a plain step (one more row); it comes once the plain steps since
+    # the last one (1 s each, the first before the list) took 0.4 / PROBE_SHARE seconds.
+    every = math.ceil(0.4 / PROBE_SHARE)
+    assert [i for i, k in enumerate(plans) if k] == [every - 1, 2 * every] and policy.describe()["probes"] == 2
+
+
+def test_a_lagging_draft_model_is_charged_its_catch_up():
+    """The draft model pays per step (rows nearly free, alpha 0.9); behind by a prompt of 200
+    tokens it must first feed them, C = 1.5 s, which the step is charged as C * E(k) / room."""
+    costs = CostModel([1.0 + 0.05 * (n - 1) for n in ROWS], draft=0.05, draft_rows=[0.05 * n for n in ROWS])
+    catch_up = 0.05 * 16 * 201 / 16 - 0.05  # past the 16-row curve: its cost per row
+    policy = AutoPolicy(k_max=4, costs=costs, prior_alpha=0.9)
+    policy.bind(None, ChoiceDrafter.build(ModelDrafter(HFCausalLM(tiny_llama(0)))))
+    assert policy.plan({"model": None}, {}, 100).k > 0  # caught up: it drafts
+    assert policy.catch_up() == 0.0
+    assert policy.plan({"model": None}, {"model": 200}, 2).k == 0  # two tokens cannot carry 1.5 s
+    assert policy.catch_up() == pytest.approx(catch_up)
+    assert policy.plan({"model": None}, {"model": 200}, 1000).k > 0  # a thousand can
+    lone = AutoPolicy(k_max=4, costs=DEAR_ROWS)  # no draft_rows: nothing to price
+    lone.bind(None, ModelDrafter(HFCausalLM(tiny_llama(0))))
+    lone.plan({"model": None}, {"model": 200}, 2)
+    assert lone.catch_up() == 0.0
+
+
+def test_a_draft_model_is_behind_by_what_it_has_not_fed():
+    model = HFCausalLM(tiny_llama(0))
+    drafter = ModelDrafter(model)
+    assert drafter.behind([1, 2, 3]) == {"model": 2}  # every draft feeds the last token; the rest is catch-up
+    model.forward([1, 2, 3])
+    assert drafter.behind([1, 2, 3]) == {} and drafter.behind([1, 2, 3, 4, 5]) == {"model": 1}
+    assert drafter.behind([1, 9, 3, 4]) == {"model": 2}  # a rejected token is trimmed, then fed again
+    assert ChoiceDrafter.build(drafter).behind([1, 2, 3, 4, 5]) == {"model": 1}
 
 
 def test_keep_going_stops_where_the_next_token_does_not_pay():
@@ -266,10 +299,12 @@ def test_bind_measures_the_target_and_the_draft_model_once(tmp_path, monkeypatch
     target = HFCausalLM(tiny_llama(5, vocab=16))
     policy = AutoPolicy(cache_dir=tmp_path)
     policy.bind(target, ModelDrafter(HFCausalLM(tiny_llama(6, vocab=16, layers=1))))
-    assert calls == [16, 1] and policy.costs.draft == 1.0 and policy.costs.source == "measured"
+    # the draft model's whole curve: its one-row pass drafts a token, longer passes catch it up
+    assert calls == [16, 16] and policy.costs.draft == 1.0 and policy.costs.source == "measured"
+    assert len(policy.costs.draft_rows) == 16
     other = AutoPolicy(cache_dir=tmp_path)
     other.bind(target, NGramDrafter(16))
-    assert calls == [16, 1] and other.costs.source == "cache"
+    assert calls == [16, 16] and other.costs.source == "cache" and other.costs.draft_rows is None
     assert other.costs.draft == 0.0 and other.describe()["costs"]["draft_source"] == "taken as free"
     layered = HFLayeredCausalLM(tiny_llama(5, vocab=16))
     part = AutoPolicy(cache_dir=tmp_path)
@@ -277,7 +312,7 @@ def test_bind_measures_the_target_and_the_draft_model_once(tmp_path, monkeypatch
     assert part.costs.draft == part.costs.target[0] / 2 and part.costs.draft_source == "1 of 2 target layers"
     injected = AutoPolicy(costs=CHEAP_ROWS)
     injected.bind(target, NGramDrafter(16))
-    assert injected.costs is CHEAP_ROWS and calls == [16, 1, 16]  # the layered backend was measured once
+    assert injected.costs is CHEAP_ROWS and calls == [16, 16, 16]  # the layered backend was measured once
 
 
 def test_a_seed_fixes_the_output_with_measured_costs(pair, tmp_path, monkeypatch):

@@ -51,7 +51,7 @@ def speculative_steps(
     while produced < limit:
         room = limit - produced - 1  # the step always appends one token of the target's
         t0 = time.perf_counter()
-        plan = policy.plan(drafter.sources(context))  # which source drafts, and how far
+        plan = policy.plan(drafter.sources(context), drafter.behind(context), room)  # which source, how far
         draft = drafter.propose(context, min(plan.k, room), sampling, generator, plan.keep_going, plan.source)
         t1 = time.perf_counter()
         logits = draft.score(target, context)  # [1 + N, V]: after the context, after each draft node

@@ -19,7 +19,8 @@ The peers are the bench's own names:
                                  (the backend's binding and build; see :mod:`specdec.bench.peers`):
                                  llama.cpp's speed without specdec
     llama-server                 llama.cpp's own server on the target's GGUF, plain decoding
-    llama-server-md              llama-server with the draft's GGUF (``-md``, its defaults)
+    llama-server-md              llama-server with the draft's GGUF (``-md``, ``--spec-type
+                                 draft-simple``, its defaults)
     llama-server-spec-default    llama-server with ``--spec-default`` (its n-gram drafter)
 
 The server peers are called over HTTP by the same client as ``specdec serve``: a project method

@@ -11,8 +11,8 @@ A run's wall time is the client's: from sending the request to the stream's end.
 
 ``llama-server`` runs with its own defaults (one slot, its prompt cache on, as a user gets it)
 plus what a fair comparison needs: the thread count, the context, and for the speculative
-configurations ``-md DRAFT`` (its defaults for the draft) or ``--spec-default`` (its n-gram
-drafter). Its binary is the one :data:`BUILD_SCRIPT` builds from the llama.cpp source that the
+configurations ``-md DRAFT --spec-type draft-simple`` (its draft-model speculation, with its
+defaults for the draft) or ``--spec-default`` (its n-gram drafter). Its binary is the one :data:`BUILD_SCRIPT` builds from the llama.cpp source that the
 installed llama-cpp-python vendors; ``$SPECDEC_LLAMA_SERVER`` or ``PATH`` may name another.
 The tokens each server produced are read from the stream: ``speculative.token_ids`` in
 specdec's chunks, ``__verbose.tokens`` in llama-server's (asked for with ``return_tokens`` and
@@ -43,7 +43,9 @@ DEFAULT_BINARY = Path.home() / ".cache" / "specdec" / "llama-server" / "bin" / "
 # llama-server's configurations, by peer name: the flags beyond the shared ones.
 LLAMA_SERVER_FLAGS: dict[str, tuple[str, ...]] = {
     "llama-server": (),
-    "llama-server-md": ("-md", "{draft}"),
+    # -md alone loads the draft but drafts nothing in this llama.cpp unless the GGUF names a
+    # speculative type; draft-simple is its classic draft-model speculation.
+    "llama-server-md": ("-md", "{draft}", "--spec-type", "draft-simple"),
     "llama-server-spec-default": ("--spec-default",),
 }
 START_SECONDS = 300.0  # how long a server may take to load its models and answer /health

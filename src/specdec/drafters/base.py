@@ -168,3 +168,9 @@ class Drafter(Protocol):
     def costs(self) -> dict[str, DraftCost]:
         """Every source this drafter may draft from, and what a token from it costs."""
         return {self.name: DraftCost()}
+
+    def behind(self, context: Sequence[int]) -> dict[str, int]:
+        """For each source that must first catch up to draft after ``context``, how many tokens
+        it would feed beyond the one every draft feeds (a draft model's cache lacks the tokens
+        drafted or decoded since it last drafted); sources not named feed nothing."""
+        return {}

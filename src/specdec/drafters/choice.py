@@ -96,6 +96,9 @@ class ChoiceDrafter(Drafter):
     def costs(self) -> dict[str, DraftCost]:
         return {name: next(iter(drafter.costs().values())) for name, drafter in self.choices.items()}
 
+    def behind(self, context: Sequence[int]) -> dict[str, int]:
+        return {name: n for name, drafter in self.choices.items() for n in drafter.behind(context).values()}
+
     def describe(self) -> dict:
         """The drafter's settings and how often each choice drafted, for reports."""
         return {"name": self.name, "ngram": self.choices["ngram"].describe(), "used": dict(self.used)}

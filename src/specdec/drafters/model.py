@@ -6,7 +6,7 @@ from typing import Sequence
 
 import torch
 
-from specdec.backends.base import CausalLM, forward_after, rollback
+from specdec.backends.base import CausalLM, common_prefix_len, forward_after, rollback
 from specdec.drafters.base import Draft, DraftCost, Drafter, KeepGoing, draft_chain
 from specdec.sampling import SamplingConfig
 
@@ -44,4 +44,9 @@ class ModelDrafter(Drafter):
 
     def costs(self) -> dict[str, DraftCost]:
         return {self.name: DraftCost(model=self.model)}  # a draft model's one-row pass per token
+
+    def behind(self, context: Sequence[int]) -> dict[str, int]:
+        """The draft is fed only when it drafts: the tokens since then are its catch-up."""
+        lag = len(context) - common_prefix_len(self.model.tokens, context) - 1
+        return {self.name: lag} if lag > 0 else {}
 

@@ -46,10 +46,20 @@ values) and on the outcomes of earlier steps, never on a step's own timing, so a
 the output. (``adapt_costs=True`` also learns the draft's cost and a scale of the target curve
 from the steps' timings -- closer to the truth as the context grows, but no longer reproducible.)
 
+A draft model is fed only when it drafts, so after plain steps or steps drafted by the lookup its
+cache lags behind the output (at its first draft, by the whole prompt): before its first draft
+token it must feed those tokens (:meth:`~specdec.drafters.base.Drafter.behind`), a pass the
+planner prices from the draft model's own cost curve. That catch-up serves every later step that
+drafts from it, so a step is charged the share its expected tokens take of the tokens left to
+generate: T(k) + C * E(k) / room. A draft model that does not pay per step is never caught up.
+
 When no draft would pay even if it were always accepted, the planner never drafts and the output
 is the target's own autoregressive chain. When a draft could pay but the estimates say it does
-not, it drafts one token after every :data:`PROBE_EVERY` plain steps, so the estimates can
-recover when the text becomes predictable.
+not, it drafts one token -- a probe, so the estimates can recover when the text becomes
+predictable -- once the plain steps since the last probe have taken 1 / :data:`PROBE_SHARE` times
+what the probe costs beyond a plain step (its draft token, its verify row and any catch-up): the
+probes cost at most that share of the time. With a draft model that lags by a whole prompt, that
+is hundreds of steps.
 """
 
 from __future__ import annotations
@@ -72,7 +82,7 @@ GRID = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16)  # row counts timed; the rest interpola
 REPEATS = (3, 7)  # sweeps of the grid: 3, or up to 7 while within MEASURE_SECONDS (1 if one takes longer)
 MEASURE_SECONDS = 4.0
 DUMMY_CONTEXT = 32  # tokens prefilled before timing, so the rows attend to a context
-PROBE_EVERY = 32  # plain steps between one-token probes when a draft could pay but is not expected to
+PROBE_SHARE = 0.03  # the most of the plain steps' time one-token probes may cost (see the module doc)
 # Where the planner chooses between drafters, a free one (a lookup: its draft costs nothing, but it
 # can draft only where the context repeats) is explored: until its first token has been tested
 # EXPLORE_TESTS times, a step where it can draft and a full acceptance would pay drafts up to
@@ -88,12 +98,15 @@ ASSUMED_ROW_COST = 0.1
 @dataclass
 class CostModel:
     """What a step costs. target[n - 1]: seconds for a target forward of n new rows (logits for
-    all n); draft: seconds per drafted token (None: not known yet). source says where they came from."""
+    all n); draft: seconds per drafted token (None: not known yet); draft_rows[n - 1]: seconds for
+    a draft model's pass of n rows, what catching it up costs (None: no catch-up is priced).
+    source says where they came from."""
 
     target: list[float]
     draft: float | None = None
     source: str = "injected"
     draft_source: str = "injected"
+    draft_rows: list[float] | None = None
 
     def __post_init__(self) -> None:
         if not self.target or any(not t > 0 for t in self.target):
@@ -122,6 +135,7 @@ class _Source:
     draft: float | None  # seconds per drafted token; None: the CostModel's draft cost
     label: str = ""  # where that cost came from
     chosen: int = 0  # steps this drafter was planned to draft in
+    rows: CostModel | None = None  # a draft model's passes of n rows: what catching it up costs
 
 
 # ------------------------------------------------------------------------------------------------
@@ -272,7 +286,9 @@ class AutoPolicy(DraftLengthPolicy):
         self._cap = 0
         self._reach = 1.0
         self._drafted_now = 0
-        self._plain_run = 0  # plain steps planned since the last draft
+        self._plain_time = 0.0  # planned seconds of the plain steps since the last draft
+        self._behind: dict[str, int] = {}  # this step's catch-up per source (see plan)
+        self._room: int | None = None
         self._last_drafted = 0
         self._steps = self._probes = 0
         self._planned: dict[int, int] = {}
@@ -291,27 +307,32 @@ class AutoPolicy(DraftLengthPolicy):
         :class:`~specdec.drafters.choice.ChoiceDrafter`) makes the planner choose the source as
         well as the length each step, each source with its own costs and estimates."""
         costs = drafter.costs()
-        if self.costs is None:
+        injected = self.costs is not None
+        if not injected:
             curve, source = row_costs(target, MAX_ROWS, cache_dir=self.cache_dir)
-            draft, draft_source = self._draft_cost(next(iter(costs.values())), curve[0])
-            self.costs = CostModel(curve, draft, source, draft_source)
+            draft, draft_source, rows = self._draft_cost(next(iter(costs.values())), curve[0])
+            self.costs = CostModel(curve, draft, source, draft_source, rows.target if rows is not None else None)
+        if self.costs.draft_rows and any(cost.model is not None for cost in costs.values()):
+            self._sources["draft"].rows = CostModel(self.costs.draft_rows)
         if len(costs) > 1:
             self._sources = {name: _Source(AcceptanceEstimates(**self._estimates), None) for name in costs}
             for name, cost in costs.items():
                 entry = self._sources[name]
-                if cost.model is not None and self.costs.source == "injected":
+                if cost.model is not None and injected:
                     entry.draft, entry.label = self.costs.draft or 0.0, self.costs.draft_source
+                    entry.rows = CostModel(self.costs.draft_rows) if self.costs.draft_rows else None
                 else:
-                    entry.draft, entry.label = self._draft_cost(cost, self.costs.target[0])
+                    entry.draft, entry.label, entry.rows = self._draft_cost(cost, self.costs.target[0])
             self._current, self._choosing = next(iter(costs)), True
 
-    def _draft_cost(self, cost: DraftCost, one_row: float) -> tuple[float, str]:
-        """(seconds per drafted token, where that came from) for one source."""
+    def _draft_cost(self, cost: DraftCost, one_row: float) -> tuple[float, str, CostModel | None]:
+        """(seconds per drafted token, where that came from, a draft model's cost curve) for one source."""
         if cost.model is not None:
-            return row_costs(cost.model, 1, cache_dir=self.cache_dir)[0][0], "measured"
+            curve, source = row_costs(cost.model, MAX_ROWS, cache_dir=self.cache_dir)
+            return curve[0], "measured", CostModel(curve, source=source)
         if cost.layers and cost.of:
-            return one_row * cost.layers / cost.of, f"{cost.layers} of {cost.of} target layers"
-        return 0.0, "taken as free"
+            return one_row * cost.layers / cost.of, f"{cost.layers} of {cost.of} target layers", None
+        return 0.0, "taken as free", None
 
     def _ensure_costs(self) -> CostModel:
         if self.costs is None:  # never bound: an assumed curve in units of a one-row pass
@@ -339,9 +360,37 @@ class AutoPolicy(DraftLengthPolicy):
         costs, d, s = self._ensure_costs(), self.draft_cost, self.scale
         return [k * d + s * costs.target_cost(k + 1) for k in range(self.k_max + 1)]
 
-    def plan(self, sources: Mapping[str, float | None]) -> Plan:
+    def catch_up(self) -> float:
+        """Seconds the current source needs before its first draft token: a draft model feeding
+        the tokens it is behind by (:meth:`~specdec.drafters.base.Drafter.behind`), priced from
+        its cost curve beyond the one row every draft feeds; 0 for other sources."""
+        source = self._sources[self._current]
+        lag = self._behind.get(self._current if self._choosing else next(iter(self._behind), ""), 0)
+        if lag <= 0 or source.rows is None:
+            return 0.0
+        curve = source.rows.target  # past it, a long pass is priced at the longest measured pass's cost per row
+        rows = lag + 1
+        return (curve[rows - 1] if rows <= len(curve) else curve[-1] * rows / len(curve)) - curve[0]
+
+    def _charged(self, times: list[float], alphas: Sequence[float]) -> list[float]:
+        """T(k) plus the catch-up's share for k >= 1: C * E(k) / room (see the module doc)."""
+        catch_up = self.catch_up()
+        if catch_up == 0.0:
+            return times
+        room = max(self._room if self._room is not None else 1, 1)
+        out, expected, reach = [times[0]], 1.0, 1.0
+        for k in range(1, len(times)):
+            reach *= alphas[k - 1]
+            expected += reach
+            out.append(times[k] + catch_up * min(expected / room, 1.0))
+        return out
+
+    def plan(self, sources: Mapping[str, float | None], behind: Mapping[str, int] | None = None,
+             room: int | None = None) -> Plan:
         """This step's source and length: with one source, :meth:`next_k`; with several,
-        :meth:`choose` weighs every source offered now."""
+        :meth:`choose` weighs every source offered now. ``behind`` and ``room`` price a draft
+        model's catch-up (see the module doc)."""
+        self._behind, self._room = dict(behind or {}), room
         k = self.next_k()
         if self._choosing:
             source, k = self.choose(sources)
@@ -363,7 +412,8 @@ class AutoPolicy(DraftLengthPolicy):
         best, best_rate = next(iter(available)), -1.0
         for name, sure in available.items():
             self._current = name
-            rate = best_length(self._alphas(sure), self.step_times())[2]
+            alphas = self._alphas(sure)
+            rate = best_length(alphas, self._charged(self.step_times(), alphas))[2]
             if rate > best_rate * (1.0 + 1e-12):
                 best, best_rate = name, rate
         self._current, self._foreseen = best, available[best]
@@ -385,15 +435,16 @@ class AutoPolicy(DraftLengthPolicy):
         """Plan this step for the current drafter: the cap ``keep_going`` drafts up to (0: plain)."""
         self.acceptance.start_step()
         self._reach, self._drafted_now = 1.0, 0
-        self._times = times = self.step_times()
         alphas = self._alphas(self._foreseen)
+        self._times = times = self._charged(self.step_times(), alphas)
         k, expected, rate = best_length(alphas, times)
-        could = best_length([0.999] * self.k_max, times)[0]  # a draft accepted in full
+        could = best_length([0.999] * self.k_max, self.step_times())[0]  # a draft accepted in full, caught up
+        probe = self.step_times()[1] - self.step_times()[0] + self.catch_up()  # a probe's cost beyond a plain step
         if k == 0 and could > 0 and self._exploring():
             self._cap, self._rate = min(could, EXPLORE_LENGTH), 1.0 / times[0]
             self._probes += 1
             self._reasons[0] = self._named(f"exploring: drafting up to {self._cap} tokens to learn how often they are accepted")
-        elif k == 0 and could > 0 and self._plain_run >= PROBE_EVERY:
+        elif k == 0 and could > 0 and self._plain_time * PROBE_SHARE >= probe:
             self._cap, self._rate = 1, 1.0 / times[0]  # one token at the plain rate: never more
             self._probes += 1
         elif k == 0:
@@ -404,7 +455,7 @@ class AutoPolicy(DraftLengthPolicy):
                                                                   times)[0]
             self._cap, self._rate = max(k, top), rate
             self._reasons[k] = self._named(self._why(k, expected, alphas[0]))
-        self._plain_run = self._plain_run + 1 if self._cap == 0 else 0
+        self._plain_time = self._plain_time + times[0] if self._cap == 0 else 0.0
         self._planned[k] = self._planned.get(k, 0) + 1
         return self._cap
 

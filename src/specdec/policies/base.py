@@ -56,9 +56,13 @@ class DraftLengthPolicy(Protocol):
 
     name: str
 
-    def plan(self, sources: Mapping[str, float | None]) -> Plan:
+    def plan(self, sources: Mapping[str, float | None], behind: Mapping[str, int] | None = None,
+             room: int | None = None) -> Plan:
         """The engine's one call each step. sources: what the drafter can draft from now, in its
-        order of preference, each with its draft's confidence where that is known before drafting."""
+        order of preference, each with its draft's confidence where that is known before drafting.
+        behind: the tokens a source must catch up on before it drafts
+        (:meth:`~specdec.drafters.base.Drafter.behind`). room: the tokens the output may still
+        grow by after this step's target token (None: unknown). Only the planner reads the last two."""
         return Plan(next(iter(sources)), self.next_k(), self.keep_going)
 
     def bind(self, target: Any, drafter: Any) -> None:
