@@ -10,7 +10,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 
-from specdec.backends.base import CausalLM
+from specdec.backends.base import CausalLM, common_prefix_len
 from specdec.backends.hf import eos_token_ids
 from specdec.build import build
 from specdec.config import DecodeConfig
@@ -161,7 +161,7 @@ class _Run:
         room = _room(backend, len(prompt_ids), config.max_new_tokens)
         eos = set(config.eos_token_ids) if config.eos_token_ids is not None else eos_token_ids_of(target, tokenizer)
         generator = torch.Generator().manual_seed(config.seed) if config.seed is not None else None
-        backend.reset()
+        cached = _start_cache(backend, prompt_ids, config.prompt_cache)
         common = dict(sampling=config.sampling, max_new_tokens=config.max_new_tokens, eos_ids=eos, generator=generator)
         if built.drafter is None:
             steps = autoregressive_steps(backend, prompt_ids, **common)
@@ -171,6 +171,7 @@ class _Run:
             steps = speculative_steps(backend, built.drafter, built.verifier, built.policy, prompt_ids, **common)
         run = cls(steps, tokenizer, config.stop, built.method, built.exact, policy=built.policy)
         run.stats.truncated_to = room
+        run.stats.prompt_cached = cached
         run.limit, run.eos = (config.max_new_tokens if room is None else room), eos
         return run
 
@@ -245,6 +246,20 @@ def _stop_prefix(text: str, stops: Sequence[str]) -> int:
     for n in range(min(len(text), max((len(s) for s in stops), default=1) - 1), 0, -1):
         if any(s.startswith(text[-n:]) for s in stops):
             return n
+    return 0
+
+
+def _start_cache(backend: CausalLM, prompt_ids: list[int], keep: bool) -> int:
+    """Empty the target's cache, or with the prompt cache keep the part of it the prompt begins
+    with (all but the prompt's last token, whose logits the first step needs): the number of
+    prompt tokens that will not be prefilled."""
+    if keep:
+        try:
+            backend.trim(min(common_prefix_len(backend.tokens, prompt_ids), len(prompt_ids) - 1))
+            return len(backend.tokens)
+        except ValueError:  # a token tree left unresolved (a generation stopped mid-step)
+            pass
+    backend.reset()
     return 0
 
 

@@ -67,8 +67,10 @@ def build(config: DecodeConfig, target: Any, draft: Any = None) -> Built:
         draft_backend = None
         if name in MODEL_DRAFTERS:
             draft_backend = as_backend(draft, config.draft_weights)
-            draft_backend.reset()
-        backend = _ready(name, target) if is_backend(target) else target_backend(name, target)
+            if not config.prompt_cache:
+                draft_backend.reset()
+        backend = (_ready(name, target, config.prompt_cache) if is_backend(target)
+                   else target_backend(name, target))
         drafter = make_drafter(name, backend, draft_backend, **(config.drafter_options or {}))
     else:
         if draft is not None:
@@ -120,11 +122,13 @@ def target_backend(drafter: str, model: Any) -> CausalLM:
     return make_backend(model, keep_hidden=HIDDEN_STATES in needs)
 
 
-def _ready(drafter: str, backend: CausalLM) -> CausalLM:
-    """A target backend checked for what the drafter needs, its cache emptied."""
+def _ready(drafter: str, backend: CausalLM, keep: bool = False) -> CausalLM:
+    """A target backend checked for what the drafter needs, its cache emptied (unless ``keep``:
+    the prompt cache, trimmed to the prompt by the first forward)."""
     for need in sorted(NEEDS.get(drafter, frozenset())):
         _require(backend, need, f"the {drafter} drafter")
-    backend.reset()
+    if not keep:
+        backend.reset()
     return backend
 
 

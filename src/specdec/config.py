@@ -301,7 +301,11 @@ class DecodeConfig:
     drafts k tokens every step. Autoregressive decoding and tree verification use no policy.
     temperature 0 means greedy; top_k 0 and top_p 1 disable those filters; seed fixes sampling.
     stop: strings that end generation (one string is one stop string). eos_token_ids: the ids that
-    end generation (None: the model's and tokenizer's own).
+    end generation (None: the model's and tokenizer's own). prompt_cache: keep what a
+    :class:`~specdec.backends.base.CausalLM` backend (and a draft backend) cached in the previous
+    generation as far as the new prompt shares it, and prefill only the rest (a conversation held
+    in a loop, a server's next request); a transformers model is wrapped afresh each call, so
+    only a backend object keeps its cache. Off: every generation starts from an empty cache.
     """
 
     drafter: Any = None
@@ -319,6 +323,7 @@ class DecodeConfig:
     seed: int | None = None
     stop: Sequence[str] = ()
     eos_token_ids: Sequence[int] | None = None
+    prompt_cache: bool = False
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalise in place once, here
@@ -566,7 +571,8 @@ class DecodeConfig:
 
 FIELDS = tuple(f.name for f in dataclasses.fields(DecodeConfig))
 # The fields that come with each generation rather than with the method (not in the text form).
-SAMPLING_FIELDS = ("draft_weights", "temperature", "top_k", "top_p", "max_new_tokens", "seed", "stop", "eos_token_ids")
+SAMPLING_FIELDS = ("draft_weights", "temperature", "top_k", "top_p", "max_new_tokens", "seed", "stop", "eos_token_ids",
+                   "prompt_cache")
 
 
 def _keyed(key: str) -> bool:

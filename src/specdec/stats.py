@@ -43,6 +43,7 @@ class GenerationStats:
     policy: dict[str, Any] = field(default_factory=dict)
     # Set where the model's context left room for fewer new tokens than max_new_tokens: that room.
     truncated_to: int | None = None
+    prompt_cached: int = 0  # prompt tokens found in the target's cache (DecodeConfig.prompt_cache), not prefilled
 
     def add(self, step: Step) -> None:
         self.new_tokens += len(step.tokens)

@@ -292,6 +292,7 @@ class LlamaCppCausalLM(ModelFacts):
         self._tokens: list[int] = []
         self._branch: _Branch | None = None
         self._parked = 0  # at least as many cells as the spare sequence holds (see SPARE_SEQUENCE)
+        self._parked_from: int | None = None  # the lowest position a parked cell may hold
         # Chains of FILE_LAYOUT_ROWS tokens or more run on these weights (the file's layout) when set,
         # in a context made on first use; prefill_choice says why (see load_gguf).
         self.prefill_weights: GGUFWeights | None = None
@@ -404,6 +405,7 @@ class LlamaCppCausalLM(ModelFacts):
         for other in branch.sequences - {0}:
             api.llama_memory_seq_rm(mem, other, -1, -1)
         self._parked += len(branch.parent)  # a bound: shared cells of the kept path may be parked too
+        self._parked_from = base if self._parked_from is None else min(self._parked_from, base)
         self._tokens = [self._tokens[i] for i in kept]
         self._branch = None
 
@@ -418,12 +420,16 @@ class LlamaCppCausalLM(ModelFacts):
             return
         self._api.llama_memory_seq_rm(self._mem, 0, length, -1)
         del self._tokens[length:]
+        if self._parked_from is not None and length <= self._parked_from:
+            # Back before every parked branch (a prompt cache's next prompt): the freed cells lie
+            # among parked ones, where new tokens would land out of position order.
+            self._compact()
 
     def reset(self) -> None:
         self._api.llama_memory_clear(self._mem, True)
         self._tokens = []
         self._branch = None
-        self._parked = 0
+        self._parked, self._parked_from = 0, None
 
     # -- internals -------------------------------------------------------------------------------
 
@@ -449,7 +455,7 @@ class LlamaCppCausalLM(ModelFacts):
             _move_sequence(self, self)
         else:
             self._api.llama_memory_clear(self._mem, False)
-        self._parked = 0
+        self._parked, self._parked_from = 0, None
 
     def _drop_branch(self, length: int) -> None:
         """Resolve the tree by keeping none of it: its cells are the cache's last, so they may be freed."""
@@ -483,7 +489,7 @@ class LlamaCppCausalLM(ModelFacts):
             rows = other._decode_chain(tokens, start, want)
             try:
                 _move_sequence(other, self)
-                self._parked = 0
+                self._parked, self._parked_from = 0, None
             except BaseException:
                 self.reset()  # its cells are gone: keep the bookkeeping true (an empty cache)
                 raise

@@ -68,6 +68,10 @@ def add_serve_parser(subparsers: Any) -> None:
     group.add_argument("--threads", type=positive_int, default=None,
                        help="CPU threads for torch or llama.cpp (default: torch's choice; llama.cpp: every CPU "
                             "this process may use)")
+    group.add_argument("--no-prompt-cache", dest="prompt_cache", action="store_false",
+                       help="prefill every prompt in full. By default the server keeps the models' caches between "
+                            "requests and prefills only what a prompt adds to the longest prefix it shares with the "
+                            "previous one (as llama-server does); on the torch backend nothing is kept")
     group.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                        help="uvicorn's log level (default: info)")
     parser.set_defaults(func=run_serve)
@@ -135,7 +139,8 @@ def run_serve(args: argparse.Namespace) -> int:
     options = ServerOptions(method, max_queue=args.max_queue, request_timeout=args.request_timeout,
                             api_key=key, max_tokens=args.max_tokens,
                             allowed_hosts=allowed_hosts(args.host, args.allowed_hosts),
-                            max_body_bytes=args.max_body_bytes, read_timeout=args.read_timeout)
+                            max_body_bytes=args.max_body_bytes, read_timeout=args.read_timeout,
+                            prompt_cache=args.prompt_cache)
     app = create_app(models, options, thread)
     thread.call(_warm_up, models, method)
     print(f"specdec: serving {args.target} ({method}) on http://{_url_host(args.host)}:{args.port}/ "

@@ -77,6 +77,7 @@ class ServerOptions:
     allowed_hosts: frozenset[str] | None = LOOPBACK_HOSTS  # the Host names answered; None: any
     max_body_bytes: int = MAX_BODY_BYTES
     read_timeout: float = 30.0  # seconds for a request's headers to arrive, and again for its body
+    prompt_cache: bool = True  # keep the models' caches between requests (DecodeConfig.prompt_cache)
 
 
 def create_app(models: ServedModels, options: ServerOptions, thread: ModelThread | None = None) -> FastAPI:
@@ -255,12 +256,16 @@ def _job(state: _State, gen: Generation) -> Job:
     kwargs = rq.method_kwargs(gen.method, models.draft, models.draft_weights)
 
     def start() -> Any:
-        return specdec.stream(models.target, gen.prompt, tokenizer=tokenizer, **kwargs, **gen.sampling)
+        return specdec.stream(models.target, gen.prompt, tokenizer=tokenizer, **kwargs, **gen.sampling,
+                              prompt_cache=state.options.prompt_cache)
 
     def decode(ids: list[int]) -> str:
         return tokenizer.decode(ids, skip_special_tokens=True)
 
     def finish(ids: list[int], text: str, stats: Any) -> dict[str, Any]:
+        cached = stats.prompt_cached if stats is not None else 0
+        state.metrics.prompt_tokens.labels(source="cached").inc(cached)
+        state.metrics.prompt_tokens.labels(source="computed").inc(gen.prompt_tokens - cached)
         return _summary(gen, ids, text, stats, decode, state.eos)
 
     return Job(start, decode, finish, time.monotonic() + state.options.request_timeout, asyncio.get_running_loop())
@@ -397,7 +402,8 @@ def _summary(gen: Generation, ids: list[int], text: str, stats: Any, decode: Any
         "tokens_per_second": stats.tokens_per_second if stats else 0.0,
     }
     usage = {"prompt_tokens": gen.prompt_tokens, "completion_tokens": len(ids),
-             "total_tokens": gen.prompt_tokens + len(ids)}
+             "total_tokens": gen.prompt_tokens + len(ids),
+             "prompt_tokens_details": {"cached_tokens": stats.prompt_cached if stats is not None else 0}}
     return {"text": text, "finish_reason": "stop" if stopped else "length", "usage": usage, "speculative": spec}
 
 

@@ -41,6 +41,9 @@ class Metrics:
                              buckets=_ITL_BUCKETS, registry=r)
         self.request_seconds = Histogram("specdec_request_seconds", "From arrival to the last token",
                                          buckets=_TTFT_BUCKETS, registry=r)
+        self.prompt_tokens = Counter("specdec_prompt_tokens", "Prompt tokens of generations, by whether the "
+                                     "prompt cache held them (cached) or they were prefilled (computed)",
+                                     ["source"], registry=r)
 
     def outcome(self, endpoint: str, outcome: str) -> None:
         assert outcome in OUTCOMES, outcome

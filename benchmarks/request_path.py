@@ -1,0 +1,135 @@
+"""Where a plain-decoding step's time goes on the llama.cpp backend, as `specdec serve` runs it.
+
+Runs `specdec.stream` (plain decoding, greedy, with the tokenizer, as the server calls it) on the
+default target's GGUF and times, per generated token: llama.cpp's `llama_decode`, the rest of the
+backend's forward (filling the batch, reading the logits row into numpy), the sampler
+(`specdec.sampling.next_token`) and the stream's text (detokenising, stop strings), and what is
+left of the step (the engine, the stats). Then it runs the same generation on a second thread,
+first after the main thread has decoded (the threads of two OpenMP pools outnumber the cores) and
+then in a fresh process where that thread is the only one to decode, which is how `specdec serve`
+runs its models.
+
+    python benchmarks/request_path.py --tokens 128 --threads 2 --out benchmarks/request-path.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections import defaultdict
+
+import torch
+
+import specdec
+import specdec.api as api_module
+from specdec import packs
+from specdec.backends import llamacpp
+from specdec.models import DEFAULT_TARGET
+from specdec.prompts import load_prompts
+
+
+def timed(owner, name, totals):
+    inner = getattr(owner, name)
+
+    def wrapper(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            totals[name] += time.perf_counter() - t0
+
+    setattr(owner, name, wrapper)
+    return inner
+
+
+def breakdown(model, tokenizer, prompt, tokens):
+    totals = defaultdict(float)
+    api = llamacpp._api()
+    saved = [(api, "llama_decode", timed(api, "llama_decode", totals)),
+             (llamacpp.LlamaCppCausalLM, "_decode", timed(llamacpp.LlamaCppCausalLM, "_decode", totals)),
+             (api_module._Run, "_advance_text", timed(api_module._Run, "_advance_text", totals))]
+    import specdec.engine as engine
+    saved.append((engine, "next_token", timed(engine, "next_token", totals)))
+    try:
+        arrivals, first = [], {}
+        for _ in specdec.stream(model, prompt, tokenizer=tokenizer, max_new_tokens=tokens, temperature=0.0,
+                                eos_token_ids=[]):
+            arrivals.append(time.perf_counter())
+            first = first or dict(totals)  # what the first step (the prefill) took is left out
+    finally:
+        for owner, name, inner in saved:
+            setattr(owner, name, inner)
+    steps = len(arrivals) - 1
+    step_ms = 1000 * (arrivals[-1] - arrivals[0]) / steps
+    return {"step_ms": step_ms, "ms": {k: 1000 * (v - first.get(k, 0.0)) / steps for k, v in totals.items()}}
+
+
+def decode_ms(model, prompt, tokens):
+    arrivals = []
+    for _ in specdec.stream(model, prompt, max_new_tokens=tokens, temperature=0.0, eos_token_ids=[]):
+        arrivals.append(time.perf_counter())
+    return 1000 * (arrivals[-1] - arrivals[0]) / (len(arrivals) - 1)
+
+
+def on_thread(fn, *args):
+    out = []
+    thread = threading.Thread(target=lambda: out.append(fn(*args)))
+    thread.start()
+    thread.join()
+    return out[0]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--only-thread", action="store_true", help=argparse.SUPPRESS)  # the fresh-process run
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(packs.pack_dir(DEFAULT_TARGET)))
+    prompt = load_prompts("humaneval:1")[0].token_ids(tokenizer)
+    model = llamacpp.load_gguf(packs.gguf_file(DEFAULT_TARGET), n_threads=args.threads, prefill_layout="repacked")
+    if args.only_thread:
+        print(json.dumps([on_thread(decode_ms, model, prompt, args.tokens) for _ in range(2)]))
+        return 0
+    decode_ms(model, prompt, 16)  # warm-up
+    main_runs = [breakdown(model, tokenizer, prompt, args.tokens) for _ in range(2)]
+    second = [on_thread(decode_ms, model, prompt, args.tokens) for _ in range(2)]
+    fresh = json.loads(subprocess.run([sys.executable, __file__, "--tokens", str(args.tokens), "--threads",
+                                       str(args.threads), "--only-thread"], capture_output=True, text=True,
+                                      check=True).stdout.strip().splitlines()[-1])
+    best = min(main_runs, key=lambda r: r["step_ms"])
+    parts = best["ms"]
+    known = parts["_decode"] + parts["next_token"] + parts["_advance_text"]
+    result = {
+        "command": " ".join(["python", "benchmarks/request_path.py", *sys.argv[1:]]),
+        "model": DEFAULT_TARGET, "threads": args.threads, "tokens": args.tokens, "prompt_tokens": len(prompt),
+        "main_thread_step_ms": [round(r["step_ms"], 2) for r in main_runs],
+        "per_token_ms": {
+            "llama_decode": round(parts["llama_decode"], 3),
+            "batch_and_logits_copy": round(parts["_decode"] - parts["llama_decode"], 3),
+            "sampling": round(parts["next_token"], 3),
+            "text": round(parts["_advance_text"], 3),
+            "rest_of_step": round(best["step_ms"] - known, 3),
+        },
+        "step_ms": round(best["step_ms"], 2),
+        "second_thread_after_main_step_ms": [round(x, 2) for x in second],
+        "only_thread_step_ms": [round(x, 2) for x in fresh],
+    }
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
