@@ -24,8 +24,8 @@ The peers are the bench's own names:
     llama-server-spec-default    llama-server with ``--spec-default`` (its n-gram drafter)
 
 The server peers are called over HTTP by the same client as ``specdec serve``: a project method
-with ``via=serve`` runs through a ``specdec serve`` process (the request names the method)
-instead of the library, so the server path is what is compared (:mod:`specdec.bench.servers`).
+with ``via=serve`` runs through a ``specdec serve`` process of its own (started with that
+method, and for ``ar`` with ``--draft none``) instead of the library, so the server path is what is compared (:mod:`specdec.bench.servers`).
 
 On llama.cpp the drafters are the draft model and the n-gram drafter (the others read the
 transformers model's layers or hidden states). The binding's own prompt lookup

@@ -277,7 +277,8 @@ def run_method(
     if method.is_server:
         if backends.servers is None:
             raise ValueError(f"{method.name} runs through a server; the run has none (BenchBackends.servers)")
-        key, config = (method.kind, None) if method.is_peer else (f"specdec:{method.backend}", str(method.config))
+        config = None if method.is_peer else str(method.config)
+        key = method.kind if method.is_peer else f"specdec:{method.backend}:{config}"
         return run_server(backends.servers, key, method.name, prompt_ids, temperature, max_new_tokens, eos, seed,
                           method=config)
     if method.is_peer:

@@ -153,7 +153,10 @@ class Servers:
     client: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=REQUEST_SECONDS))
 
     def server(self, key: str) -> ServerProcess:
-        """The running server for ``key``: a llama-server peer's name, or ``specdec:<backend>``."""
+        """The running server for ``key``: a llama-server peer's name, or ``specdec:<backend>:<method>``
+        (one ``specdec serve`` per method, with that method as its default and, for ``ar``, no
+        draft model: as a user would start it, and so that no server finds the prompt another
+        method's run just left in its cache)."""
         if key not in self.running:
             process = ServerProcess(key, self._argv(key), free_port())
             process.argv = [a.replace("{port}", str(process.port)) for a in process.argv]
@@ -164,8 +167,11 @@ class Servers:
     def _argv(self, key: str) -> list[str]:
         threads = [] if self.n_threads is None else [str(self.n_threads)]
         if key.startswith("specdec:"):
-            backend = key.partition(":")[2]
-            return [sys.executable, "-m", "specdec", "serve", *self.specdec_argv, "--backend", backend,
+            _, backend, method = key.split(":", 2)
+            argv = list(self.specdec_argv)
+            if method == "ar" and "--draft" in argv:
+                argv[argv.index("--draft") + 1] = "none"
+            return [sys.executable, "-m", "specdec", "serve", *argv, "--backend", backend, "--method", method,
                     "--port", "{port}", "--log-level", "warning", "--max-tokens", str(self.n_ctx),
                     *(["--threads", *threads] if threads else [])]
         if self.target_gguf is None:
