@@ -205,10 +205,14 @@ class Servers:
         out.seconds = time.perf_counter() - start
         return out
 
-    def close(self) -> None:
+    def stop(self) -> None:
+        """Stop every server (the next request starts its server again, with empty caches)."""
         for process in self.running.values():
             process.close()
         self.running.clear()
+
+    def close(self) -> None:
+        self.stop()
         self.client.close()
 
 

@@ -157,6 +157,8 @@ def _run_all(args: argparse.Namespace, command: str, env: dict[str, Any], out: P
                         on_sample=lambda x, store=store: store.save(x, prompts[x.prompt]))
         if backends.llamacpp is not None:  # after the run: what its models were loaded with
             info["llamacpp"] = report.llamacpp_info(backends.llamacpp)
+        if backends.servers is not None:  # llama-server keeps earlier prompts in RAM: each temperature starts afresh
+            backends.servers.stop()
         data = report.results(run, env | {"load_average_run": [before, _load_average()]}, info)
         folder = _save(lambda where: report.write_run(data, where), out / _run_folder(s), _run_folder(s))
         print(report.markdown(data) + f"\n\n(written to {folder})\n")
