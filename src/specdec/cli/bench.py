@@ -323,10 +323,10 @@ def _command(argv: Sequence[str] | None) -> str:
     """The invocation as typed, as far as it can be recovered."""
     if argv is not None:
         return shlex.join(["specdec", "bench", *argv])
-    program = Path(sys.argv[0]).name
-    if program in ("__main__.py", "bench.py"):
-        program = "python -m specdec.bench"
-    return " ".join([program, *map(shlex.quote, sys.argv[1:])])
+    program, args = Path(sys.argv[0]).name, sys.argv[1:]
+    if program in ("__main__.py", "bench.py"):  # python -m specdec bench ..., or python -m specdec.bench ...
+        program = "specdec" if args[:1] == ["bench"] else "python -m specdec.bench"
+    return " ".join([program, *map(shlex.quote, args)])
 
 
 def _resolved_command(args: argparse.Namespace) -> str:
