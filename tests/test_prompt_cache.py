@@ -6,6 +6,7 @@ test_llamacpp.py; a tiny llama on torch). Through the server, the usage and /met
 from __future__ import annotations
 
 import pytest
+import torch
 from tiny import tiny_llama
 
 import specdec
@@ -102,11 +103,107 @@ def test_the_server_reports_cached_prompt_tokens_and_answers_as_a_cold_server():
         answers[cache] = got
         cached = [g["usage"]["prompt_tokens_details"]["cached_tokens"] for g in got]
         if cache:
-            # Each prompt shares with the one before it: nothing, then PROMPT, then PROMPT[:5], then PROMPT[:5].
-            assert cached == [0, len(PROMPT), 5, 5]
+            # The second shares PROMPT with the first's cache, the third PROMPT[:5] with the second's; the
+            # fourth is the second again, whose saved cache holds all of it but the last token.
+            assert cached == [0, len(PROMPT), 5, len(PROMPT + TURN) - 1]
             assert f'specdec_prompt_tokens_total{{source="cached"}} {float(sum(cached))}' in metrics
             computed = sum(map(len, prompts)) - sum(cached)
             assert f'specdec_prompt_tokens_total{{source="computed"}} {float(computed)}' in metrics
         else:
             assert cached == [0, 0, 0, 0]
     assert [g["choices"][0]["text"] for g in answers[True]] == [g["choices"][0]["text"] for g in answers[False]]
+
+
+# ------------------------------------------------------------------------------------------------
+# Saved caches of earlier requests (the server's PromptCache, on llama.cpp's snapshots)
+
+OTHER = [2784, 28, 1070, 30, 504, 28, 30, 4667, 314, 260, 1345, 30]
+
+
+def test_a_snapshot_put_back_decodes_as_the_cache_it_copied():
+    from specdec.backends.base import SNAPSHOTS, capabilities
+
+    model = _smollm2()
+    assert SNAPSHOTS in capabilities(model)
+    model.reset()
+    model.forward(PROMPT)
+    snapshot = model.snapshot()
+    want = model.forward(TURN)
+    model.reset()
+    model.forward(OTHER)
+    model.restore(snapshot)
+    assert model.tokens == PROMPT and torch.equal(model.forward(TURN), want)
+
+
+def test_the_prompt_cache_puts_back_the_saved_cache_sharing_most_and_drops_the_oldest_past_its_budget():
+    from specdec.server.prompt_cache import PromptCache
+
+    model = _smollm2()
+    model.reset()
+    one = _snapshot_size(model, PROMPT)
+    cache = PromptCache(budget_bytes=int(2.5 * one))  # room for two saved caches of that size
+    conversations = [PROMPT, OTHER + PROMPT[:8], [30] + PROMPT]
+    model.reset()
+    for c in conversations:  # each new one drops the live cache, which is saved first
+        prepared = cache.prepare(model, c)
+        assert not prepared.restored
+        model.trim(prepared.shared)
+        model.forward(c[len(model.tokens):])
+    assert [e.tokens for e in cache.entries.values()] == [tuple(PROMPT), tuple(OTHER + PROMPT[:8])]
+    back = cache.prepare(model, PROMPT + TURN)  # the live cache shares 0, the oldest saved one all of PROMPT
+    assert back.restored and back.saved and back.shared == len(PROMPT) and model.tokens == PROMPT
+    # the live cache was saved and the budget holds two: the least recently used (OTHER...) went
+    assert [e.tokens for e in cache.entries.values()] == [tuple(PROMPT), tuple([30] + PROMPT)]
+    model.forward(TURN)
+    cache.prepare(model, PROMPT + TURN + [28])  # extends the live cache: nothing to save or restore
+    assert len(cache.entries) == 2 and model.tokens == PROMPT + TURN
+    assert cache.nbytes <= cache.budget_bytes
+    with pytest.raises(ValueError, match="budget"):
+        PromptCache(-1)
+
+
+def _snapshot_size(model, tokens):
+    model.reset()
+    model.forward(tokens)
+    size = model.snapshot().nbytes
+    model.reset()
+    return size
+
+
+def test_the_server_returns_to_a_conversation_from_its_saved_cache_and_answers_concurrent_requests_as_cold():
+    import threading
+
+    from fastapi.testclient import TestClient
+    from transformers import AutoTokenizer
+
+    from specdec.server.app import ServedModels, ServerOptions, create_app
+    from specdec.server.requests import method_config
+
+    model = _smollm2()
+    tokenizer = AutoTokenizer.from_pretrained(str(packs.pack_dir(PACK)))
+    served = ServedModels(model, tokenizer, name=PACK)
+
+    def ask(client, prompt):
+        r = client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 6, "temperature": 0})
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    cold_app = create_app(served, ServerOptions(method_config("ar", False), prompt_cache=False))
+    prompts = [PROMPT, OTHER, PROMPT + TURN, OTHER + TURN, [30] + OTHER, PROMPT[:3] + TURN]
+    with TestClient(cold_app, base_url="http://localhost") as client:
+        cold = {tuple(p): ask(client, p)["choices"][0]["text"] for p in prompts}
+    model.reset()  # what the cold server left
+    app = create_app(served, ServerOptions(method_config("ar", False)))
+    with TestClient(app, base_url="http://localhost") as client:
+        got = [ask(client, p) for p in prompts[:4]]  # A, B, A again with a new turn, B again
+        cached = [g["usage"]["prompt_tokens_details"]["cached_tokens"] for g in got]
+        assert cached == [0, 0, len(PROMPT), len(OTHER)]  # each return found its conversation's saved cache
+        assert [g["choices"][0]["text"] for g in got] == [cold[tuple(p)] for p in prompts[:4]]
+        answers: dict[int, str] = {}
+        threads = [threading.Thread(target=lambda i=i: answers.__setitem__(i, ask(client, prompts[i])["choices"][0]["text"]))
+                   for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert [answers[i] for i in range(len(prompts))] == [cold[tuple(p)] for p in prompts]

@@ -8,6 +8,7 @@ rolled back. Nothing here names a framework: transformers is one implementation
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
 import torch
@@ -19,6 +20,19 @@ from specdec import kernels
 TREES = "trees"  # forward takes attend= and positions=: token trees in one pass
 LAYERS = "layers"  # runs a subset of its layers (early exit, layer skipping)
 HIDDEN_STATES = "hidden_states"  # keeps the final hidden state of every cached position
+SNAPSHOTS = "snapshots"  # snapshot() copies the cache out (a CacheSnapshot), restore() puts one back
+
+
+@dataclass(frozen=True)
+class CacheSnapshot:
+    """A copy of a backend's cache: the tokens it holds and the backend's own bytes for it."""
+
+    tokens: tuple[int, ...]
+    data: bytes
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.data)
 
 
 def capabilities(backend: Any) -> frozenset[str]:
@@ -31,7 +45,8 @@ class CausalLM(Protocol):
     """A causal language model with a trimmable KV cache for one sequence.
 
     ``capabilities`` (optional): a frozenset of :data:`TREES`, :data:`LAYERS`,
-    :data:`HIDDEN_STATES`, what the backend offers drafters and verifiers beyond the methods below.
+    :data:`HIDDEN_STATES`, :data:`SNAPSHOTS`, what the backend offers drafters, verifiers and the
+    server beyond the methods below.
     """
 
     @property

@@ -51,7 +51,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from specdec.backends.base import TREES, ModelFacts
+from specdec.backends.base import SNAPSHOTS, TREES, CacheSnapshot, ModelFacts
 from specdec.measurements import cache_file, cost_key
 from specdec.paths import load_measurement, save_measurement
 
@@ -258,7 +258,7 @@ class LlamaCppCausalLM(ModelFacts):
     same model as target and as its own draft.
     """
 
-    capabilities = frozenset({TREES})  # neither layers nor hidden states are exposed
+    capabilities = frozenset({TREES, SNAPSHOTS})  # neither layers nor hidden states are exposed
 
     def __init__(
         self,
@@ -412,6 +412,33 @@ class LlamaCppCausalLM(ModelFacts):
         self._parked_from = base if self._parked_from is None else min(self._parked_from, base)
         self._tokens = [self._tokens[i] for i in kept]
         self._branch = None
+
+    def snapshot(self) -> CacheSnapshot:
+        """The cache's tokens and sequence 0's cells (``llama_state_seq_get_data``), for :meth:`restore`."""
+        if self._branch is not None:
+            raise ValueError("snapshot() of an unresolved token tree: keep() a path or trim() first")
+        if not self._tokens:
+            return CacheSnapshot((), b"")
+        api = self._api
+        size = api.llama_state_seq_get_size(self._ctx, 0)
+        buffer = (ctypes.c_uint8 * size)()
+        written = api.llama_state_seq_get_data(self._ctx, buffer, size, 0)
+        if not written:
+            raise RuntimeError(f"llama.cpp could not copy the cache out{_last_error()}")
+        return CacheSnapshot(tuple(self._tokens), bytes(memoryview(buffer)[:written]))
+
+    def restore(self, snapshot: CacheSnapshot) -> None:
+        """Replace the cache with ``snapshot`` (from :meth:`snapshot` of a context on the same
+        weights): one block, in position order."""
+        self.reset()
+        if not snapshot.tokens:
+            return
+        buffer = (ctypes.c_uint8 * len(snapshot.data)).from_buffer_copy(snapshot.data)
+        _LOG.clear()
+        if not self._api.llama_state_seq_set_data(self._ctx, buffer, len(snapshot.data), 0):
+            self.reset()
+            raise RuntimeError(f"llama.cpp could not restore a cache snapshot{_last_error()}")
+        self._tokens = list(snapshot.tokens)
 
     def trim(self, length: int) -> None:
         """Forget every cached position >= ``length`` (after a tree: only back to before its branches)."""

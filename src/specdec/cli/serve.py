@@ -72,6 +72,10 @@ def add_serve_parser(subparsers: Any) -> None:
                        help="prefill every prompt in full. By default the server keeps the models' caches between "
                             "requests and prefills only what a prompt adds to the longest prefix it shares with the "
                             "previous one (as llama-server does); on the torch backend nothing is kept")
+    group.add_argument("--prompt-cache-mib", type=non_negative_int, default=2048, metavar="N",
+                       help="RAM for the caches of earlier requests, put back when a prompt shares more with one of "
+                            "them than with the last request (llama.cpp backend; least recently used dropped first; "
+                            "0: keep only the last request's) (default: 2048)")
     group.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                        help="uvicorn's log level (default: info)")
     parser.set_defaults(func=run_serve)
@@ -140,7 +144,7 @@ def run_serve(args: argparse.Namespace) -> int:
                             api_key=key, max_tokens=args.max_tokens,
                             allowed_hosts=allowed_hosts(args.host, args.allowed_hosts),
                             max_body_bytes=args.max_body_bytes, read_timeout=args.read_timeout,
-                            prompt_cache=args.prompt_cache)
+                            prompt_cache=args.prompt_cache, prompt_cache_bytes=args.prompt_cache_mib << 20)
     app = create_app(models, options, thread)
     thread.call(_warm_up, models, method)
     print(f"specdec: serving {args.target} ({method}) on http://{_url_host(args.host)}:{args.port}/ "

@@ -46,7 +46,9 @@ from specdec.api import eos_token_ids_of
 from specdec.config import DecodeConfig
 from specdec.server import requests as rq
 from specdec.server.guard import LOOPBACK_HOSTS, MAX_BODY_BYTES, Guard
+from specdec.build import is_backend
 from specdec.server.metrics import Metrics
+from specdec.server.prompt_cache import DEFAULT_BUDGET_MIB, PromptCache
 from specdec.server.requests import APIError, ChatBody, CompletionBody, Generation
 from specdec.server.worker import Job, ModelThread, QueueFull, Scheduler
 
@@ -78,6 +80,7 @@ class ServerOptions:
     max_body_bytes: int = MAX_BODY_BYTES
     read_timeout: float = 30.0  # seconds for a request's headers to arrive, and again for its body
     prompt_cache: bool = True  # keep the models' caches between requests (DecodeConfig.prompt_cache)
+    prompt_cache_bytes: int = DEFAULT_BUDGET_MIB << 20  # saved caches of earlier requests (server.prompt_cache)
 
 
 def create_app(models: ServedModels, options: ServerOptions, thread: ModelThread | None = None) -> FastAPI:
@@ -87,7 +90,8 @@ def create_app(models: ServedModels, options: ServerOptions, thread: ModelThread
     scheduler = Scheduler(options.max_queue, metrics, thread)
     state = _State(models, options, metrics, scheduler, rq.has_fim_tokens(models.tokenizer),
                    eos_token_ids_of(models.target, models.tokenizer),
-                   rq.PromptLimits.of(models.target, models.tokenizer))
+                   rq.PromptLimits.of(models.target, models.tokenizer),
+                   PromptCache(options.prompt_cache_bytes) if options.prompt_cache and is_backend(models.target) else None)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -114,6 +118,7 @@ class _State:
     fim: bool
     eos: set[int]
     limits: rq.PromptLimits
+    prompt_cache: PromptCache | None = None
 
 
 def _public_routes(state: _State) -> APIRouter:
@@ -256,6 +261,8 @@ def _job(state: _State, gen: Generation) -> Job:
     kwargs = rq.method_kwargs(gen.method, models.draft, models.draft_weights)
 
     def start() -> Any:
+        if state.prompt_cache is not None and not isinstance(gen.prompt, str):
+            state.prompt_cache.prepare(models.target, gen.prompt)
         return specdec.stream(models.target, gen.prompt, tokenizer=tokenizer, **kwargs, **gen.sampling,
                               prompt_cache=state.options.prompt_cache)
 
