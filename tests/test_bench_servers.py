@@ -95,3 +95,37 @@ def test_the_model_thread_runs_every_call_on_one_thread_and_hands_back_errors():
     with pytest.raises(ZeroDivisionError):
         thread.call(lambda: 1 / 0)
     assert thread.call(sum, [1, 2]) == 3  # still serving after an error
+
+
+def test_conversations_have_four_turns_and_resend_their_history():
+    from test_server import tiny_tokenizer
+
+    from specdec.bench.conversations import run_all
+    from specdec.prompts import load_conversations
+
+    conversations = load_conversations("mtbench:2,edit:1")
+    assert [c.set for c in conversations] == ["mtbench", "mtbench", "edit"]
+    assert all(len(c.turns) == 4 for c in conversations) and conversations == load_conversations("mtbench:2,edit:1")
+    with pytest.raises(ValueError, match="no conversations for 'humaneval'"):
+        load_conversations("humaneval:1")
+    tokenizer = tiny_tokenizer()
+    sent: list[tuple[str, list[int]]] = []
+
+    class Echo:  # answers every turn with "ok<turn>" and records what it was sent
+        def complete(self, key, body):
+            sent.append((key, body["prompt"]))
+            done = Completion()
+            done.add({"choices": [{"text": f"ok{len(sent)}"}], "__verbose": {"tokens": [1, 2]}}, 0.1)
+            done.add({"choices": [{"text": ""}], "timings": {"cache_n": 3}}, 0.2)
+            done.seconds = 0.3
+            return done
+
+    runs = run_all(Echo(), ["a", "b"], conversations[:2], tokenizer, max_tokens=8, temperature=0.0)
+    assert [(r.server, r.conversation) for r in runs] == [("a", conversations[0].id), ("b", conversations[0].id),
+                                                         ("b", conversations[1].id), ("a", conversations[1].id)]
+    first = [ids for key, ids in sent[:4]]  # the first conversation on server a
+    texts = [tokenizer.decode(ids) for ids in first]
+    for i in range(1, 4):
+        assert first[i][: len(first[i - 1])] == first[i - 1]  # each prompt extends the one before it
+        assert f"ok{i}" in texts[i] and conversations[0].turns[i] in texts[i]  # the answer, then the next turn
+    assert runs[0].turns[1].cached_tokens == 3 and runs[0].new_tokens == 8 and runs[0].seconds == pytest.approx(1.2)

@@ -114,6 +114,45 @@ def load_mtbench() -> list[Prompt]:
     return [Prompt("mtbench", f"mtbench/{r['question_id']}", messages=_user(r["turns"][0])) for r in rows]
 
 
+# Multi-turn conversations: each request re-sends the history (the user's turns and the server's
+# own answers). The third and fourth turns are follow-ups of the same kind for every conversation.
+CHAT_FOLLOW_UPS = ("Summarize your answer in three bullet points.",
+                   "Now explain the same thing to a ten-year-old, in one short paragraph.")
+EDIT_FOLLOW_UPS = ("Now make the function raise a ValueError with a clear message on invalid input. Show the "
+                   "whole function.",
+                   "Now add two doctest examples to its docstring. Show the whole function.",
+                   "Now rename its variables to clearer names, changing nothing else. Show the whole function.")
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """The user's turns of one multi-turn conversation (``mtbench``: both MT-Bench turns and
+    :data:`CHAT_FOLLOW_UPS`; ``edit``: the ``edit`` request and :data:`EDIT_FOLLOW_UPS`)."""
+
+    set: str
+    id: str
+    turns: tuple[str, ...]
+
+
+def load_conversations(spec: str, seed: int = 0) -> list[Conversation]:
+    """``"mtbench:2,edit:2"``: conversations of 4 turns picked as :func:`load_prompts` picks prompts."""
+    out: list[Conversation] = []
+    for name, count in parse_prompt_sets(spec):
+        if name == "mtbench":
+            with open(_package_file(*MTBENCH_FILE), encoding="utf-8") as f:
+                rows = [json.loads(line) for line in f if line.strip()]
+            found = [Conversation("mtbench", f"mtbench/{r['question_id']}", (*r["turns"][:2], *CHAT_FOLLOW_UPS))
+                     for r in rows]
+        elif name == "edit":
+            found = [Conversation("edit", "edit/" + r["task_id"],
+                                  (edit_message(r["prompt"] + r["canonical_solution"]), *EDIT_FOLLOW_UPS))
+                     for r in read_humaneval()]
+        else:
+            raise ValueError(f"no conversations for {name!r}: choose mtbench or edit")
+        out += pick(found, count, seed, name)
+    return out
+
+
 def read_json_records(text: str) -> list[dict[str, Any]]:
     """The complete objects of a top-level JSON array, stopping quietly at a cut-off tail."""
     decoder = json.JSONDecoder()

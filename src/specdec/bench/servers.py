@@ -225,6 +225,7 @@ class Completion:
     arrivals: list[tuple[float, int]] = field(default_factory=list)  # (seconds since the request, tokens)
     timings: dict[str, Any] = field(default_factory=dict)  # llama-server's final timings
     speculative: dict[str, Any] = field(default_factory=dict)  # specdec's final summary
+    usage: dict[str, Any] = field(default_factory=dict)  # the usage chunk, where the request asked for one
     drafted: list[int] = field(default_factory=list)  # specdec: per step
     accepted: list[int] = field(default_factory=list)
     seconds: float = 0.0
@@ -245,6 +246,8 @@ class Completion:
             ids = verbose.get("tokens") or []
         if "timings" in chunk:
             self.timings = chunk["timings"]
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
         if ids:
             self.token_ids += ids
             self.arrivals.append((at, len(ids)))
