@@ -58,6 +58,8 @@ def run_conversation(servers: Servers, key: str, conversation: Conversation, tok
                      method: str | None = None) -> ConversationRun:
     """Every turn of ``conversation`` on the server ``key``, each re-sending the history."""
     run = ConversationRun(key, conversation.id)
+    if method is None and key.startswith("specdec:"):
+        method = key.split(":", 2)[2]  # the method that server was started with
     messages: list[dict[str, str]] = []
     for text in conversation.turns:
         messages.append({"role": "user", "content": text})

@@ -150,7 +150,9 @@ class Servers:
     n_threads: int | None = None
     n_ctx: int = 4096
     running: dict[str, ServerProcess] = field(default_factory=dict)
-    client: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=REQUEST_SECONDS))
+    # A new connection per request: llama-server may close a kept-alive one just as it is reused.
+    client: httpx.Client = field(default_factory=lambda: httpx.Client(
+        timeout=REQUEST_SECONDS, limits=httpx.Limits(max_keepalive_connections=0)))
 
     def server(self, key: str) -> ServerProcess:
         """The running server for ``key``: a llama-server peer's name, or ``specdec:<backend>:<method>``
