@@ -207,3 +207,31 @@ def test_the_server_returns_to_a_conversation_from_its_saved_cache_and_answers_c
         for t in threads:
             t.join()
     assert [answers[i] for i in range(len(prompts))] == [cold[tuple(p)] for p in prompts]
+
+
+def test_the_torch_server_keeps_its_cache_and_answers_as_a_cold_server():
+    """A transformers target (and draft) is wrapped once for the prompt cache; the follow-up turn
+    prefills only what it adds and answers as a server that prefills everything."""
+    from fastapi.testclient import TestClient
+    from test_server import tiny_pair, tiny_tokenizer
+
+    from specdec.server.app import ServedModels, ServerOptions, create_app
+    from specdec.server.requests import method_config
+
+    target, draft = tiny_pair()
+    tokenizer = tiny_tokenizer()
+    first, follow = "def quicksort(arr):", "def quicksort(arr):\n    pivot = arr[0]\n"
+    answers = {}
+    for cache in (True, False):
+        for method in ("ar", "spec:model:block:k=4:policy=static"):
+            served = ServedModels(target, tokenizer, draft, name="tiny")
+            app = create_app(served, ServerOptions(method_config(method, True), prompt_cache=cache))
+            with TestClient(app, base_url="http://localhost") as client:
+                got = [client.post("/v1/completions", json={"prompt": p, "max_tokens": 12, "temperature": 0}).json()
+                       for p in (first, follow)]
+            answers[cache, method] = [g["choices"][0]["text"] for g in got]
+            cached = [g["usage"]["prompt_tokens_details"]["cached_tokens"] for g in got]
+            shared = len(tokenizer(first)["input_ids"])  # the follow-up begins with the first prompt's tokens
+            assert cached == ([0, shared] if cache else [0, 0]), method
+    assert answers[True, "ar"] == answers[False, "ar"]
+    assert answers[True, "spec:model:block:k=4:policy=static"] == answers[False, "spec:model:block:k=4:policy=static"]

@@ -71,7 +71,7 @@ def add_serve_parser(subparsers: Any) -> None:
     group.add_argument("--no-prompt-cache", dest="prompt_cache", action="store_false",
                        help="prefill every prompt in full. By default the server keeps the models' caches between "
                             "requests and prefills only what a prompt adds to the longest prefix it shares with the "
-                            "previous one (as llama-server does); on the torch backend nothing is kept")
+                            "previous one (as llama-server does)")
     group.add_argument("--prompt-cache-mib", type=non_negative_int, default=2048, metavar="N",
                        help="RAM for the caches of earlier requests, put back when a prompt shares more with one of "
                             "them than with the last request (llama.cpp backend; least recently used dropped first; "

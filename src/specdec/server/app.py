@@ -32,7 +32,7 @@ import json
 import re
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -46,7 +46,8 @@ from specdec.api import eos_token_ids_of
 from specdec.config import DecodeConfig
 from specdec.server import requests as rq
 from specdec.server.guard import LOOPBACK_HOSTS, MAX_BODY_BYTES, Guard
-from specdec.build import is_backend
+from specdec.build import as_backend, is_backend
+from specdec.drafters import NEEDS
 from specdec.server.metrics import Metrics
 from specdec.server.prompt_cache import DEFAULT_BUDGET_MIB, PromptCache
 from specdec.server.requests import APIError, ChatBody, CompletionBody, Generation
@@ -119,6 +120,20 @@ class _State:
     eos: set[int]
     limits: rq.PromptLimits
     prompt_cache: PromptCache | None = None
+    held: dict[str, Any] = field(default_factory=dict)  # transformers models' backends, kept for the prompt cache
+
+    def backends(self, method: DecodeConfig) -> tuple[Any, Any]:
+        """The target (and draft) a generation runs on. With the prompt cache, a transformers
+        model is wrapped once and the wrapper kept, so its cache outlives the request; a drafter
+        that reads the target's layers or hidden states gets a fresh wrapper of its own kind."""
+        target, draft = self.models.target, self.models.draft
+        if not self.options.prompt_cache or is_backend(target) or NEEDS.get(method.drafter):
+            return target, draft
+        if "target" not in self.held:
+            self.held["target"] = as_backend(target)
+        if draft is not None and not is_backend(draft) and "draft" not in self.held:
+            self.held["draft"] = as_backend(draft, self.models.draft_weights)
+        return self.held["target"], self.held.get("draft", draft)
 
 
 def _public_routes(state: _State) -> APIRouter:
@@ -263,8 +278,10 @@ def _job(state: _State, gen: Generation) -> Job:
     def start() -> Any:
         if state.prompt_cache is not None and not isinstance(gen.prompt, str):
             state.prompt_cache.prepare(models.target, gen.prompt)
-        return specdec.stream(models.target, gen.prompt, tokenizer=tokenizer, **kwargs, **gen.sampling,
-                              prompt_cache=state.options.prompt_cache)
+        target, draft = state.backends(gen.method)
+        uses_draft = kwargs["draft"] is not None
+        return specdec.stream(target, gen.prompt, tokenizer=tokenizer, **{**kwargs, "draft": draft if uses_draft else None},
+                              **gen.sampling, prompt_cache=state.options.prompt_cache)
 
     def decode(ids: list[int]) -> str:
         return tokenizer.decode(ids, skip_special_tokens=True)
