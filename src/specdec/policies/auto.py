@@ -365,7 +365,7 @@ class AutoPolicy(DraftLengthPolicy):
         the tokens it is behind by (:meth:`~specdec.drafters.base.Drafter.behind`), priced from
         its cost curve beyond the one row every draft feeds; 0 for other sources."""
         source = self._sources[self._current]
-        lag = self._behind.get(self._current if self._choosing else next(iter(self._behind), ""), 0)
+        lag = self._behind.get(self._current, 0) if self._choosing else sum(self._behind.values())
         if lag <= 0 or source.rows is None:
             return 0.0
         curve = source.rows.target  # past it, a long pass is priced at the longest measured pass's cost per row
