@@ -146,7 +146,7 @@ def run_serve(args: argparse.Namespace) -> int:
                             max_body_bytes=args.max_body_bytes, read_timeout=args.read_timeout,
                             prompt_cache=args.prompt_cache, prompt_cache_bytes=args.prompt_cache_mib << 20)
     app = create_app(models, options, thread)
-    thread.call(_warm_up, models, method)
+    thread.call(_warm_up, app.state.specdec, method)
     print(f"specdec: serving {args.target} ({method}) on http://{_url_host(args.host)}:{args.port}/ "
           "(the page is at /, metrics at /metrics)", file=sys.stderr, flush=True)
     uvicorn.Server(uvicorn_config(app, options, host=args.host, port=args.port, log_level=args.log_level,
@@ -154,13 +154,16 @@ def run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _warm_up(models: Any, method: Any) -> None:
-    """Two tokens with the default method before serving, so the first request does not pay for
-    one-time work (the draft's int8 weights, the kernels' first calls)."""
+def _warm_up(state: Any, method: Any) -> None:
+    """Two tokens with the default method on the models requests will run on, before serving, so
+    the first request does not pay for one-time work (the draft's int8 weights, the kernels'
+    first calls)."""
     print("specdec: warming up", file=sys.stderr, flush=True)
+    models = state.models
     prompt = models.tokenizer("def", add_special_tokens=True)["input_ids"] or [0]
-    specdec.generate(models.target, prompt, max_new_tokens=2,
-                     **method_kwargs(method, models.draft, models.draft_weights))
+    target, draft = state.backends(method)
+    kwargs = method_kwargs(method, draft, models.draft_weights)
+    specdec.generate(target, prompt, max_new_tokens=2, **kwargs)
 
 
 def _url_host(host: str) -> str:
