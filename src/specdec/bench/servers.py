@@ -71,7 +71,7 @@ def llama_server_binary() -> Path:
         return Path(found)
     raise ServerMissing(
         f"llama-server is not built: run {BUILD_SCRIPT} (it builds llama.cpp's server from the source the "
-        f"installed llama-cpp-python vendors, about 20 minutes on 2 cores), or set ${LLAMA_SERVER_ENV} to a "
+        f"installed llama-cpp-python vendors, about 4 minutes on 2 cores), or set ${LLAMA_SERVER_ENV} to a "
         "llama-server binary")
 
 
