@@ -129,3 +129,18 @@ def test_conversations_have_four_turns_and_resend_their_history():
         assert first[i][: len(first[i - 1])] == first[i - 1]  # each prompt extends the one before it
         assert f"ok{i}" in texts[i] and conversations[0].turns[i] in texts[i]  # the answer, then the next turn
     assert runs[0].turns[1].cached_tokens == 3 and runs[0].new_tokens == 8 and runs[0].seconds == pytest.approx(1.2)
+
+
+def test_runs_that_report_only_totals_give_the_acceptance_rate_alone():
+    from specdec.bench.report import _acceptance
+    from specdec.bench.sample import Sample
+
+    def run(drafted, accepted, **steps):
+        return Sample("llama-server-spec-default", 0, 0, 0, 0, [1] * 8, 1.0, 4, drafted_total=drafted,
+                      accepted_total=accepted, **steps)
+
+    figures = _acceptance([run(10, 6), run(0, 0)])
+    assert (figures["drafted_tokens"], figures["accepted_tokens"], figures["acceptance_rate"]) == (10, 6, 0.6)
+    assert figures["alpha"] is None and figures["mean_drafted_per_step"] is None  # per-step figures unknown
+    stepped = _acceptance([run(None, None, step_drafted=[2, 2], step_accepted=[2, 0])])
+    assert stepped["mean_drafted_per_step"] == 2 and stepped["alpha"] == 2 / 3

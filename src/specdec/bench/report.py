@@ -194,9 +194,14 @@ def _geomean_speedup(samples: Sequence[Sample], ar: Sequence[Sample]) -> float |
 
 
 def _acceptance(samples: Sequence[Sample]) -> dict[str, Any]:
-    """Acceptance figures from the per-step counts; None when some run lacks them."""
+    """Acceptance figures from the per-step counts; None when some run lacks them. Runs that report
+    only their totals (llama-server) give the totals and the acceptance rate alone."""
     keys = ("drafted_tokens", "accepted_tokens", "acceptance_rate", "alpha", "mean_drafted_per_step",
             "acceptance_by_position", "accepted_per_step_histogram")
+    if samples and all(not s.step_drafted and s.drafted_total is not None for s in samples):
+        total_d, total_a = sum(s.drafted_total for s in samples), sum(s.accepted_total or 0 for s in samples)
+        return dict.fromkeys(keys) | {"drafted_tokens": total_d, "accepted_tokens": total_a,
+                                      "acceptance_rate": total_a / total_d if total_d else None}
     if not samples or any(not s.step_drafted for s in samples):
         return dict.fromkeys(keys)
     drafted = [d for s in samples for d in s.step_drafted]

@@ -12,7 +12,8 @@ class Sample:
     """One timed run of one method on one prompt.
 
     step_drafted[i] / step_accepted[i]: draft tokens proposed / kept at target forward i (empty
-    when unknown). draft_token_seconds: median time to draft one token (steps after the first);
+    when unknown). drafted_total / accepted_total: the run's totals where only they are known
+    (llama-server reports no per-step counts). draft_token_seconds: median time to draft one token (steps after the first);
     step_seconds: median time of one target step after the first (the prefill).
     first_step_seconds / first_step_tokens: wall time from the start to the end of the first
     target forward (the prompt's prefill in every model, and the first step's drafting) and the
@@ -35,6 +36,8 @@ class Sample:
     step_seconds: float | None = None
     first_step_seconds: float | None = None
     first_step_tokens: int | None = None
+    drafted_total: int | None = None
+    accepted_total: int | None = None
 
     @property
     def new_tokens(self) -> int:

@@ -278,15 +278,15 @@ def run_server(servers: Servers, key: str, name: str, prompt_ids: list[int], tem
     first = done.arrivals[0] if done.arrivals else (done.seconds, 0)
     gaps = [b[0] - a[0] for a, b in zip(done.arrivals, done.arrivals[1:])]
     timings = done.timings
-    drafted = done.drafted
-    accepted = done.accepted
-    if not drafted and timings.get("draft_n"):  # llama-server reports totals only
-        drafted, accepted = [int(timings["draft_n"])], [int(timings.get("draft_n_accepted", 0))]
+    drafted, accepted = done.drafted, done.accepted
+    totals = (None, None)
+    if key in ("llama-server-md", "llama-server-spec-default"):  # totals only, left out where it drafted none
+        totals = (int(timings.get("draft_n", 0)), int(timings.get("draft_n_accepted", 0)))
     spec = done.speculative
     return Sample(
         method=name, prompt=0, repeat=0, order=0, seed=seed, token_ids=done.token_ids, seconds=done.seconds,
-        target_forwards=int(spec.get("target_forwards") or len(done.token_ids) - sum(accepted)),
-        step_drafted=drafted, step_accepted=accepted,
+        target_forwards=int(spec.get("target_forwards") or len(done.token_ids) - sum(accepted) - (totals[1] or 0)),
+        step_drafted=drafted, step_accepted=accepted, drafted_total=totals[0], accepted_total=totals[1],
         draft_seconds=float(spec.get("draft_seconds") or 0.0),
         verify_seconds=float(spec.get("verify_seconds") or 0.0),
         step_seconds=_median(gaps), first_step_seconds=first[0], first_step_tokens=first[1],
