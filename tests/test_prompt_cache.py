@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_llamacpp import PACK, _gguf
 from tiny import tiny_llama
 
 import specdec
@@ -15,19 +16,13 @@ from specdec.backends import llamacpp
 from specdec.backends.hf import HFCausalLM
 from specdec.config import DecodeConfig
 
-PACK = "smollm2-135m"
 PROMPT = [504, 1070, 28, 30, 4667, 30, 3158, 314, 260, 1345, 30, 4667, 30, 3158, 314, 260, 1345, 30, 4667, 30]
 TURN = [3158, 314, 260, 1345, 30, 2784, 28, 1070]
 
 
 def _smollm2():
-    if not llamacpp.available():
-        pytest.skip(f"the llama.cpp binding is not installed: {llamacpp.INSTALL}")
-    missing = packs.missing_parts(packs.PACKS[PACK])
-    if missing:
-        pytest.skip(f"pack {PACK} is not installed: {packs.PACKS[PACK].install_command(missing)}")
-    return llamacpp.load_gguf(packs.gguf_file(PACK, progress=False), n_threads=2, n_ctx=512,
-                              prefill_layout="repacked")
+    """A fresh SmolLM2 context (skipped without the binding or the pack), as test_llamacpp loads it."""
+    return llamacpp.load_gguf(_gguf(), n_threads=2, n_ctx=512, prefill_layout="repacked")
 
 
 def counting(model):

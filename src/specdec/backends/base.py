@@ -114,6 +114,8 @@ class ModelFacts:
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     """Length of the longest common prefix of two token sequences."""
     n = min(len(a), len(b))
+    if list(a[:n]) == list(b[:n]):  # the usual case (a cache that is a prefix), compared in C
+        return n
     for i in range(n):
         if a[i] != b[i]:
             return i

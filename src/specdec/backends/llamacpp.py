@@ -419,10 +419,7 @@ class LlamaCppCausalLM(ModelFacts):
             raise ValueError("snapshot() of an unresolved token tree: keep() a path or trim() first")
         if not self._tokens:
             return CacheSnapshot((), b"")
-        api = self._api
-        size = api.llama_state_seq_get_size(self._ctx, 0)
-        buffer = (ctypes.c_uint8 * size)()
-        written = api.llama_state_seq_get_data(self._ctx, buffer, size, 0)
+        buffer, written = _cells_out(self)
         if not written:
             raise RuntimeError(f"llama.cpp could not copy the cache out{_last_error()}")
         return CacheSnapshot(tuple(self._tokens), bytes(memoryview(buffer)[:written]))
@@ -434,8 +431,7 @@ class LlamaCppCausalLM(ModelFacts):
         if not snapshot.tokens:
             return
         buffer = (ctypes.c_uint8 * len(snapshot.data)).from_buffer_copy(snapshot.data)
-        _LOG.clear()
-        if not self._api.llama_state_seq_set_data(self._ctx, buffer, len(snapshot.data), 0):
+        if not _cells_in(self, buffer, len(snapshot.data)):
             self.reset()
             raise RuntimeError(f"llama.cpp could not restore a cache snapshot{_last_error()}")
         self._tokens = list(snapshot.tokens)
@@ -620,14 +616,24 @@ def _move_sequence(source: LlamaCppCausalLM, dest: LlamaCppCausalLM) -> None:
     """Copy sequence 0's KV cells (positions and keys/values of every layer) from ``source``'s
     context into ``dest``'s, replacing every cell ``dest`` held (parked ones too): one block, in
     cell order. ``source`` may be ``dest``."""
-    api = source._api
-    size = api.llama_state_seq_get_size(source._ctx, 0)
-    buffer = (ctypes.c_uint8 * size)()
-    written = api.llama_state_seq_get_data(source._ctx, buffer, size, 0)
-    api.llama_memory_clear(dest._mem, False)
-    _LOG.clear()
-    if not written or not api.llama_state_seq_set_data(dest._ctx, buffer, written, 0):
+    buffer, written = _cells_out(source)
+    if not _cells_in(dest, buffer, written):
         raise RuntimeError(f"llama.cpp could not move a sequence's cache between contexts{_last_error()}")
+
+
+def _cells_out(model: LlamaCppCausalLM) -> tuple[Any, int]:
+    """Sequence 0's cells as llama.cpp serialises them: a buffer and the bytes written (0: failed)."""
+    api = model._api
+    size = api.llama_state_seq_get_size(model._ctx, 0)
+    buffer = (ctypes.c_uint8 * size)()
+    return buffer, api.llama_state_seq_get_data(model._ctx, buffer, size, 0)
+
+
+def _cells_in(model: LlamaCppCausalLM, buffer: Any, size: int) -> bool:
+    """Empty ``model``'s cache and write ``size`` bytes of cells from :func:`_cells_out` into it."""
+    model._api.llama_memory_clear(model._mem, False)
+    _LOG.clear()
+    return bool(size) and bool(model._api.llama_state_seq_set_data(model._ctx, buffer, size, 0))
 
 
 class _Branch:

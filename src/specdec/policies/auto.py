@@ -435,11 +435,11 @@ class AutoPolicy(DraftLengthPolicy):
         """Plan this step for the current drafter: the cap ``keep_going`` drafts up to (0: plain)."""
         self.acceptance.start_step()
         self._reach, self._drafted_now = 1.0, 0
-        alphas = self._alphas(self._foreseen)
-        self._times = times = self._charged(self.step_times(), alphas)
+        alphas, plain = self._alphas(self._foreseen), self.step_times()
+        self._times = times = self._charged(plain, alphas)
         k, expected, rate = best_length(alphas, times)
-        could = best_length([0.999] * self.k_max, self.step_times())[0]  # a draft accepted in full, caught up
-        probe = self.step_times()[1] - self.step_times()[0] + self.catch_up()  # a probe's cost beyond a plain step
+        could = best_length([0.999] * self.k_max, plain)[0]  # a draft accepted in full, caught up
+        probe = plain[1] - plain[0] + self.catch_up()  # a probe's cost beyond a plain step
         if k == 0 and could > 0 and self._exploring():
             self._cap, self._rate = min(could, EXPLORE_LENGTH), 1.0 / times[0]
             self._probes += 1
