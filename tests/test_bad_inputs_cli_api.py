@@ -92,7 +92,7 @@ def test_tree_static_alone_and_by_name_is_the_default_shape():
 def test_chain_options_under_a_tree_are_refused(extra, option, capsys, no_model_work):
     code, out, err = run_main(["generate", "hi", "--verify", "tree", *extra], capsys)
     assert (code, out) == (2, "")
-    assert_one_line_error(err, contains=f"{option} is an option of --verify block, greedy, token or typical, "
+    assert_one_line_error(err, contains=f"{option} is an option of --verify block, coupled, greedy, token or typical, "
                                         "but --verify is tree")
     assert err.splitlines()[1] == (f"hint: drop {option} (the tree's shape sets how much it drafts: --tree-depth, "
                                    "--tree-budget), or use --verify block")

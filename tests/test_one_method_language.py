@@ -77,7 +77,7 @@ def test_the_sampling_options_are_not_part_of_a_method():
     config = DecodeConfig.parse("spec", temperature=0.5, seed=3)
     assert str(config) == "spec:block:k=4:policy=auto" and config.temperature == 0.5
     assert {o.name for o in OPTIONS if not o.in_text} == {
-        "draft_weights", "temperature", "top_k", "top_p", "max_new_tokens", "seed"}
+        "draft_weights", "temperature", "top_k", "top_p", "max_new_tokens", "seed", "sampler"}
 
 
 def test_committed_results_read_back_as_the_methods_they_name():

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
+import secrets
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -96,13 +98,15 @@ def generate(
     :data:`specdec.drafters.DRAFTERS` (``model`` uses ``draft``; ``ngram``, ``early-exit``,
     ``layer-skip``, ``heads`` and ``eagle`` need no draft model) built with ``drafter_options``
     (e.g. ``{"exit_layer": 20}``, ``{"path": "heads/"}``). verify: ``greedy``, ``token``,
-    ``block``, or ``tree`` (the draft model builds a token tree; ``tree`` holds
+    ``block``, ``coupled`` (the Gumbel-max sampler's rule), or ``tree`` (the draft model builds a token tree; ``tree`` holds
     :class:`TreeDrafter` options: ``mode`` ``confident`` (``threshold``, ``width``, ``depth``,
     ``budget``), ``dynamic`` (``depth``, ``width``, ``expand``, ``budget``, EAGLE-2-style) or
     ``static`` (``choices``); None: :data:`~specdec.drafters.tree.DEFAULT_TREE`, the confident
     tree). k: draft tokens per step (the starting/maximum length for adaptive policies).
     temperature 0 means greedy; top_k 0 and top_p 1 disable those filters. seed fixes sampling.
-    stop: a string or strings that end generation (the text is cut before them; needs
+    sampler: ``multinomial`` (default) or ``gumbel``: every token drawn by Gumbel-max with noise
+    keyed by (seed, position) and drafts verified by coupling, so that a seed gives plain
+    decoding's text with any drafter (see :class:`DecodeConfig`). stop: a string or strings that end generation (the text is cut before them; needs
     ``tokenizer``). Without a draft or drafter, decodes autoregressively through the same backend.
     A prompt that leaves less room in the model's context than ``max_new_tokens`` is allowed: a
     ``UserWarning`` says so and ``stats.truncated_to`` holds the number of new tokens allowed.
@@ -162,7 +166,10 @@ class _Run:
         eos = set(config.eos_token_ids) if config.eos_token_ids is not None else eos_token_ids_of(target, tokenizer)
         generator = torch.Generator().manual_seed(config.seed) if config.seed is not None else None
         cached = _start_cache(backend, prompt_ids, config.prompt_cache)
-        common = dict(sampling=config.sampling, max_new_tokens=config.max_new_tokens, eos_ids=eos, generator=generator)
+        sampling = config.sampling
+        if config.gumbel and sampling.gumbel_seed is None:  # unseeded: fresh public noise
+            sampling = dataclasses.replace(sampling, gumbel_seed=secrets.randbits(64))
+        common = dict(sampling=sampling, max_new_tokens=config.max_new_tokens, eos_ids=eos, generator=generator)
         if built.drafter is None:
             steps = autoregressive_steps(backend, prompt_ids, **common)
         elif built.tree:

@@ -81,8 +81,9 @@ def build(config: DecodeConfig, target: Any, draft: Any = None) -> Built:
     if config.verify == "tree":
         _require(backend, TREES, "tree verification")
         tree_drafter, shape = _tree_drafter(drafter, config.tree)
-        return Built(config, backend, tree_drafter, tree=True, method=f"spec:{drafter.name}:tree:{shape}")
-    verifier = make_verifier(config.verify)
+        coupled = ":coupled" if config.gumbel else ""
+        return Built(config, backend, tree_drafter, tree=True, method=f"spec:{drafter.name}:tree:{shape}{coupled}")
+    verifier = make_verifier(config.chain_verifier)
     policy = config.policy
     if isinstance(policy, str):
         policy = make_policy(policy, config.k, **(config.policy_options or {}))

@@ -47,6 +47,7 @@ TREE_OPTIONS = ("mode", "choices", "threshold", "depth", "width", "expand", "bud
 POLICY_OPTIONS = ("k_max", "threshold")
 TREE_DRAFTERS = ("model", "heads")  # the drafters that propose trees
 SEED_RANGE = 2**64  # torch.Generator.manual_seed takes 0 .. 2**64 - 1
+SAMPLERS = ("multinomial", "gumbel")  # specdec.sampling: inversion with a generator, Gumbel-max with public noise
 DEFAULT_K = 4
 
 
@@ -269,6 +270,12 @@ OPTIONS: tuple[Option, ...] = (
            "--max-new-tokens"),
     Option("sampling", "seed", _integer_from(0, SEED_RANGE), "an integer in [0, 2**64)", None,
            "fixes sampling (an integer in [0, 2**64))", "--seed"),
+    Option("sampling", "sampler", _name, "multinomial or gumbel", "multinomial",
+           "how tokens are drawn: 'gumbel' draws each by Gumbel-max with noise keyed by the seed and the "
+           "token's position, and verifies drafts by coupling, so a seed gives the same text with any drafter, "
+           "draft length or machine (plain decoding's text), at some acceptance cost against block "
+           "verification for sampled drafts; 'multinomial' draws with a random generator (default: "
+           "multinomial)", "--sampler", lambda: SAMPLERS),
 )
 _BY_KEY = {(o.group, o.name): o for o in OPTIONS}
 GROUP_FIELD = {"drafter": "drafter_options", "policy": "policy_options", "tree": "tree"}
@@ -300,7 +307,11 @@ class DecodeConfig:
     with the most expected tokens per second from this machine's measured costs; ``static``
     drafts k tokens every step. Autoregressive decoding and tree verification use no policy.
     temperature 0 means greedy; top_k 0 and top_p 1 disable those filters; seed fixes sampling.
-    stop: strings that end generation (one string is one stop string). eos_token_ids: the ids that
+    sampler: ``multinomial`` (default) draws with a generator seeded by ``seed``; ``gumbel`` draws
+    every token by Gumbel-max with noise keyed by (seed, position) and verifies chains by the
+    ``coupled`` rule (whatever exact chain rule ``verify`` names; trees by the coupled walk), so
+    the text depends only on the prompt, the seed and the sampling options. ``verify="coupled"``
+    implies it. stop: strings that end generation (one string is one stop string). eos_token_ids: the ids that
     end generation (None: the model's and tokenizer's own). prompt_cache: keep what a
     :class:`~specdec.backends.base.CausalLM` backend (and a draft backend) cached in the previous
     generation as far as the new prompt shares it, and prefill only the rest (a conversation held
@@ -321,6 +332,7 @@ class DecodeConfig:
     top_p: float = 1.0
     max_new_tokens: int = 128
     seed: int | None = None
+    sampler: str = "multinomial"
     stop: Sequence[str] = ()
     eos_token_ids: Sequence[int] | None = None
     prompt_cache: bool = False
@@ -380,9 +392,15 @@ class DecodeConfig:
                 raise ValueError(f"{name} must be a finite number, got {value}")
         _integer(self.top_k, "top_k")
         SamplingConfig(float(self.temperature), self.top_k, float(self.top_p))  # the value checks
+        if self.sampler not in SAMPLERS:
+            raise ValueError(f"unknown sampler {self.sampler!r}; choose one of {', '.join(SAMPLERS)}")
 
     def _check_combination(self) -> None:
         """Every rule that ties options together, once."""
+        if self.gumbel and self.verify == "typical":
+            raise ConfigError("typical acceptance ({method.verify=typical}) draws by its own lossy rule, but "
+                              "{sampling.sampler=gumbel} draws by Gumbel-max with public noise",
+                              "use {method.verify=coupled}, or {sampling.sampler=multinomial} for typical")
         if self.verify == "greedy" and self.temperature > 0:
             raise ConfigError(
                 f"greedy verification ({{method.verify=greedy}}) reproduces greedy decoding only, but "
@@ -496,8 +514,22 @@ class DecodeConfig:
         return self.verify == "tree" or VERIFIERS[self.verify].exact
 
     @property
+    def gumbel(self) -> bool:
+        """Tokens are drawn by Gumbel-max with public noise (``sampler="gumbel"`` or ``verify="coupled"``)."""
+        return self.sampler == "gumbel" or self.verify == "coupled"
+
+    @property
+    def chain_verifier(self) -> str:
+        """The rule that verifies a chain: ``verify``, or under the Gumbel-max sampler ``coupled``,
+        the one exact rule that keeps its draws (greedy verification stays greedy)."""
+        return "coupled" if self.gumbel and self.verify in ("token", "block") else self.verify
+
+    @property
     def sampling(self) -> SamplingConfig:
-        return SamplingConfig(float(self.temperature), self.top_k, float(self.top_p))
+        """The sampling settings. Under the Gumbel-max sampler ``gumbel_seed`` is the seed (None for
+        an unseeded config: the caller draws one, :func:`specdec.generate` does)."""
+        return SamplingConfig(float(self.temperature), self.top_k, float(self.top_p),
+                              gumbel_seed=self.seed if self.gumbel else None)
 
     def replace(self, **overrides: Any) -> "DecodeConfig":
         """A copy with some fields changed (checked again). An unknown name is a ``TypeError``."""
@@ -571,8 +603,8 @@ class DecodeConfig:
 
 FIELDS = tuple(f.name for f in dataclasses.fields(DecodeConfig))
 # The fields that come with each generation rather than with the method (not in the text form).
-SAMPLING_FIELDS = ("draft_weights", "temperature", "top_k", "top_p", "max_new_tokens", "seed", "stop", "eos_token_ids",
-                   "prompt_cache")
+SAMPLING_FIELDS = ("draft_weights", "temperature", "top_k", "top_p", "max_new_tokens", "seed", "sampler", "stop",
+                   "eos_token_ids", "prompt_cache")
 
 
 def _keyed(key: str) -> bool:

@@ -55,7 +55,7 @@ def speculative_steps(
         draft = drafter.propose(context, min(plan.k, room), sampling, generator, plan.keep_going, plan.source)
         t1 = time.perf_counter()
         logits = draft.score(target, context)  # [1 + N, V]: after the context, after each draft node
-        verdict = verifier.verdict(draft, logits, sampling, generator)
+        verdict = verifier.verdict(draft, logits, sampling, generator, len(context))
         t2 = time.perf_counter()
         path = draft.path(verdict.accepted - 1)  # the draft nodes kept, first to last
         draft.keep(target, len(context), path)
@@ -101,7 +101,7 @@ def autoregressive_steps(
     limit = _context_limit(target, len(context), max_new_tokens)
     for _ in range(limit):
         t0 = time.perf_counter()
-        token = next_token(forward_after(target, context)[-1], sampling, generator)
+        token = next_token(forward_after(target, context)[-1], sampling, generator, len(context))
         context.append(token)
         yield Step([token], 0, 0, 0.0, time.perf_counter() - t0)
         if token in eos_ids:

@@ -8,7 +8,7 @@ from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 import torch
 
 from specdec.backends.base import CausalLM, forward_after
-from specdec.sampling import SamplingConfig, argmax, logits_to_probs, sample
+from specdec.sampling import SamplingConfig, argmax, gumbel_token, logits_to_probs, sample
 
 
 @dataclass(frozen=True)
@@ -75,23 +75,31 @@ def draft_chain(
     generator: torch.Generator | None,
     keep_going: KeepGoing | None,
     vocab_size: int,
+    start: int | None = None,
 ) -> Draft:
     """The drafting loop every chain drafter shares: draw, append, ask whether to go on.
 
     Token i is drawn with ``generator`` from q[i] = ``logits_to_probs(next_logits(prev), sampling)``
     (a point mass where ``next_logits`` returns a token id, and under greedy decoding; neither
-    draws). After each token but the k-th, ``keep_going`` gets the draft's :func:`confidence`
-    there (the point mass for a token id: a drafter with a better measure of its own certainty,
-    like the n-gram lookup, wraps ``keep_going``) and may stop the draft.
+    draws). Under the Gumbel-max sampler token i is instead the Gumbel-max of the draft's logits
+    with the noise of its absolute position ``start + i`` (``start``: the context's length), the
+    noise the target's token there uses (:mod:`specdec.verify.coupled`); q[i] is then the point
+    mass on it, which the coupled rule does not read. After each token but the k-th,
+    ``keep_going`` gets the draft's :func:`confidence` there (the point mass for a token id: a
+    drafter with a better measure of its own certainty, like the n-gram lookup, wraps
+    ``keep_going``) and may stop the draft.
     Returns at most ``k`` tokens; q[i] depends on the context and the tokens before i only.
     """
+    if sampling.coupled and start is None:
+        raise ValueError("a draft under the Gumbel-max sampler needs its start position")
     tokens: list[int] = []
     qs: list[torch.Tensor] = []
     previous: int | None = None
     while len(tokens) < k:
         out = next_logits(previous)
-        if isinstance(out, int):  # a deterministic drafter: a point mass, its own confidence too
-            token, q = out, torch.zeros(vocab_size)
+        if isinstance(out, int) or sampling.coupled:  # a point mass; a lookup's its own confidence too
+            token = out if isinstance(out, int) else gumbel_token(out, sampling, start + len(tokens))
+            q = torch.zeros(vocab_size)
             q[token] = 1.0
         else:
             q = logits_to_probs(out, sampling)  # [V]

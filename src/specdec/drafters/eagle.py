@@ -76,7 +76,7 @@ class EagleDrafter(Drafter):
                 feature = self.head(feature[None], emb, len(self.cache), self.cache)[0]
             return self.lm_head.logits(feature)
 
-        draft = draft_chain(next_logits, k, sampling, generator, keep_going, self.vocab_size)
+        draft = draft_chain(next_logits, k, sampling, generator, keep_going, self.vocab_size, len(context))
         self.cache.crop(read)
         return draft
 

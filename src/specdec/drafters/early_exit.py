@@ -73,7 +73,7 @@ class LayerSubsetDrafter(Drafter):
             return self.target.forward_layers(seq, self.layers, 1)[-1]
 
         try:
-            return draft_chain(next_logits, k, sampling, generator, keep_going, self.vocab_size)
+            return draft_chain(next_logits, k, sampling, generator, keep_going, self.vocab_size, len(context))
         finally:
             self.target.end_draft()
 

@@ -80,7 +80,7 @@ class HeadsDrafter(Drafter):
         h = self._hidden_before_last(context)  # [H]
         logits = self.lm_head.logits(self.heads.features(h, k))  # [k, V], -inf outside the kept ids
         rows = iter(logits)  # head i's logits do not depend on the draft tokens before i
-        return draft_chain(lambda _: next(rows), k, sampling, generator, keep_going, self.vocab_size)
+        return draft_chain(lambda _: next(rows), k, sampling, generator, keep_going, self.vocab_size, len(context))
 
     @torch.inference_mode()
     def propose_tree(

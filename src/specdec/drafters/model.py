@@ -37,7 +37,7 @@ class ModelDrafter(Drafter):
                 return forward_after(self.model, context)[-1]
             return self.model.forward([previous])[-1]
 
-        return draft_chain(next_logits, k, sampling, generator, keep_going, self.vocab_size)
+        return draft_chain(next_logits, k, sampling, generator, keep_going, self.vocab_size, len(context))
 
     def observe(self, context: Sequence[int]) -> None:
         rollback(self.model, context)

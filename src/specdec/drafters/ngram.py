@@ -150,7 +150,7 @@ class NGramDrafter(Drafter):
             at = start + len(proposed)  # past the context, the copy runs on over its own proposals
             return seq[at] if at < end else proposed[at - end]
 
-        return draft_chain(next_token, k, sampling, generator, keep_going, self._vocab)
+        return draft_chain(next_token, k, sampling, generator, keep_going, self._vocab, len(context))
 
     def observe(self, context: Sequence[int]) -> None:
         self.index.sync(context)

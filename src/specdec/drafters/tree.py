@@ -18,7 +18,7 @@ import torch
 from specdec.backends.base import CausalLM, forward_after, rollback
 from specdec.drafters.base import Drafter, KeepGoing
 from specdec.policies import DEFAULT_K_MAX, DEFAULT_THRESHOLD
-from specdec.sampling import SamplingConfig, logits_to_probs
+from specdec.sampling import SamplingConfig, gumbel_max, logits_to_probs
 from specdec.token_tree import TokenTree, sample_children, top_children
 
 # The tree that --verify tree drafts unless told otherwise: the confident tree with the confidence
@@ -159,7 +159,7 @@ class TreeDrafter:
                 prefix, base = (ranks[node], score[node]) if node >= 0 else ((), 1.0)
                 child_ranks = self._ranks(prefix, room=self.budget - len(tokens) if sampled else None)
                 if sampled:
-                    picks = sample_children(row, len(child_ranks), generator)
+                    picks = _draw_children(row, len(child_ranks), law, generator, len(context) + level - 1)
                     if picks:
                         drawn_from[node] = row
                     children = [(r, tok, float(row[tok])) for r, tok in zip(child_ranks, picks)]
@@ -204,7 +204,7 @@ class TreeDrafter:
             sure = float(row.max()) >= self.threshold
             count = min(1 if sure else self.width, self.budget - len(tokens))
             if sampled:
-                picks = sample_children(row, count, generator)
+                picks = _draw_children(row, count, law, generator, len(context) + level - 1)
                 if picks:
                     drawn_from[node] = row
             else:
@@ -314,3 +314,16 @@ def _prune(tokens: list[int], parents: list[int], score: list[float], budget: in
     kept = sorted(sorted(range(len(tokens)), key=lambda i: (-score[i], i))[:budget])
     index = {old: new for new, old in enumerate(kept)}
     return TokenTree([tokens[i] for i in kept], [index[parents[i]] if parents[i] >= 0 else -1 for i in kept])
+
+
+def _draw_children(
+    q: torch.Tensor, count: int, sampling: SamplingConfig, generator: torch.Generator | None, position: int
+) -> list[int]:
+    """Up to ``count`` distinct children drawn from the draft's law ``q`` ([V]) at ``position``:
+    without replacement with ``generator`` (:func:`sample_children`), or under the Gumbel-max
+    sampler the ``count`` largest of log q + the position's noise (Gumbel-top-k), whose first is
+    the draft's own Gumbel-max token, the one most likely to be the target's there."""
+    if sampling.coupled:
+        return gumbel_max(torch.log(q.double()), sampling.gumbel_seed, position, count)
+    return sample_children(q, count, generator)
+

@@ -18,6 +18,7 @@ exact law of its outcome, from which :func:`~specdec.verify.base.draw` samples.
 
 from specdec.verify.base import Verdict, Verifier, VerifyPlan, draw
 from specdec.verify.block import BlockVerifier
+from specdec.verify.coupled import CoupledVerifier
 from specdec.verify.greedy import GreedyVerifier
 from specdec.verify.token import TokenVerifier
 from specdec.verify.typical import TypicalVerifier
@@ -26,6 +27,7 @@ VERIFIERS: dict[str, type] = {
     "greedy": GreedyVerifier,
     "token": TokenVerifier,
     "block": BlockVerifier,
+    "coupled": CoupledVerifier,  # for the Gumbel-max sampler: the output is plain decoding's, token for token
     "typical": TypicalVerifier,  # lossy: only when asked for by name
 }
 

@@ -59,15 +59,22 @@ class Verifier(Protocol):
         ...
 
     def verdict(
-        self, draft: "Draft", logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None
+        self,
+        draft: "Draft",
+        logits: torch.Tensor,
+        sampling: SamplingConfig,
+        generator: torch.Generator | None,
+        position: int | None = None,
     ) -> Verdict:
         """The drawn outcome for one draft, from the target's logits after the context and after
-        each draft token ([k + 1, V]): the plan's law, drawn by :func:`draw`. Two shortcuts with
-        the same law: no draft is a plain step (every rule's law is then the target's next-token
-        law), and an exact rule under greedy decoding keeps the argmax chain (:func:`greedy_verdict`)."""
+        each draft token ([k + 1, V]); ``position`` is the context's length, the absolute position
+        of the first draft token (the Gumbel-max sampler keys its noise by it). The plan's law,
+        drawn by :func:`draw`. Two shortcuts with the same law: no draft is a plain step (every
+        rule's law is then the target's next-token law), and an exact rule under greedy decoding
+        keeps the argmax chain (:func:`greedy_verdict`)."""
         tokens = draft.tokens.tolist()
         if not tokens:
-            return Verdict(0, next_token(logits[-1], sampling, generator))
+            return Verdict(0, next_token(logits[-1], sampling, generator, position))
         if sampling.greedy and self.exact:
             return greedy_verdict(tokens, logits)
         p = logits_to_probs(logits, sampling)  # [k + 1, V]

@@ -1,0 +1,147 @@
+"""Coupled verification (Daliri, Musco and Suresh 2024, "Coupling without Communication and
+Drafter-Invariant Speculative Decoding").
+
+Every token is drawn by Gumbel-max with public noise: the target's token at absolute position t is
+x_t = argmax_v(log p_t(v) + G_{t,v}), where G_{t,.} depends on (seed, t) alone
+(:func:`specdec.sampling.gumbel_max`). A draft token y_t drawn with the same noise from q_t
+(argmax_v(log q_t(v) + G_{t,v})) is kept while it equals x_t; the first mismatch appends x_t. The
+output is then exactly the sequence plain decoding draws with the same noise -- whatever the
+drafter, the draft length, the tree or the policy -- and so follows the target's law.
+
+For one position, X = argmax(log p + G) and Y = argmax(log q + G) are an exponential race
+(X = argmin E_v / p_v, Y = argmin E_v / q_v with E_v = exp(-G_v) standard exponentials), whose
+joint law has a closed form on the diagonal,
+
+    P(X = Y = v) = p_v q_v / sum_u max(p_u q_v, q_u p_v),
+
+and an integral off it (:func:`coupling_joint`). The acceptance probability sum_v P(X = Y = v) is
+at least (1 - TV) / (1 + TV) (TV the total variation distance of p and q), below the
+1 - TV of rejection sampling when q is spread out, equal to it for a point-mass draft
+(greedy drafts, n-gram lookup).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from specdec.sampling import SamplingConfig, gumbel_token, next_token
+from specdec.verify.base import Verdict, Verifier, VerifyPlan, greedy_verdict
+
+if TYPE_CHECKING:
+    from specdec.drafters.base import Draft
+
+
+class CoupledVerifier(Verifier):
+    """Keep draft tokens while they equal the target's Gumbel-max token at their position."""
+
+    name = "coupled"
+    exact = True
+
+    def verdict(
+        self,
+        draft: "Draft",
+        logits: torch.Tensor,
+        sampling: SamplingConfig,
+        generator: torch.Generator | None,
+        position: int | None = None,
+    ) -> Verdict:
+        """logits: [k + 1, V] after the context and after each draft token; ``position``: the
+        context's length (the absolute position of the first draft token). Reads rows only up to
+        the first mismatch. No draft is a plain step of the sampler in use (as for every rule)."""
+        tokens = draft.tokens.tolist()
+        if not tokens:
+            return Verdict(0, next_token(logits[-1], sampling, generator, position))
+        if sampling.greedy:
+            return greedy_verdict(tokens, logits)
+        if not sampling.coupled:
+            raise ValueError("coupled verification checks the Gumbel-max sampler's draws; sample with a gumbel_seed")
+        if position is None:
+            raise ValueError("coupled verification needs the draft's position")
+        accepted = 0
+        while True:
+            token = gumbel_token(logits[accepted], sampling, position + accepted)
+            if accepted == len(tokens) or tokens[accepted] != token:
+                return Verdict(accepted, token)
+            accepted += 1
+
+    def plan(self, draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor) -> VerifyPlan:
+        """The law of the outcome given draft tokens that were drawn by Gumbel-max from q with the
+        noise the target's tokens use (draft_tokens: [k]; q: [k, V]; p: [k + 1, V]). Given the
+        draft, the noise of different positions stays independent, so position i is kept with
+        probability P(X = Y = y_i) / q_i(y_i), and on a mismatch the appended token has law
+        P(X = . , Y = y_i) off the diagonal. O(V^3) per position: for toy vocabularies (the
+        exactness tests); decoding uses :meth:`verdict`."""
+        k = int(draft_tokens.shape[0])
+        vocab = p.shape[-1]
+        keep, rows = [], torch.zeros(k + 1, vocab, dtype=torch.float64)
+        for i, y in enumerate(draft_tokens.tolist()):
+            pi, qi = p[i].double().numpy(), q[i].double().numpy()
+            # P(X = y | Y = y) = 1 / sum_u max(p_u q_y / p_y, q_u) for q normalised: written so that
+            # a point-mass p on y keeps y with probability exactly 1.
+            keep.append(min(1.0, float(qi.sum() / np.maximum(pi * (qi[y] / pi[y]), qi).sum())) if pi[y] > 0 else 0.0)
+            column = coupling_joint(pi / pi.sum(), qi / qi.sum())[:, y]  # P(X = ., Y = y)
+            column[y] = 0.0
+            rows[i] = torch.from_numpy(column) if column.sum() > 0 else p[i].double()
+        rows[k] = p[k].double()
+        survive = np.concatenate([[1.0], np.cumprod(keep)])  # [k + 1]
+        stop = np.concatenate([1.0 - np.asarray(keep, dtype=np.float64), [1.0]])  # [k + 1]
+        return VerifyPlan(torch.from_numpy(survive * stop), rows)
+
+
+def acceptance(p: np.ndarray, q: np.ndarray) -> float:
+    """P(X = Y) for the Gumbel-max coupling of p and q ([V] each): sum over v of the closed form."""
+    return float(np.trace(_diagonal(p, q)))
+
+
+def _diagonal(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """diag(P(X = Y = v)) = p_v q_v / sum_u max(p_u q_v, q_u p_v) ([V, V], zero off the diagonal)."""
+    both = (p > 0) & (q > 0)
+    mass = np.zeros_like(p)
+    for v in np.flatnonzero(both):
+        mass[v] = p[v] * q[v] / np.maximum(p * q[v], q * p[v]).sum()
+    return np.diag(mass)
+
+
+def coupling_joint(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """J[a, b] = P(X = a, Y = b) for X = argmax(log p + G), Y = argmax(log q + G) with one
+    shared Gumbel vector G; p, q: [V] float64 distributions. [V, V] float64.
+
+    The diagonal is the closed form (module docstring). Off it, with E_a = x and E_b = r x,
+    X = a and Y = b ask r > p_b / p_a and r < q_b / q_a, and every other token u must lose both
+    races: E_u > x max(p_u / p_a, r q_u / q_b). Integrating x out leaves
+    J[a, b] = integral dr / L(r)^2 over that interval, L(r) = 1 + r + sum_u max(p_u / p_a, r q_u / q_b):
+    piecewise linear in r, integrated exactly piece by piece."""
+    vocab = p.shape[0]
+    joint = _diagonal(p, q)
+    for a in np.flatnonzero(p > 0):
+        for b in np.flatnonzero(q > 0):
+            if a != b:
+                joint[a, b] = _off_diagonal(p, q, int(a), int(b))
+    return joint
+
+
+def _off_diagonal(p: np.ndarray, q: np.ndarray, a: int, b: int) -> float:
+    lo = p[b] / p[a]
+    hi = q[b] / q[a] if q[a] > 0 else np.inf
+    if not lo < hi:
+        return 0.0
+    others = [u for u in range(p.shape[0]) if u not in (a, b)]
+    slope_of = {u: q[u] / q[b] for u in others}  # the term's slope once the q race binds
+    level_of = {u: p[u] / p[a] for u in others}  # its value while the p race binds
+    cuts = sorted({level_of[u] / slope_of[u] for u in others if slope_of[u] > 0 and level_of[u] > 0} | {lo})
+    edges = [r for r in cuts if lo <= r < hi] + [hi]
+    total = 0.0
+    for r0, r1 in zip(edges, edges[1:]):
+        mid = r0 + 1.0 if np.isinf(r1) else (r0 + r1) / 2
+        alpha, beta = 1.0, 1.0  # L(r) = alpha + beta r on this piece
+        for u in others:
+            if level_of[u] >= mid * slope_of[u]:
+                alpha += level_of[u]
+            else:
+                beta += slope_of[u]
+        upper = 0.0 if np.isinf(r1) else 1.0 / (alpha + beta * r1)
+        total += (1.0 / (alpha + beta * r0) - upper) / beta
+    return total
