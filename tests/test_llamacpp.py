@@ -442,3 +442,37 @@ def test_tree_methods_through_the_server_give_the_text_of_plain_decoding(model):
                 got = ask(method)
                 assert got["choices"][0]["text"] == want, (method, prompt)
                 assert got["speculative"]["exact"] is True
+
+
+GUMBEL_SETTINGS = [dict(temperature=t, **f) for t in (0.7, 1.0, 1.5) for f in ({}, {"top_k": 40}, {"top_p": 0.9})]
+
+
+@pytest.mark.parametrize("settings", GUMBEL_SETTINGS,
+                         ids=[f"T{s['temperature']}-{next(iter(s.keys() - {'temperature'}), 'full')}" for s in GUMBEL_SETTINGS])
+def test_coupled_methods_give_the_tokens_of_plain_gumbel_decoding(model, settings):
+    """Same seed, same text: under the Gumbel-max sampler, chains of k = 1, 4 and 8 from an unsure
+    draft, the n-gram lookup, the planner (ngram+model) and a tree give exactly the tokens of plain
+    decoding with that seed; another seed gives other text."""
+    from specdec.policies.auto import AutoPolicy
+
+    from test_planner import CHEAP_ROWS
+
+    tokenizer = _tokenizer()
+    prompt = PROMPTS[2]
+    common = dict(tokenizer=tokenizer, sampler="gumbel", max_new_tokens=40, eos_token_ids=[], **settings)
+    draft = _Unsure(model.fork(), scale=1.0)
+    seed = 2**63 + GUMBEL_SETTINGS.index(settings)  # a seed per setting
+    expected = generate(model, prompt, seed=seed, **common)
+    assert generate(model, prompt, seed=seed + 1, **common).token_ids != expected.token_ids
+    kept = 0
+    for method in (dict(draft=draft, drafter="model", k=1, policy="static"),
+                   dict(draft=draft, drafter="model", k=4, policy="static"),
+                   dict(draft=draft, drafter="model", k=8, policy="static"),
+                   dict(drafter="ngram", k=4, policy="static"),
+                   dict(draft=draft, policy=AutoPolicy(costs=CHEAP_ROWS)),
+                   dict(draft=draft, verify="tree", tree=dict(mode="confident", threshold=0.5))):
+        result = generate(model, prompt, seed=seed, **method, **common)
+        assert result.token_ids == expected.token_ids, (seed, method)
+        assert "coupled" in result.method
+        kept += result.stats.accepted_tokens
+    assert kept > 0

@@ -148,7 +148,7 @@ V = 4
 CASES = sorted(cases(V))
 
 
-@pytest.mark.parametrize("verifier", ["token", "block"])
+@pytest.mark.parametrize("verifier", ["token", "block", "coupled"])
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("k", [1, 2, 3, 4])
 def test_output_law_equals_target_law(verifier: str, case: str, k: int) -> None:
@@ -159,7 +159,7 @@ def test_output_law_equals_target_law(verifier: str, case: str, k: int) -> None:
     assert_same_law(law, target_joint(p, vocab, horizon))
 
 
-@pytest.mark.parametrize("verifier", ["token", "block"])
+@pytest.mark.parametrize("verifier", ["token", "block", "coupled"])
 def test_vocab_of_three(verifier: str) -> None:
     p, q = dirichlet("p3", 3), dirichlet("q3", 3, zeros=1)
     assert_same_law(speculative_joint(verifier, p, q, 3, 4, 3), target_joint(p, 3, 4))
@@ -238,7 +238,8 @@ def constant(dist: list[float]) -> Dist:
     return lambda context: np.array(dist)
 
 
-@pytest.mark.parametrize("verifier, expected", [("token", Fraction(10, 9)), ("block", Fraction(11, 9))])
+@pytest.mark.parametrize("verifier, expected", [("token", Fraction(10, 9)), ("block", Fraction(11, 9)),
+                                                ("coupled", Fraction(10, 9))])
 def test_sun_et_al_two_token_example(verifier: str, expected: Fraction) -> None:
     """Sun et al. 2024: M_b(A)=1/3, M_b(B)=2/3 (target p); M_s(A)=2/3, M_s(B)=1/3 (draft q); gamma = 2."""
     got = expected_accepted(verifier, constant([1 / 3, 2 / 3]), constant([2 / 3, 1 / 3]), 2, 2)
@@ -254,6 +255,22 @@ def test_block_accepts_at_least_as_many_as_token(seed: int, k: int) -> None:
     assert block >= token - 1e-12
     if k == 1:  # one draft token: the two rules coincide
         assert block == pytest.approx(token, abs=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_coupled_acceptance_is_the_closed_form_and_at_most_tokens(seed: int, k: int) -> None:
+    """With the same p and q at every position, coupled verification keeps each draft token with
+    probability a = sum_v p_v q_v / sum_u max(p_u q_v, q_u p_v) (Daliri et al. 2024), so
+    E[accepted] = a + a^2 + ... + a^k; token verification's a is 1 - TV >= that."""
+    from specdec.verify.coupled import acceptance
+
+    rng = np.random.default_rng(seed)
+    p, q = rng.dirichlet(np.ones(3)), rng.dirichlet(np.ones(3))
+    a = acceptance(p, q)
+    got = expected_accepted("coupled", constant(list(p)), constant(list(q)), 3, k)
+    assert got == pytest.approx(sum(a**i for i in range(1, k + 1)), abs=1e-12)
+    assert got <= expected_accepted("token", constant(list(p)), constant(list(q)), 3, k) + 1e-12
 
 
 # --- block verification against the reference code of Sun et al. 2024 -------------------------
