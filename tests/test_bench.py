@@ -663,6 +663,43 @@ def test_a_near_tie_flipped_by_batched_rounding_is_explained(monkeypatch, prompt
     assert "round differently from its one-token steps (measured)" in table and "defect" not in table
 
 
+COUPLED = "spec:model:coupled:k=4:policy=static"
+COUPLED_NGRAM = "spec:ngram:coupled:k=4:policy=static"
+
+
+def test_coupled_methods_that_part_are_explained_by_the_noised_scores(monkeypatch, prompts):
+    """At T = 1 the coupled methods of a backend must give one text for a seed; on a target whose
+    batched passes round differently they can part at a near-tie of the Gumbel-max scores, and
+    the run says where, against the first coupled method, with each pass's top-2 noised scores
+    (whose best is that run's token). On a batch-invariant target they never part."""
+    from specdec.backends.lean import make_backend
+
+    target = tiny_llama(0, vocab=VOCAB, sharpness=1.0)
+    models = Pair(target, CharTokenizer(), copy.deepcopy(target))
+    settings = BenchSettings(max_new_tokens=16, temperature=1.0, warmup_tokens=0)
+    methods = parse_methods(f"{COUPLED},{COUPLED_NGRAM}")
+    monkeypatch.setattr(builder, "target_backend", lambda drafter, model: OneByOne(make_backend(model)))
+    run = run_bench(models, methods, prompts, settings, progress=False)
+    assert not run.divergences
+    for p in range(len(prompts)):
+        assert len({tuple(s.token_ids) for s in run.samples if s.prompt == p and "coupled" in s.method}) == 1
+    monkeypatch.setattr(builder, "target_backend", lambda drafter, model: BatchRounding(make_backend(model), 0.3))
+    run = run_bench(models, methods, prompts, settings, progress=False)
+    assert run.divergences, "the wobble parted no coupled runs: raise it"
+    for d in run.divergences:
+        assert (d["method"], d["base"]) == (COUPLED_NGRAM, COUPLED)
+        base, mine = (next(s for s in run.samples if s.method == name and s.prompt == d["prompt"])
+                      for name in (COUPLED, COUPLED_NGRAM))
+        p = d["position"]
+        assert base.token_ids[:p] == mine.token_ids[:p] and (d["token"], d["ar_token"]) == (mine.token_ids[p], base.token_ids[p])
+        assert d["replayed"] == {"ar": True, "method": True}
+        assert d["ar_top"][0] == d["ar_token"] and d["top"][0] == d["token"]  # each pass's Gumbel-max choice
+        assert d["ar_margin"] < 2 * 0.3 * 2 and d["batch_invariant"] is False
+    table = report.markdown(report.results(run, report.environment("x", "float32"), {"target": None, "draft": None})
+                            | {"models": {"target": {"name": "tiny"}, "draft": None}})
+    assert f"`{COUPLED_NGRAM}` leaves `{COUPLED}` on" in table and "Gumbel-max scores" in table
+
+
 class OneByOne:
     """A batch-invariant backend: every pass is computed as one-token steps."""
 

@@ -206,10 +206,44 @@ def test_stream_ends_with_done(server):
 
 
 def test_seeded_sampling_equals_generate_with_the_seed(pair, client):
-    want = reference(pair, "import os", max_new_tokens=20, temperature=1.0, top_p=0.9, seed=7)
+    """A seeded request draws by Gumbel-max and verifies by coupling (--seeded-sampler gumbel): its
+    text is plain decoding's with that seed, whatever the method; "sampler": "multinomial" asks
+    for the generator-seeded draws and the method's own rule instead."""
+    target, _, tokenizer = pair
+    settings = dict(max_new_tokens=20, temperature=1.0, top_p=0.9, seed=7)
+    plain = generate(target, "import os", tokenizer=tokenizer, sampler="gumbel", **settings)
+    assert plain.method == "ar"
+    texts = set()
+    for method in (None, "ar", "spec:ngram:block:k=3:policy=static", "spec:model:token:k=2:policy=static", "spec:tree"):
+        extra = {} if method is None else {"speculative": {"method": method}}
+        got = client.completions.create(model="tiny", prompt="import os", max_tokens=20, temperature=1.0, top_p=0.9,
+                                        seed=7, extra_body=extra)
+        texts.add(got.choices[0].text)
+        assert got.speculative["sampler"] == "gumbel" and got.speculative["exact"]
+        assert method in ("ar", "spec:tree") or ":coupled:" in got.speculative["method"], got.speculative["method"]
+    assert texts == {plain.text}
+    want = reference(pair, "import os", **settings)  # block verification, draws from the seeded generator
     got = client.completions.create(model="tiny", prompt="import os", max_tokens=20, temperature=1.0, top_p=0.9,
-                                    seed=7)
-    assert got.choices[0].text == want.text
+                                    seed=7, extra_body={"sampler": "multinomial"})
+    assert got.choices[0].text == want.text and got.speculative["sampler"] == "multinomial"
+    assert ":block:" in got.speculative["method"]
+
+
+def test_the_seeded_sampler_is_the_servers_choice(pair):
+    target, draft, tokenizer = pair
+    want = reference(pair, "import os", max_new_tokens=12, temperature=1.0, seed=3)
+    with serve(target, tokenizer, draft, seeded_sampler="multinomial") as running:
+        got = running.client().completions.create(model="tiny", prompt="import os", max_tokens=12, temperature=1.0,
+                                                  seed=3)
+        assert got.choices[0].text == want.text and got.speculative["sampler"] == "multinomial"
+        bad = httpx.post(f"{running.url}/v1/completions", json={
+            "prompt": "x", "max_tokens": 2, "sampler": "gumbel", "speculative": {"method": "spec:typical"}}, trust_env=False)
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "sampler"
+        bad = httpx.post(f"{running.url}/v1/completions", json={
+            "prompt": "x", "max_tokens": 2, "sampler": "multinomial", "speculative": {"method": "spec:coupled"}}, trust_env=False)
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "sampler"
+        bad = httpx.post(f"{running.url}/v1/completions", json={"prompt": "x", "max_tokens": 2, "sampler": "gumbal"}, trust_env=False)
+        assert bad.status_code == 400 and "sampler" in bad.text
 
 
 def test_chat_equals_generate_on_the_chat_template(pair, client):

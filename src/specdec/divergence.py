@@ -20,9 +20,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Collection, Mapping, Sequence
 
+import numpy as np
 import torch
 
 from specdec.measurements import cache_file, cost_key
+from specdec.sampling import SamplingConfig, filtered_logits, gumbel_noise
 from specdec.paths import load_measurement, save_measurement
 
 INVARIANCE_ROWS = (2, 4, 8, 16)  # pass lengths compared with one-token steps: a chain's verify passes
@@ -152,12 +154,14 @@ def decisive_position(prompt: Sequence[int], tokens: Sequence[int], ar_tokens: S
 
 def explain(prompt: Sequence[int], tokens: Sequence[int], ar_tokens: Sequence[int],
             recorder: LogitsRecorder | None, ar_recorder: LogitsRecorder | None,
-            invariance: Mapping[str, Any] | None = None) -> Divergence | None:
+            invariance: Mapping[str, Any] | None = None, gumbel: SamplingConfig | None = None) -> Divergence | None:
     """The first divergence of ``tokens`` from ``ar_tokens`` (new tokens after ``prompt``), with the
     margins each run's :class:`LogitsRecorder` saw at the input position whose row chose that
     token (None for a run not recorded), the largest logit difference between the two rows where
     both recorders kept them whole, and ``invariance`` (:func:`batch_invariance`) of the target's
-    backend; None if the outputs are equal."""
+    backend; None if the outputs are equal. ``gumbel``: two runs of the Gumbel-max sampler with
+    these settings, whose tokens are the argmax of the noised scores (logits / T plus the
+    position's noise): the margins and top-2 are then those scores', from the whole rows."""
     position = first_difference(tokens, ar_tokens)
     if position is None:
         return None
@@ -165,6 +169,8 @@ def explain(prompt: Sequence[int], tokens: Sequence[int], ar_tokens: Sequence[in
     at, token = len(context) - 1, context[-1]  # the input whose row chose new token `position`
     mine, theirs = (r.row(at, token) if r is not None else None for r in (recorder, ar_recorder))
     whole = [r.full_row(at, token) if r is not None else None for r in (recorder, ar_recorder)]
+    if gumbel is not None:
+        mine, theirs = (_noised_row(row, token, gumbel, at + 1) if row is not None else None for row in whole)
     gap = float((whole[0] - whole[1]).abs().max()) if whole[0] is not None and whole[1] is not None else None
     return Divergence(
         position,
@@ -174,6 +180,14 @@ def explain(prompt: Sequence[int], tokens: Sequence[int], ar_tokens: Sequence[in
         ar_margin=theirs.margin if theirs else None, ar_top=theirs.top if theirs else None,
         logit_gap=gap, batch_invariant=None if invariance is None else bool(invariance["invariant"]),
     )
+
+
+def _noised_row(logits: torch.Tensor, token: int, sampling: SamplingConfig, position: int) -> Row:
+    """The top two of the Gumbel-max sampler's scores for one row ([V]) at ``position``."""
+    scores = filtered_logits(logits.double(), sampling).numpy() - gumbel_noise(
+        sampling.gumbel_seed, position, np.arange(logits.shape[-1]))
+    top = np.argsort(-scores)[:2]
+    return Row(token, (int(top[0]), int(top[1])), (float(scores[top[0]]), float(scores[top[1]])))
 
 
 def cause(d: Mapping[str, Any]) -> str:

@@ -34,6 +34,9 @@ Definitions (per method, over all its timed runs):
   first differing position, the two tokens, and the target's top-2 logit margin there as ar's
   pass and as the method's own pass computed it (see :mod:`specdec.divergence`): a margin
   near 0 is a near-tie that kernel rounding can flip, a wide one points at a verification bug.
+  At a temperature above 0 the coupled methods (Gumbel-max sampler, same seed) must give one text
+  on a backend: each that differs from the first coupled method of its backend (``base``) gets the
+  same record, with the margins of the noised scores that chose the tokens.
 
 For a token tree, drafted tokens are tree nodes and accepted ones the kept path, and no
 prediction is made (the closed form is for a chain). Lossy methods carry ``exact: false`` and
@@ -510,17 +513,21 @@ def _set_lines(data: dict[str, Any]) -> list[str]:
 
 
 def _divergence_lines(data: dict[str, Any]) -> list[str]:
-    """One line per greedy run whose output left its backend's ar: where, the tokens, the margins."""
+    """One line per greedy run whose output left its backend's ar, and per coupled run whose text
+    left the first coupled method's (same seed): where, the tokens, the margins."""
     lines = []
     for name, m in data["methods"].items():
         for d in m.get("divergences") or []:
-            margins = ", ".join(f"{d[key]:.3g} in {what}" for key, what in
-                                (("ar_margin", f"`{m['ar']}`'s pass"), ("margin", "its own pass"))
+            base = d.get("base") or m["ar"]
+            what = ("the top-2 margin of the Gumbel-max scores (logits / T + noise)" if base != m["ar"]
+                    else "the target's top-2 logit margin")
+            margins = ", ".join(f"{d[key]:.3g} in {where}" for key, where in
+                                (("ar_margin", f"`{base}`'s pass"), ("margin", "its own pass"))
                                 if d.get(key) is not None)
             lines.append(
-                f"\n`{name}` leaves `{m['ar']}` on {d['prompt_id']} (repeat {d['repeat']}) at new token "
+                f"\n`{name}` leaves `{base}` on {d['prompt_id']} (repeat {d['repeat']}) at new token "
                 f"{d['position']}: {_token(d, 'token')} instead of {_token(d, 'ar_token')}"
-                + (f"; the target's top-2 logit margin there: {margins}" if margins else "") + f"; {cause(d)}."
+                + (f"; {what} there: {margins}" if margins else "") + f"; {cause(d)}."
             )
     return lines
 

@@ -35,6 +35,7 @@ from specdec.bench.methods import MethodSpec
 from specdec.bench.peers import run_peer
 from specdec.bench.servers import Servers, run_server
 from specdec.prompts import Prompt
+from specdec.sampling import SamplingConfig
 from specdec.bench.sample import Sample, median as _median
 from specdec.models import Pair
 
@@ -190,7 +191,8 @@ def run_bench(
     seconds = time.perf_counter() - start
     ran = [m for m in runnable if m.name not in failed]
     kept = [x for x in samples if x.method not in failed]
-    divergences = find_divergences(pair, backends, ran, kept, prompts, ids, settings, eos) if settings.greedy else []
+    explained = settings.greedy or any(_coupled(m) for m in ran)
+    divergences = find_divergences(pair, backends, ran, kept, prompts, ids, settings, eos) if explained else []
     return BenchRun(settings, ran, skipped, failed, list(prompts), [len(x) for x in ids], kept, seconds,
                     divergences, resumed=sum(x.method not in failed for x in done.values()))
 
@@ -202,12 +204,27 @@ def find_divergences(pair: Pair, backends: BenchBackends, methods: Sequence[Meth
     repeat), the :func:`~specdec.divergence.explain` record, after untimed replays of both
     runs with the target's logits recorded (a peer's own passes are not recorded), and whether
     the target's backend is batch invariant (:func:`~specdec.divergence.batch_invariance`).
-    ``replayed`` tells whether each replay reproduced the timed run's tokens (or why it failed)."""
+    ``replayed`` tells whether each replay reproduced the timed run's tokens (or why it failed).
+    At a temperature above 0, the coupled methods (Gumbel-max sampler), whose text is a function
+    of the seed: each against the first coupled method of its backend (``base``), with the
+    margins of the noised scores."""
     by_name = {m.name: m for m in methods}
     runs = {(s.method, s.prompt, s.repeat): s for s in samples}
-    pairs, seen = [], set()  # (sample, its ar sample): the first differing repeat of each (method, prompt)
+    first_coupled = {}  # backend -> the first coupled method on it, the others' reference
+    for m in methods:
+        if _coupled(m):
+            first_coupled.setdefault(m.backend, m.name)
+
+    def base_of(s: Sample) -> Sample | None:
+        method = by_name[s.method]
+        if settings.greedy:
+            return runs.get((method.ar.name, s.prompt, s.repeat))
+        reference = first_coupled.get(method.backend) if _coupled(method) else None
+        return runs.get((reference, s.prompt, s.repeat)) if reference != s.method else None
+
+    pairs, seen = [], set()  # (sample, its reference sample): the first differing repeat of each (method, prompt)
     for s in samples:
-        method, base = by_name[s.method], runs.get((by_name[s.method].ar.name, s.prompt, s.repeat))
+        method, base = by_name[s.method], base_of(s)
         if method.kind == "ar" or base is None or s.token_ids == base.token_ids or (s.method, s.prompt) in seen:
             continue
         seen.add((s.method, s.prompt))
@@ -228,8 +245,8 @@ def find_divergences(pair: Pair, backends: BenchBackends, methods: Sequence[Meth
                 return recorders[-1]
 
             try:
-                again = _run_project(method, pair, backends, ids[sample.prompt], 0.0, len(sample.token_ids),
-                                     eos, sample.seed, wrap=wrap)
+                again = _run_project(method, pair, backends, ids[sample.prompt], settings.temperature,
+                                     len(sample.token_ids), eos, sample.seed, wrap=wrap)
                 recorded[method.name, sample.prompt] = (recorders[0], again.token_ids == sample.token_ids)
             except Exception as e:  # the explanation is a diagnosis: its failure must not stop the run
                 recorded[method.name, sample.prompt] = (None, f"{type(e).__name__}: {e}")
@@ -238,19 +255,25 @@ def find_divergences(pair: Pair, backends: BenchBackends, methods: Sequence[Meth
     out = []
     for s, base in pairs:
         method = by_name[s.method]
-        ar_recorder, ar_same = replay(method.ar, base)
+        ar_recorder, ar_same = replay(by_name[base.method], base)
         recorder, same = (None, None) if method.is_peer else replay(method, s)
         backend = next((r.backend for r in (recorder, ar_recorder) if r is not None), None)
         try:
             invariance = batch_invariance(backend) if backend is not None else None
         except Exception:  # a diagnosis: an unmeasurable backend leaves the question open
             invariance = None
-        found = explain(ids[s.prompt], s.token_ids, base.token_ids, recorder, ar_recorder, invariance)
+        gumbel = None if settings.greedy else SamplingConfig(settings.temperature, gumbel_seed=s.seed)
+        found = explain(ids[s.prompt], s.token_ids, base.token_ids, recorder, ar_recorder, invariance, gumbel)
         texts = {f"{key}_text": pair.tokenizer.decode([getattr(found, key)])
                  for key in ("token", "ar_token") if getattr(found, key) is not None}
-        out.append({"method": s.method, "prompt": s.prompt, "prompt_id": prompts[s.prompt].id,
+        out.append({"method": s.method, "base": base.method, "prompt": s.prompt, "prompt_id": prompts[s.prompt].id,
                     "repeat": s.repeat, "replayed": {"ar": ar_same, "method": same}} | found.to_dict() | texts)
     return out
+
+
+def _coupled(method: MethodSpec) -> bool:
+    """A project method under the Gumbel-max sampler: its text is a function of the seed."""
+    return method.kind == "spec" and not method.is_peer and not method.is_server and method.config.gumbel
 
 
 def check_models(pair: Pair, methods: Sequence[MethodSpec], backends: BenchBackends) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import secrets
 import sys
 from typing import Any, Sequence
 
@@ -54,6 +55,8 @@ def add_generate_parser(subparsers: Any) -> None:
 def run_generate(args: argparse.Namespace) -> int:
     check_prompt_text(args.prompt, allow_blank=args.chat)
     config = decode_config(args)
+    if config.gumbel and config.seed is None and args.compare_ar:  # both runs draw with the same noise
+        config = config.replace(seed=secrets.randbits(64))
     _hint_escaped_stops(args.stop)
     check_threads(args.threads)
     if args.threads:
@@ -75,7 +78,7 @@ def run_generate(args: argparse.Namespace) -> int:
         note("decoding the target alone (--compare-ar)")
         ar_config = DecodeConfig.parse("ar", **{f: getattr(config, f) for f in SAMPLING_FIELDS})
         ar = api.generate(pair.target, prompt, tokenizer=pair.tokenizer, config=ar_config)
-        if config.temperature == 0 and ar.token_ids != result.token_ids:
+        if (config.temperature == 0 or config.gumbel) and ar.token_ids != result.token_ids:  # deterministic runs
             note("replaying both runs to explain the difference (--compare-ar)")
             divergence = explain_divergence(pair.target, prompt, pair.tokenizer, (config, drafting), (ar_config, {}),
                                                result.token_ids, ar.token_ids, getattr(args, "cache_dir", None))
@@ -91,8 +94,9 @@ def run_generate(args: argparse.Namespace) -> int:
 
 def explain_divergence(target: Any, prompt: Any, tokenizer: Any, spec: tuple[Any, dict], ar: tuple[Any, dict],
                        tokens: list[int], ar_tokens: list[int], cache_dir: Any = None) -> dict[str, Any]:
-    """Why a greedy speculative output left the target's own: both runs replayed untimed with the
-    target's logits recorded (greedy runs are deterministic), and the first differing position,
+    """Why a greedy (or Gumbel-max, seeded) speculative output left the target's own: both runs
+    replayed untimed with the target's logits recorded (such runs are deterministic), and the first
+    differing position,
     the two tokens, the target's top-2 logit margin there as each pass computed it, the largest
     logit difference between the two rows, and whether the backend is batch invariant for this
     model (measured, cached) (:func:`specdec.divergence.explain`). ``{"error": ...}`` if a
@@ -109,8 +113,10 @@ def explain_divergence(target: Any, prompt: Any, tokenizer: Any, spec: tuple[Any
         invariance = batch_invariance(recorders[0].backend, cache_dir=cache_dir)
     except (ValueError, TypeError) as err:  # e.g. a drafter that needs the transformers model itself
         return {"error": f"could not replay the runs: {err}"}
-    found = explain(ids, tokens, ar_tokens, *recorders, invariance=invariance)
-    out = found.to_dict() if found is not None else {}
+    config = spec[0]
+    gumbel = config.sampling if config.gumbel and config.temperature > 0 else None
+    found = explain(ids, tokens, ar_tokens, *recorders, invariance=invariance, gumbel=gumbel)
+    out = (found.to_dict() | {"scores": "gumbel" if gumbel is not None else "logits"}) if found is not None else {}
     for key in ("token", "ar_token"):
         if out.get(key) is not None:
             out[f"{key}_text"] = tokenizer.decode([out[key]])
@@ -122,8 +128,9 @@ def _divergence_words(d: dict[str, Any]) -> str:
         return d["error"]
     def margin(m: Any) -> str:
         return "not recorded" if m is None else f"{m:.3f}"
-    return (f"speculative chose {d.get('token_text')!r}, autoregressive {d.get('ar_token_text')!r}; the target's "
-            f"top-2 logit margin there was {margin(d.get('margin'))} in the speculative pass and "
+    scores = "Gumbel-max scores'" if d.get("scores") == "gumbel" else "target's top-2 logit"
+    return (f"speculative chose {d.get('token_text')!r}, autoregressive {d.get('ar_token_text')!r}; the {scores} "
+            f"margin there was {margin(d.get('margin'))} in the speculative pass and "
             f"{margin(d.get('ar_margin'))} in the one-token step; {cause(d)}")
 
 

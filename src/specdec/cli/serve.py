@@ -13,6 +13,7 @@ from specdec.options import (
     CLIError, add_backend_option, add_model_options, check_threads, load_models_from, non_negative_float,
     non_negative_int, positive_int,
 )
+from specdec.config import SAMPLERS
 from specdec.server.app import ServedModels, ServerOptions, create_app
 from specdec.server.guard import allowed_hosts, uvicorn_config
 from specdec.server.worker import ModelThread
@@ -76,6 +77,11 @@ def add_serve_parser(subparsers: Any) -> None:
                        help="RAM for the caches of earlier requests, put back when a prompt shares more with one of "
                             "them than with the last request (llama.cpp backend; least recently used dropped first; "
                             "0: keep only the last request's) (default: 2048)")
+    group.add_argument("--seeded-sampler", choices=SAMPLERS, default="gumbel",
+                       help="the sampler of a request that sends a seed and no sampler: gumbel gives the text "
+                            "plain decoding draws with that seed, whatever the method or machine (coupled "
+                            "verification); multinomial keeps block verification's higher acceptance for sampled "
+                            "drafts, and the text depends on the method (default: gumbel)")
     group.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                        help="uvicorn's log level (default: info)")
     parser.set_defaults(func=run_serve)
@@ -144,7 +150,8 @@ def run_serve(args: argparse.Namespace) -> int:
                             api_key=key, max_tokens=args.max_tokens,
                             allowed_hosts=allowed_hosts(args.host, args.allowed_hosts),
                             max_body_bytes=args.max_body_bytes, read_timeout=args.read_timeout,
-                            prompt_cache=args.prompt_cache, prompt_cache_bytes=args.prompt_cache_mib << 20)
+                            prompt_cache=args.prompt_cache, prompt_cache_bytes=args.prompt_cache_mib << 20,
+                            seeded_sampler=args.seeded_sampler)
     app = create_app(models, options, thread)
     thread.call(_warm_up, app.state.specdec, method)
     print(f"specdec: serving {args.target} ({method}) on http://{_url_host(args.host)}:{args.port}/ "

@@ -82,6 +82,7 @@ class ServerOptions:
     read_timeout: float = 30.0  # seconds for a request's headers to arrive, and again for its body
     prompt_cache: bool = True  # keep the models' caches between requests (DecodeConfig.prompt_cache)
     prompt_cache_bytes: int = DEFAULT_BUDGET_MIB << 20  # saved caches of earlier requests (server.prompt_cache)
+    seeded_sampler: str = "gumbel"  # the sampler of a request with a seed and no sampler (rq.choose_method)
 
 
 def create_app(models: ServedModels, options: ServerOptions, thread: ModelThread | None = None) -> FastAPI:
@@ -163,14 +164,15 @@ def _private_routes(state: _State) -> APIRouter:
     async def list_models() -> dict[str, Any]:
         return {"object": "list", "data": [{
             "id": models.name, "object": "model", "created": 0, "owned_by": "specdec",
-            "speculative": {"method": str(options.method), "draft": models.draft_name,
+            "speculative": {"method": str(options.method), "seeded_sampler": options.seeded_sampler,
+                            "draft": models.draft_name,
                             "draft_weights": models.draft_weights if models.draft is not None else None},
         }]}
 
     @router.post("/v1/completions")
     async def completions(body: CompletionBody, request: Request) -> Response:
         _check_model(body.model, models.name)
-        method = rq.choose_method(body, options.method, models.draft is not None)
+        method = rq.choose_method(body, options.method, models.draft is not None, options.seeded_sampler)
         max_tokens = _max_tokens(body.max_tokens or COMPLETION_DEFAULT_MAX_TOKENS, "max_tokens", options)
         _check_stream_options(body)
         if isinstance(body.prompt, str):
@@ -182,7 +184,7 @@ def _private_routes(state: _State) -> APIRouter:
     @router.post("/v1/chat/completions")
     async def chat(body: ChatBody, request: Request) -> Response:
         _check_model(body.model, models.name)
-        method = rq.choose_method(body, options.method, models.draft is not None)
+        method = rq.choose_method(body, options.method, models.draft is not None, options.seeded_sampler)
         if body.max_tokens is not None and body.max_completion_tokens is not None:
             raise APIError(400, "give max_tokens or max_completion_tokens, not both", param="max_tokens")
         asked, field = ((body.max_completion_tokens, "max_completion_tokens") if body.max_completion_tokens
@@ -412,7 +414,7 @@ def _summary(gen: Generation, ids: list[int], text: str, stats: Any, decode: Any
     stopped = bool(ids and ids[-1] in ends) or any(s in full for s in gen.stop)
     method = gen.method
     spec = {
-        "method": str(method), "exact": method.exact,
+        "method": str(method), "exact": method.exact, "sampler": "gumbel" if method.gumbel else "multinomial",
         "policy": None if method.is_ar or method.verify == "tree" else method.policy,
         "policy_state": stats.policy if stats is not None else {},
         "target_forwards": stats.target_forwards if stats else 0,

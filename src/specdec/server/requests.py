@@ -74,6 +74,7 @@ class _Body(BaseModel):
     top_k: int = Field(0, ge=0)
     ignore_eos: bool = False
     seed: int | None = Field(None, ge=0, lt=SEED_RANGE)
+    sampler: Literal["multinomial", "gumbel"] | None = None  # None: the server's choice (choose_method)
     stop: Any = None
     n: int = 1
     stream: bool = False
@@ -275,8 +276,12 @@ def method_config(text: str, has_draft: bool) -> DecodeConfig:
     return config
 
 
-def choose_method(body: _Body, default: DecodeConfig, has_draft: bool) -> DecodeConfig:
-    """The request's method (``speculative.method``), checked against what this server can run."""
+def choose_method(body: _Body, default: DecodeConfig, has_draft: bool, seeded_sampler: str = "gumbel") -> DecodeConfig:
+    """The request's method (``speculative.method``), checked against what this server can run,
+    with its sampler: the request's ``sampler``; without one, ``seeded_sampler`` for a request
+    with a ``seed`` and ``multinomial`` for one without; ``gumbel`` for a coupled method. Under the
+    Gumbel-max sampler a chain's exact rule is ``coupled`` (:attr:`DecodeConfig.chain_verifier`),
+    and the method says so."""
     method = default
     if body.speculative is not None:
         try:
@@ -286,7 +291,17 @@ def choose_method(body: _Body, default: DecodeConfig, has_draft: bool) -> Decode
     if method.verify == "greedy" and body.temperature > 0 and not method.is_ar:
         raise APIError(400, f"speculative.method: {method} cannot sample at temperature {body.temperature}: "
                             "greedy verification reproduces greedy decoding only", param="speculative.method")
-    return method
+    sampler = body.sampler or (seeded_sampler if body.seed is not None else "multinomial")
+    if method.verify == "coupled":
+        if body.sampler == "multinomial":
+            raise APIError(400, f"sampler: {method} verifies Gumbel-max draws; drop sampler or name another "
+                                "method", param="sampler")
+        sampler = "gumbel"
+    if sampler == "gumbel" and method.verify == "typical":
+        raise APIError(400, f"sampler: {method} accepts by its own lossy rule, not by coupling; use "
+                            "\"sampler\": \"multinomial\" or an exact method", param="sampler")
+    method = method.replace(sampler=sampler)
+    return method.replace(verify=method.chain_verifier) if not method.is_ar else method
 
 
 def method_kwargs(method: DecodeConfig, draft: Any, draft_weights: str) -> dict[str, Any]:
