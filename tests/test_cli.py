@@ -333,6 +333,15 @@ def test_drafters_policies_and_trees_keep_the_greedy_output(tiny, capsys, extra)
     assert report["ar"]["identical"] is True, extra
 
 
+@pytest.mark.parametrize("extra", [[], ["--seed", "5"], ["--verify", "tree"], ["--drafter", "ngram", "--top-p", "0.9"]])
+def test_the_gumbel_sampler_keeps_the_sampled_output_of_plain_decoding(tiny, capsys, extra):
+    """--sampler gumbel at T = 1: the speculative text is the one the target alone draws with the
+    same seed (--compare-ar draws a seed for both runs when none is given)."""
+    report = generate_json(tiny, capsys, "--compare-ar", "--sampler", "gumbel", "--temperature", "1", *extra)
+    assert report["ar"]["identical"] is True, extra
+    assert "coupled" in report["method"]
+
+
 def test_heads_drafter_from_the_command_line(tiny, capsys, tmp_path):
     from transformers import AutoModelForCausalLM
 
