@@ -16,7 +16,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from scipy import stats as scipy_stats
 
 from specdec import DecodeConfig, generate
 from specdec.backends.hf import HFCausalLM
@@ -31,7 +30,7 @@ from specdec.sampling import SamplingConfig, gumbel_max, gumbel_noise, gumbel_to
 from specdec.verify import make_verifier
 from specdec.verify.coupled import acceptance, coupling_joint
 from specdec.verify.tree import TreeVerifier
-from test_engine import SIGNIFICANCE, chi_square_p_value, chi_square_power, exact_target_law, HORIZON, PROMPT
+from test_engine import SIGNIFICANCE, assert_sampled_law, chi_square_p_value, chi_square_power
 from test_planner import CHEAP_ROWS, drafter_for
 from tiny import noisy_copy, tiny_llama
 
@@ -129,24 +128,9 @@ def test_shared_noise_draws_pairs_from_the_couplings_joint_law():
 
 
 def test_the_engines_gumbel_sampler_follows_the_target_law():
-    """Through the engine (coupled speculative decoding, k = 2): the first HORIZON tokens over
-    SAMPLES seeds against the exact law. Power: w = 0.15 caught with probability >= 0.95."""
-    from test_engine import SAMPLES
-
-    vocab = 5
-    target = tiny_llama(0, vocab=vocab, sharpness=6.0)
-    draft = noisy_copy(target, 0.5)
-    law = exact_target_law(target, SamplingConfig(temperature=1.0), vocab)
-    assert chi_square_power(law, SAMPLES, effect=0.15) >= 0.95
-    counts = np.zeros_like(law)
-    accepted = 0
-    for seed in range(SAMPLES):
-        r = generate(target, PROMPT, draft=draft, drafter="model", sampler="gumbel", k=2, policy="static",
-                     temperature=1.0, max_new_tokens=HORIZON, seed=seed, eos_token_ids=[])
-        counts[tuple(r.token_ids)] += 1
-        accepted += r.stats.accepted_tokens
-    assert accepted > SAMPLES // 2
-    assert chi_square_p_value(counts, law) > SIGNIFICANCE
+    """Through the engine (coupled speculative decoding, k = 2): the first tokens over many seeds
+    against the exact law (power stated in :func:`test_engine.assert_sampled_law`)."""
+    assert_sampled_law(drafter="model", sampler="gumbel", k=2, policy="static")
 
 
 # --- equality with plain decoding ------------------------------------------------------------------

@@ -68,8 +68,9 @@ def valid_requests(target: Any, draft: Any, tokenizer: Any) -> list[Valid]:
         v = Valid(prompt=f"def task_{i}(x):", max_tokens=(16, 24, 32)[i % 3], temperature=1.0 if sampled else 0.0,
                   seed=100 + i if sampled else None, method=methods[i % len(methods)])
         kwargs = {"draft": draft, **METHOD_KWARGS[v.method]}
+        sampler = "gumbel" if v.seed is not None else "multinomial"  # the server's choice for seeded requests
         result = generate(target, v.prompt, tokenizer=tokenizer, max_new_tokens=v.max_tokens,
-                          temperature=v.temperature, seed=v.seed, **kwargs)
+                          temperature=v.temperature, seed=v.seed, sampler=sampler, **kwargs)
         v.want, v.want_text = result.token_ids, result.text
         requests.append(v)
     return requests

@@ -15,9 +15,7 @@ from specdec.drafters.tree import DEFAULT_CHOICES, TreeDrafter
 from specdec.engine import tree_steps
 from specdec.token_tree import TokenTree, forward_tree
 from specdec.verify.tree import TreeVerifier
-from test_engine import (
-    HORIZON, PROMPT, SAMPLES, SIGNIFICANCE, chi_square_p_value, chi_square_power, exact_target_law,
-)
+from test_engine import PROMPT, assert_sampled_law
 from test_verify_exact import Dist, assert_same_law, cases, outcomes, target_joint
 from tiny import noisy_copy, tiny_llama
 
@@ -346,22 +344,7 @@ def test_target_cache_keeps_only_the_accepted_path(pair) -> None:
 
 @pytest.mark.parametrize("shape", ["static-default", "dynamic-small", "confident"])
 def test_tree_output_follows_target_law(shape: str) -> None:
-    vocab = 5
-    target = tiny_llama(0, vocab=vocab, sharpness=6.0)
-    draft = noisy_copy(target, 0.5)
-    law = exact_target_law(target, SamplingConfig(temperature=1.0), vocab)
-    assert chi_square_power(law, SAMPLES, effect=0.15) >= 0.95
-    counts = np.zeros_like(law)
-    accepted = 0
-    for seed in range(SAMPLES):
-        r = generate(
-            target, PROMPT, draft=draft, verify="tree", tree=TREES[shape], temperature=1.0,
-            max_new_tokens=HORIZON, seed=seed, eos_token_ids=[],
-        )
-        counts[tuple(r.token_ids)] += 1
-        accepted += r.stats.accepted_tokens
-    assert accepted > SAMPLES // 2
-    assert chi_square_p_value(counts, law) > SIGNIFICANCE
+    assert_sampled_law(verify="tree", tree=TREES[shape])
 
 
 def test_the_default_tree_is_the_confident_tree(pair) -> None:
