@@ -340,6 +340,19 @@ def test_the_gumbel_sampler_keeps_the_sampled_output_of_plain_decoding(tiny, cap
     report = generate_json(tiny, capsys, "--compare-ar", "--sampler", "gumbel", "--temperature", "1", *extra)
     assert report["ar"]["identical"] is True, extra
     assert "coupled" in report["method"]
+    assert report["stats"]["gumbel_seed"] == (5 if "--seed" in extra else report["stats"]["gumbel_seed"])
+    assert isinstance(report["stats"]["gumbel_seed"], int)
+
+
+def test_the_summary_names_the_gumbel_seed_that_draws_the_text_again(tiny, capsys):
+    args = ["generate", "hello", "--target", tiny["target"], "--draft", tiny["draft"], "--dtype", "float32",
+            "--max-new-tokens", "8", "--sampler", "gumbel", "--temperature", "1", "--compare-ar"]
+    code, out, err = run_main(args, capsys)
+    assert code == 0, err
+    seed = int(err.split("Gumbel-max sampler, seed ")[1].split(":")[0])
+    assert "coupled" in err and "identical output: yes" in err
+    code, again, _ = run_main(args + ["--seed", str(seed)], capsys)
+    assert code == 0 and again == out  # the same text
 
 
 def test_heads_drafter_from_the_command_line(tiny, capsys, tmp_path):

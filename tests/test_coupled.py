@@ -210,8 +210,12 @@ def test_through_the_api_every_method_gives_the_text_of_ar_with_the_same_seed(mo
                      **{**common, "sampler": "multinomial"})  # the coupled rule brings its sampler
     assert named.token_ids == expected.token_ids
     assert generate(model, PROMPT_REPEATS, **{**common, "seed": 124}).token_ids != expected.token_ids
-    unseeded = [generate(model, PROMPT_REPEATS, **{**common, "seed": None}).token_ids for _ in range(2)]
-    assert unseeded[0] != unseeded[1]  # no seed: fresh noise each call
+    unseeded = [generate(model, PROMPT_REPEATS, **{**common, "seed": None}) for _ in range(2)]
+    assert unseeded[0].token_ids != unseeded[1].token_ids  # no seed: fresh noise each call
+    again = generate(model, PROMPT_REPEATS, draft=draft, **{**common, "seed": unseeded[0].stats.gumbel_seed})
+    assert again.token_ids == unseeded[0].token_ids  # the seed drawn is reported, and draws the text again
+    assert expected.stats.gumbel_seed == 123
+    assert generate(model, PROMPT_REPEATS, **{**common, "sampler": "multinomial"}).stats.gumbel_seed is None
 
 
 @pytest.mark.parametrize("settings", SAMPLINGS[:3], ids=SAMPLING_IDS[:3])

@@ -220,14 +220,14 @@ def test_seeded_sampling_equals_generate_with_the_seed(pair, client):
         got = client.completions.create(model="tiny", prompt="import os", max_tokens=20, temperature=1.0, top_p=0.9,
                                         seed=7, extra_body=extra)
         texts.add(got.choices[0].text)
-        assert got.speculative["sampler"] == "gumbel" and got.speculative["exact"]
+        assert got.speculative["sampler"] == "gumbel" and got.speculative["exact"] and got.speculative["gumbel_seed"] == 7
         assert method in ("ar", "spec:tree") or ":coupled:" in got.speculative["method"], got.speculative["method"]
     assert texts == {plain.text}
     want = reference(pair, "import os", **settings)  # block verification, draws from the seeded generator
     got = client.completions.create(model="tiny", prompt="import os", max_tokens=20, temperature=1.0, top_p=0.9,
                                     seed=7, extra_body={"sampler": "multinomial"})
     assert got.choices[0].text == want.text and got.speculative["sampler"] == "multinomial"
-    assert ":block:" in got.speculative["method"]
+    assert ":block:" in got.speculative["method"] and got.speculative["gumbel_seed"] is None
 
 
 def test_the_seeded_sampler_is_the_servers_choice(pair):

@@ -179,6 +179,7 @@ class _Run:
         run = cls(steps, tokenizer, config.stop, built.method, built.exact, policy=built.policy)
         run.stats.truncated_to = room
         run.stats.prompt_cached = cached
+        run.stats.gumbel_seed = sampling.gumbel_seed if sampling.coupled else None
         run.limit, run.eos = (config.max_new_tokens if room is None else room), eos
         return run
 

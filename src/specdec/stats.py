@@ -44,6 +44,8 @@ class GenerationStats:
     # Set where the model's context left room for fewer new tokens than max_new_tokens: that room.
     truncated_to: int | None = None
     prompt_cached: int = 0  # prompt tokens found in the target's cache (DecodeConfig.prompt_cache), not prefilled
+    # The Gumbel-max sampler's seed (drawn where none was given): seed=this draws the same text again.
+    gumbel_seed: int | None = None
 
     def add(self, step: Step) -> None:
         self.new_tokens += len(step.tokens)

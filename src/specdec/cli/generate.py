@@ -280,7 +280,7 @@ def _print_summary(result: Any, ar: Any, args: argparse.Namespace, config: Decod
         a = ar.stats
         same = ar.token_ids == result.token_ids
         verdict = "yes" if same else f"no (first difference at token {_first_difference(result.token_ids, ar.token_ids)})"
-        if not same and args.temperature > 0:
+        if not same and args.temperature > 0 and not config.gumbel:
             verdict += "; expected when sampling: the outputs share a distribution, not a sample"
         elif divergence:
             verdict += f": {_divergence_words(divergence)}"
@@ -290,6 +290,8 @@ def _print_summary(result: Any, ar: Any, args: argparse.Namespace, config: Decod
         )
     if s.policy.get("name") == "auto":
         lines.append(summary_line(s.policy))
+    if s.gumbel_seed is not None:
+        lines.append(f"Gumbel-max sampler, seed {s.gumbel_seed}: --seed {s.gumbel_seed} draws this text again")
     for line in lines:
         print(line, file=sys.stderr)
 
@@ -298,7 +300,7 @@ def method_label(config: DecodeConfig) -> str:
     """How the run drafts and verifies, in words: 'ngram+model drafter, block, k=4, policy auto' or the tree's shape."""
     words = [f"{config.drafter} drafter"]
     if config.verify != "tree":
-        return ", ".join(words + [config.verify, f"k={config.k}", f"policy {config.policy}"])
+        return ", ".join(words + [config.chain_verifier, f"k={config.k}", f"policy {config.policy}"])
     tree = TreeDrafter(None, **(config.tree or DEFAULT_TREE))  # only its shape is read
     if tree.choices is not None:
         words.append(f"static tree: {len(tree.choices)} nodes, depth {tree.depth}")
@@ -307,6 +309,8 @@ def method_label(config: DecodeConfig) -> str:
                      f"up to {tree.budget} nodes")
     else:
         words.append(f"dynamic tree: depth {tree.depth}, width {tree.width}, up to {tree.budget} nodes")
+    if config.gumbel:
+        words.append("coupled")  # the Gumbel-max sampler's walk
     return ", ".join(words)
 
 

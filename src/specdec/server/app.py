@@ -415,6 +415,7 @@ def _summary(gen: Generation, ids: list[int], text: str, stats: Any, decode: Any
     method = gen.method
     spec = {
         "method": str(method), "exact": method.exact, "sampler": "gumbel" if method.gumbel else "multinomial",
+        "gumbel_seed": stats.gumbel_seed if stats is not None else None,
         "policy": None if method.is_ar or method.verify == "tree" else method.policy,
         "policy_state": stats.policy if stats is not None else {},
         "target_forwards": stats.target_forwards if stats else 0,
