@@ -158,6 +158,9 @@ class Drafter(Protocol):
 
         Promise: token i was drawn from ``q[i]`` with ``generator`` (a deterministic drafter
         reports a point mass), and ``q[i]`` depends only on the context and tokens before i.
+        Under the Gumbel-max sampler (``sampling.coupled``) token i is instead the Gumbel-max of
+        the draft's scores with the noise of position ``len(context) + i`` (:func:`draft_chain`);
+        the coupled rule keeps the output exact whatever the draft.
         ``keep_going`` sees the draft's :func:`confidence` (a lookup: its match's strength,
         :func:`~specdec.drafters.ngram.lookup_confidence`); chain drafters draft through
         :func:`draft_chain`.

@@ -13,7 +13,10 @@ Notation, used everywhere in this project:
   ``p[k]``.
 
 Each rule lives in its own module and produces a :class:`~specdec.verify.base.VerifyPlan`, the
-exact law of its outcome, from which :func:`~specdec.verify.base.draw` samples.
+exact law of its outcome, from which :func:`~specdec.verify.base.draw` samples. The coupled rule
+(:mod:`specdec.verify.coupled`) is the exception in how it decides: under the Gumbel-max sampler
+its outcome is a function of the target's logits and the public noise, and its plan is that
+outcome's law given the draft, for the tests.
 """
 
 from specdec.verify.base import Verdict, Verifier, VerifyPlan, draw
