@@ -250,6 +250,7 @@ def test_the_sampler_option_and_its_rules():
     assert DecodeConfig(verify="coupled", seed=4).sampling.gumbel_seed == 4
     assert DecodeConfig(sampler="gumbel", verify="greedy").chain_verifier == "greedy"
     assert DecodeConfig(seed=4).sampling.gumbel_seed is None  # multinomial: the generator takes the seed
+    assert DecodeConfig(seed=np.uint64(2**63), sampler="gumbel").sampling.gumbel_seed == 2**63  # numpy ints too
     assert str(DecodeConfig.parse("spec:model:coupled:k=3")) == "spec:model:coupled:k=3:policy=auto"
     with pytest.raises(ValueError, match="unknown sampler 'gumbal'; choose one of multinomial, gumbel"):
         DecodeConfig(sampler="gumbal")

@@ -357,6 +357,7 @@ class DecodeConfig:
             _integer(self.seed, "seed")
             if not 0 <= self.seed < SEED_RANGE:
                 raise ValueError(f"seed must be in 0 .. 2**64 - 1, got {self.seed}")
+            set_(self, "seed", int(self.seed))  # a numpy integer too
         self._check_combination()
 
     # -- the rules --------------------------------------------------------------------------------
