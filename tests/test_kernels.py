@@ -162,6 +162,27 @@ def test_greedy_speculative_output_is_bitwise_the_autoregressive_one_in_bf16() -
 
 
 @needs_kernel
+@pytest.mark.parametrize("sampling", [dict(temperature=0.7), dict(temperature=1.0, top_k=8),
+                                      dict(temperature=1.5, top_p=0.9)], ids=["T0.7", "T1-topk", "T1.5-topp"])
+def test_coupled_sampled_output_is_bitwise_the_autoregressive_one_in_bf16(sampling) -> None:
+    """Same seed, same text on the batch-invariant bf16 kernels: under the Gumbel-max sampler,
+    chains of several lengths, the planner (ngram+model) and the tree draw plain decoding's tokens."""
+    target = _invariant_tiny(3)
+    draft = tiny_llama(4, vocab=64, layers=1).to(torch.bfloat16)
+    prompt = [1, 5, 9, 2, 7, 3, 1, 5, 9]
+    common = dict(sampler="gumbel", seed=21, max_new_tokens=40, eos_token_ids=[], **sampling)
+    ar = generate(target, prompt, **common)
+    kept = 0
+    for method in (dict(k=1, policy="static"), dict(k=4, policy="static"), dict(k=8, policy="static"), dict(),
+                   dict(verify="tree")):
+        spec = generate(target, prompt, draft=draft, **method, **common)
+        assert spec.token_ids == ar.token_ids, method
+        kept += spec.stats.accepted_tokens
+    assert kept > 0
+    assert generate(target, prompt, **{**common, "seed": 22}).token_ids != ar.token_ids
+
+
+@needs_kernel
 @pytest.mark.parametrize("n_out, n_in", [(7, 128), (36, 256), (13, 384)])
 def test_int8_weights_are_within_half_a_step_and_the_kernel_matches_a_float64_reference(n_out: int, n_in: int) -> None:
     w = _bf16((n_out, n_in), 7)
