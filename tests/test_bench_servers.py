@@ -40,7 +40,9 @@ def test_both_servers_are_asked_for_plain_sampling_of_the_same_tokens():
     theirs = request_body([1, 2, 3], 0.7, 32, 5, True, llama_server=True)
     shared = {"prompt": [1, 2, 3], "max_tokens": 32, "temperature": 0.7, "top_p": 1.0, "top_k": 0, "seed": 5,
               "stream": True, "ignore_eos": True}
-    assert ours == shared | {"speculative": {"method": "spec:ngram:block"}}
+    assert ours == shared | {"sampler": "multinomial", "speculative": {"method": "spec:ngram:block"}}
+    coupled = request_body([1, 2, 3], 0.7, 32, 5, True, llama_server=False, method="spec:ngram:coupled")
+    assert coupled["sampler"] == "gumbel"  # each method runs with its own sampler, whatever the server's default
     assert theirs.items() >= shared.items()
     for neutral in ("min_p", "presence_penalty", "frequency_penalty", "dry_multiplier", "xtc_probability"):
         assert theirs[neutral] == 0

@@ -36,6 +36,7 @@ from typing import Any, Sequence
 import httpx
 
 from specdec.bench.sample import Sample, median as _median
+from specdec.config import DecodeConfig
 
 BUILD_SCRIPT = "benchmarks/build_llama_server.sh"
 LLAMA_SERVER_ENV = "SPECDEC_LLAMA_SERVER"
@@ -264,8 +265,9 @@ def request_body(prompt_ids: Sequence[int], temperature: float, max_new_tokens: 
         body |= {"min_p": 0.0, "typical_p": 1.0, "repeat_penalty": 1.0, "presence_penalty": 0.0,
                  "frequency_penalty": 0.0, "dry_multiplier": 0.0, "xtc_probability": 0.0, "mirostat": 0,
                  "ignore_eos": ignore_eos, "return_tokens": True, "verbose": True}
-    else:
-        body |= {"ignore_eos": ignore_eos, "speculative": {"method": method or "spec"}}
+    else:  # the method's own sampler: a seeded request would otherwise get the server's (--seeded-sampler)
+        sampler = "gumbel" if DecodeConfig.parse(method or "spec").gumbel else "multinomial"
+        body |= {"ignore_eos": ignore_eos, "sampler": sampler, "speculative": {"method": method or "spec"}}
     return body
 
 
