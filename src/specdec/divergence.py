@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from specdec.measurements import cache_file, cost_key
-from specdec.sampling import SamplingConfig, filtered_logits, gumbel_noise
+from specdec.sampling import SamplingConfig, filtered_logits, gumbel_max, gumbel_noise
 from specdec.paths import load_measurement, save_measurement
 
 INVARIANCE_ROWS = (2, 4, 8, 16)  # pass lengths compared with one-token steps: a chain's verify passes
@@ -183,11 +183,14 @@ def explain(prompt: Sequence[int], tokens: Sequence[int], ar_tokens: Sequence[in
 
 
 def _noised_row(logits: torch.Tensor, token: int, sampling: SamplingConfig, position: int) -> Row:
-    """The top two of the Gumbel-max sampler's scores for one row ([V]) at ``position``."""
-    scores = filtered_logits(logits.double(), sampling).numpy() - gumbel_noise(
-        sampling.gumbel_seed, position, np.arange(logits.shape[-1]))
-    top = np.argsort(-scores)[:2]
-    return Row(token, (int(top[0]), int(top[1])), (float(scores[top[0]]), float(scores[top[1]])))
+    """The top two of the Gumbel-max sampler's scores for one row ([V]) at ``position``, as the
+    sampler ranks them (:func:`~specdec.sampling.gumbel_max`)."""
+    scores = filtered_logits(logits.double(), sampling).numpy()  # [V]
+    top = gumbel_max(scores, sampling.gumbel_seed, position, count=2)
+    noised = list(scores[top] - gumbel_noise(sampling.gumbel_seed, position, np.array(top)))
+    if len(top) == 1:  # a support of one token: nothing to tie with
+        top, noised = top * 2, noised + [-np.inf]
+    return Row(token, (top[0], top[1]), (float(noised[0]), float(noised[1])))
 
 
 def cause(d: Mapping[str, Any]) -> str:

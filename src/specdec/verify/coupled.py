@@ -22,13 +22,13 @@ at least (1 - TV) / (1 + TV) (TV the total variation distance of p and q), below
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import torch
 
-from specdec.sampling import SamplingConfig, gumbel_token, next_token
-from specdec.verify.base import Verdict, Verifier, VerifyPlan, greedy_verdict
+from specdec.sampling import SamplingConfig, gumbel_token
+from specdec.verify.base import Verdict, Verifier, VerifyPlan
 
 if TYPE_CHECKING:
     from specdec.drafters.base import Draft
@@ -49,23 +49,15 @@ class CoupledVerifier(Verifier):
         position: int | None = None,
     ) -> Verdict:
         """logits: [k + 1, V] after the context and after each draft token; ``position``: the
-        context's length (the absolute position of the first draft token). Reads rows only up to
-        the first mismatch. No draft is a plain step of the sampler in use (as for every rule)."""
-        tokens = draft.tokens.tolist()
-        if not tokens:
-            return Verdict(0, next_token(logits[-1], sampling, generator, position))
-        if sampling.greedy:
-            return greedy_verdict(tokens, logits)
+        context's length (the absolute position of the first draft token). A chain is the tree
+        whose node i's parent is i - 1: :func:`coupled_walk`. No draft, and greedy decoding, take
+        the shortcuts every rule shares (:meth:`Verifier.verdict`)."""
+        k = len(draft)
+        if k == 0 or sampling.greedy:
+            return super().verdict(draft, logits, sampling, generator, position)
         if not sampling.coupled:
             raise ValueError("coupled verification checks the Gumbel-max sampler's draws; sample with a gumbel_seed")
-        if position is None:
-            raise ValueError("coupled verification needs the draft's position")
-        accepted = 0
-        while True:
-            token = gumbel_token(logits[accepted], sampling, position + accepted)
-            if accepted == len(tokens) or tokens[accepted] != token:
-                return Verdict(accepted, token)
-            accepted += 1
+        return coupled_walk(draft.tokens.tolist(), [[i] for i in range(k)] + [[]], logits, sampling, position)
 
     def plan(self, draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor) -> VerifyPlan:
         """The law of the outcome given draft tokens that were drawn by Gumbel-max from q with the
@@ -91,6 +83,24 @@ class CoupledVerifier(Verifier):
         return VerifyPlan(torch.from_numpy(survive * stop), rows)
 
 
+def coupled_walk(tokens: Sequence[int], kids: Sequence[Sequence[int]], logits: torch.Tensor,
+                 sampling: SamplingConfig, position: int | None) -> Verdict:
+    """The coupled rule on a chain or a tree of draft ``tokens``: from the root, take the target's
+    Gumbel-max token at the node's position (``position``, the context's length, plus the node's
+    depth) and move to the child that drafted it, until no child did; that token is appended.
+    ``kids[0]`` lists the root's children, ``kids[1 + i]`` node i's; logits: [1 + N, V], row 0
+    the root's, row 1 + i node i's. Returns Verdict(1 + the last node kept, or 0, the token)."""
+    if position is None:
+        raise ValueError("coupled verification needs the draft's position")
+    row = depth = 0
+    while True:
+        token = gumbel_token(logits[row], sampling, position + depth)
+        child = next((c for c in kids[row] if tokens[c] == token), None)
+        if child is None:
+            return Verdict(row, token)
+        row, depth = 1 + child, depth + 1
+
+
 def acceptance(p: np.ndarray, q: np.ndarray) -> float:
     """P(X = Y) for the Gumbel-max coupling of p and q ([V] float64 each): the closed form summed
     over v, in O(V log V) (:func:`agreement`)."""
@@ -112,11 +122,6 @@ def agreement(p: np.ndarray, q: np.ndarray) -> np.ndarray:
     return np.divide(p * q, total, out=np.zeros_like(p), where=both)
 
 
-def _diagonal(p: np.ndarray, q: np.ndarray) -> np.ndarray:
-    """diag(P(X = Y = v)) ([V, V], zero off the diagonal)."""
-    return np.diag(agreement(p, q))
-
-
 def coupling_joint(p: np.ndarray, q: np.ndarray) -> np.ndarray:
     """J[a, b] = P(X = a, Y = b) for X = argmax(log p + G), Y = argmax(log q + G) with one
     shared Gumbel vector G; p, q: [V] float64 distributions. [V, V] float64.
@@ -126,8 +131,7 @@ def coupling_joint(p: np.ndarray, q: np.ndarray) -> np.ndarray:
     races: E_u > x max(p_u / p_a, r q_u / q_b). Integrating x out leaves
     J[a, b] = integral dr / L(r)^2 over that interval, L(r) = 1 + r + sum_u max(p_u / p_a, r q_u / q_b):
     piecewise linear in r, integrated exactly piece by piece."""
-    vocab = p.shape[0]
-    joint = _diagonal(p, q)
+    joint = np.diag(agreement(p, q))
     for a in np.flatnonzero(p > 0):
         for b in np.flatnonzero(q > 0):
             if a != b:

@@ -41,9 +41,10 @@ from __future__ import annotations
 
 import torch
 
-from specdec.sampling import SamplingConfig, gumbel_token, logits_to_probs
+from specdec.sampling import SamplingConfig, logits_to_probs
 from specdec.token_tree import TokenTree
 from specdec.verify.base import Verdict, Verifier, VerifyPlan, draw
+from specdec.verify.coupled import coupled_walk
 
 
 class TreeVerifier(Verifier):
@@ -60,12 +61,10 @@ class TreeVerifier(Verifier):
     ) -> Verdict:
         """The drawn outcome for a tree from the target's logits at the root and after each node
         ([1 + N, V]): outcome 0 ends at the root, outcome 1 + i at node i (its whole path kept).
-        Under the Gumbel-max sampler, the coupled walk (:func:`coupled_tree_verdict`) at the
-        context's length ``position``."""
+        Under the Gumbel-max sampler, the coupled walk (:func:`~specdec.verify.coupled.coupled_walk`:
+        the tree's draft laws are not read) at the context's length ``position``."""
         if sampling.coupled:
-            if position is None:
-                raise ValueError("coupled tree verification needs the tree's position")
-            return coupled_tree_verdict(draft, logits, sampling, position)
+            return coupled_walk(draft.tokens, draft.child_lists(), logits, sampling, position)
         return draw(self.plan_tree(draft, logits_to_probs(logits, sampling)), generator)
 
     def plan_tree(self, tree: TokenTree, p: torch.Tensor) -> VerifyPlan:
@@ -89,22 +88,6 @@ class TreeVerifier(Verifier):
         if bool(empty.any()):
             rest[empty] = p[empty]
         return VerifyPlan(end / end.sum(), rest)
-
-
-def coupled_tree_verdict(tree: TokenTree, logits: torch.Tensor, sampling: SamplingConfig, position: int) -> Verdict:
-    """Coupled verification (:mod:`specdec.verify.coupled`) of a tree: from the root, take the
-    target's Gumbel-max token at the node's position (the context's length plus the node's depth)
-    and move to the child that drafted it, until no child did; that token is appended. The output
-    is plain Gumbel-max decoding's whatever the tree, so its law is the target's; the tree's draft
-    laws are not read. logits: [1 + N, V]."""
-    kids = tree.child_lists()
-    row, depth = 0, 0  # plan row: 0 the root, 1 + i node i
-    while True:
-        token = gumbel_token(logits[row], sampling, position + depth)
-        child = next((c for c in kids[row] if tree.tokens[c] == token), None)
-        if child is None:
-            return Verdict(row, token)
-        row, depth = 1 + child, depth + 1
 
 
 def _folded_weight(mass: float, w: float) -> float:
