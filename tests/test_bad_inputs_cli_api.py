@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from specdec import cli, generate, models, options, packs
+from specdec.cli import commands
 from specdec.backends import llamacpp
 
 from test_cli import assert_one_line_error, make_model_dir, run_main
@@ -78,9 +79,9 @@ def test_tree_static_alone_and_by_name_is_the_default_shape():
     from specdec.drafters.tree import DEFAULT_CHOICES
 
     for extra in (["--tree-static"], ["--tree-static", "default"]):
-        args = cli.build_parser().parse_args(["generate", "hi", "--verify", "tree", *extra])
+        args = commands.build_parser().parse_args(["generate", "hi", "--verify", "tree", *extra])
         assert options.decode_config(args).tree == {"choices": DEFAULT_CHOICES}
-    args = cli.build_parser().parse_args(["generate", "hi", "--verify", "tree", "--tree-static", "0|1|0.0"])
+    args = commands.build_parser().parse_args(["generate", "hi", "--verify", "tree", "--tree-static", "0|1|0.0"])
     assert options.decode_config(args).tree == {"choices": ((0,), (1,), (0, 0))}
 
 
@@ -100,7 +101,7 @@ def test_chain_options_under_a_tree_are_refused(extra, option, capsys, no_model_
 
 def test_chain_defaults_do_not_count_as_given():
     for argv in (["--verify", "tree"], ["--verify", "block", "-k", "2", "--policy", "static"]):
-        args = cli.build_parser().parse_args(["generate", "hi", *argv])
+        args = commands.build_parser().parse_args(["generate", "hi", *argv])
         options.decode_config(args)  # no error
 
 

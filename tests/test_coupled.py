@@ -207,8 +207,10 @@ def test_through_the_api_every_method_gives_the_text_of_ar_with_the_same_seed(mo
         assert result.token_ids == expected.token_ids, method
         assert result.exact and "coupled" in result.method, result.method
     named = generate(model, PROMPT_REPEATS, draft=draft, verify="coupled", k=3, policy="static",
-                     **{**common, "sampler": "multinomial"})  # the coupled rule brings its sampler
+                     **{k: v for k, v in common.items() if k != "sampler"})  # the coupled rule brings its sampler
     assert named.token_ids == expected.token_ids
+    with pytest.raises(ValueError, match="coupled verification .* verifies Gumbel-max draws, but sampler is multinomial"):
+        generate(model, PROMPT_REPEATS, draft=draft, verify="coupled", **{**common, "sampler": "multinomial"})
     assert generate(model, PROMPT_REPEATS, **{**common, "seed": 124}).token_ids != expected.token_ids
     unseeded = [generate(model, PROMPT_REPEATS, **{**common, "seed": None}) for _ in range(2)]
     assert unseeded[0].token_ids != unseeded[1].token_ids  # no seed: fresh noise each call

@@ -8,6 +8,7 @@ import argparse
 import pytest
 
 from specdec import cli, options
+from specdec.cli import commands
 from specdec.config import OPTIONS, DecodeConfig
 from specdec.server import requests as rq
 from specdec.cli.serve import DEFAULT_METHOD, default_method
@@ -16,7 +17,7 @@ DEFAULT = "spec:ngram+model:block:k=4:policy=auto"
 
 
 def test_every_front_end_resolves_the_default_to_the_same_config():
-    args = cli.build_parser().parse_args(["generate", "hello"])  # the command line with no options
+    args = commands.build_parser().parse_args(["generate", "hello"])  # the command line with no options
     from_cli = options.decode_config(args)
     from_api = DecodeConfig().resolve(has_draft=True)
     from_text = DecodeConfig.parse("spec").resolve(has_draft=True)
@@ -27,7 +28,7 @@ def test_every_front_end_resolves_the_default_to_the_same_config():
     assert from_cli == from_api == from_text == from_server == from_request
     assert str(from_cli) == DEFAULT and DEFAULT_METHOD == "spec"
     # without a draft model the default is the target alone, on every front end
-    no_draft = cli.build_parser().parse_args(["generate", "hello", "--draft", "none"])
+    no_draft = commands.build_parser().parse_args(["generate", "hello", "--draft", "none"])
     assert options.decode_config(no_draft) == DecodeConfig().resolve(has_draft=False) == DecodeConfig.parse("ar")
     assert default_method(argparse.Namespace(**{**vars(serve_args), "draft": "none"})).is_ar
 

@@ -11,7 +11,7 @@ from test_llamacpp import PACK, _gguf
 from tiny import tiny_llama
 
 import specdec
-from specdec import packs
+from specdec import models, packs
 from specdec.backends import llamacpp
 from specdec.backends.hf import HFCausalLM
 from specdec.config import DecodeConfig
@@ -230,3 +230,50 @@ def test_the_torch_server_keeps_its_cache_and_answers_as_a_cold_server():
             assert cached == ([0, shared] if cache else [0, 0]), method
     assert answers[True, "ar"] == answers[False, "ar"]
     assert answers[True, "spec:model:block:k=4:policy=static"] == answers[False, "spec:model:block:k=4:policy=static"]
+
+
+USER_TURNS = ["Tell me a story about a lighthouse keeper and a storm at sea.",
+              "What happened to the ship after that night?",
+              "Write a short poem about the keeper's lamp.",
+              "Now explain in two sentences why lighthouses are painted in stripes.",
+              "Summarise everything so far in one line.",
+              "Thank you. Give the story a title."]
+
+
+@pytest.mark.parametrize("method", ["ar", "spec:model:block",
+                                    "spec:model:tree:budget=64"])
+def test_a_six_turn_chat_that_resends_its_answers_is_answered_as_a_cold_server_turn_by_turn(method):
+    """Each turn re-sends the conversation, the server's earlier answers included, so the cache
+    reuses cells of tokens the server generated (one-token steps and verification rows) where a
+    cold server prefills them, all through the per-row attention kernel that a bf16 KV cache gives this batch-invariant model. Prompts
+    grow past 64 tokens, where llama.cpp's attention would take its tiled kernel."""
+    from fastapi.testclient import TestClient
+    from transformers import AutoTokenizer
+
+    from specdec.server.app import ServedModels, ServerOptions, create_app
+    from specdec.server.requests import method_config
+
+    model = _smollm2()
+    draft = model.fork()
+    tokenizer = models._gguf_tokenizer(models.PACKS[PACK], _gguf(), None)
+    answers, cached = {}, {}
+    for cache in (True, False):
+        served = ServedModels(model, tokenizer, draft, name=PACK)
+        app = create_app(served, ServerOptions(method_config(method, True), prompt_cache=cache))
+        messages: list[dict[str, str]] = []
+        answers[cache], cached[cache] = [], []
+        with TestClient(app, base_url="http://localhost") as client:
+            for turn in USER_TURNS:
+                messages.append({"role": "user", "content": turn})
+                r = client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 24, "temperature": 0})
+                assert r.status_code == 200, r.text
+                body = r.json()
+                text = body["choices"][0]["message"]["content"]
+                messages.append({"role": "assistant", "content": text})
+                answers[cache].append(text)
+                cached[cache].append(body["usage"]["prompt_tokens_details"]["cached_tokens"])
+                prompt_tokens = body["usage"]["prompt_tokens"]
+        model.reset()
+    assert prompt_tokens > 200  # the last prompt went well past a 64-row pass
+    assert min(cached[True][1:]) > 0 and cached[False] == [0] * len(USER_TURNS)
+    assert answers[True] == answers[False]

@@ -8,9 +8,31 @@ Importing specdec changes nothing in the process. Programs that decode many toke
 keeps freed memory for reuse, which makes every step's vocabulary-sized tensors cheaper.
 """
 
-from specdec.api import GenerationResult, StreamEvent, generate, stream
-from specdec.config import DecodeConfig
-from specdec.sampling import SamplingConfig
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from specdec.api import GenerationResult, StreamEvent, generate, stream
+    from specdec.config import DecodeConfig
+    from specdec.sampling import SamplingConfig
 
 __version__ = "0.1.0"
-__all__ = ["DecodeConfig", "GenerationResult", "SamplingConfig", "StreamEvent", "generate", "stream"]
+# The public names, by the module that defines them. They load on first use (PEP 562), so that
+# ``import specdec.cli`` costs nothing before the command can catch Ctrl-C.
+_HOMES = {"DecodeConfig": "specdec.config", "GenerationResult": "specdec.api", "SamplingConfig": "specdec.sampling",
+          "StreamEvent": "specdec.api", "generate": "specdec.api", "stream": "specdec.api"}
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module 'specdec' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_HOMES[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOMES))

@@ -36,6 +36,7 @@ from typing import Any, Callable, Mapping, Sequence
 from specdec.drafters import DRAFTER_OPTIONS, DRAFTERS, MODEL_DRAFTERS, Drafter
 from specdec.drafters.tree import DEFAULT_CHOICES, TreeDrafter, parse_choices
 from specdec.policies import POLICIES, DraftLengthPolicy, check_k, make_policy
+from specdec.policies.base import MAX_INT
 from specdec.sampling import SamplingConfig
 from specdec.verify import VERIFIERS
 
@@ -163,7 +164,7 @@ class Option:
         return str(value)
 
 
-def _integer_from(low: int, high: float = math.inf) -> Callable[[str], int]:
+def _integer_from(low: int, high: float = MAX_INT + 1) -> Callable[[str], int]:
     def read(text: str) -> int:
         value = int(text)
         if not low <= value < high:
@@ -270,12 +271,12 @@ OPTIONS: tuple[Option, ...] = (
            "--max-new-tokens"),
     Option("sampling", "seed", _integer_from(0, SEED_RANGE), "an integer in [0, 2**64)", None,
            "fixes sampling (an integer in [0, 2**64))", "--seed"),
-    Option("sampling", "sampler", _name, "multinomial or gumbel", "multinomial",
+    Option("sampling", "sampler", _name, "multinomial or gumbel", None,
            "how tokens are drawn: 'gumbel' draws each by Gumbel-max with noise keyed by the seed and the "
            "token's position, and verifies drafts by coupling, so a seed gives the same text with any drafter, "
            "draft length or machine (plain decoding's text), at some acceptance cost against block "
            "verification for sampled drafts; 'multinomial' draws with a random generator (default: "
-           "multinomial)", "--sampler", lambda: SAMPLERS),
+           "multinomial; gumbel under --verify coupled, which verifies Gumbel-max draws only)", "--sampler", lambda: SAMPLERS),
 )
 _BY_KEY = {(o.group, o.name): o for o in OPTIONS}
 GROUP_FIELD = {"drafter": "drafter_options", "policy": "policy_options", "tree": "tree"}
@@ -307,11 +308,11 @@ class DecodeConfig:
     with the most expected tokens per second from this machine's measured costs; ``static``
     drafts k tokens every step. Autoregressive decoding and tree verification use no policy.
     temperature 0 means greedy; top_k 0 and top_p 1 disable those filters; seed fixes sampling.
-    sampler: ``multinomial`` (default) draws with a generator seeded by ``seed``; ``gumbel`` draws
+    sampler: ``multinomial`` (the default, except under ``verify="coupled"``) draws with a generator seeded by ``seed``; ``gumbel`` draws
     every token by Gumbel-max with noise keyed by (seed, position) and verifies chains by the
     ``coupled`` rule (whatever exact chain rule ``verify`` names; trees by the coupled walk), so
     the text depends only on the prompt, the seed and the sampling options. ``verify="coupled"``
-    implies it. stop: strings that end generation (one string is one stop string). eos_token_ids: the ids that
+    implies it and refuses ``multinomial``. stop: strings that end generation (one string is one stop string). eos_token_ids: the ids that
     end generation (None: the model's and tokenizer's own). prompt_cache: keep what a
     :class:`~specdec.backends.base.CausalLM` backend (and a draft backend) cached in the previous
     generation as far as the new prompt shares it, and prefill only the rest (a conversation held
@@ -332,7 +333,7 @@ class DecodeConfig:
     top_p: float = 1.0
     max_new_tokens: int = 128
     seed: int | None = None
-    sampler: str = "multinomial"
+    sampler: str | None = None
     stop: Sequence[str] = ()
     eos_token_ids: Sequence[int] | None = None
     prompt_cache: bool = False
@@ -353,6 +354,9 @@ class DecodeConfig:
         self._check_names()
         self._check_sampling()
         _positive_int(self.max_new_tokens, "max_new_tokens")
+        if not isinstance(self.prompt_cache, bool):
+            raise TypeError(f"prompt_cache must be True or False, got {type(self.prompt_cache).__name__} "
+                            f"{self.prompt_cache!r}")
         if self.seed is not None:
             _integer(self.seed, "seed")
             if not 0 <= self.seed < SEED_RANGE:
@@ -393,11 +397,15 @@ class DecodeConfig:
                 raise ValueError(f"{name} must be a finite number, got {value}")
         _integer(self.top_k, "top_k")
         SamplingConfig(float(self.temperature), self.top_k, float(self.top_p))  # the value checks
-        if self.sampler not in SAMPLERS:
+        if self.sampler is not None and self.sampler not in SAMPLERS:
             raise ValueError(f"unknown sampler {self.sampler!r}; choose one of {', '.join(SAMPLERS)}")
 
     def _check_combination(self) -> None:
         """Every rule that ties options together, once."""
+        if self.verify == "coupled" and self.sampler == "multinomial":
+            raise ConfigError("coupled verification ({method.verify=coupled}) verifies Gumbel-max draws, but "
+                              "{sampling.sampler} is " + str(self.sampler),
+                              "drop {sampling.sampler} (coupled implies gumbel), or use {method.verify=block}")
         if self.gumbel and self.verify == "typical":
             raise ConfigError("typical acceptance ({method.verify=typical}) draws by its own lossy rule, but "
                               "{sampling.sampler=gumbel} draws by Gumbel-max with public noise",
@@ -516,8 +524,15 @@ class DecodeConfig:
 
     @property
     def gumbel(self) -> bool:
-        """Tokens are drawn by Gumbel-max with public noise (``sampler="gumbel"`` or ``verify="coupled"``)."""
-        return self.sampler == "gumbel" or self.verify == "coupled"
+        """Tokens are drawn by Gumbel-max with public noise (``sampler="gumbel"``, which
+        ``verify="coupled"`` implies when ``sampler`` is left out)."""
+        return self.sampler == "gumbel" or (self.sampler is None and self.verify == "coupled")
+
+    def sampling_fields(self) -> dict[str, Any]:
+        """The fields the method string does not hold, the sampler named as it draws: another
+        method given these (plain decoding, to compare) draws the same way."""
+        fields = {f: getattr(self, f) for f in SAMPLING_FIELDS}
+        return {**fields, "sampler": "gumbel" if self.gumbel else "multinomial"}
 
     @property
     def chain_verifier(self) -> str:

@@ -57,7 +57,7 @@ class LogitsRecorder:
         """keep: absolute positions whose whole rows are kept too (:meth:`full_row`)."""
         self.backend = backend
         self.rows: dict[int, list[Row]] = {}
-        self.keep = set(keep)
+        self.whole_rows_at = set(keep)  # not `keep`: that is the CausalLM method trees call
         self.full: dict[tuple[int, int], torch.Tensor] = {}  # (position, token) -> logits [V]
 
     def __getattr__(self, name: str) -> Any:
@@ -75,7 +75,7 @@ class LogitsRecorder:
             self.rows.setdefault(where[j], []).append(
                 Row(int(tokens[j]), (int(top.indices[i, 0]), int(top.indices[i, 1])),
                     (float(top.values[i, 0]), float(top.values[i, 1]))))
-            if where[j] in self.keep:
+            if where[j] in self.whole_rows_at:
                 self.full[where[j], int(tokens[j])] = logits[i].float().clone()
         return logits
 

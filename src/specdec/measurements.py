@@ -46,7 +46,8 @@ def cost_key(model: Any) -> dict[str, Any]:
         stat = file.stat()
         threads = getattr(model, "n_threads", None) or torch.get_num_threads()
         return {**key, "model": file.name, "bytes": stat.st_size, "mtime": int(stat.st_mtime),
-                "dtype": "as stored in the file", "threads": threads, "batch": getattr(model, "n_batch", None)}
+                "dtype": "as stored in the file", "threads": threads, "batch": getattr(model, "n_batch", None),
+                "kv": getattr(model, "kv_type", None)}
     inner = getattr(model, "model", None)
     config = getattr(inner, "config", None)
     described = config.to_json_string(use_diff=False) if hasattr(config, "to_json_string") else repr(config)

@@ -52,6 +52,7 @@ import numpy as np
 import torch
 
 from specdec.backends.base import SNAPSHOTS, TREES, CacheSnapshot, ModelFacts
+from specdec.divergence import batch_invariance
 from specdec.measurements import cache_file, cost_key
 from specdec.paths import load_measurement, save_measurement
 
@@ -70,6 +71,13 @@ FILE_LAYOUT_ROWS = 64
 PREFILL_LAYOUTS = ("auto", "file", "repacked")
 PREFILL_MARGIN = 0.9  # "auto" prefills on the file's layout when it takes under this share of the time
 PREFILL_CACHE_FORMAT = 1
+# The KV cache's element type. llama.cpp's CPU flash attention has two kernels of its own for an
+# f16 (or f32) cache that round differently from its per-row kernel: a tiled one for passes of 64
+# rows or more, and one that splits the keys among threads for a one-token step over a KV view of
+# 512 cells or more. With a bf16 cache it runs the per-row kernel for every pass, so on a model
+# whose matrix products are batch invariant every row equals a one-token step's bit for bit, at
+# any length and in any pass. load_gguf picks bf16 for such a model (docs/backends.md).
+KV_TYPES = {"f16": 1, "bf16": 30}  # ggml_type ids
 _TREE_SLACK = 256  # KV cells beyond max_context: a tree's siblings and parked cells (see SPARE_SEQUENCE)
 
 
@@ -197,6 +205,16 @@ def load_gguf(
         raise ValueError(f"prefill_layout must be one of {', '.join(PREFILL_LAYOUTS)}, got {prefill_layout!r}")
     weights = GGUFWeights(path)
     model = LlamaCppCausalLM(weights, n_threads=n_threads, n_ctx=n_ctx, n_batch=n_batch, eos_token_ids=eos_token_ids)
+    invariance = batch_invariance(model, cache_dir=cache_dir)  # its matrix products, measured once (cached)
+    if invariance["invariant"]:
+        # Keep it invariant everywhere: a bf16 cache (see KV_TYPES) and one weight layout for every
+        # pass, so a prompt's cells, a tree's rows and verification rows all equal one-token steps'
+        # (prefill costs more: no tiled attention).
+        model = LlamaCppCausalLM(weights, n_threads=n_threads, n_ctx=n_ctx, n_batch=n_batch,
+                                 eos_token_ids=eos_token_ids, kv_type="bf16")
+        if prefill_layout == "auto":
+            model.prefill_choice = {"layout": "repacked", "source": "batch invariant: one layout for every pass"}
+            return model
     if prefill_layout == "auto":
         model.prefill_choice = choose_prefill_layout(model, cache_dir=cache_dir)
     elif prefill_layout == "file":
@@ -268,7 +286,10 @@ class LlamaCppCausalLM(ModelFacts):
         n_ctx: int = DEFAULT_CTX,
         n_batch: int = DEFAULT_BATCH,
         eos_token_ids: Sequence[int] | None = None,
+        kv_type: str = "f16",
     ) -> None:
+        if kv_type not in KV_TYPES:
+            raise ValueError(f"kv_type must be one of {', '.join(KV_TYPES)}, got {kv_type!r}")
         for name, value in (("n_ctx", n_ctx), ("n_batch", n_batch), ("n_threads", n_threads)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -286,6 +307,8 @@ class LlamaCppCausalLM(ModelFacts):
         params.n_seq_max = MAX_SEQUENCES
         params.n_threads = params.n_threads_batch = self.n_threads
         params.kv_unified = True  # one cache for all sequences: a tree's shared cells are stored once
+        params.type_k = params.type_v = KV_TYPES[kv_type]
+        self.kv_type = kv_type
         params.no_perf = True
         _LOG.clear()
         self._ctx = api.llama_init_from_model(weights.pointer, params)
@@ -307,7 +330,7 @@ class LlamaCppCausalLM(ModelFacts):
         """Another context (its own, empty KV cache) on the same weights and settings."""
         twin = LlamaCppCausalLM(
             self.weights, n_threads=self.n_threads, n_ctx=self._max_context, n_batch=self.n_batch,
-            eos_token_ids=self.generation_config.eos_token_id,
+            eos_token_ids=self.generation_config.eos_token_id, kv_type=self.kv_type,
         )
         twin.prefill_weights, twin.prefill_choice = self.prefill_weights, self.prefill_choice
         return twin
@@ -524,7 +547,7 @@ class LlamaCppCausalLM(ModelFacts):
         if self._prefiller is None:
             self._prefiller = LlamaCppCausalLM(
                 self.prefill_weights, n_threads=self.n_threads, n_ctx=self._max_context, n_batch=self.n_batch,
-                eos_token_ids=self.generation_config.eos_token_id,
+                eos_token_ids=self.generation_config.eos_token_id, kv_type=self.kv_type,
             )
         return self._prefiller
 

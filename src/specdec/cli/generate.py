@@ -15,7 +15,7 @@ from typing import Any, Sequence
 from specdec import api
 from specdec.api import GenerationResult
 from specdec.build import as_backend
-from specdec.config import SAMPLING_FIELDS, DecodeConfig
+from specdec.config import DecodeConfig
 from specdec.divergence import LogitsRecorder, batch_invariance, cause, decisive_position, explain
 from specdec.drafters import MODEL_DRAFTERS
 from specdec.drafters.tree import DEFAULT_TREE, TreeDrafter
@@ -76,7 +76,7 @@ def run_generate(args: argparse.Namespace) -> int:
     ar = divergence = None
     if args.compare_ar:
         note("decoding the target alone (--compare-ar)")
-        ar_config = DecodeConfig.parse("ar", **{f: getattr(config, f) for f in SAMPLING_FIELDS})
+        ar_config = DecodeConfig.parse("ar", **config.sampling_fields())
         ar = api.generate(pair.target, prompt, tokenizer=pair.tokenizer, config=ar_config)
         if (config.temperature == 0 or config.gumbel) and ar.token_ids != result.token_ids:  # deterministic runs
             note("replaying both runs to explain the difference (--compare-ar)")

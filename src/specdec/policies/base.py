@@ -30,6 +30,7 @@ from specdec.drafters.base import KeepGoing
 from specdec.stats import Step
 from specdec.theory import optimal_k
 
+MAX_INT = 2**31 - 1  # the largest count an option takes (draft lengths, tree sizes); beyond it, an error
 DEFAULT_K_MAX = 16  # the longest draft an adaptive policy tries unless told otherwise
 # The confidence policy's default: stop after a token the draft gives less than 0.8. (transformers
 # uses 0.4; with a 0.5B draft at c ~ 0.5 target steps per token that drafted 7 tokens a step at 52%
@@ -462,5 +463,5 @@ class TheoryK(DraftLengthPolicy):
 
 
 def check_k(k: int) -> None:
-    if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
-        raise ValueError(f"k (tokens drafted per step) must be a positive integer, got {k!r}")
+    if isinstance(k, bool) or not isinstance(k, int) or not 0 < k <= MAX_INT:
+        raise ValueError(f"k (tokens drafted per step) must be a positive integer up to {MAX_INT}, got {k!r}")

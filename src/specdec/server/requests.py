@@ -291,7 +291,7 @@ def choose_method(body: _Body, default: DecodeConfig, has_draft: bool, seeded_sa
     if method.verify == "greedy" and body.temperature > 0 and not method.is_ar:
         raise APIError(400, f"speculative.method: {method} cannot sample at temperature {body.temperature}: "
                             "greedy verification reproduces greedy decoding only", param="speculative.method")
-    sampler = body.sampler or (seeded_sampler if body.seed is not None else "multinomial")
+    sampler = body.sampler or (seeded_sampler if body.seed is not None else None)  # None: the config's default
     if method.verify == "coupled":
         if body.sampler == "multinomial":
             raise APIError(400, f"sampler: {method} verifies Gumbel-max draws; drop sampler or name another "
