@@ -179,3 +179,16 @@ def test_backends_are_built_before_the_timed_generation(pair, monkeypatch):
     for _ in run.events():
         pass
     assert built == [draft, target]  # nothing built inside the timed loop
+
+
+def test_a_tokenizer_of_another_vocabulary_is_refused_naming_both_sizes():
+    """The byte-level test tokenizer has 259 tokens: a model of 5000 (or of 200) ids is another
+    model's, and its ids would be read as other tokens; one padded a little past it is its own."""
+    from test_server import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    for vocab in (5000, 200):
+        with pytest.raises(ValueError, match=f"the tokenizer has 259 tokens but the model's vocabulary has {vocab}"):
+            generate(tiny_llama(2, vocab=vocab), "hello", tokenizer=tokenizer, max_new_tokens=2)
+    padded = generate(tiny_llama(2, vocab=320), "hello", tokenizer=tokenizer, max_new_tokens=2, eos_token_ids=[])
+    assert len(padded.token_ids) == 2

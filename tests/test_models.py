@@ -359,3 +359,29 @@ def test_gguf_needs_accelerate(tmp_path, monkeypatch):
     with pytest.raises(ModelPackError, match="needs the accelerate package") as err:
         models.load(str(tmp_path / "m.gguf"))
     assert err.value.hint == "pip install accelerate"
+
+
+@pytest.mark.parametrize("damage", ["weights overwritten in place, same size", "empty tokenizer.json", "file removed"])
+def test_a_converted_file_that_changed_since_conversion_is_not_converted_and_is_converted_again(
+        fake_pack, tmp_path, damage):
+    """Conversion records each file's sha256 (as the joined GGUF's is checked): a copy overwritten
+    in place at the same size, an emptied tokenizer or a missing file makes the pack 'not
+    converted' with the reason, and the next load converts it again instead of running it."""
+    cache = tmp_path / "cache"
+    folder = packs.convert(fake_pack, cache, progress=False)
+    weights, tokenizer_file = folder / "model.safetensors", folder / "tokenizer.json"
+    if damage.startswith("weights"):
+        data = bytearray(weights.read_bytes())
+        data[-8:] = bytes(8) if data[-8:] != bytes(8) else b"\x01" * 8  # the header still parses
+        weights.write_bytes(bytes(data))
+    elif damage.startswith("empty"):
+        tokenizer_file.write_text("")
+    else:
+        tokenizer_file.unlink()
+    assert not packs.is_converted(fake_pack, cache)
+    why = packs.describe(cache)
+    row = next(r for r in why if r["name"] == fake_pack.name)
+    assert row["converted"] is False and ("changed since conversion" in row["damaged"] or "missing" in row["damaged"])
+    packs.convert(fake_pack, cache, progress=False)  # converted again
+    assert packs.is_converted(fake_pack, cache)
+    assert tokenizer_file.stat().st_size > 0

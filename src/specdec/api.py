@@ -160,6 +160,7 @@ class _Run:
         prompt = _checked_prompt(prompt, tokenizer)
         built = build(config, target, draft)
         backend = built.target
+        _check_tokenizer_vocabulary(tokenizer, backend)
         _check_eos_ids(config.eos_token_ids, backend)
         prompt_ids = _prompt_ids(prompt, tokenizer, backend)
         room = _room(backend, len(prompt_ids), config.max_new_tokens)
@@ -304,6 +305,26 @@ def _check_tokenizer(tokenizer: Any) -> None:
             f"tokenizer must be a transformers tokenizer (or None with token ids), got {type(tokenizer).__name__}; "
             "specdec.models.load(name) returns the model's"
         )
+
+
+# A model's logits may be wider than its tokenizer's vocabulary (padded, e.g. Qwen2.5's 151,936 for
+# 151,665 tokens), by at most this many ids or 2% of them.
+VOCABULARY_PADDING = 1024
+
+
+def _check_tokenizer_vocabulary(tokenizer: Any, backend: Any) -> None:
+    """A tokenizer of another model's vocabulary would turn the text into ids the model reads as
+    other tokens (or cannot read): refuse it, naming both sizes."""
+    if tokenizer is None:
+        return
+    try:
+        tokens = len(tokenizer)
+    except TypeError:
+        return  # a tokenizer that does not say its size
+    width = backend.vocab_size
+    if not width - max(VOCABULARY_PADDING, width // 50) <= tokens <= width:
+        raise ValueError(f"the tokenizer has {tokens} tokens but the model's vocabulary has {width}: they belong to "
+                         "different models; load both with specdec.models.load(name)")
 
 
 def _checked_prompt(prompt: Any, tokenizer: Any) -> str | list[int]:

@@ -44,7 +44,7 @@ from specdec.paths import CACHE_ENV, cache_root
 
 MARKER = "specdec-pack.json"  # written last into a converted pack's directory
 STALE_AGE = 86_400  # seconds after which a preparation's temporary is left over, whatever its name says
-FORMAT = 1  # bump when conversion changes: caches written by an older version are redone
+FORMAT = 2  # bump when conversion changes: caches written by an older version are redone
 BUFFER = 8 * 1024 * 1024
 
 
@@ -230,6 +230,9 @@ def damage(model_dir: Path) -> str | None:
     every safetensors file's header parses and accounts for the file's exact size (a truncated
     copy is shorter). A few stat calls and the headers, so it is cheap enough for every load.
     """
+    changed = _changed_since_conversion(model_dir)
+    if changed is not None:
+        return changed
     config = model_dir / "config.json"
     try:
         json.loads(config.read_text())
@@ -244,6 +247,38 @@ def damage(model_dir: Path) -> str | None:
         why = _safetensors_damage(path)
         if why is not None:
             return f"{path} {why}"
+    return None
+
+
+def _file_stamps(model_dir: Path) -> dict[str, dict[str, Any]]:
+    """Each file of a converted model: its sha256, size and modification time (in the marker)."""
+    stamps = {}
+    for path in sorted(p for p in model_dir.iterdir() if p.is_file() and p.name != MARKER):
+        stat = path.stat()
+        stamps[path.name] = {"sha256": _sha256(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    return stamps
+
+
+def _changed_since_conversion(model_dir: Path) -> str | None:
+    """Which file of a converted model differs from the one conversion wrote, or None. A file whose
+    size and modification time are as recorded is taken as written; any other is hashed again
+    (a copy overwritten in place, even at the same size, no longer matches its sha256)."""
+    try:
+        files = json.loads((model_dir / MARKER).read_text()).get("files")
+    except (OSError, ValueError):
+        return None  # no marker: damage() reads the files themselves
+    if not isinstance(files, dict):
+        return None
+    for name, stamp in files.items():
+        path = model_dir / name
+        try:
+            stat = path.stat()
+        except OSError:
+            return f"{path} is missing"
+        if (stat.st_size, stat.st_mtime_ns) == (stamp.get("size"), stamp.get("mtime_ns")):
+            continue
+        if _sha256(path) != stamp.get("sha256"):
+            return f"{path} changed since conversion (its sha256 is not the one recorded)"
     return None
 
 
@@ -459,7 +494,7 @@ def convert(pack: Pack | str, cache_dir: str | Path | None = None, *, progress: 
                 gguf.unlink()  # the joined file is large and no longer needed
             (out / MARKER).write_text(json.dumps(
                 {"pack": pack.name, "gguf_sha256": pack.sha256, "format": FORMAT, "dtype": "bfloat16",
-                 "requirements": pack.requirements}, indent=1))
+                 "requirements": pack.requirements, "files": _file_stamps(out)}, indent=1))
             if final.exists():
                 shutil.rmtree(final)  # an unfinished or stale conversion
             os.replace(out, final)

@@ -1,0 +1,53 @@
+"""The README's first command installs everything ``specdec`` needs to start, without the dev extra.
+
+CI installs the dev extra, so a runtime module that only that extra brings (httpx once) would
+leave every ``specdec`` command broken for a user who follows the README while the suite stays
+green. This test installs what the README's first command installs (``torch==2.13.0``, then the
+package with the ``llamacpp`` extra) into a fresh virtual environment that does not see this
+interpreter's packages, and runs what a user runs first: ``import specdec``, every module of the
+package, and the help of ``specdec generate`` and ``specdec serve``. pip reuses its cache (the
+llama.cpp wheel built once), so it takes about 3 minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+IMPORT_EVERY_MODULE = """
+import pkgutil, importlib, specdec
+names = [m.name for m in pkgutil.walk_packages(specdec.__path__, "specdec.") if not m.name.endswith("__main__")]
+for name in names:
+    importlib.import_module(name)
+print(len(names), "modules")
+"""
+
+
+def test_the_first_command_of_the_readme_installs_what_specdec_imports(tmp_path):
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=True, system_site_packages=False).create(env_dir)
+    python, specdec = env_dir / "bin" / "python", env_dir / "bin" / "specdec"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+
+    def run(*argv: str | Path, timeout: float = 900) -> str:
+        done = subprocess.run([str(a) for a in argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+        assert done.returncode == 0, f"{' '.join(map(str, argv))} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        return done.stdout
+
+    run(python, "-m", "pip", "install", "-q", "torch==2.13.0")
+    run(python, "-m", "pip", "install", "-q", "-e", ".[llamacpp]")
+    dev_only = run(python, "-c", "import importlib.util as u; print([m for m in ('pytest', 'hypothesis', 'openai', "
+                                 "'playwright', 'scipy') if u.find_spec(m)])")
+    assert dev_only.strip() == "[]", "the environment must not have the dev extra"
+    run(python, "-c", "import specdec; specdec.DecodeConfig.parse('spec')")
+    assert int(run(python, "-c", IMPORT_EVERY_MODULE).split()[0]) > 50
+    assert "usage: specdec generate" in run(specdec, "generate", "--help")
+    assert "usage: specdec serve" in run(specdec, "serve", "--help")
+    assert "usage: specdec bench" in run(specdec, "bench", "--help")
+    assert sys.prefix != str(env_dir)
