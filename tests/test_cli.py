@@ -402,3 +402,20 @@ def test_inconsistent_drafting_options_are_one_line(args, contains, capsys):
     code, _, err = run_main(args, capsys)
     assert code == 2
     assert_one_line_error(err, contains=contains)
+
+
+def test_ctrl_c_while_the_command_loads_exits_quietly_with_130(monkeypatch, capsys):
+    """The first seconds of every command import torch and the library: Ctrl-C there ends the
+    command with status 130 and no traceback, as it does later on."""
+    import importlib
+
+    real = importlib.import_module
+
+    def interrupted(name, *args):
+        if name == "specdec.cli.commands":
+            raise KeyboardInterrupt
+        return real(name, *args)
+
+    monkeypatch.setattr(importlib, "import_module", interrupted)
+    assert cli.main(["generate", "hi"]) == 130
+    assert "Traceback" not in capsys.readouterr().err

@@ -157,3 +157,21 @@ def test_the_heads_drafter_takes_other_choices_without_rebuilding():
     context = [3, 7, 1, 3, 7]
     ta, tb = other.propose_tree(context, SamplingConfig(), 3), rebuilt.propose_tree(context, SamplingConfig(), 3)
     assert ta.tokens == tb.tokens and ta.parents == tb.parents and len(ta) == len(choices)
+
+
+@pytest.mark.parametrize("text", ["spec:k=99999999999999999999999", "spec:block:policy=heuristic:k_max=2147483648",
+                                  "spec:model:tree:width=99999999999999999999999", "spec:model:tree:budget=1e400"])
+def test_a_count_too_large_is_a_value_error_naming_its_option(text):
+    """Counts are capped at 2**31 - 1: a larger one is a ValueError saying what the option takes
+    (once an OverflowError from deep inside, which the front ends do not catch)."""
+    option = text.rsplit(":", 1)[1].split("=")[0]
+    with pytest.raises(ValueError, match=f"{option}= takes a positive integer"):
+        DecodeConfig.parse(text)
+    with pytest.raises(ValueError, match="k .tokens drafted per step. must be a positive integer up to 2147483647"):
+        DecodeConfig(k=2**31)
+
+
+@pytest.mark.parametrize("value", ["yes", "no", 1, None])
+def test_prompt_cache_takes_true_or_false_only(value):
+    with pytest.raises(TypeError, match="prompt_cache must be True or False"):
+        DecodeConfig(prompt_cache=value)

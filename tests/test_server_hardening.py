@@ -262,6 +262,9 @@ def test_tokenizing_does_not_hold_up_other_requests(pair, path, body):
     ({"speculative": {"method": "spec:ngram:block:max_ngram=abc"}}, "speculative.method", "max_ngram"),
     ({"speculative": {"method": "spec:ngram:block:min_ngram=1.5"}}, "speculative.method", "min_ngram"),
     ({"speculative": {"method": "spec:tree:depth=deep"}}, "speculative.method", "depth"),
+    ({"speculative": {"method": "spec:model:block:k=99999999999999999999999"}}, "speculative.method", "k="),
+    ({"speculative": {"method": "spec:model:block:k_max=99999999999999999999999"}}, "speculative.method", "k_max"),
+    ({"speculative": {"method": "spec:model:tree:width=99999999999999999999999"}}, "speculative.method", "width"),
     ({"speculative": "spec:tree"}, "speculative", '{"method": '),
     ({"speculative": ["spec:tree"]}, "speculative", '{"method": '),
 ])
