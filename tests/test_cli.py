@@ -344,6 +344,17 @@ def test_the_gumbel_sampler_keeps_the_sampled_output_of_plain_decoding(tiny, cap
     assert isinstance(report["stats"]["gumbel_seed"], int)
 
 
+def test_verify_coupled_draws_its_baseline_with_the_gumbel_sampler_and_refuses_multinomial(tiny, capsys):
+    """--verify coupled implies --sampler gumbel, for --compare-ar's plain decoding too (which once
+    drew multinomially and called the texts different); naming multinomial beside it is an error."""
+    report = generate_json(tiny, capsys, "--compare-ar", "--verify", "coupled", "--temperature", "1")
+    assert report["ar"]["identical"] is True and "coupled" in report["method"]
+    args = ["generate", "hello", "--target", tiny["target"], "--draft", tiny["draft"], "--dtype", "float32",
+            "--verify", "coupled", "--sampler", "multinomial", "--temperature", "1"]
+    code, _, err = run_main(args, capsys)
+    assert code == 2 and "verifies Gumbel-max draws, but --sampler is multinomial" in err, err
+
+
 def test_the_summary_names_the_gumbel_seed_that_draws_the_text_again(tiny, capsys):
     args = ["generate", "hello", "--target", tiny["target"], "--draft", tiny["draft"], "--dtype", "float32",
             "--max-new-tokens", "8", "--sampler", "gumbel", "--temperature", "1", "--compare-ar"]
