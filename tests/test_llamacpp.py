@@ -8,6 +8,8 @@ and trees, and greedy speculative output equal to the backend's own greedy decod
 
 from __future__ import annotations
 
+import math
+
 import builtins
 import shutil
 
@@ -476,3 +478,33 @@ def test_coupled_methods_give_the_tokens_of_plain_gumbel_decoding(model, setting
         assert "coupled" in result.method
         kept += result.stats.accepted_tokens
     assert kept > 0
+
+
+def static_choices(nodes: int) -> list[tuple[int, ...]]:
+    """A static tree of ``nodes`` nodes: one branch from each of the root's top sqrt(nodes) children
+    (rounded to a power of two), each branch its top child's chain, parents before children
+    (at most 11 leaves up to 128 nodes, within llama.cpp's 63 sequences)."""
+    branches = 1 << (max(1, round(math.log2(nodes) / 2)))
+    depth = nodes // branches
+    return sorted(((r,) + (0,) * d for r in range(branches) for d in range(depth)), key=len)
+
+
+@pytest.mark.parametrize("budget", [16, 32, 64, 128])
+@pytest.mark.parametrize("shape", ["dynamic", "static"])
+def test_trees_of_every_budget_decode_greedily_the_backends_own_greedy_output(model, shape, budget):
+    """Trees of up to 128 nodes (two or more llama.cpp passes' worth of rows, at any context length):
+    the bf16 KV cache keeps llama.cpp's flash attention on its per-row kernel, so every tree row
+    equals a one-token step bit for bit and greedy output is plain decoding's. A tree of 64 nodes
+    once left plain decoding after 20 tokens, through the tiled kernel that an f16 cache takes for
+    passes of 64 rows or more. The draft is the target itself (its tree's first path always holds)
+    for the longer run, an unsure copy (other branches kept) for the others."""
+    tokenizer = _tokenizer()
+    tree = dict(mode="dynamic", budget=budget) if shape == "dynamic" else dict(mode="static", choices=static_choices(budget))
+    long_run = budget == 64 and shape == "dynamic"
+    for prompt, draft, tokens in ([("Once upon a time in a small village by the sea,", model.fork(), 400)] if long_run else
+                                  [(PROMPTS[budget % 3], _Unsure(model.fork()), 32 if budget <= 32 else 16)]):
+        ar = generate(model, prompt, tokenizer=tokenizer, max_new_tokens=tokens, eos_token_ids=[])
+        spec = generate(model, prompt, tokenizer=tokenizer, draft=draft, verify="tree", tree=tree,
+                        max_new_tokens=tokens, eos_token_ids=[])
+        assert spec.token_ids == ar.token_ids, (prompt, tree)
+        assert spec.stats.accepted_tokens > 0 and spec.exact
