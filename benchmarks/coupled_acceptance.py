@@ -11,6 +11,9 @@ sampler meets. Writes a JSON file.
 
     python benchmarks/coupled_acceptance.py --prompts humaneval:4,mtbench:4,edit:4 --tokens 96 \
         --temperatures 0.7 1 1.5 --threads 2 --out benchmarks/coupled-acceptance.json
+
+``--target``/``--draft`` take other packs or .gguf files (default: the default pair), e.g.
+``--target smollm2-135m --draft smollm2-135m`` for a small run.
 """
 
 from __future__ import annotations
@@ -20,34 +23,62 @@ import json
 import statistics
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
-
-from specdec import generate, models
+from specdec import packs
 from specdec.prompts import load_prompts
-from specdec.sampling import SamplingConfig, logits_to_probs
-from specdec.verify.coupled import acceptance
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 def acceptances(p: np.ndarray, q: np.ndarray) -> tuple[float, float]:
     """(1 - TV, the coupled acceptance) for one position."""
+    import numpy as np
+
+    from specdec.verify.coupled import acceptance
+
     return float(np.minimum(p, q).sum()), acceptance(p, q)
+
+
+def positive(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"takes a positive integer, got {text}")
+    return value
+
+
+def temperature(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"takes a temperature, 0 (greedy) or more, got {text}")
+    return value
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", default=packs.DEFAULT_TARGET, help="a pack name or a .gguf file (run on llama.cpp)")
+    parser.add_argument("--draft", default=packs.DEFAULT_DRAFT, help="a pack name or a .gguf file (run on llama.cpp)")
     parser.add_argument("--prompts", default="humaneval:4,mtbench:4,edit:4")
-    parser.add_argument("--tokens", type=int, default=96, help="new tokens per text")
-    parser.add_argument("--temperatures", type=float, nargs="+", default=[0.7, 1.0, 1.5])
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--tokens", type=positive, default=96, help="new tokens per text")
+    parser.add_argument("--temperatures", type=temperature, nargs="+", default=[0.7, 1.0, 1.5])
+    parser.add_argument("--threads", type=positive, default=2)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/coupled-acceptance.json"))
     args = parser.parse_args()
+    try:
+        prompts = load_prompts(args.prompts)
+    except ValueError as e:
+        parser.error(f"--prompts: {e}")
+    # torch and the models only now: --help and a wrong argument answer at once
+    from specdec import generate, models
+    from specdec.sampling import SamplingConfig, logits_to_probs
+
     start = time.perf_counter()
-    target, tokenizer = models.load(models.DEFAULT_TARGET, backend="llamacpp", n_threads=args.threads, progress=False)
-    draft, _ = models.load(models.DEFAULT_DRAFT, backend="llamacpp", n_threads=args.threads, progress=False)
+    target, tokenizer = models.load(args.target, backend="llamacpp", n_threads=args.threads, progress=False)
+    draft, _ = models.load(args.draft, backend="llamacpp", n_threads=args.threads, progress=False)
     rows: dict[float, list[tuple[float, float]]] = {t: [] for t in args.temperatures}
     per_prompt = []
-    for prompt in load_prompts(args.prompts):
+    for prompt in prompts:
         ids = prompt.token_ids(tokenizer)
         text = generate(target, ids, sampler="gumbel", temperature=1.0, seed=0, max_new_tokens=args.tokens,
                         eos_token_ids=[]).token_ids
@@ -80,7 +111,7 @@ def main() -> None:
     out = {"command": "python benchmarks/coupled_acceptance.py " + " ".join(
                f"--{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
                for k, v in vars(args).items()),
-           "target": models.DEFAULT_TARGET, "draft": models.DEFAULT_DRAFT, "backend": "llamacpp",
+           "target": args.target, "draft": args.draft, "backend": "llamacpp",
            "summary": summary, "prompts": per_prompt, "seconds": time.perf_counter() - start}
     args.out.write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps(summary, indent=1))

@@ -18,6 +18,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run", type=Path, help="a bench run's temperature folder, e.g. benchmarks/coupled/t1")
     args = parser.parse_args()
+    if not (args.run / "samples").is_dir():
+        parser.error(f"{args.run} holds no samples/ folder: give a bench run's temperature folder (greedy/, t1/, ...)")
     outputs: dict[tuple[str, int], dict[str, list[int]]] = defaultdict(dict)
     for path in sorted((args.run / "samples").glob("*.json")):
         record = json.loads(path.read_text())

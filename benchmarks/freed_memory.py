@@ -4,9 +4,12 @@ glibc's own defaults cannot be restored inside a process once changed (setting a
 off its dynamic adjustment), so this alternates whole processes: one with ``SPECDEC_MALLOC=system``
 (glibc's defaults), one with freed memory kept, ``--rounds`` times each, every process running the
 same generations (fixed seeds, so the very same tokens). Reports each method's time ratio and
-writes freed-memory.json beside this file.
+writes freed-memory.json beside this file, or --out.
 
     python benchmarks/freed_memory.py [--threads 2] [--rounds 2] [--tokens 48]
+
+``--target``/``--draft`` (default: the default pair, on torch) make a small run, e.g.
+``--target smollm2-135m --draft smollm2-135m --rounds 1 --tokens 4``.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from pathlib import Path
 
 from tree_vs_chain import PROMPTS as ALL_PROMPTS  # benchmarks/ is on the path when run as a script
 
+from specdec.packs import DEFAULT_DRAFT, DEFAULT_TARGET
+
 PROMPTS = ALL_PROMPTS[:2]  # one code prompt, one prose prompt
 METHODS = {
     "ar": {},
@@ -34,13 +39,13 @@ def one_process(args: argparse.Namespace) -> None:
     import torch
 
     from specdec import generate, models
-    from specdec.api import as_backend
+    from specdec.build import as_backend
     from specdec.memory import keep_freed_memory
 
     keep_freed_memory()  # does nothing under SPECDEC_MALLOC=system
     torch.set_num_threads(args.threads)
-    target_model, tokenizer = models.load(models.DEFAULT_TARGET, progress=False)
-    draft_model, _ = models.load(models.DEFAULT_DRAFT, progress=False)
+    target_model, tokenizer = models.load(args.target, progress=False)
+    draft_model, _ = models.load(args.draft, progress=False)
     target, draft = as_backend(target_model), as_backend(draft_model, "int8")
     seconds, tokens = {name: 0.0 for name in METHODS}, {}
     for counted in (False, True):
@@ -56,14 +61,26 @@ def one_process(args: argparse.Namespace) -> None:
     print(json.dumps({"seconds": seconds, "tokens": tokens}))
 
 
+def positive(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"takes a positive integer, got {text}")
+    return value
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--tokens", type=int, default=48)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", default=DEFAULT_TARGET, help="a pack name or a model directory")
+    parser.add_argument("--draft", default=DEFAULT_DRAFT, help="a pack name or a model directory")
+    parser.add_argument("--threads", type=positive, default=2)
+    parser.add_argument("--rounds", type=positive, default=2)
+    parser.add_argument("--tokens", type=positive, default=48)
     parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--out", type=Path, default=None, help="JSON file (default: freed-memory.json beside this script)")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.temperature < 0:
+        parser.error("--temperature must be 0 (greedy) or positive")
     if args.one:
         one_process(args)
         return
@@ -75,9 +92,11 @@ def main() -> None:
             if mode == "system":
                 env["SPECDEC_MALLOC"] = "system"
             argv = [sys.executable, __file__, "--one", "--threads", str(args.threads), "--tokens", str(args.tokens),
-                    "--temperature", str(args.temperature)]
-            out = subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout
-            runs[mode].append(json.loads(out.strip().splitlines()[-1]))
+                    "--temperature", str(args.temperature), "--target", args.target, "--draft", args.draft]
+            done = subprocess.run(argv, env=env, capture_output=True, text=True)
+            if done.returncode != 0:
+                sys.exit(f"the {mode} process failed with status {done.returncode}:\n{done.stderr[-3000:]}")
+            runs[mode].append(json.loads(done.stdout.strip().splitlines()[-1]))
             print(mode, {k: round(v, 2) for k, v in runs[mode][-1]["seconds"].items()}, flush=True)
     first = runs["system"][0]["tokens"]
     same = all(run["tokens"] == first for mode in runs for run in runs[mode])
@@ -90,7 +109,8 @@ def main() -> None:
     print("identical tokens in every process:", same)
     command = (f"python benchmarks/freed_memory.py --threads {args.threads} --rounds {args.rounds} "
                f"--tokens {args.tokens} --temperature {args.temperature:g}")
-    Path(__file__).with_name("freed-memory.json").write_text(json.dumps(
+    command += "".join(f" --{k} {v}" for k, v in (("target", args.target), ("draft", args.draft)) if v != parser.get_default(k))
+    (args.out or Path(__file__).with_name("freed-memory.json")).write_text(json.dumps(
         {"methods": result, "identical_tokens": same, "prompts": len(PROMPTS), "command": command}, indent=1))
 
 

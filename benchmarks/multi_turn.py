@@ -10,6 +10,11 @@ whole conversations' tokens per second and the turns' time to first token, again
 
     python benchmarks/multi_turn.py --conversations mtbench:4,edit:4 --max-tokens 128 --threads 2 \\
         --out benchmarks/multi-turn.json
+
+It needs llama-server: build it with `benchmarks/build_llama_server.sh`, or name a binary in
+$SPECDEC_LLAMA_SERVER; without one it stops, before loading anything, saying so. ``--target`` and
+``--draft`` take other packs or .gguf files (default: the default pair), e.g. ``--target
+smollm2-135m --draft smollm2-135m --conversations mtbench:1 --max-tokens 8`` for a small run.
 """
 
 from __future__ import annotations
@@ -20,12 +25,10 @@ import math
 import shlex
 import sys
 from collections import defaultdict
+from pathlib import Path
 
 from specdec import packs
-from specdec.backends.llamacpp import DEFAULT_CTX
-from specdec.bench.conversations import run_all
-from specdec.bench.servers import Servers
-from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET
+from specdec.packs import DEFAULT_DRAFT, DEFAULT_TARGET
 from specdec.prompts import load_conversations
 
 SERVERS = {  # name in the report -> Servers key
@@ -40,20 +43,51 @@ def geomean(values):
     return math.exp(sum(map(math.log, values)) / len(values))
 
 
+def is_gguf(name: str) -> bool:
+    return name in packs.PACKS or (Path(name).suffix.lower() == ".gguf" and Path(name).expanduser().is_file())
+
+
+def gguf_of(name: str) -> Path:
+    """The GGUF a pack name or .gguf path stands for (a pack's joined and hash-checked)."""
+    return packs.gguf_file(name, progress=False) if name in packs.PACKS else Path(name).expanduser()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--conversations", default="mtbench:4,edit:4")
+    parser.add_argument("--target", default=DEFAULT_TARGET, help="a pack name or a .gguf file (default: %(default)s)")
+    parser.add_argument("--draft", default=DEFAULT_DRAFT, help="a pack name or a .gguf file (default: %(default)s)")
+    parser.add_argument("--conversations", default="mtbench:4,edit:4", help="sets and counts: mtbench, edit")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    from transformers import AutoTokenizer
+    # Every argument is checked before any model, tokenizer or server loads.
+    if args.max_tokens < 1 or args.threads < 1 or args.temperature < 0:
+        parser.error("--max-tokens and --threads take positive integers, --temperature 0 (greedy) or more")
+    for flag, name in (("--target", args.target), ("--draft", args.draft)):
+        if not is_gguf(name):
+            parser.error(f"{flag}: {name} is neither a pack ({', '.join(packs.PACKS)}) nor a .gguf file; "
+                         "every server here runs GGUF files on llama.cpp")
+    try:
+        conversations = load_conversations(args.conversations)
+    except ValueError as e:
+        parser.error(f"--conversations: {e}")
+    # the servers' client and the models only now: --help and a wrong argument answer at once
+    from specdec import models
+    from specdec.backends.llamacpp import DEFAULT_CTX
+    from specdec.bench.conversations import run_all
+    from specdec.bench.servers import ServerMissing, Servers, llama_server_binary
 
-    tokenizer = AutoTokenizer.from_pretrained(str(packs.pack_dir(DEFAULT_TARGET)))
-    conversations = load_conversations(args.conversations)
-    servers = Servers(packs.gguf_file(DEFAULT_TARGET), packs.gguf_file(DEFAULT_DRAFT),
-                      ["--target", DEFAULT_TARGET, "--draft", DEFAULT_DRAFT], n_threads=args.threads, n_ctx=DEFAULT_CTX)
+    try:
+        llama_server_binary()
+    except ServerMissing as e:
+        parser.error(f"{e} (this script compares specdec serve with llama-server)")
+    target = packs.PACKS.get(args.target)
+    target_gguf = gguf_of(args.target)
+    tokenizer = models._gguf_tokenizer(target, target_gguf, None)  # the GGUF's own: no torch conversion needed
+    servers = Servers(target_gguf, gguf_of(args.draft),
+                      ["--target", args.target, "--draft", args.draft], n_threads=args.threads, n_ctx=DEFAULT_CTX)
     keys = list(SERVERS.values())
     try:
         runs = run_all(servers, keys, conversations, tokenizer, max_tokens=args.max_tokens,

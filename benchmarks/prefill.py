@@ -6,9 +6,9 @@ Interleaved: for each repeat the three ways are timed back to back on the same l
 from an empty cache, through :func:`specdec.backends.base.forward_after` (what ar and every
 speculative method call first). The prompt is real code: this repository's own Python source,
 tokenized and cut to --tokens. Prints a Markdown table of median seconds; writes prefill.json
-beside this file.
+beside this file, or --out.
 
-    python benchmarks/prefill.py [--model qwen2.5-coder-1.5b] [--tokens 2048] [--threads 2] [--repeats 3]
+    python benchmarks/prefill.py [--model qwen2.5-coder-1.5b] [--tokens 2048] [--threads 2] [--repeats 3] [--out FILE]
 """
 
 from __future__ import annotations
@@ -18,13 +18,6 @@ import json
 import statistics
 import time
 from pathlib import Path
-
-import torch
-
-from specdec import kernels, models
-from specdec.backends.base import forward_after
-from specdec.backends.hf import HFCausalLM
-from specdec.backends.lean import make_backend
 
 WAYS = ("torch kernels", "invariant kernels for every row", "specdec default (fast prefill)")
 
@@ -39,6 +32,11 @@ def prompt_ids(tokenizer, tokens: int) -> list[int]:
 
 
 def time_way(model, way: str, ids: list[int]) -> float:
+    from specdec import kernels
+    from specdec.backends.base import forward_after
+    from specdec.backends.hf import HFCausalLM
+    from specdec.backends.lean import make_backend
+
     if way == "torch kernels":
         kernels.restore(model)
         model.config._attn_implementation = "sdpa"
@@ -57,16 +55,29 @@ def time_way(model, way: str, ids: list[int]) -> float:
         kernels.PREFILL_ROWS = saved
 
 
+def positive(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"takes a positive integer, got {text}")
+    return value
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--model", default="qwen2.5-coder-1.5b")
-    parser.add_argument("--tokens", type=int, default=2048)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="qwen2.5-coder-1.5b", help="a pack name or a model directory (run on torch)")
+    parser.add_argument("--tokens", type=positive, default=2048)
+    parser.add_argument("--threads", type=positive, default=2)
+    parser.add_argument("--repeats", type=positive, default=3)
+    parser.add_argument("--out", type=Path, default=None, help="JSON file (default: prefill.json beside this script)")
     parser.add_argument("--skip-invariant", action="store_true",
                         help="leave out the invariant-kernels-for-every-row way (the slowest by far)")
     args = parser.parse_args()
     ways = [w for w in WAYS if not (args.skip_invariant and w == WAYS[1])]
+    # torch and the models only now: --help and a wrong argument answer at once
+    import torch
+
+    from specdec import kernels, models
+
     torch.set_num_threads(args.threads)
     model, tokenizer = models.load(args.model, dtype="bfloat16", progress=False, kernels="auto")
     ids = prompt_ids(tokenizer, args.tokens)
@@ -83,7 +94,7 @@ def main() -> None:
     lines += [f"| {way} | {med[way]:.2f} | {med[way] / base:.2f} |" for way in ways]
     table = "\n".join(lines)
     print(table)
-    out = Path(__file__).with_name("prefill.json")
+    out = args.out or Path(__file__).with_name("prefill.json")
     out.write_text(json.dumps({
         "model": args.model, "tokens": args.tokens, "threads": args.threads, "repeats": args.repeats,
         "seconds": times, "median_seconds": med, "kernel": kernels.status(), "torch": torch.__version__,

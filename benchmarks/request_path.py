@@ -10,6 +10,9 @@ then in a fresh process where that thread is the only one to decode, which is ho
 runs its models.
 
     python benchmarks/request_path.py --tokens 128 --threads 2 --out benchmarks/request-path.json
+
+``--model`` takes another pack or a .gguf file (default: the default target), e.g.
+``--model smollm2-135m`` for a small run.
 """
 
 from __future__ import annotations
@@ -21,15 +24,23 @@ import sys
 import threading
 import time
 from collections import defaultdict
+from pathlib import Path
 
-import torch
-
-import specdec
-import specdec.api as api_module
 from specdec import packs
-from specdec.backends import llamacpp
-from specdec.models import DEFAULT_TARGET
+from specdec.packs import DEFAULT_TARGET
 from specdec.prompts import load_prompts
+
+
+def gguf_of(name: str) -> Path:
+    """The GGUF a pack name or .gguf path stands for (a pack's joined and hash-checked)."""
+    return packs.gguf_file(name, progress=False) if name in packs.PACKS else Path(name).expanduser()
+
+
+def tokenizer_of(name: str, gguf: Path) -> object:
+    """The GGUF's tokenizer as the llama.cpp backend reads it (no torch-converted pack needed)."""
+    from specdec import models
+
+    return models._gguf_tokenizer(packs.PACKS.get(name), gguf, None)
 
 
 def timed(owner, name, totals):
@@ -47,12 +58,16 @@ def timed(owner, name, totals):
 
 
 def breakdown(model, tokenizer, prompt, tokens):
+    import specdec
+    import specdec.api as api_module
+    import specdec.engine as engine
+    from specdec.backends import llamacpp
+
     totals = defaultdict(float)
     api = llamacpp._api()
     saved = [(api, "llama_decode", timed(api, "llama_decode", totals)),
              (llamacpp.LlamaCppCausalLM, "_decode", timed(llamacpp.LlamaCppCausalLM, "_decode", totals)),
              (api_module._Run, "_advance_text", timed(api_module._Run, "_advance_text", totals))]
-    import specdec.engine as engine
     saved.append((engine, "next_token", timed(engine, "next_token", totals)))
     try:
         arrivals, first = [], {}
@@ -69,6 +84,8 @@ def breakdown(model, tokenizer, prompt, tokens):
 
 
 def decode_ms(model, prompt, tokens):
+    import specdec
+
     arrivals = []
     for _ in specdec.stream(model, prompt, max_new_tokens=tokens, temperature=0.0, eos_token_ids=[]):
         arrivals.append(time.perf_counter())
@@ -85,32 +102,44 @@ def on_thread(fn, *args):
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default=DEFAULT_TARGET, help="a pack name or a .gguf file (run on llama.cpp)")
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default=None)
-    parser.add_argument("--only-thread", action="store_true", help=argparse.SUPPRESS)  # the fresh-process run
+    parser.add_argument("--only-thread", metavar="IDS", help=argparse.SUPPRESS)  # the fresh-process run, on the prompt's ids
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    from transformers import AutoTokenizer
+    if args.tokens < 2 or args.threads < 1:
+        parser.error("--tokens takes 2 or more (a step follows the first token), --threads 1 or more")
+    if args.model not in packs.PACKS and not (Path(args.model).suffix.lower() == ".gguf" and Path(args.model).is_file()):
+        parser.error(f"--model: {args.model} is neither a pack ({', '.join(packs.PACKS)}) nor a .gguf file")
+    # torch and the models only now: --help and a wrong argument answer at once
+    import torch
 
-    tokenizer = AutoTokenizer.from_pretrained(str(packs.pack_dir(DEFAULT_TARGET)))
-    prompt = load_prompts("humaneval:1")[0].token_ids(tokenizer)
-    model = llamacpp.load_gguf(packs.gguf_file(DEFAULT_TARGET), n_threads=args.threads, prefill_layout="repacked")
-    if args.only_thread:
-        print(json.dumps([on_thread(decode_ms, model, prompt, args.tokens) for _ in range(2)]))
+    from specdec.backends import llamacpp
+
+    torch.set_num_threads(args.threads)
+    gguf = gguf_of(args.model)
+    if args.only_thread:  # the prompt's ids come from the parent: no tokenizer to read
+        model = llamacpp.load_gguf(gguf, n_threads=args.threads, prefill_layout="repacked")
+        print(json.dumps([on_thread(decode_ms, model, json.loads(args.only_thread), args.tokens) for _ in range(2)]))
         return 0
+    tokenizer = tokenizer_of(args.model, gguf)
+    prompt = load_prompts("humaneval:1")[0].token_ids(tokenizer)
+    model = llamacpp.load_gguf(gguf, n_threads=args.threads, prefill_layout="repacked")
     decode_ms(model, prompt, 16)  # warm-up
     main_runs = [breakdown(model, tokenizer, prompt, args.tokens) for _ in range(2)]
     second = [on_thread(decode_ms, model, prompt, args.tokens) for _ in range(2)]
-    fresh = json.loads(subprocess.run([sys.executable, __file__, "--tokens", str(args.tokens), "--threads",
-                                       str(args.threads), "--only-thread"], capture_output=True, text=True,
-                                      check=True).stdout.strip().splitlines()[-1])
+    done = subprocess.run([sys.executable, __file__, "--model", args.model, "--tokens", str(args.tokens), "--threads",
+                           str(args.threads), "--only-thread", json.dumps(prompt)], capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"the fresh process failed with status {done.returncode}:\n{done.stderr[-3000:]}")
+    fresh = json.loads(done.stdout.strip().splitlines()[-1])
     best = min(main_runs, key=lambda r: r["step_ms"])
     parts = best["ms"]
     known = parts["_decode"] + parts["next_token"] + parts["_advance_text"]
     result = {
         "command": " ".join(["python", "benchmarks/request_path.py", *sys.argv[1:]]),
-        "model": DEFAULT_TARGET, "threads": args.threads, "tokens": args.tokens, "prompt_tokens": len(prompt),
+        "model": args.model, "threads": args.threads, "tokens": args.tokens, "prompt_tokens": len(prompt),
         "main_thread_step_ms": [round(r["step_ms"], 2) for r in main_runs],
         "per_token_ms": {
             "llama_decode": round(parts["llama_decode"], 3),

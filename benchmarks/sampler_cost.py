@@ -14,10 +14,6 @@ import statistics
 import time
 from pathlib import Path
 
-import torch
-
-from specdec.sampling import SamplingConfig, gumbel_token, next_token
-
 VOCAB = 151936  # the Qwen2.5 pair's
 
 
@@ -28,6 +24,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/sampler-cost.json"))
     args = parser.parse_args()
+    if min(args.rounds, args.rows, args.threads) < 1:
+        parser.error("--rounds, --rows and --threads take positive integers")
+    import torch  # only now: --help and a wrong argument answer at once
+
+    from specdec.sampling import SamplingConfig, gumbel_token, next_token
+
     torch.set_num_threads(args.threads)
     logits = torch.randn(args.rows, VOCAB, generator=torch.Generator().manual_seed(0)) * 3  # [rows, V]
     generator = torch.Generator().manual_seed(0)

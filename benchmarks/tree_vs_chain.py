@@ -15,9 +15,12 @@ the target's own sample starts with it, so a fork child adds at most P_target(it
 And it times what they cost: one target forward over as many new tokens as each shape verifies
 (rows), and a draft forward per level (the fork's leaves need none), interleaved, medians; the
 predicted wall-clock ratio of tree to chain is tokens per step over time per step. Prints running
-means and writes tree-vs-chain.json (tree-vs-chain-greedy.json greedy) beside this file.
+means and writes tree-vs-chain.json (tree-vs-chain-greedy.json greedy) beside this file, or --out.
 
     python benchmarks/tree_vs_chain.py [--temperature 1] [--threads 2] [--draws 3] [--tokens 40] [--every 3]
+
+``--target``/``--draft`` (default: the default pair, on torch) and ``--prompts`` (how many of the
+prompts below) make a small run, e.g. ``--target smollm2-135m --draft smollm2-135m --prompts 1``.
 """
 
 from __future__ import annotations
@@ -29,15 +32,7 @@ import statistics
 import time
 from pathlib import Path
 
-import torch
-
-from specdec import generate, models
-from specdec.api import as_backend
-from specdec.backends.base import forward_after
-from specdec.drafters.tree import DEFAULT_TREE, TreeDrafter
-from specdec.sampling import SamplingConfig, logits_to_probs
-from specdec.token_tree import TokenTree, forward_tree
-from specdec.verify.tree import TreeVerifier
+from specdec import packs
 
 PROMPTS = (
     'def merge_sorted(a, b):\n    """Merge two sorted lists."""\n',
@@ -54,6 +49,8 @@ def mean_se(values: list[float]) -> tuple[float, float]:
 def forward_ms(model, context: list[int], rows: list[int], repeats: int) -> dict[int, float]:
     """Median time of one forward over each number of rows (the last context token and r - 1
     more) after ``context``, interleaved."""
+    from specdec.backends.base import forward_after
+
     times: dict[int, list[float]] = {r: [] for r in rows}
     forward_after(model, context)
     for _ in range(repeats):
@@ -65,23 +62,49 @@ def forward_ms(model, context: list[int], rows: list[int], repeats: int) -> dict
     return {r: statistics.median(t) for r, t in times.items()}
 
 
+def positive(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"takes a positive integer, got {text}")
+    return value
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", default=packs.DEFAULT_TARGET, help="a pack name or a model directory")
+    parser.add_argument("--draft", default=packs.DEFAULT_DRAFT, help="a pack name or a model directory")
+    parser.add_argument("--prompts", type=positive, default=len(PROMPTS), help=f"how many of the {len(PROMPTS)} prompts")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="JSON file (default: tree-vs-chain[-greedy].json beside this script)")
     parser.add_argument("--temperature", type=float, default=1.0, help="1 or 0 (greedy)")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--draws", type=int, default=3, help="trees drawn per context")
-    parser.add_argument("--tokens", type=int, default=40, help="length of each prompt's continuation")
-    parser.add_argument("--every", type=int, default=3, help="a context every this many tokens")
-    parser.add_argument("--repeats", type=int, default=5, help="timed forwards per row count")
+    parser.add_argument("--threads", type=positive, default=2)
+    parser.add_argument("--draws", type=positive, default=3, help="trees drawn per context")
+    parser.add_argument("--tokens", type=positive, default=40, help="length of each prompt's continuation")
+    parser.add_argument("--every", type=positive, default=3, help="a context every this many tokens")
+    parser.add_argument("--repeats", type=positive, default=5, help="timed forwards per row count")
     args = parser.parse_args()
+    if args.prompts > len(PROMPTS):
+        parser.error(f"--prompts: there are {len(PROMPTS)} prompts")
+    if args.temperature < 0:
+        parser.error("--temperature must be 0 (greedy) or positive")
+    # torch and the models only now: --help and a wrong argument answer at once
+    import torch
+
+    from specdec import generate, models
+    from specdec.build import as_backend
+    from specdec.drafters.tree import DEFAULT_TREE, TreeDrafter
+    from specdec.sampling import SamplingConfig, logits_to_probs
+    from specdec.token_tree import TokenTree, forward_tree
+    from specdec.verify.tree import TreeVerifier
+
     torch.set_num_threads(args.threads)
-    target_model, tokenizer = models.load(models.DEFAULT_TARGET, progress=False)
-    draft_model, _ = models.load(models.DEFAULT_DRAFT, progress=False)
+    target_model, tokenizer = models.load(args.target, progress=False)
+    draft_model, _ = models.load(args.draft, progress=False)
     target, draft = as_backend(target_model), as_backend(draft_model, "int8")
     law = SamplingConfig(temperature=args.temperature)
     draws_each = 1 if law.greedy else args.draws
     contexts = []
-    for i, text in enumerate(PROMPTS):
+    for i, text in enumerate(PROMPTS[:args.prompts]):
         ids = tokenizer(text)["input_ids"]
         out = generate(target, ids, temperature=args.temperature, seed=i, max_new_tokens=args.tokens,
                        eos_token_ids=[]).token_ids
@@ -143,8 +166,11 @@ def main() -> None:
     print(json.dumps({k: v for k, v in summary.items() if k != "verify_ms_by_rows"}, indent=1))
     command = (f"python benchmarks/tree_vs_chain.py --temperature {args.temperature:g} --threads {args.threads} "
                f"--draws {args.draws} --tokens {args.tokens} --every {args.every} --repeats {args.repeats}")
+    command += "".join(f" --{k} {v}" for k, v in (("target", args.target), ("draft", args.draft), ("prompts", args.prompts))
+                       if v != parser.get_default(k))
     name = "tree-vs-chain-greedy.json" if law.greedy else "tree-vs-chain.json"
-    Path(__file__).with_name(name).write_text(json.dumps(
+    out = args.out or Path(__file__).with_name(name)
+    out.write_text(json.dumps(
         {**summary, "tree": DEFAULT_TREE, "torch": torch.__version__, "command": command}, indent=1))
 
 

@@ -316,14 +316,120 @@ def environment(command: str, dtype: str) -> dict[str, Any]:
 
 
 def llamacpp_info(models: Any) -> dict[str, Any]:
-    """The GGUFs the llama.cpp methods and peers run, their threads, and the weight layout the
-    backend's models prefill on (:func:`specdec.backends.llamacpp.choose_prefill_layout`)."""
+    """The GGUFs the llama.cpp methods and peers run, their weights as llama.cpp describes them
+    (:func:`gguf_weights`), their threads, and the weight layout the backend's models prefill on
+    (:func:`specdec.backends.llamacpp.choose_prefill_layout`)."""
     layouts = {role: getattr(model, "prefill_choice", None)
                for role, model in (("target", models.target), ("draft", models.draft)) if model is not None}
     return {"target_gguf": str(models.target_path),
             "draft_gguf": str(models.draft_path) if models.draft_path else None,
+            "target_weights": gguf_weights(models.target_path, models.target),
+            "draft_weights": gguf_weights(models.draft_path, models.draft) if models.draft_path else None,
             "threads": models.n_threads,
             "prefill_layout": layouts or None}
+
+
+# llama.cpp's names of the K-quant mixes (llama_model_ftype_name); other file types go by their own name.
+_MIXES = {"S": "Small", "M": "Medium", "L": "Large", "XS": "Extra Small", "XXS": "Extra Extra Small"}
+
+
+def gguf_weights(path: str | Path | None, model: Any = None) -> str | None:
+    """A GGUF's weights as llama.cpp describes them: a loaded llama.cpp model's own description
+    (``model.weights.description``, e.g. 'qwen2 1.5B Q4_K - Medium'), else the architecture and file
+    type read from the file's header (e.g. 'qwen2 Q4_K - Medium'); None when neither can be read."""
+    described = getattr(getattr(model, "weights", None), "description", None)
+    if described:
+        return str(described)
+    if path is None:
+        return None
+    try:
+        meta = _gguf_metadata(Path(path), ("general.architecture", "general.file_type"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    if "general.file_type" not in meta:
+        return None
+    from gguf import LlamaFileType
+
+    code = int(meta["general.file_type"]) & ~1024  # LLAMA_FTYPE_GUESSED
+    try:
+        name = LlamaFileType(code).name.removeprefix("MOSTLY_")
+    except ValueError:
+        name = f"file type {code}"
+    if name == "ALL_F32":
+        name = "all F32"
+    elif name == "Q2_K":
+        name = "Q2_K - Medium"
+    elif "_K_" in name and name.rsplit("_", 1)[1] in _MIXES:
+        base, mix = name.rsplit("_", 1)
+        name = f"{base} - {_MIXES[mix]}"
+    return " ".join(str(x) for x in (meta.get("general.architecture"), name) if x)
+
+
+_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+
+
+def _gguf_metadata(path: Path, keys: Sequence[str]) -> dict[str, Any]:
+    """The scalar and string values of ``keys`` in a GGUF file's header (v2 or later), read until
+    all are found: a few kilobytes, where the ``gguf`` package's reader maps every tensor."""
+    import struct
+
+    wanted, found = set(keys), {}
+    with open(path, "rb") as f:
+        def read(fmt: str) -> Any:
+            size = struct.calcsize(fmt)
+            data = f.read(size)
+            if len(data) != size:
+                raise ValueError(f"{path}: the GGUF header ends early")
+            return struct.unpack(fmt, data)[0]
+
+        def text() -> str:
+            return f.read(read("<Q")).decode("utf-8")
+
+        def skip(kind: int) -> None:
+            if kind == 8:
+                f.seek(read("<Q"), 1)
+            elif kind == 9:
+                item, count = read("<I"), read("<Q")
+                if item in _GGUF_SCALARS:
+                    f.seek(count * struct.calcsize(_GGUF_SCALARS[item]), 1)
+                else:
+                    for _ in range(count):
+                        skip(item)
+            elif kind in _GGUF_SCALARS:
+                f.seek(struct.calcsize(_GGUF_SCALARS[kind]), 1)
+            else:
+                raise ValueError(f"{path}: unknown GGUF value type {kind}")
+
+        if f.read(4) != b"GGUF" or read("<I") < 2:
+            raise ValueError(f"{path}: not a GGUF file of version 2 or later")
+        read("<Q")  # tensors
+        for _ in range(read("<Q")):
+            key, kind = text(), read("<I")
+            if key in wanted and (kind == 8 or kind in _GGUF_SCALARS):
+                found[key] = text() if kind == 8 else read(_GGUF_SCALARS[kind])
+                if len(found) == len(wanted):
+                    break
+            else:
+                skip(kind)
+    return found
+
+
+def run_weights(methods: Sequence[MethodSpec], dtype: str | None, models: dict[str, Any]) -> str:
+    """What the run's methods computed with, for the results' header: the torch dtype where a
+    method ran on transformers' weights, the GGUF's weights as llama.cpp describes them where one
+    ran on llama.cpp (its peers and servers included), both when both ran."""
+    backends = {m.backend for m in methods}
+    parts = []
+    if "torch" in backends or not backends:
+        parts.append(f"{dtype} on torch" if "llamacpp" in backends else str(dtype))
+    if "llamacpp" in backends:
+        info = models.get("llamacpp") or {}
+        target, draft = info.get("target_weights"), info.get("draft_weights")
+        if target and draft and draft != target:
+            parts.append(f"{target} GGUF (draft: {draft}) via llama.cpp")
+        else:
+            parts.append(f"{target} GGUF via llama.cpp" if target else "GGUF via llama.cpp")
+    return " and ".join(parts)
 
 
 def model_info(model: Any, name: str | None) -> dict[str, Any] | None:
@@ -380,6 +486,10 @@ def _git() -> dict[str, Any] | None:
 def results(run: BenchRun, env: dict[str, Any], models: dict[str, Any]) -> dict[str, Any]:
     """The whole run as plain data: what results.json holds."""
     s = run.settings
+    if any(m.backend == "llamacpp" for m in run.methods):  # as `specdec generate --json` says it: "weights"
+        env = env | {"weights": run_weights(run.methods, env.get("dtype"), models)}
+        if not any(m.backend == "torch" for m in run.methods):  # and no torch dtype where torch ran nothing
+            env = {k: v for k, v in env.items() if k != "dtype"}
     return {
         "environment": env,
         "models": models,
@@ -414,7 +524,9 @@ def title(data: dict[str, Any]) -> str:
     draft = f" / draft {m['draft']['name']}" if m.get("draft") else ""
     sets = Counter(p["set"] for p in data["prompts"])
     prompts = ", ".join(f"{n} {name}" for name, n in sets.items())
-    return (f"target {m['target']['name']}{draft}, {data['environment']['dtype']}, {mode}, "
+    env = data["environment"]
+    weights = env.get("weights") or env.get("dtype")  # "weights" where a method ran on llama.cpp
+    return (f"target {m['target']['name']}{draft}, {weights}, {mode}, "
             f"{s['max_new_tokens']} new tokens, {prompts} prompts, {s['repeats']} repeat(s)")
 
 

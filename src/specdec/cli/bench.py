@@ -26,7 +26,9 @@ from specdec.bench.llamacpp_models import LlamaCppModels
 from specdec.bench.methods import MethodSpec, parse_methods
 from specdec.prompts import load_prompts
 from specdec.bench.runner import BenchBackends, BenchSettings, run_bench
-from specdec.bench.servers import ServerMissing, Servers, llama_server_binary
+from specdec.bench.servers import (
+    BUILD_SCRIPT, DEFAULT_BINARY, LLAMA_SERVER_ENV, LLAMA_SERVER_FLAGS, ServerMissing, Servers, llama_server_binary,
+)
 from specdec.memory import keep_freed_memory
 from specdec.models import Pair
 from specdec.options import (
@@ -48,6 +50,40 @@ DESCRIPTION = (
     "settings, interleaved prompt by prompt. Writes results.json, results.md and plots per "
     "temperature under --out, and --out/README.md with the command and all tables."
 )
+_HOME = str(Path.home())
+EPILOG = (
+    "Servers: a project method with via=serve (e.g. ar:via=serve, spec:via=serve, "
+    "spec:model:block:k=4:backend=llamacpp:via=serve) runs through a `specdec serve` process of its own, "
+    "started with that method as its default (ar's with --draft none), instead of the library, so the "
+    "server path is what is timed. The llama-server peers run llama.cpp's own server on the target's GGUF: "
+    "llama-server (plain decoding), llama-server-md (with the draft's GGUF: "
+    f"{' '.join(LLAMA_SERVER_FLAGS['llama-server-md']).replace('{draft}', 'DRAFT')}) and llama-server-spec-default "
+    f"({' '.join(LLAMA_SERVER_FLAGS['llama-server-spec-default'])}, its n-gram drafter). Every server is its own "
+    "process on a loopback port, with the run's --threads and the same context, called by one HTTP client the "
+    "same way (streamed /v1/completions), started afresh for each temperature; the llama-server peers and "
+    "via=serve methods on llama.cpp run GGUFs (give a pack or a .gguf file as --target and --draft)."
+    "\n\n"
+    f"The llama-server peers need a llama-server binary: build one with {BUILD_SCRIPT} (from the llama.cpp "
+    "source that the installed llama-cpp-python vendors; about 4 minutes on 2 cores; it writes "
+    f"{str(DEFAULT_BINARY).replace(_HOME, '~', 1)}), or set ${LLAMA_SERVER_ENV} to a llama-server binary "
+    "(else one on PATH is used). Without one the bench stops before loading any model and says so. "
+    "specdec serve against llama-server, as in the README:"
+    "\n\n"
+    f"  {BUILD_SCRIPT}   # once\n"
+    "  specdec bench --backend llamacpp --threads 2 --out benchmarks/servers \\\n"
+    "    --methods ar:via=serve,spec:via=serve,llama-server,llama-server-md,llama-server-spec-default"
+)
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Fills each paragraph of the description and epilog on its own; a paragraph of indented lines
+    (a command) is kept as written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return "\n\n".join(
+            "\n".join(indent + line for line in part.splitlines()) if part.startswith("  ")
+            else super(HelpFormatter, self)._fill_text(part, width, indent)
+            for part in text.split("\n\n"))
 
 
 def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -59,6 +95,8 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
         "bench",
         help="measure speed-ups against ar and against transformers' speculative methods",
         description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=HelpFormatter,
     )
     _add_arguments(parser)
     parser.set_defaults(func=bench_command)
@@ -74,8 +112,11 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--methods", default=DEFAULT_METHODS,
                         help="comma-separated: ar, spec:[<drafter>:]<verifier>[:k=N][:policy=P][:option=V...] "
                              "(drafters: model, ngram, early-exit, layer-skip), spec:tree[:budget=N], hf-assisted[:k=N], "
-                             "hf-prompt-lookup[:k=N], hf-ar, llamacpp-ar; ar and spec "
-                             "take backend=torch|llamacpp; ar is always run, on each backend used (default: %(default)s)")
+                             "hf-prompt-lookup[:k=N], hf-ar, llamacpp-ar, and llama.cpp's own server: llama-server, "
+                             "llama-server-md, llama-server-spec-default (they need a llama-server binary: see "
+                             "Servers below); ar and spec take backend=torch|llamacpp, and via=serve to run through "
+                             "a specdec serve process instead of the library; ar is always run, on each backend "
+                             "used (default: %(default)s)")
     parser.add_argument("--backend", choices=tuple(BACKEND_CHOICES), default="torch",
                         help="where ar and spec methods without backend= run: torch (transformers' weights), "
                              "llamacpp (the GGUF, through llama.cpp) or both (each such method on each, "
@@ -350,7 +391,7 @@ def _resolved_command(args: argparse.Namespace) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m specdec.bench [options]``."""
-    parser = Parser(prog="python -m specdec.bench", description=DESCRIPTION)
+    parser = Parser(prog="python -m specdec.bench", description=DESCRIPTION, epilog=EPILOG, formatter_class=HelpFormatter)
     _add_arguments(parser)
     keep_freed_memory()  # as the specdec command does (specdec.memory)
     try:

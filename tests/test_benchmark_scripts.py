@@ -1,0 +1,516 @@
+"""The scripts in ``benchmarks/`` run, each as a user runs it: ``python benchmarks/X.py``.
+
+Nothing else runs them, so they rot when the library moves (an import that moved, a tokenizer
+read from a torch conversion that a llama.cpp user never makes). For every ``benchmarks/*.py``:
+
+- ``--help`` exits 0 and prints its usage (all scripts at once, in parallel processes);
+- a tiny run end to end, writing its output into the test's folder, and the test reads that
+  output (the JSON's keys, and numbers of the right type and count, not just the exit status).
+  The runs use the SmolLM2 pack (``smollm2-135m``, the smallest model each accepts): on torch
+  (converted into the user's cache on first use, as in tests/test_real_models.py) for draft_cost,
+  forward_cost, freed_memory, prefill, tree_vs_chain and trimmed_head (with random heads made
+  here, since heads ship only for the 1.5B target); its GGUF on llama.cpp for
+  coupled_acceptance, gguf_row_cost, prefill_layouts and request_path; no model for
+  sampler_cost and coupled_text (whose input, a bench run's saved samples, is written here by
+  the bench's own writer). A new script without a run test here fails
+  :func:`test_every_script_has_a_run_test`.
+
+multi_turn.py compares ``specdec serve`` with llama.cpp's ``llama-server``: without a
+llama-server binary (none is built in CI) its test checks that it stops at argument checking,
+before any model or tokenizer loads, with the error that says how to build one; the small run
+end to end, ``test_multi_turn_runs``, is marked ``slow`` and is skipped where no llama-server
+is found ($SPECDEC_LLAMA_SERVER, ``benchmarks/build_llama_server.sh``'s output, or PATH).
+The tests that run a real model are marked ``slow`` (pyproject's marker: a real model from an
+installed pack); each runs a few tokens on one prompt, once: the file takes about two to three
+minutes on 2 busy cores.
+
+Also here: ``specdec bench --help`` tells how to run the server methods (``via=serve``) and the
+llama-server peers, and the bench's results header states what ran: the torch dtype for
+methods on transformers' weights, the GGUF's quantisation as llama.cpp describes it for methods
+on llama.cpp.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from specdec import packs
+from specdec.backends import llamacpp
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCHMARKS = ROOT / "benchmarks"
+SCRIPTS = sorted(p.name for p in BENCHMARKS.glob("*.py"))
+PACK = "smollm2-135m"
+THREADS = "1"  # a shared 2-core machine: one thread each
+
+
+def run_script(script: str, *args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``python benchmarks/<script> args...`` from the repository root, as the docstrings run them."""
+    environment = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false") | (env or {})
+    return subprocess.run([sys.executable, str(BENCHMARKS / script), *args], cwd=ROOT, env=environment,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def ran(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    assert proc.returncode == 0, f"exit status {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+    return proc
+
+
+def read_json(path: Path) -> dict:
+    assert path.is_file(), f"{path} was not written"
+    return json.loads(path.read_text())  # NaN (a standard error of one draw) is read as Python reads it
+
+
+def positive_numbers(values, count: int | None = None) -> None:
+    values = list(values)
+    assert all(isinstance(v, float) and v > 0 for v in values), values
+    if count is not None:
+        assert len(values) == count, values
+
+
+def need_pack() -> None:
+    missing = packs.missing_parts(packs.PACKS[PACK])
+    if missing:
+        pytest.skip(f"pack {PACK} is not installed: {packs.PACKS[PACK].install_command(missing)}")
+
+
+def need_llamacpp() -> None:
+    need_pack()
+    if not llamacpp.available():
+        pytest.skip(f"the llama.cpp binding is not installed: {llamacpp.INSTALL}")
+
+
+# ------------------------------------------------------------------------------------------------
+# --help, every script
+
+
+@pytest.fixture(scope="module")
+def helps() -> dict[str, subprocess.CompletedProcess]:
+    """Every script's ``--help``, the processes run side by side (each mostly imports torch)."""
+    environment = dict(os.environ, HF_HUB_OFFLINE="1", COLUMNS="100")
+    running = {name: subprocess.Popen([sys.executable, str(BENCHMARKS / name), "--help"], cwd=ROOT, env=environment,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for name in SCRIPTS}
+    done = {}
+    for name, process in running.items():
+        out, err = process.communicate(timeout=300)
+        done[name] = subprocess.CompletedProcess(process.args, process.returncode, out, err)
+    return done
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_help_prints_usage(helps, script):
+    proc = helps[script]
+    assert proc.returncode == 0, f"{script} --help failed:\n{proc.stderr[-3000:]}"
+    assert proc.stdout.startswith(f"usage: {script}"), proc.stdout[:300]
+    assert "-h, --help" in proc.stdout
+
+
+def test_every_script_has_a_run_test():
+    """A script added to benchmarks/ needs its own small run here (test_<name>_runs)."""
+    assert SCRIPTS, "no scripts found in benchmarks/"
+    missing = [s for s in SCRIPTS if f"test_{s.removesuffix('.py')}_runs" not in globals()]
+    assert not missing, f"no run test for {missing}: add test_<name>_runs to {Path(__file__).name}"
+
+
+# ------------------------------------------------------------------------------------------------
+# One small run per script
+
+
+@pytest.mark.slow
+def test_coupled_acceptance_runs(tmp_path):
+    need_llamacpp()
+    out = tmp_path / "coupled.json"
+    ran(run_script("coupled_acceptance.py", "--target", PACK, "--draft", PACK, "--prompts", "humaneval:1",
+                   "--tokens", "4", "--temperatures", "1", "--threads", THREADS, "--out", str(out)))
+    data = read_json(out)
+    assert (data["target"], data["draft"], data["backend"]) == (PACK, PACK, "llamacpp")
+    assert list(data["summary"]) == ["T=1"]
+    row = data["summary"]["T=1"]
+    assert row["positions"] == 4
+    # the draft is the target: p = q at every position, so both rules keep every draft token
+    for key in ("rejection_alpha", "coupled_alpha", "bound_alpha", "coupled_over_rejection"):
+        assert row[key] == pytest.approx(1.0, abs=1e-6), key
+    assert len(data["prompts"]) == 1 and data["prompts"][0]["prompt"].startswith("HumanEval/")
+    assert data["prompts"][0]["T=1"]["coupled"] == pytest.approx(1.0, abs=1e-6)
+    assert "--target smollm2-135m" in data["command"] and data["seconds"] > 0
+
+
+def test_coupled_text_runs(tmp_path):
+    """Its input is a bench run's saved samples, written here by the bench's own writer."""
+    from specdec.bench.resume import SavedRuns
+    from specdec.bench.sample import Sample
+    from specdec.prompts import Prompt
+
+    run = tmp_path / "t1"
+    store = SavedRuns(run)
+    texts = {  # method -> the tokens of prompt 0 and prompt 1
+        "spec:model:coupled:k=2:policy=static": ([1, 2, 3, 4], [5, 6, 7, 8]),
+        "spec:ngram:coupled:k=2:policy=static": ([1, 2, 3, 4], [5, 6, 9, 9]),  # parts at new token 2
+        "spec:model:block:k=2:policy=static": ([0, 0, 0, 0], [0, 0, 0, 0]),  # not coupled: left out
+        "spec:model:coupled:k=2:policy=static:backend=llamacpp": ([1, 2, 3, 4], [5, 6, 7, 8]),
+    }
+    prompts = [Prompt("humaneval", "HumanEval/0", text="a"), Prompt("humaneval", "HumanEval/1", text="b")]
+    for method, outputs in texts.items():
+        for index, tokens in enumerate(outputs):
+            store.save(Sample(method, index, 0, 0, 0, tokens, 1.0, 4), prompts[index])
+    proc = ran(run_script("coupled_text.py", str(run)))
+    lines = proc.stdout.splitlines()
+    assert "torch prompt 1: 2 different texts from 2 methods, first difference at new token 2" in lines
+    assert ("torch: 1/2 prompts gave one text across spec:model:coupled:k=2:policy=static, "
+            "spec:ngram:coupled:k=2:policy=static") in lines
+    assert "llamacpp: 2/2 prompts gave one text across spec:model:coupled:k=2:policy=static:backend=llamacpp" in lines
+    assert len(lines) == 3
+    bad = run_script("coupled_text.py", str(tmp_path))  # not a temperature folder
+    assert bad.returncode == 2 and "holds no samples/ folder" in bad.stderr
+
+
+@pytest.mark.slow
+def test_draft_cost_runs(tmp_path):
+    need_pack()
+    out = tmp_path / "draft-cost.json"
+    committed = BENCHMARKS / "draft-cost.json"
+    before = committed.read_bytes() if committed.exists() else None
+    ran(run_script("draft_cost.py", "--target", PACK, "--draft", PACK, "--prompts", "1", "--repeats", "1",
+                   "--tokens", "4", "--threads", THREADS, "--out", str(out)))
+    data = read_json(out)
+    assert list(data["median_ms"]) == ["target, transformers", "target, lean bf16", "draft, transformers",
+                                       "draft, lean bf16", "draft, lean int8"]
+    positive_numbers(data["median_ms"].values())
+    assert data["tokens"] == 4 and data["repeats"] == 1 and data["threads"] == 1
+    assert set(data["agreement"]) == {"lean bf16", "lean int8"}
+    assert all(0.0 <= v <= 1.0 for v in data["agreement"].values())
+    assert data["agreement"]["lean bf16"] == 1.0  # the draft is the target, in the same bf16 weights
+    assert data["table"].startswith("| forward of one token |")
+    assert (committed.read_bytes() if committed.exists() else None) == before  # --out, not the committed file
+
+
+@pytest.mark.slow
+def test_forward_cost_runs(tmp_path):
+    need_pack()
+    out = tmp_path / "forward-cost.json"
+    ran(run_script("forward_cost.py", "--model", PACK, "--repeats", "1", "--context", "16", "--threads", THREADS,
+                   "--out", str(out)))
+    data = read_json(out)
+    assert (data["model"], data["context"], data["repeats"]) == (PACK, 16, 1)
+    for kernels in ("torch", "specdec"):
+        assert list(data["median_ms"][kernels]) == ["1", "2", "3", "5", "8", "12", "16"]
+        positive_numbers(data["median_ms"][kernels].values())
+    assert data["table"].count("\n") == 8  # header, rule, 7 sizes
+
+
+@pytest.mark.slow
+def test_freed_memory_runs(tmp_path):
+    need_pack()
+    out = tmp_path / "freed-memory.json"
+    proc = ran(run_script("freed_memory.py", "--target", PACK, "--draft", PACK, "--rounds", "1", "--tokens", "4",
+                          "--threads", THREADS, "--out", str(out)))
+    data = read_json(out)
+    assert list(data["methods"]) == ["ar", "spec:block:policy=confidence", "spec:tree"]
+    for figures in data["methods"].values():
+        positive_numbers([figures["seconds_system"], figures["seconds_kept"], figures["speed_up"]])
+        assert figures["speed_up"] == pytest.approx(figures["seconds_system"] / figures["seconds_kept"])
+    assert data["identical_tokens"] is True and data["prompts"] == 2
+    assert "--target smollm2-135m --draft smollm2-135m" in data["command"]
+    assert proc.stdout.splitlines()[:2][0].startswith("system ")  # round 0: glibc's defaults first
+
+
+@pytest.mark.slow
+def test_gguf_row_cost_runs(tmp_path):
+    need_pack()
+    out = tmp_path / "gguf-row-cost.json"
+    with_llamacpp = llamacpp.available()
+    ran(run_script("gguf_row_cost.py", "--model", PACK, "--rows", "1,2", "--repeats", "1", "--context", "8",
+                   "--threads", THREADS, "--out", str(out), *([] if with_llamacpp else ["--no-llamacpp"])))
+    data = read_json(out)
+    backends = ["specdec", "llama.cpp"] if with_llamacpp else ["specdec"]
+    assert list(data["median_ms"]) == backends and data["model"].endswith(".gguf")
+    for name in backends:
+        assert list(data["median_ms"][name]) == ["1", "2"]
+        positive_numbers(data["median_ms"][name].values())
+        assert data["ratio_to_one_row"][name]["1"] == 1.0
+    assert data["kernel_path"] in ("avx2", "portable")
+
+
+def test_multi_turn_stops_at_its_arguments_without_llama_server(tmp_path):
+    """A default (llama.cpp) user without llama-server gets the error that says how to build one,
+    before any tokenizer, model or server loads (it used to fail reading a tokenizer from a torch
+    conversion such a user never has)."""
+    missing = {"SPECDEC_LLAMA_SERVER": str(tmp_path / "no-llama-server")}
+    proc = run_script("multi_turn.py", "--out", str(tmp_path / "multi-turn.json"), env=missing)
+    assert proc.returncode == 2, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last == (f"multi_turn.py: error: $SPECDEC_LLAMA_SERVER names {tmp_path / 'no-llama-server'}, which is not "
+                    "a file (this script compares specdec serve with llama-server)")
+    assert "Traceback" not in proc.stderr and "HFValidationError" not in proc.stderr
+    assert not (tmp_path / "multi-turn.json").exists()
+    for args, message in (
+        (["--conversations", "humaneval:1"], "--conversations: no conversations for 'humaneval': choose mtbench or edit"),
+        (["--target", str(tmp_path / "nothing.gguf")], "--target: "),
+        (["--max-tokens", "0"], "--max-tokens and --threads take positive integers"),
+    ):
+        bad = run_script("multi_turn.py", *args, env=missing)
+        assert bad.returncode == 2 and message in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
+
+
+@pytest.mark.slow
+def test_multi_turn_runs(tmp_path):
+    need_llamacpp()
+    from specdec.bench.servers import ServerMissing, llama_server_binary
+
+    try:
+        llama_server_binary()
+    except ServerMissing as err:
+        pytest.skip(str(err))
+    out = tmp_path / "multi-turn.json"
+    ran(run_script("multi_turn.py", "--target", PACK, "--draft", PACK, "--conversations", "mtbench:1",
+                   "--max-tokens", "4", "--threads", THREADS, "--out", str(out), timeout=600))
+    data = read_json(out)
+    assert list(data["summary"]) == ["specdec serve", "specdec serve --draft none", "llama-server",
+                                     "llama-server --spec-default"]
+    assert data["summary"]["llama-server"]["vs_llama_server"] == pytest.approx(1.0)
+    for figures in data["summary"].values():
+        positive_numbers([figures["tokens_per_second"], figures["vs_llama_server"]])
+        assert 0.0 <= figures["cached_share_later_turns"] <= 1.0
+    assert len(data["runs"]) == 4 and all(len(r["turns"]) == 4 for r in data["runs"])
+    assert data["settings"]["target"] == PACK
+
+
+@pytest.mark.slow
+def test_prefill_runs(tmp_path):
+    need_pack()
+    out = tmp_path / "prefill.json"
+    ran(run_script("prefill.py", "--model", PACK, "--tokens", "32", "--repeats", "1", "--threads", THREADS,
+                   "--out", str(out)))
+    data = read_json(out)
+    ways = ["torch kernels", "invariant kernels for every row", "specdec default (fast prefill)"]
+    assert (data["model"], data["tokens"], data["repeats"]) == (PACK, 32, 1)
+    assert list(data["median_seconds"]) == ways
+    positive_numbers(data["median_seconds"].values())
+    assert all(len(data["seconds"][way]) == 1 for way in ways)
+
+
+@pytest.mark.slow
+def test_prefill_layouts_runs(tmp_path):
+    need_llamacpp()
+    out = tmp_path / "prefill-layouts.json"
+    proc = ran(run_script("prefill_layouts.py", "--model", PACK, "--rows", "1,4", "--repeats", "1",
+                          "--threads", THREADS, "--out", str(out)))
+    data = read_json(out)
+    assert data["model"] == PACK and data["file"].endswith(".gguf")
+    assert list(data["seconds"]) == ["1", "4"]
+    for row in data["seconds"].values():
+        assert set(row) == {"repacked", "file"}
+        positive_numbers(row.values())
+    assert "| n rows | 1 | 4 |" in proc.stdout
+    bad = run_script("prefill_layouts.py", "--rows", "1,x")
+    assert bad.returncode == 2 and "--rows: takes positive integers" in bad.stderr
+
+
+@pytest.mark.slow
+def test_request_path_runs(tmp_path):
+    need_llamacpp()
+    out = tmp_path / "request-path.json"
+    ran(run_script("request_path.py", "--model", PACK, "--tokens", "4", "--threads", THREADS, "--out", str(out)))
+    data = read_json(out)
+    assert (data["model"], data["tokens"], data["threads"]) == (PACK, 4, 1)
+    assert isinstance(data["prompt_tokens"], int) and data["prompt_tokens"] > 0
+    assert list(data["per_token_ms"]) == ["llama_decode", "batch_and_logits_copy", "sampling", "text", "rest_of_step"]
+    assert all(isinstance(v, (int, float)) for v in data["per_token_ms"].values())
+    assert data["per_token_ms"]["llama_decode"] > 0 and data["step_ms"] > 0
+    for key in ("main_thread_step_ms", "second_thread_after_main_step_ms", "only_thread_step_ms"):
+        positive_numbers(data[key], count=2)
+
+
+def test_sampler_cost_runs(tmp_path):
+    out = tmp_path / "sampler-cost.json"
+    ran(run_script("sampler_cost.py", "--rounds", "1", "--rows", "2", "--threads", THREADS, "--out", str(out)))
+    data = read_json(out)
+    assert data["vocab"] == 151936
+    assert len(data["cases"]) == 6
+    assert {name.split(",")[0] for name in data["cases"]} == {"inversion", "Gumbel-max"}
+    for case in data["cases"].values():
+        positive_numbers(case["ms_per_row"], count=1)
+        assert case["ms_per_row_median"] == case["ms_per_row"][0]
+
+
+@pytest.mark.slow
+def test_tree_vs_chain_runs(tmp_path):
+    need_pack()
+    out = tmp_path / "tree-vs-chain.json"
+    ran(run_script("tree_vs_chain.py", "--target", PACK, "--draft", PACK, "--prompts", "1", "--tokens", "3",
+                   "--every", "3", "--draws", "1", "--repeats", "1", "--threads", THREADS, "--out", str(out)))
+    data = read_json(out)
+    assert (data["contexts"], data["draws"]) == (1, 1)  # one prompt, a context every 3 of its 3 tokens, one draw
+    for key in ("tree_tokens_per_forward", "chain_tokens_per_forward"):
+        assert isinstance(data[key], float) and 1.0 <= data[key] <= 1 + data["tree_nodes"]
+    assert data["tree_nodes"] >= data["chain_nodes"] >= 1
+    assert data["gain"] == pytest.approx(data["tree_tokens_per_forward"] - data["chain_tokens_per_forward"])
+    assert list(data["verify_ms_by_rows"]) == [str(r) for r in range(1, int(data["tree_nodes"]) + 2)]
+    positive_numbers(data["verify_ms_by_rows"].values())
+    positive_numbers([data["draft_ms_per_level"], data["step_ms"]["tree"], data["step_ms"]["chain"]])
+    assert data["command"].endswith("--target smollm2-135m --draft smollm2-135m --prompts 1")
+
+
+@pytest.mark.slow
+def test_trimmed_head_runs(tmp_path):
+    """Heads ship for the 1.5B target only: random heads for SmolLM2 (--heads), scoring 8 ids."""
+    need_pack()
+    import torch
+
+    from specdec.drafters.medusa import HeadsConfig, MedusaHeads
+
+    heads = tmp_path / "heads"
+    kept = torch.tensor([0, 7, 14, 21, 28, 35, 42, 49])
+    MedusaHeads(HeadsConfig(num_heads=2, hidden_size=576, vocab_size=49152, kept_tokens=8, target=PACK), kept).save(heads)
+    results = tmp_path / "results.json"  # a bench run's results: ar's tokens, 3 of 4 in the kept set
+    results.write_text(json.dumps({"settings": {"temperature": 0.0}, "samples": [
+        {"method": "ar", "token_ids": [0, 7, 13, 49]}, {"method": "spec", "token_ids": [13, 13]}]}))
+    out = tmp_path / "trimmed-head.json"
+    ran(run_script("trimmed_head.py", "--target", PACK, "--heads", str(heads), "--results", str(results),
+                   "--repeats", "1", "--threads", THREADS, "--out", str(out)))
+    data = read_json(out)
+    assert (data["target"], data["vocab"], data["kept"]) == (PACK, 49152, 8)
+    assert data["target_tokens_in_kept_set"] == {str(results): {"temperature": 0.0, "tokens": 4, "in_kept_set": 0.75}}
+    assert list(data["lm_head_ms_median"]) == ["1 row(s)", "4 row(s)"]
+    for timing in data["lm_head_ms_median"].values():
+        assert set(timing) == {"full", "trimmed"}
+        positive_numbers(timing.values())
+
+
+# ------------------------------------------------------------------------------------------------
+# specdec bench --help: the server methods and the llama-server peers
+
+
+def test_bench_help_tells_how_to_run_the_servers():
+    proc = subprocess.run([sys.executable, "-m", "specdec", "bench", "--help"], capture_output=True, text=True,
+                          env=dict(os.environ, COLUMNS="100"), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    text = re.sub(r"\s+", " ", re.sub(r"-\n\s*", "-", proc.stdout))  # as one line, words split at hyphens joined
+    for needed in ("via=serve", "specdec serve", "llama-server-md", "llama-server-spec-default",
+                   "llama-server (plain decoding)", "benchmarks/build_llama_server.sh", "$SPECDEC_LLAMA_SERVER",
+                   "~/.cache/specdec/llama-server/bin/llama-server",
+                   "--methods ar:via=serve,spec:via=serve,llama-server,llama-server-md,llama-server-spec-default"):
+        assert needed in text, needed
+    assert "  benchmarks/build_llama_server.sh   # once\n" in proc.stdout  # the example keeps its lines
+
+
+# ------------------------------------------------------------------------------------------------
+# The results header states what ran
+
+
+def _gguf(path: Path, architecture: str, file_type: int) -> Path:
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), architecture)
+    writer.add_name("tiny")
+    writer.add_array("tokenizer.ggml.tokens", ["a", "bb", "ccc"])  # a string array before the file type
+    writer.add_file_type(file_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize("file_type, named", [(15, "qwen2 Q4_K - Medium"), (3, "qwen2 Q4_1"), (1, "qwen2 F16"),
+                                               (7, "qwen2 Q8_0"), (14, "qwen2 Q4_K - Small"), (0, "qwen2 all F32")])
+def test_gguf_weights_reads_the_file_type_from_the_header(tmp_path, file_type, named):
+    from specdec.bench import report
+
+    assert report.gguf_weights(_gguf(tmp_path / "m.gguf", "qwen2", file_type)) == named
+    loaded = SimpleNamespace(weights=SimpleNamespace(description="qwen2 1.5B Q4_K - Medium"))
+    assert report.gguf_weights(tmp_path / "m.gguf", loaded) == "qwen2 1.5B Q4_K - Medium"  # llama.cpp's own words first
+    assert report.gguf_weights(tmp_path / "missing.gguf") is None
+    (tmp_path / "bad.gguf").write_bytes(b"not a gguf")
+    assert report.gguf_weights(tmp_path / "bad.gguf") is None
+
+
+def test_gguf_weights_of_the_smollm2_pack():
+    need_pack()
+    from specdec.bench import report
+
+    assert report.gguf_weights(packs.PACKS[PACK].parts[0].locate()) == "llama Q4_1"
+
+
+def _run(methods: str, backends: tuple[str, ...]):
+    from specdec.bench.methods import parse_methods
+    from specdec.bench.runner import BenchRun, BenchSettings
+    from specdec.bench.sample import Sample
+    from specdec.prompts import Prompt
+
+    specs = parse_methods(methods, backends)
+    samples = [Sample(m.name, 0, 0, 0, 0, [1, 2, 3], 1.0, 3) for m in specs]
+    return BenchRun(BenchSettings(max_new_tokens=3), specs, {}, {}, [Prompt("humaneval", "HumanEval/0", text="x")],
+                    [2], samples, 1.0)
+
+
+LLAMACPP_INFO = {"target_gguf": "t.gguf", "draft_gguf": "d.gguf", "target_weights": "qwen2 1.5B Q4_K - Medium",
+                 "draft_weights": "qwen2 0.5B Q4_K - Medium", "threads": 2, "prefill_layout": None}
+
+
+@pytest.mark.parametrize("methods, backends, llamacpp_info, dtype, header", [
+    ("spec:ngram:block:k=2:policy=static", ("torch",), None, "bfloat16", None),
+    ("spec:ngram:block:k=2:policy=static", ("llamacpp",), LLAMACPP_INFO, None,
+     "qwen2 1.5B Q4_K - Medium GGUF (draft: qwen2 0.5B Q4_K - Medium) via llama.cpp"),
+    ("llama-server,llama-server-spec-default", ("llamacpp",), LLAMACPP_INFO | {"draft_weights": None}, None,
+     "qwen2 1.5B Q4_K - Medium GGUF via llama.cpp"),
+    ("spec:ngram:block:k=2:policy=static", ("torch", "llamacpp"), LLAMACPP_INFO | {"draft_weights": None},
+     "bfloat16", "bfloat16 on torch and qwen2 1.5B Q4_K - Medium GGUF via llama.cpp"),
+])
+def test_results_header_states_what_ran(methods, backends, llamacpp_info, dtype, header):
+    from specdec.bench import report
+
+    models = {"target": {"name": "qwen2.5-coder-1.5b"}, "draft": None}
+    if llamacpp_info is not None:
+        models["llamacpp"] = llamacpp_info
+    data = report.results(_run(methods, backends), {"dtype": "bfloat16", "command": "specdec bench"}, models)
+    # as `specdec generate --json` says it: "weights" where llama.cpp ran, "dtype" where torch did
+    assert data["environment"].get("weights") == header
+    assert data["environment"].get("dtype") == dtype
+    header = header or "bfloat16"
+    assert report.title(data).startswith(f"target qwen2.5-coder-1.5b, {header}, greedy, 3 new tokens")
+    assert report.markdown(data).startswith(f"**target qwen2.5-coder-1.5b, {header}, greedy")
+    assert ("bfloat16" in report.markdown(data)) == ("torch" in backends)
+
+
+def test_a_header_from_a_torch_run_says_its_dtype():
+    from specdec.bench import report
+
+    data = {"settings": {"greedy": True, "temperature": 0.0, "max_new_tokens": 3, "repeats": 1},
+            "models": {"target": {"name": "t"}, "draft": None}, "environment": {"dtype": "bfloat16"},
+            "prompts": [{"set": "humaneval", "id": "HumanEval/0"}]}
+    assert report.title(data) == "target t, bfloat16, greedy, 3 new tokens, 1 humaneval prompts, 1 repeat(s)"
+
+
+@pytest.mark.slow
+def test_a_llamacpp_bench_run_states_the_gguf_in_its_header(tmp_path):
+    """One llama.cpp run end to end: results.json and results.md say what llama.cpp ran, no bfloat16."""
+    need_llamacpp()
+    import torch
+
+    from specdec.cli.bench import main
+
+    before = torch.get_num_threads()
+    try:
+        assert main(["--target", PACK, "--draft", "none", "--backend", "llamacpp", "--methods", "ar",
+                     "--prompts", "humaneval:1", "--max-new-tokens", "4", "--warmup-tokens", "0",
+                     "--threads", THREADS, "--no-progress", "--out", str(tmp_path)]) == 0
+    finally:
+        torch.set_num_threads(before)
+    data = read_json(tmp_path / "greedy" / "results.json")
+    described = data["models"]["llamacpp"]["target_weights"]
+    assert described.startswith("llama ") and described.endswith(" Q4_1")  # llama.cpp's words: 'llama 256M Q4_1'
+    assert data["environment"]["weights"] == f"{described} GGUF via llama.cpp"
+    assert "dtype" not in data["environment"]
+    first = (tmp_path / "greedy" / "results.md").read_text().splitlines()[0]
+    assert first.startswith(f"**target {PACK}, {described} GGUF via llama.cpp, greedy, 4 new tokens")
+    assert "bfloat16" not in first
