@@ -514,3 +514,21 @@ def test_a_llamacpp_bench_run_states_the_gguf_in_its_header(tmp_path):
     first = (tmp_path / "greedy" / "results.md").read_text().splitlines()[0]
     assert first.startswith(f"**target {PACK}, {described} GGUF via llama.cpp, greedy, 4 new tokens")
     assert "bfloat16" not in first
+
+
+@pytest.mark.slow
+def test_attention_kernels_runs(tmp_path):
+    """On SmolLM2's batch-invariant GGUF a bf16 KV cache leaves no row of a 64-row pass apart from
+    one-token steps; an f16 cache's tiled kernel moves rows of that pass (the measured reason
+    load_gguf gives such a model a bf16 cache)."""
+    need_pack()
+    if not llamacpp.available():
+        pytest.skip("the llama.cpp binding is not installed")
+    out = tmp_path / "attention-kernels.json"
+    ran(run_script("attention_kernels.py", "--model", PACK, "--threads", THREADS, "--contexts", "0,8",
+                   "--rows", "4,64", "--length", "40", "--repeats", "1", "--out", str(out)))
+    data = read_json(out)
+    assert data["rows_tried"] == 2 * 68
+    assert sum(data["differing"]["bf16"].values()) == 0
+    assert data["differing"]["f16"]["8+64"] > 0 and data["differing"]["f16"]["8+4"] == 0
+    positive_numbers([data["bf16_over_f16"]["prefill"], data["bf16_over_f16"]["step"]])
