@@ -74,8 +74,9 @@ def test_system_setting_is_reported(monkeypatch) -> None:
 
 def test_the_command_line_opts_in(monkeypatch) -> None:
     from specdec import cli
+    from specdec.cli import commands
 
     calls = []
-    monkeypatch.setattr(cli, "keep_freed_memory", lambda *a: calls.append(a) or True)
+    monkeypatch.setattr(commands, "keep_freed_memory", lambda *a: calls.append(a) or True)
     assert cli.main(["models", "--json"]) == 0
     assert calls == [()]
