@@ -66,11 +66,11 @@ def test_an_n_token_pass_equals_one_token_steps(model, n):
 
 def test_prefill_is_fed_in_n_batch_chunks(model):
     """A 150-token prompt with n_batch=64 is three llama_decode calls of 64, 64 and 22 tokens.
-    (Rows of a pass this long are not bit-identical to a single 150-token pass: the prefill is
-    batch-size dependent beyond some tens of rows, which no output depends on, since greedy
-    decoding and every speculative method prefill the prompt the same way.)"""
+    (On the bf16 KV cache that load_gguf gives this batch-invariant model, the rows also equal
+    a single 150-token pass's: test_trees_of_every_budget... and docs/backends.md.)"""
     prompt = (CONTEXT * 8)[:150]
-    small = llamacpp.LlamaCppCausalLM(model.weights, n_threads=2, n_ctx=512, n_batch=64)
+    assert model.kv_type == "bf16"
+    small = llamacpp.LlamaCppCausalLM(model.weights, n_threads=2, n_ctx=512, n_batch=64, kv_type=model.kv_type)
     chunked = small.forward(prompt, num_logits=30)  # [30, V]: rows from the last two chunks
     model.reset()
     model.forward(prompt[:64])
