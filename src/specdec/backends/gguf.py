@@ -1,0 +1,652 @@
+"""specdec's own GGUF backend: llama-family GGUF files run on a batch-invariant quantized kernel.
+
+:class:`GGUFCausalLM` runs GGUF files of the ``llama`` (SmolLM2, Llama) and ``qwen2``
+(Qwen2.5-Coder) architectures from their quantized weights as stored in the file, memory-mapped
+by ``gguf.GGUFReader`` and never dequantized (except the few embedding rows a step looks up; norms
+and biases are small fp32 vectors). The forward pass runs in the C kernels of ``csrc/linear_gguf.c``
+(one call for all the decoder layers of a pass, one for the head), compiled once into the cache
+directory (:func:`library`); ``SPECDEC_GGUF_PORTABLE=1`` runs their portable C path.
+
+Why a kernel of our own. Speculative decoding verifies k drafted tokens in one pass of k + 1 rows,
+so it pays only if such a pass costs little more than one row, and it is exact at near-ties only if
+each verification row computes what a one-token step computes. llama.cpp's Q4_K passes of k rows
+cost almost k one-row passes on an AVX2 CPU, and their rows round differently from a one-token
+step's. Here a pass of 1..16 rows reads each weight block once and applies it to every row (the
+product is memory bound, so a few rows cost about what one costs), and every output element is
+computed by the same floating-point operations whatever the number of rows in the pass and
+wherever the row sits in it: a verification row equals the one-token step bit for bit.
+
+Block formats (ggml's; each block holds fp16 scales and packed integers):
+
+- ``Q4_0``: 32 weights, ``d`` and 16 bytes of nibbles, w = d * (q - 8);
+- ``Q4_1``: 32 weights, ``d``, ``m`` and 16 bytes of nibbles, w = d * q + m;
+- ``Q8_0``: 32 weights, ``d`` and 32 signed bytes, w = d * q;
+- ``Q4_K``: 256 weights, ``d``, ``dmin``, 12 bytes holding 8 six-bit scales and mins, 128 bytes of
+  nibbles; sub-block s of 32 has w = d * sc[s] * q - dmin * m[s];
+- ``Q6_K``: 256 weights, 128 bytes of low nibbles, 64 bytes of 2-bit highs, 16 signed scales (one
+  per 16 weights) and ``d``; w = d * scale * (q - 32);
+- ``F32``, ``F16``, ``BF16``: plain floats.
+
+Accumulation order. Each activation row is quantized on its own, as llama.cpp does for its dot
+products: to signed bytes in blocks of 256 with an fp32 scale (for the K types) or of 32 (for
+Q4_0/Q4_1/Q8_0). Within a weight block the products of integers are summed exactly into 8 integer
+lanes (lane l: the elements e with (e % 32) // 4 == l), so their order does not matter; each block
+then adds its lanes, times weight scale * activation scale, into 8 fp32 lane accumulators with one
+fused multiply-add per lane, blocks in order 0, 1, 2, ...; the lanes are finally summed in a fixed
+tree. Float weights multiply the fp32 row into 8 lanes in order, with the same tree. Threads split
+the output elements, never the sum. The AVX2 path and the portable C path perform the very same
+operations and agree bit for bit (``tests/test_gguf_native.py``).
+
+Why it is batch invariant. Every step of a row's result is a function of that row alone: its
+quantization, its integer block sums, its fixed-order float accumulation; the weight block is
+merely reused across rows. The other operations of the forward pass are per-row too (RMSNorm with
+its sum of squares in order, RoPE from a table, SwiGLU with an exp of fixed operations) and
+attention computes each (head, query row) in one job over the keys in order, skipping those the
+row does not see: a row of a k-token pass, or of a token tree, sees exactly the operations of the
+one-token step at its position.
+
+Numbers: the activation quantization (8 bits per value, one scale per block) is the same
+approximation llama.cpp's CPU kernels make; logits differ from a float computation on the
+dequantized weights by about what llama.cpp's differ (measured in the tests).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import types
+from importlib import resources
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from specdec.backends.base import SNAPSHOTS, TREES, CacheSnapshot, ModelFacts
+from specdec.paths import cache_root
+
+SOURCE = "linear_gguf.c"
+FLAGS_NATIVE = ["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
+FLAGS_PORTABLE = ["-O2", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
+LIBS = ["-lm"]  # after the source file
+PORTABLE_ENV = "SPECDEC_GGUF_PORTABLE"  # "1": run the portable C path even where AVX2 is available
+
+# ggml type ids this backend's kernel multiplies.
+TYPE_NAMES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 8: "Q8_0", 12: "Q4_K", 14: "Q6_K", 30: "BF16"}
+ARCHITECTURES = {"llama": False, "qwen2": True}  # architecture -> NEOX rope (pairs i, i + d/2)
+DEFAULT_CTX = 4096
+TREE_SLACK = 256  # cache rows beyond max_context, for token trees' nodes
+MAX_PASS_ROWS = 64  # longer causal chains are fed in passes of this many rows (same numbers)
+LLAMACPP_HINT = "the llama.cpp backend (--backend llamacpp) can run it"
+
+
+# -- the compiled kernels ------------------------------------------------------------------------
+
+_libraries: dict[str, ctypes.CDLL] = {}
+
+
+class KernelUnavailable(RuntimeError):
+    """The C kernel could not be built or loaded (no compiler, unwritable cache)."""
+
+
+def _cpu_has_avx2() -> bool:
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    try:
+        flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
+    except OSError:
+        return False
+    have = set(flags.split(":", 1)[-1].split())
+    return {"avx2", "fma", "f16c"} <= have
+
+
+def library(variant: str = "native") -> ctypes.CDLL:
+    """The compiled ``linear_gguf.c``: ``"native"`` (with AVX2/FMA/F16C where this CPU has them,
+    else the portable build) or ``"portable"`` (no instruction-set flags). Built once per source
+    and flags into ``cache_root()/kernels``. Raises :class:`KernelUnavailable`."""
+    if variant == "native" and not _cpu_has_avx2():
+        variant = "portable"
+    if variant not in ("native", "portable"):
+        raise ValueError(f"variant must be 'native' or 'portable', got {variant!r}")
+    lib = _libraries.get(variant)
+    if lib is None:
+        lib = _libraries[variant] = _build_and_open(FLAGS_NATIVE if variant == "native" else FLAGS_PORTABLE, variant)
+        if variant == "native" and os.environ.get(PORTABLE_ENV, "") not in ("", "0"):
+            lib.gguf_set_portable(1)
+    return lib
+
+
+def _build_and_open(flags: list[str], variant: str) -> ctypes.CDLL:
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise KernelUnavailable("no C compiler found (install gcc, or set CC)")
+    source = resources.files("specdec").joinpath("csrc", SOURCE).read_bytes()
+    digest = hashlib.sha256(source + " ".join(flags + LIBS).encode()).hexdigest()[:16]
+    target = cache_root() / "kernels" / f"linear_gguf-{variant}-{digest}.so"
+    if not target.is_file():
+        src = target.with_suffix(".c")
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            src.write_bytes(source)
+        except OSError as err:
+            raise KernelUnavailable(f"cannot write into {target.parent} (the cache directory; set $SPECDEC_CACHE): "
+                                    f"{err.strerror or err}") from None
+        partial = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+        done = subprocess.run([compiler, *flags, "-o", str(partial), str(src), *LIBS], capture_output=True, text=True)
+        if done.returncode != 0:  # a compiler without OpenMP (e.g. Apple's clang): one thread
+            serial = [f for f in flags if f != "-fopenmp"]
+            done = subprocess.run([compiler, *serial, "-o", str(partial), str(src), *LIBS], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise KernelUnavailable(f"compiling {src} failed: {done.stderr.strip()[-400:]}")
+        os.replace(partial, target)  # atomic: a concurrent build never sees half a file
+    try:
+        lib = ctypes.CDLL(str(target))
+    except OSError as err:
+        raise KernelUnavailable(f"loading {target} failed: {err}") from None
+    p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    signatures = {
+        "gguf_matmul_multi": ([i32, p, p, p, p, i64, p, i64, p, i64, i32, i32], i32),
+        "gguf_matmul": ([i32, p, i64, i64, p, i64, p, i32, i32], i32),
+        "gguf_get_rows": ([i32, p, i64, p, i64, p], i32),
+        "gguf_row_bytes": ([i32, i64], i64),
+        "gguf_quantize_rows": ([p, i64, i64, i32, p, p], None),
+        "gguf_rmsnorm": ([p, p, i64, i64, ctypes.c_float, p], None),
+        "gguf_swiglu": ([p, i64, i64, p, i32], None),
+        "gguf_exp": ([p, i64, p], None),
+        "gguf_rope_store": ([p, p, p, p, i32, i64, i64, i64, i64, p, p, p, i64, i64], None),
+        "gguf_attention": ([p, p, p, p, p, i64, i64, i64, i64, i64, i64, ctypes.c_float, i32], i32),
+        "gguf_forward": ([p, i64, i64, i64, i64, i64, i64, i32, i64, ctypes.c_float, ctypes.c_float, p, i64, p, p, p, p,
+                          p, i64, p, i32], i32),
+        "gguf_set_portable": ([i32], None),
+        "gguf_uses_avx2": ([], i32),
+        "gguf_avx2_compiled": ([], i32),
+        "gguf_avx2_available": ([], i32),
+    }
+    for name, (args, result) in signatures.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, result
+    return lib
+
+
+def set_portable(on: bool) -> None:
+    """Run the native library's portable C path (True) or its AVX2 path where available (False)."""
+    library().gguf_set_portable(int(bool(on)))
+
+
+@contextlib.contextmanager
+def portable_path() -> Iterator[None]:
+    """Within the block, the native library runs its portable C path (for tests)."""
+    lib = library()
+    was = not lib.gguf_uses_avx2()
+    lib.gguf_set_portable(1)
+    try:
+        yield
+    finally:
+        lib.gguf_set_portable(int(was))
+
+
+def uses_avx2() -> bool:
+    """Whether the kernels currently run their AVX2 path."""
+    return bool(library().gguf_uses_avx2())
+
+
+def type_name(ggml_type: int) -> str:
+    """ggml's name of a type id (e.g. 12 -> 'Q4_K')."""
+    from gguf import GGMLQuantizationType
+
+    try:
+        return GGMLQuantizationType(int(ggml_type)).name
+    except ValueError:
+        return f"type {ggml_type}"
+
+
+def row_bytes(ggml_type: int, n_in: int) -> int:
+    """Bytes of one weight row of ``n_in`` values of ``ggml_type`` (-1: unsupported)."""
+    return int(library().gguf_row_bytes(int(ggml_type), int(n_in)))
+
+
+def matmul(weight: np.ndarray, ggml_type: int, n_in: int, x: torch.Tensor, *, threads: int = 1,
+           lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """x [n, n_in] fp32 times the GGUF tensor ``weight`` (its bytes, [n_out, row_bytes] uint8, or
+    a float array [n_out, n_in]) transposed: [n, n_out] fp32, with the batch-invariant kernel."""
+    lib = lib or library()
+    rb = int(lib.gguf_row_bytes(int(ggml_type), int(n_in)))
+    if rb < 0:
+        raise ValueError(f"{type_name(ggml_type)} with {n_in} inputs is not supported by specdec's GGUF kernel")
+    if not weight.flags["C_CONTIGUOUS"] or weight.nbytes % rb:
+        raise ValueError("weight must be a C-contiguous array of whole rows")
+    n_out = weight.nbytes // rb
+    rows = x.to(torch.float32).contiguous()
+    if rows.dim() != 2 or rows.shape[1] != n_in:
+        raise ValueError(f"x must be [n, {n_in}], got {list(x.shape)}")
+    y = torch.empty(rows.shape[0], n_out, dtype=torch.float32)
+    rc = lib.gguf_matmul(int(ggml_type), weight.ctypes.data, n_out, n_in, rows.data_ptr(), rows.shape[0],
+                         y.data_ptr(), 0, threads)
+    if rc != 0:
+        raise RuntimeError(f"gguf_matmul failed ({rc})")
+    return y
+
+
+def dequantize_rows(weight: np.ndarray, ggml_type: int, n_in: int, ids: Sequence[int],
+                    lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """Rows ``ids`` of a GGUF tensor as fp32 [len(ids), n_in] (what ``gguf.quants.dequantize``
+    computes for them)."""
+    lib = lib or library()
+    index = np.ascontiguousarray(np.asarray(list(ids), dtype=np.int64))
+    out = torch.empty(len(index), n_in, dtype=torch.float32)
+    if lib.gguf_get_rows(int(ggml_type), weight.ctypes.data, n_in, index.ctypes.data, len(index), out.data_ptr()) != 0:
+        raise ValueError(f"{type_name(ggml_type)} with {n_in} inputs is not supported by specdec's GGUF kernel")
+    return out
+
+
+def quantize_activations(x: torch.Tensor, block: int, lib: ctypes.CDLL | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel's quantization of activation rows x [n, n_in] fp32 in blocks of ``block`` (256
+    for the K types, 32 for the others): (q [n, n_in] int8, d [n, n_in / block] fp32), x ~ q * d."""
+    lib = lib or library()
+    rows = x.to(torch.float32).contiguous()
+    n, n_in = rows.shape
+    q = torch.empty(n, n_in, dtype=torch.int8)
+    d = torch.empty(n, n_in // block, dtype=torch.float32)
+    lib.gguf_quantize_rows(rows.data_ptr(), n, n_in, block, q.data_ptr(), d.data_ptr())
+    return q, d
+
+
+# -- reading the file -----------------------------------------------------------------------------
+
+
+def _reader(path: Path) -> Any:
+    """A ``gguf.GGUFReader`` on ``path`` (memory-mapped). GGUFReader parses array fields element
+    by element (about 10 s for Qwen's 151,936-token vocabulary on 2 cores); this subclass reads
+    arrays of numbers as one view and skips arrays of strings (the tokenizer's vocabulary and
+    merges, which this backend never reads: their ``contents()`` is empty)."""
+    from gguf import GGUFReader, GGUFValueType
+
+    class _Reader(GGUFReader):
+        def _get_field_parts(self, orig_offs: int, raw_type: int) -> Any:
+            if GGUFValueType(raw_type) != GGUFValueType.ARRAY or self.byte_order != "I" or sys.byteorder != "little":
+                return super()._get_field_parts(orig_offs, raw_type)
+            raw_itype = self._get(orig_offs, np.uint32)
+            alen = self._get(orig_offs + 4, np.uint64)
+            itype, count, offs = GGUFValueType(int(raw_itype[0])), int(alen[0]), orig_offs + 12
+            nptype = self.gguf_scalar_to_np.get(itype)
+            if nptype is not None and count:
+                values = self._get(offs, nptype, count)
+                return 12 + int(values.nbytes), [raw_itype, alen, values], [2], [GGUFValueType.ARRAY, itype]
+            if itype == GGUFValueType.STRING and count:
+                buf = memoryview(self.data)
+                for _ in range(count):
+                    offs += 8 + int.from_bytes(buf[offs : offs + 8], "little")
+                return offs - orig_offs, [raw_itype, alen], [], [GGUFValueType.ARRAY, itype]
+            return super()._get_field_parts(orig_offs, raw_type)
+
+    return _Reader(str(path))
+
+
+def _field(reader: Any, key: str, default: Any = None) -> Any:
+    field = reader.fields.get(key)
+    if field is None:
+        return default
+    value = field.contents()
+    return value if value is not None else default
+
+
+class _Tensor:
+    """One tensor of the file: ggml type, shape as (n_out, n_in), its bytes (memory-mapped)."""
+
+    def __init__(self, t: Any) -> None:
+        self.name = t.name
+        self.type = int(t.tensor_type)
+        dims = [int(v) for v in t.shape]  # GGUF order: n_in first
+        self.n_in = dims[0]
+        self.n_out = int(np.prod(dims[1:])) if len(dims) > 1 else 1
+        self.data = t.data  # numpy memmap view: [n_out, row bytes] uint8, or floats
+        self.ptr = int(t.data.ctypes.data)
+
+    def vector(self) -> torch.Tensor:
+        """A small F32/F16/BF16 tensor (a norm or a bias) as an fp32 copy."""
+        if self.type == 0:
+            return torch.from_numpy(np.array(self.data, dtype=np.float32).reshape(-1))
+        if self.type == 1:
+            return torch.from_numpy(np.array(self.data).view(np.float16).astype(np.float32).reshape(-1))
+        if self.type == 30:
+            raw = np.array(self.data).view(np.uint16).astype(np.uint32) << 16
+            return torch.from_numpy(raw.view(np.float32).reshape(-1))
+        raise ValueError(f"tensor {self.name} has type {self.type_name}, expected F32 for a norm or a bias; {LLAMACPP_HINT}")
+
+    @property
+    def type_name(self) -> str:
+        return type_name(self.type)
+
+
+class _Fused:
+    """Tensors that read the same input, multiplied in one kernel call (outputs side by side)."""
+
+    def __init__(self, tensors: list[_Tensor], biases: list[torch.Tensor | None] | None = None) -> None:
+        n_in = tensors[0].n_in
+        for t in tensors:
+            if t.type not in TYPE_NAMES:
+                raise ValueError(f"tensor {t.name} has type {t.type_name}, which specdec's GGUF backend does not "
+                                 f"support ({', '.join(sorted(TYPE_NAMES.values()))}); {LLAMACPP_HINT}")
+            if t.n_in != n_in:
+                raise ValueError(f"tensor {t.name} has {t.n_in} inputs, expected {n_in}")
+        self.n_in = n_in
+        self.width = sum(t.n_out for t in tensors)
+        self.count = len(tensors)
+        self._types = (ctypes.c_int32 * len(tensors))(*[t.type for t in tensors])
+        self._ptrs = (ctypes.c_uint64 * len(tensors))(*[t.ptr for t in tensors])
+        self._outs = (ctypes.c_int64 * len(tensors))(*[t.n_out for t in tensors])
+        self.types, self.ptrs, self.outs = (ctypes.addressof(a) for a in (self._types, self._ptrs, self._outs))
+        self.biases = 0
+        if biases is not None and any(b is not None for b in biases):
+            self._bias_tensors = [b.contiguous() if b is not None else None for b in biases]
+            self._bias_ptrs = (ctypes.c_uint64 * len(tensors))(*[b.data_ptr() if b is not None else 0 for b in self._bias_tensors])
+            self.biases = ctypes.addressof(self._bias_ptrs)
+
+    def __call__(self, lib: ctypes.CDLL, x: torch.Tensor, y: torch.Tensor, n: int, accumulate: bool, threads: int) -> None:
+        rc = lib.gguf_matmul_multi(self.count, self.types, self.ptrs, self.outs, self.biases, self.n_in, x.data_ptr(),
+                                   n, y.data_ptr(), y.shape[1], int(accumulate), threads)
+        if rc != 0:
+            raise RuntimeError(f"gguf_matmul_multi failed ({rc})")
+
+
+LAYER_FIELDS = 26  # int64 fields of a layer's record for gguf_forward (see linear_gguf.c)
+
+
+class _Layer:
+    def __init__(self, get: Any, i: int, biases: bool) -> None:
+        p = f"blk.{i}."
+        self.norm1 = get(p + "attn_norm.weight").vector()
+        self.norm2 = get(p + "ffn_norm.weight").vector()
+        qkv = [get(p + f"attn_{x}.weight") for x in "qkv"]
+        bias = [get(p + f"attn_{x}.bias", optional=True) for x in "qkv"] if biases else [None] * 3
+        self.qkv = _Fused(qkv, [b.vector() if b is not None else None for b in bias])
+        self.o = _Fused([get(p + "attn_output.weight")])
+        self.gate_up = _Fused([get(p + "ffn_gate.weight"), get(p + "ffn_up.weight")])
+        self.down = _Fused([get(p + "ffn_down.weight")])
+
+    def record(self) -> list[int]:
+        """This layer's fields for gguf_forward: types, pointers and widths of its tensors."""
+        q, o, gu, down = self.qkv, self.o, self.gate_up, self.down
+        return [*q._types, *q._ptrs, *q._outs, *(q._bias_ptrs if q.biases else (0, 0, 0)),
+                o._types[0], o._ptrs[0], o._outs[0], *gu._types, *gu._ptrs, *gu._outs,
+                down._types[0], down._ptrs[0], down._outs[0], self.norm1.data_ptr(), self.norm2.data_ptr()]
+
+
+class GGUFWeights:
+    """A GGUF file of the llama family, memory-mapped: its layers and its configuration. Shared by
+    every :class:`GGUFCausalLM` on it (:meth:`GGUFCausalLM.fork`)."""
+
+    def __init__(self, path: str | Path, *, n_ctx: int = DEFAULT_CTX) -> None:
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise ValueError(f"{self.path}: no such GGUF file")
+        with open(self.path, "rb") as f:
+            magic = f.read(4)
+        if magic != b"GGUF":
+            raise ValueError(f"{self.path}: not a GGUF file (it starts with {magic!r}, not b'GGUF')")
+        reader = self.reader = _reader(self.path)
+        arch = _field(reader, "general.architecture")
+        if arch not in ARCHITECTURES:
+            raise ValueError(f"{self.path}: architecture {arch!r} is not one specdec's GGUF backend runs "
+                             f"({', '.join(ARCHITECTURES)}); {LLAMACPP_HINT}")
+        self.architecture = arch
+        self.neox = ARCHITECTURES[arch]
+        key = lambda name, default=None: _field(reader, f"{arch}.{name}", default)  # noqa: E731
+        self.n_layers = int(key("block_count"))
+        self.hidden = int(key("embedding_length"))
+        self.ffn = int(key("feed_forward_length"))
+        self.heads = int(key("attention.head_count"))
+        self.kv_heads = int(key("attention.head_count_kv", self.heads))
+        self.head_dim = int(key("attention.key_length", self.hidden // self.heads))
+        if int(key("attention.value_length", self.head_dim)) != self.head_dim:
+            raise ValueError(f"{self.path}: keys and values of different widths are not supported; {LLAMACPP_HINT}")
+        if int(key("rope.dimension_count", self.head_dim)) != self.head_dim:
+            raise ValueError(f"{self.path}: partial rotary embeddings are not supported; {LLAMACPP_HINT}")
+        scaling = key("rope.scaling.type", "none")
+        if scaling not in (None, "none") or "rope_freqs.weight" in {t.name for t in reader.tensors}:
+            raise ValueError(f"{self.path}: rope scaling ({scaling}) is not supported; {LLAMACPP_HINT}")
+        if self.heads % self.kv_heads:
+            raise ValueError(f"{self.path}: {self.heads} heads do not share {self.kv_heads} kv heads evenly")
+        self.rope_base = float(key("rope.freq_base", 10000.0))
+        self.eps = float(key("attention.layer_norm_rms_epsilon", 1e-5))
+        self.n_ctx_train = int(key("context_length", 0) or 0)
+        self.max_context = min(n_ctx, self.n_ctx_train) if self.n_ctx_train > 0 else n_ctx
+        self.eos_ids = [int(v) for v in (_field(reader, "tokenizer.ggml.eos_token_id"),
+                                         _field(reader, "tokenizer.ggml.eot_token_id"),
+                                         _field(reader, "tokenizer.ggml.eom_token_id")) if v is not None]
+        self.eos_ids = list(dict.fromkeys(self.eos_ids))
+
+        tensors = {t.name: _Tensor(t) for t in reader.tensors}
+
+        def get(name: str, optional: bool = False) -> _Tensor | None:
+            t = tensors.get(name)
+            if t is None and not optional:
+                raise ValueError(f"{self.path}: tensor {name} is missing")
+            return t
+
+        self.embed = get("token_embd.weight")
+        self.head = _Fused([get("output.weight", optional=True) or self.embed])
+        if self.embed.type not in TYPE_NAMES:
+            raise ValueError(f"tensor {self.embed.name} has type {self.embed.type_name}, which specdec's GGUF backend "
+                             f"does not support; {LLAMACPP_HINT}")
+        self.vocab_size = self.head.width
+        self.final_norm = get("output_norm.weight").vector()
+        self.layers = [_Layer(get, i, biases=arch == "qwen2") for i in range(self.n_layers)]
+        for layer in self.layers:
+            if ((layer.qkv.width, layer.qkv.n_in, layer.o.width, layer.o.n_in, layer.gate_up.width, layer.gate_up.n_in,
+                 layer.down.width, layer.down.n_in) != ((self.heads + 2 * self.kv_heads) * self.head_dim, self.hidden,
+                                                        self.hidden, self.heads * self.head_dim, 2 * self.ffn,
+                                                        self.hidden, self.hidden, self.ffn)
+                    or layer.qkv.count != 3 or layer.norm1.numel() != self.hidden or layer.norm2.numel() != self.hidden):
+                raise ValueError(f"{self.path}: a layer's tensor shapes do not match the model's configuration")
+        self.records = np.array([layer.record() for layer in self.layers], dtype=np.uint64).view(np.int64)
+        assert self.records.shape == (self.n_layers, LAYER_FIELDS)
+        self.capacity = self.max_context + TREE_SLACK  # cache rows, and rope positions tabulated
+        half = self.head_dim // 2
+        inv = self.rope_base ** (-2.0 * np.arange(half, dtype=np.float64) / self.head_dim)  # [d/2]
+        theta = np.arange(self.capacity, dtype=np.float64)[:, None] * inv[None]  # [positions, d/2]
+        self.cos = torch.from_numpy(np.cos(theta).astype(np.float32))
+        self.sin = torch.from_numpy(np.sin(theta).astype(np.float32))
+        self.weight_bytes = sum(int(t.data.nbytes) for t in tensors.values())
+        types_seen = sorted({tensors[n].type_name for n in tensors if len(tensors[n].data.shape) > 1})
+        self.description = f"{arch} {self.n_layers}x{self.hidden} ({'/'.join(types_seen)})"
+
+
+# -- the backend ------------------------------------------------------------------------------------
+
+
+def default_threads() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def load_gguf_native(
+    path: str | Path,
+    *,
+    n_threads: int | None = None,
+    n_ctx: int = DEFAULT_CTX,
+    eos_token_ids: Sequence[int] | None = None,
+) -> "GGUFCausalLM":
+    """Load a local llama/qwen2 ``.gguf`` file into a :class:`GGUFCausalLM` (one KV cache).
+
+    n_threads: default the CPUs this process may use. n_ctx: the context length (capped at the
+    model's training context), reported as ``max_context``. eos_token_ids: default the GGUF's
+    end-of-sequence (and end-of-turn) tokens. Raises ``ValueError`` naming the file for a missing
+    or non-GGUF file, an architecture or tensor type this backend does not run (the llama.cpp
+    backend may), and :class:`KernelUnavailable` when the kernel cannot be compiled.
+    """
+    if isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx <= 0:
+        raise ValueError(f"n_ctx must be a positive integer, got {n_ctx!r}")
+    weights = GGUFWeights(path, n_ctx=n_ctx)
+    return GGUFCausalLM(weights, n_threads=n_threads, eos_token_ids=eos_token_ids)
+
+
+class GGUFCausalLM(ModelFacts):
+    """One sequence's view of a GGUF model on specdec's batch-invariant kernels.
+
+    Implements :class:`~specdec.backends.base.CausalLM` with token trees (``attend`` and
+    ``positions``) and cache snapshots. Logits are float32 [rows, V]. The KV cache is fp32,
+    preallocated for ``max_context`` + :data:`TREE_SLACK` positions (pages are touched as used).
+    """
+
+    capabilities = frozenset({TREES, SNAPSHOTS})
+
+    def __init__(self, weights: GGUFWeights, *, n_threads: int | None = None,
+                 eos_token_ids: Sequence[int] | None = None) -> None:
+        if n_threads is not None and (isinstance(n_threads, bool) or not isinstance(n_threads, int) or n_threads <= 0):
+            raise ValueError(f"n_threads must be a positive integer, got {n_threads!r}")
+        self.weights = w = weights
+        self.lib = library()
+        self.n_threads = n_threads or default_threads()
+        self._vocab = w.vocab_size
+        self._max_context = w.max_context
+        eos = list(eos_token_ids) if eos_token_ids is not None else list(w.eos_ids)
+        self.generation_config = types.SimpleNamespace(eos_token_id=eos)  # what eos_token_ids() reads
+        # [layers, 2 (keys, values), kv heads, capacity, head dim] fp32
+        self._cache = torch.empty(w.n_layers, 2, w.kv_heads, w.capacity, w.head_dim, dtype=torch.float32)
+        self._layer_stride = 2 * w.kv_heads * w.capacity * w.head_dim * 4  # bytes
+        self._half_stride = w.kv_heads * w.capacity * w.head_dim * 4
+        self._length = 0
+        self._tokens: list[int] = []
+
+    def fork(self) -> "GGUFCausalLM":
+        """Another cache (empty) on the same weights and settings."""
+        return GGUFCausalLM(self.weights, n_threads=self.n_threads, eos_token_ids=self.generation_config.eos_token_id)
+
+    # -- the CausalLM protocol ------------------------------------------------------------------
+
+    @property
+    def tokens(self) -> list[int]:
+        return self._tokens
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        tokens: Sequence[int],
+        num_logits: int = 0,
+        *,
+        attend: torch.Tensor | None = None,
+        positions: Sequence[int] | None = None,
+    ) -> torch.Tensor:
+        """Append ``tokens``; return logits [len(tokens), V] float32, or only the last ``num_logits`` rows.
+
+        ``attend`` [n, cache_len + n] bool and ``positions`` [n] replace the causal mask and the
+        consecutive positions (token trees). Every row is computed as the one-token step at its
+        position with the same visible keys would compute it, bit for bit.
+        """
+        tokens = [int(t) for t in tokens]
+        n = len(tokens)
+        if n == 0:
+            raise ValueError("forward needs at least one token")
+        bad = [t for t in tokens if not 0 <= t < self._vocab]
+        if bad:
+            raise ValueError(f"token ids {bad[:5]} are outside the vocabulary (0..{self._vocab - 1})")
+        want = n if num_logits <= 0 else min(num_logits, n)
+        start = self._length
+        if start + n > self.weights.capacity:
+            raise ValueError(f"{start + n} cached positions exceed the cache ({self._max_context} tokens of context "
+                             f"and {TREE_SLACK} for trees); load the model with a larger n_ctx")
+        pos = list(range(start, start + n)) if positions is None else [int(p) for p in positions]
+        if len(pos) != n:
+            raise ValueError(f"positions must have one entry per token ({n}), got {len(pos)}")
+        if pos and not 0 <= min(pos) <= max(pos) < self.weights.capacity:
+            raise ValueError(f"positions must lie in 0..{self.weights.capacity - 1}")
+        if attend is not None:
+            visible = torch.as_tensor(attend).to(torch.bool)
+            if visible.shape != (n, start + n):
+                raise ValueError(f"attend must be [n, cache_len + n] = [{n}, {start + n}], got {list(visible.shape)}")
+            logits = self._pass(tokens, pos, visible.to(torch.uint8).contiguous(), want)
+        else:
+            parts = []
+            for lo in range(0, n, MAX_PASS_ROWS):
+                chunk = tokens[lo : lo + MAX_PASS_ROWS]
+                m, first = len(chunk), self._length
+                mask = None if m == 1 else torch.ones(m, first + m, dtype=torch.uint8).tril(first)
+                rows = min(m, max(0, want - (n - lo - m)))  # of the last `want` rows, those in this chunk
+                parts.append(self._pass(chunk, pos[lo : lo + m], mask, rows))
+            logits = torch.cat(parts) if len(parts) > 1 else parts[0]
+        return logits
+
+    def keep(self, indices: Sequence[int]) -> None:
+        """Keep only the cached positions ``indices`` (ascending), e.g. a tree's accepted path."""
+        kept = [int(i) for i in indices]
+        if any(not 0 <= i < self._length for i in kept):
+            raise ValueError(f"keep() indices must lie in 0..{self._length - 1}")
+        m = len(kept)
+        if kept != list(range(m)):
+            index = torch.as_tensor(kept, dtype=torch.long)
+            self._cache[:, :, :, :m] = self._cache.index_select(3, index)
+        self._tokens = [self._tokens[i] for i in kept]
+        self._length = m
+
+    def trim(self, length: int) -> None:
+        """Forget every cached position >= ``length`` (no-op if the cache is shorter)."""
+        if length < self._length:
+            self._length = max(0, length)
+            del self._tokens[self._length :]
+
+    def reset(self) -> None:
+        self._length = 0
+        self._tokens = []
+
+    def snapshot(self) -> CacheSnapshot:
+        """The cache's tokens and its keys and values (fp32 bytes), for :meth:`restore`."""
+        data = self._cache[:, :, :, : self._length].contiguous().numpy().tobytes()
+        return CacheSnapshot(tuple(self._tokens), data)
+
+    def restore(self, snapshot: CacheSnapshot) -> None:
+        """Replace the cache with ``snapshot`` (from :meth:`snapshot` of a backend on the same weights)."""
+        w, length = self.weights, len(snapshot.tokens)
+        shape = (w.n_layers, 2, w.kv_heads, length, w.head_dim)
+        if len(snapshot.data) != int(np.prod(shape)) * 4 or length > w.capacity:
+            raise ValueError("this snapshot was not taken from a backend on these weights")
+        self.reset()
+        if length:
+            saved = np.frombuffer(snapshot.data, dtype=np.float32).reshape(shape)
+            self._cache[:, :, :, :length] = torch.from_numpy(saved.copy())  # (a read-only buffer)
+        self._tokens = list(snapshot.tokens)
+        self._length = length
+
+    # -- the pass ----------------------------------------------------------------------------------
+
+    def _pass(self, tokens: list[int], pos: list[int], visible: torch.Tensor | None, want: int) -> torch.Tensor:
+        """One pass of n rows at cache rows start..start+n-1: logits [want, V] of its last rows.
+        visible: [n, start + n] uint8 or None (every row sees every key: one token)."""
+        w, lib, threads = self.weights, self.lib, self.n_threads
+        n, start = len(tokens), self._length
+        length = start + n
+        H, heads, kv, d = w.hidden, w.heads, w.kv_heads, w.head_dim
+        ids = torch.tensor(tokens, dtype=torch.int64)
+        position = torch.tensor(pos, dtype=torch.int64)
+        x = torch.empty(n, H, dtype=torch.float32)
+        if lib.gguf_get_rows(w.embed.type, w.embed.ptr, H, ids.data_ptr(), n, x.data_ptr()) != 0:
+            raise RuntimeError("the embedding lookup failed")
+        scratch = torch.empty(n * (H + (heads + 2 * kv) * d + 2 * heads * d + 3 * w.ffn), dtype=torch.float32)
+        rc = lib.gguf_forward(w.records.ctypes.data, w.n_layers, H, heads, kv, d, w.ffn, int(w.neox), w.capacity,
+                              w.eps, 1.0 / float(np.sqrt(d)), x.data_ptr(), n, position.data_ptr(), w.cos.data_ptr(),
+                              w.sin.data_ptr(), 0 if visible is None else visible.data_ptr(), self._cache.data_ptr(),
+                              start, scratch.data_ptr(), threads)
+        if rc != 0:
+            raise MemoryError("out of memory in the GGUF kernels") if rc == -2 else RuntimeError(f"gguf_forward failed ({rc})")
+        self._length = length
+        self._tokens.extend(tokens)
+        if want <= 0:
+            return torch.empty(0, self._vocab, dtype=torch.float32)
+        last = x[n - want :].contiguous()
+        normed = torch.empty(want, H, dtype=torch.float32)
+        lib.gguf_rmsnorm(last.data_ptr(), w.final_norm.data_ptr(), want, H, w.eps, normed.data_ptr())
+        logits = torch.empty(want, self._vocab, dtype=torch.float32)
+        w.head(lib, normed, logits, want, False, threads)
+        return logits

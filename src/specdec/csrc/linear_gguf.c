@@ -1,0 +1,1144 @@
+/* Batch-invariant matrix products on GGUF (ggml) quantized weights, and the few per-row helpers a
+ * llama/qwen2 forward pass needs around them (specdec.backends.gguf).
+ *
+ * y[r, j] = sum_i W[j, i] * x[r, i] for a pass of n_rows rows of x. Each weight block is read from
+ * memory once per pass and applied to every row, so a pass of a few rows costs about what one row
+ * costs (the product is memory bound). Each output element is computed by exactly the same
+ * sequence of floating-point operations whatever n_rows is and wherever the row sits in the pass:
+ *
+ *   - the activation row is quantized on its own (a per-row operation): to 8-bit blocks of 256 with
+ *     one fp32 scale and sums of 16 (for Q4_K, Q6_K; llama.cpp's Q8_K), or of 32 with one fp32 scale
+ *     and their sum (for Q4_0, Q4_1, Q8_0; like llama.cpp's Q8_0 / Q8_1, with an fp32 scale);
+ *   - inside a weight block the products are integers, summed exactly (their order is irrelevant),
+ *     into 8 integer lanes: lane l holds the products of the elements e with (e % 32) / 4 == l
+ *     (times the sub-block's integer scale for the K types). The block's correction terms are
+ *     integers too: Q4_K's mins (m[l] * sum of the activations of sub-block l, lane l), Q6_K's
+ *     offset 32 (lane l: sub-blocks 2l, 2l + 1), Q4_1's min (one scalar per block, sum * m);
+ *   - each block then adds its lanes, converted to float, into 8 fp32 lane accumulators, blocks in
+ *     order 0, 1, 2, ...: lane += (d * dx) * lanes (one fused multiply-add; d the weight block's
+ *     scale, dx the activation block's), and for Q4_K lane -= (dmin * dx) * mins (a second one);
+ *     Q4_1's min terms go, in block order, into one fp32 scalar: s += (m * dx) * sum;
+ *   - the 8 lanes are summed in a fixed tree ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)), then Q4_1's
+ *     scalar, the bias and the residual (if asked) are added, in that order.
+ * Float weights (F32, F16, BF16) multiply the fp32 rows directly: 8 fp32 lanes (lane l: elements
+ * i % 8 == l, in order), the same tree, then the tail in order.
+ *
+ * Threads split the OUTPUT elements j (chunks of weight rows, handed out as threads ask); the
+ * reduction over i is never split, so neither the thread count nor the split changes a result. The AVX2 path and the portable scalar
+ * path (gguf_set_portable, or a build without -mavx2) run the same operations: the scalar path
+ * keeps the 8 lanes in arrays and uses fmaf where the vector path fuses, so they agree bit for bit.
+ * Build with -ffp-contract=off (the scalar path must not fuse what the vector path rounds twice).
+ *
+ * Block layouts (ggml-common.h; sizes in bytes; fp16 scales; element e of a block):
+ *   Q4_0 (32, 18): d, qs[16]; w = d * (q - 8), q = low nibble of qs[e] (e < 16) or high of qs[e-16]
+ *   Q4_1 (32, 20): d, m, qs[16]; w = d * q + m
+ *   Q8_0 (32, 34): d, int8 qs[32]; w = d * q
+ *   Q4_K (256, 144): d, dmin, scales[12] (8 six-bit scales and mins), qs[128]; sub-block s of 32
+ *        (s = 2k + h) is the low (h = 0) or high (h = 1) nibbles of qs[32k .. 32k + 31];
+ *        w = d * sc[s] * q - dmin * m[s]
+ *   Q6_K (256, 210): ql[128], qh[64], int8 scales[16], d; in half h (128 elements), element
+ *        32s + i (s = 0..3) has low bits from ql[64h + 32(s & 1) + i] (low nibble for s < 2, else
+ *        high) and two high bits (qh[32h + i] >> 2s) & 3; w = d * scales[e / 16] * (q - 32)
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#if defined(__AVX2__) && defined(__FMA__)
+#include <cpuid.h>
+#include <immintrin.h>
+#define GG_AVX2 1
+#endif
+
+enum { T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q8_0 = 8, T_Q4_K = 12, T_Q6_K = 14, T_BF16 = 30 };
+
+#define RT 16 /* rows applied to one decoded weight block before the next tile of rows */
+#define CHUNK_BYTES 262144 /* weights per unit of work handed to a thread (long runs: the prefetchers stream) */
+
+/* ---------------------------------------------------------------------------------------------- */
+/* dispatch */
+
+static int g_portable = 0;
+#ifdef GG_AVX2
+static int g_cpu = -1; /* 1: this CPU runs the AVX2 + FMA + F16C path */
+#endif
+
+int gguf_avx2_compiled(void) {
+#ifdef GG_AVX2
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+int gguf_avx2_available(void) {
+#if defined(GG_AVX2) && (defined(__x86_64__) || defined(__i386__))
+    if (g_cpu < 0) {
+        __builtin_cpu_init();
+        unsigned a = 0, b = 0, c = 0, d = 0;
+        const int f16c = __get_cpuid(1, &a, &b, &c, &d) && ((c >> 29) & 1);
+        g_cpu = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
+    }
+    return g_cpu;
+#else
+    return 0;
+#endif
+}
+
+void gguf_set_portable(int on) { g_portable = on; }
+
+static int vec(void) { return !g_portable && gguf_avx2_available(); }
+
+int gguf_uses_avx2(void) { return vec(); }
+
+/* ---------------------------------------------------------------------------------------------- */
+/* scalars */
+
+static inline float bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static inline uint32_t f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+
+/* fp16 -> fp32, exact (subnormals, inf, nan included). */
+static inline float f16(const uint8_t *p) {
+    const uint16_t h = (uint16_t)(p[0] | (p[1] << 8));
+    const uint32_t w = (uint32_t)h << 16, sign = w & 0x80000000u, two_w = w + w;
+    const float normal = bits_f32((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
+    const float denormal = bits_f32((two_w >> 17) | (126u << 23)) - 0.5f;
+    return bits_f32(sign | (two_w < (1u << 27) ? f32_bits(denormal) : f32_bits(normal)));
+}
+
+static inline float bf16(const uint8_t *p) { return bits_f32((uint32_t)(p[0] | (p[1] << 8)) << 16); }
+
+/* The fixed reduction tree of 8 lanes. */
+static inline float tree8(const float a[8]) {
+    const float b0 = a[0] + a[4], b1 = a[1] + a[5], b2 = a[2] + a[6], b3 = a[3] + a[7];
+    const float c0 = b0 + b2, c1 = b1 + b3;
+    return c0 + c1;
+}
+
+#ifdef GG_AVX2
+static inline float tree8v(__m256 v) {
+    const __m128 b = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    const __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+    return _mm_cvtss_f32(_mm_add_ss(c, _mm_shuffle_ps(c, c, 1)));
+}
+#endif
+
+static inline void store(float *y, float v, const float *bias, int64_t j, int accumulate) {
+    if (bias) v = v + bias[j];
+    if (accumulate) v = *y + v;
+    *y = v;
+}
+
+/* Q4_K's six-bit scales and mins of the 8 sub-blocks (as get_scale_min_k4). */
+static inline void q4k_scales(const uint8_t *s, uint8_t sc[8], uint8_t m[8]) {
+    for (int j = 0; j < 4; j++) {
+        sc[j] = s[j] & 63;
+        m[j] = s[j + 4] & 63;
+        sc[j + 4] = (s[j + 8] & 0xF) | ((s[j] >> 6) << 4);
+        m[j + 4] = (s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* block geometry */
+
+static int block_elems(int type) {
+    switch (type) {
+    case T_F32: case T_F16: case T_BF16: return 1;
+    case T_Q4_0: case T_Q4_1: case T_Q8_0: return 32;
+    case T_Q4_K: case T_Q6_K: return 256;
+    default: return 0;
+    }
+}
+
+static int block_bytes(int type) {
+    switch (type) {
+    case T_F32: return 4;
+    case T_F16: case T_BF16: return 2;
+    case T_Q4_0: return 18;
+    case T_Q4_1: return 20;
+    case T_Q8_0: return 34;
+    case T_Q4_K: return 144;
+    case T_Q6_K: return 210;
+    default: return 0;
+    }
+}
+
+int gguf_type_supported(int type) { return block_elems(type) > 0; }
+
+/* Bytes of one weight row of n_in elements, or -1 (unsupported type, or n_in not whole blocks). */
+int64_t gguf_row_bytes(int type, int64_t n_in) {
+    const int be = block_elems(type);
+    if (be == 0 || n_in <= 0 || n_in % be) return -1;
+    return n_in / be * block_bytes(type);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* activation rows, quantized per row */
+
+typedef struct {
+    int64_t n_in;
+    const float *x;            /* [rows, n_in] fp32 */
+    int8_t *qk; float *dk; int16_t *bk; /* blocks of 256: q [rows, n_in], d [rows, n_in/256], sums of 16 [rows, n_in/16] */
+    int8_t *q0; float *d0; int32_t *s0; /* blocks of 32:  q [rows, n_in], d [rows, n_in/32], sums [rows, n_in/32] */
+} Acts;
+
+/* One block of `len` values: d = amax / 127, q = round-half-even(x * (127 / amax)). The same
+ * elementwise operations in both paths (a max is exact in any order). */
+static void quantize_block(const float *x, int len, int8_t *q, float *d) {
+    float amax = 0.0f;
+    int i = 0;
+#ifdef GG_AVX2
+    if (vec()) {
+        const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+        __m256 mx = _mm256_setzero_ps();
+        for (; i + 8 <= len; i += 8) mx = _mm256_max_ps(mx, _mm256_and_ps(_mm256_loadu_ps(x + i), absmask));
+        float lanes[8];
+        _mm256_storeu_ps(lanes, mx);
+        for (int l = 0; l < 8; l++) amax = lanes[l] > amax ? lanes[l] : amax;
+    }
+#endif
+    for (; i < len; i++) { const float a = fabsf(x[i]); amax = a > amax ? a : amax; }
+    const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    *d = amax / 127.0f;
+    i = 0;
+#ifdef GG_AVX2
+    if (vec()) {
+        const __m256 vid = _mm256_set1_ps(id);
+        for (; i + 32 <= len; i += 32) {
+            __m256i a = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+            __m256i b = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i + 8), vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+            __m256i c = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i + 16), vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+            __m256i e = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i + 24), vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+            __m256i ab = _mm256_packs_epi32(a, b), ce = _mm256_packs_epi32(c, e);
+            __m256i all = _mm256_packs_epi16(ab, ce);
+            all = _mm256_permutevar8x32_epi32(all, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            all = _mm256_max_epi8(_mm256_min_epi8(all, _mm256_set1_epi8(127)), _mm256_set1_epi8(-127));
+            _mm256_storeu_si256((__m256i *)(q + i), all);
+        }
+    }
+#endif
+    for (; i < len; i++) {
+        float v = nearbyintf(x[i] * id);
+        v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;
+        q[i] = (int8_t)v;
+    }
+}
+
+static void quantize_row_k(const float *x, int64_t n_in, int8_t *q, float *d, int16_t *bs) {
+    for (int64_t b = 0; b < n_in / 256; b++) {
+        quantize_block(x + b * 256, 256, q + b * 256, d + b);
+        for (int g = 0; g < 16; g++) {
+            int s = 0;
+            for (int i = 0; i < 16; i++) s += q[b * 256 + g * 16 + i];
+            bs[b * 16 + g] = (int16_t)s;
+        }
+    }
+}
+
+static void quantize_row_32(const float *x, int64_t n_in, int8_t *q, float *d, int32_t *s) {
+    for (int64_t b = 0; b < n_in / 32; b++) {
+        quantize_block(x + b * 32, 32, q + b * 32, d + b);
+        int t = 0;
+        for (int i = 0; i < 32; i++) t += q[b * 32 + i];
+        s[b] = t;
+    }
+}
+
+/* Exposed for tests: the activation quantization the kernels use (block 256 or 32). */
+void gguf_quantize_rows(const float *x, int64_t n_rows, int64_t n_in, int block, int8_t *q, float *d) {
+    for (int64_t r = 0; r < n_rows; r++)
+        for (int64_t b = 0; b < n_in / block; b++)
+            quantize_block(x + r * n_in + b * block, block, q + r * n_in + b * block, d + r * (n_in / block) + b);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* kernels: rows [r0, r0 + nr) of the pass against weight rows [j0, j1) of one tensor */
+
+typedef struct {
+    int type;
+    const uint8_t *w;
+    int64_t row_bytes, n_out, col;
+    const float *bias;
+} Seg;
+
+typedef struct {
+    const Acts *a;
+    float *y;
+    int64_t ldy;
+    int accumulate;
+} Out;
+
+/* --- portable scalar path ---------------------------------------------------------------------- */
+
+static void kq_scalar(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t nr, const Out *o) {
+    const Acts *A = o->a;
+    const int64_t n_in = A->n_in, nb = n_in / 256;
+    uint8_t q[256];
+    int sc[16], mn[8];
+    for (int64_t j = j0; j < j1; j++) {
+        const uint8_t *row = s->w + j * s->row_bytes;
+        float acc[RT][8];
+        memset(acc, 0, sizeof acc);
+        for (int64_t b = 0; b < nb; b++) {
+            float d, dmin = 0.0f;
+            if (s->type == T_Q4_K) {
+                const uint8_t *blk = row + b * 144;
+                d = f16(blk), dmin = f16(blk + 2);
+                uint8_t sc8[8], m8[8];
+                q4k_scales(blk + 4, sc8, m8);
+                for (int v = 0; v < 8; v++) sc[v] = sc8[v], mn[v] = m8[v];
+                for (int k = 0; k < 4; k++)
+                    for (int i = 0; i < 32; i++) {
+                        q[64 * k + i] = blk[16 + 32 * k + i] & 0xF;
+                        q[64 * k + 32 + i] = blk[16 + 32 * k + i] >> 4;
+                    }
+            } else { /* Q6_K */
+                const uint8_t *blk = row + b * 210, *ql = blk, *qh = blk + 128;
+                d = f16(blk + 208);
+                for (int v = 0; v < 16; v++) sc[v] = (int8_t)blk[192 + v];
+                for (int h = 0; h < 2; h++)
+                    for (int sq = 0; sq < 4; sq++)
+                        for (int i = 0; i < 32; i++) {
+                            const uint8_t lo = ql[64 * h + 32 * (sq & 1) + i];
+                            q[128 * h + 32 * sq + i] = (uint8_t)((sq < 2 ? lo & 0xF : lo >> 4) | (((qh[32 * h + i] >> (2 * sq)) & 3) << 4));
+                        }
+            }
+            for (int64_t t = 0; t < nr; t++) {
+                const int64_t r = r0 + t;
+                const int8_t *x = A->qk + r * n_in + b * 256;
+                const int16_t *bs = A->bk + r * (n_in / 16) + b * 16;
+                const float dx = A->dk[r * nb + b];
+                int32_t isum[8] = {0}, iadj[8];
+                if (s->type == T_Q4_K) {
+                    for (int e = 0; e < 256; e++) isum[(e & 31) >> 2] += sc[e >> 5] * (q[e] * x[e]);
+                    for (int l = 0; l < 8; l++) iadj[l] = mn[l] * (bs[2 * l] + bs[2 * l + 1]);
+                    const float dd = d * dx, md = dmin * dx;
+                    for (int l = 0; l < 8; l++) {
+                        acc[t][l] = fmaf(dd, (float)isum[l], acc[t][l]);
+                        acc[t][l] = fmaf(-md, (float)iadj[l], acc[t][l]);
+                    }
+                } else {
+                    for (int e = 0; e < 256; e++) isum[(e & 31) >> 2] += sc[e >> 4] * (q[e] * x[e]);
+                    for (int l = 0; l < 8; l++) iadj[l] = sc[2 * l] * bs[2 * l] + sc[2 * l + 1] * bs[2 * l + 1];
+                    const float dd = d * dx;
+                    for (int l = 0; l < 8; l++) acc[t][l] = fmaf(dd, (float)(isum[l] - 32 * iadj[l]), acc[t][l]);
+                }
+            }
+        }
+        for (int64_t t = 0; t < nr; t++)
+            store(o->y + (r0 + t) * o->ldy + s->col + j, tree8(acc[t]), s->bias, j, o->accumulate);
+    }
+}
+
+static void k32_scalar(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t nr, const Out *o) {
+    const Acts *A = o->a;
+    const int64_t n_in = A->n_in, nb = n_in / 32;
+    const int bb = block_bytes(s->type);
+    int q[32];
+    for (int64_t j = j0; j < j1; j++) {
+        const uint8_t *row = s->w + j * s->row_bytes;
+        float acc[RT][8], accm[RT];
+        memset(acc, 0, sizeof acc);
+        memset(accm, 0, sizeof accm);
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *blk = row + b * bb;
+            const float d = f16(blk);
+            float m = 0.0f;
+            if (s->type == T_Q8_0) {
+                for (int i = 0; i < 32; i++) q[i] = (int8_t)blk[2 + i];
+            } else {
+                const uint8_t *qs = blk + (s->type == T_Q4_1 ? 4 : 2);
+                const int off = s->type == T_Q4_0 ? 8 : 0;
+                if (s->type == T_Q4_1) m = f16(blk + 2);
+                for (int i = 0; i < 16; i++) q[i] = (qs[i] & 0xF) - off, q[i + 16] = (qs[i] >> 4) - off;
+            }
+            for (int64_t t = 0; t < nr; t++) {
+                const int64_t r = r0 + t;
+                const int8_t *x = A->q0 + r * n_in + b * 32;
+                const float dx = A->d0[r * nb + b];
+                int32_t isum[8] = {0};
+                for (int i = 0; i < 32; i++) isum[i >> 2] += q[i] * x[i];
+                const float dd = d * dx;
+                for (int l = 0; l < 8; l++) acc[t][l] = fmaf(dd, (float)isum[l], acc[t][l]);
+                if (s->type == T_Q4_1) accm[t] = fmaf(m * dx, (float)A->s0[r * nb + b], accm[t]);
+            }
+        }
+        for (int64_t t = 0; t < nr; t++) {
+            float v = tree8(acc[t]);
+            if (s->type == T_Q4_1) v = v + accm[t];
+            store(o->y + (r0 + t) * o->ldy + s->col + j, v, s->bias, j, o->accumulate);
+        }
+    }
+}
+
+static inline float wget(int type, const uint8_t *row, int64_t i) {
+    return type == T_F32 ? bits_f32((uint32_t)row[4 * i] | (uint32_t)row[4 * i + 1] << 8 | (uint32_t)row[4 * i + 2] << 16 | (uint32_t)row[4 * i + 3] << 24)
+         : type == T_F16 ? f16(row + 2 * i) : bf16(row + 2 * i);
+}
+
+static void kf_scalar(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t nr, const Out *o) {
+    const Acts *A = o->a;
+    const int64_t n_in = A->n_in, n8 = n_in & ~(int64_t)7;
+    for (int64_t j = j0; j < j1; j++) {
+        const uint8_t *row = s->w + j * s->row_bytes;
+        float acc[RT][8];
+        memset(acc, 0, sizeof acc);
+        for (int64_t i = 0; i < n8; i += 8) {
+            float w[8];
+            for (int l = 0; l < 8; l++) w[l] = wget(s->type, row, i + l);
+            for (int64_t t = 0; t < nr; t++) {
+                const float *x = A->x + (r0 + t) * n_in + i;
+                for (int l = 0; l < 8; l++) acc[t][l] = fmaf(w[l], x[l], acc[t][l]);
+            }
+        }
+        for (int64_t t = 0; t < nr; t++) {
+            float v = tree8(acc[t]);
+            for (int64_t i = n8; i < n_in; i++) v = fmaf(wget(s->type, row, i), A->x[(r0 + t) * n_in + i], v);
+            store(o->y + (r0 + t) * o->ldy + s->col + j, v, s->bias, j, o->accumulate);
+        }
+    }
+}
+
+/* --- AVX2 path ------------------------------------------------------------------------------- */
+#ifdef GG_AVX2
+
+/* The K-type kernels take a block in two halves of 128 weights (4 vectors of 32 and their 4 scale
+ * vectors held in registers) and run each half over the rows; a row's integer lanes from the first
+ * half wait in `part` (exact). One row at a time, the whole block stays in registers instead. */
+
+static inline __attribute__((always_inline)) __m256i q4k_half(const __m256i *qv, const __m256i *sv, const int8_t *x) {
+    const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(qv[0], _mm256_loadu_si256((const __m256i *)x)), sv[0]);
+    const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(qv[1], _mm256_loadu_si256((const __m256i *)(x + 32))), sv[1]);
+    const __m256i p2 = _mm256_madd_epi16(_mm256_maddubs_epi16(qv[2], _mm256_loadu_si256((const __m256i *)(x + 64))), sv[2]);
+    const __m256i p3 = _mm256_madd_epi16(_mm256_maddubs_epi16(qv[3], _mm256_loadu_si256((const __m256i *)(x + 96))), sv[3]);
+    return _mm256_add_epi32(_mm256_add_epi32(p0, p1), _mm256_add_epi32(p2, p3));
+}
+
+/* Q4_K's scales and mins of one block as s16 vectors: `scales` holds sc[0..7] in both 128-bit
+ * halves, `mins` holds m[0], m[0], m[1], m[1], ..., m[7], m[7]. */
+static inline __attribute__((always_inline)) void q4k_scale_vectors(const uint8_t *blk, __m256i *scales, __m256i *mins) {
+    uint32_t u[3];
+    memcpy(u, blk + 4, 12);
+    /* bytes sc[0..7] into v0, v1 and m[0..7] into v2, v3 (ggml's get_scale_min_k4) */
+    const uint32_t v3 = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);
+    const uint32_t v2 = u[1] & 0x3f3f3f3fu;
+    const uint32_t v1 = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);
+    const uint32_t v0 = u[0] & 0x3f3f3f3fu;
+    const __m256i sm = _mm256_cvtepu8_epi16(_mm_set_epi32((int)v3, (int)v2, (int)v1, (int)v0));
+    *scales = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(sm));
+    const __m128i m128 = _mm256_extracti128_si256(sm, 1);
+    *mins = _mm256_set_m128i(_mm_unpackhi_epi16(m128, m128), _mm_unpacklo_epi16(m128, m128));
+}
+
+/* One row (a decoding step): the block's vectors never leave the registers and the accumulator
+ * is a register. The same operations per output as the kernels below. */
+static void q4k_one(const Seg *s, int64_t j0, int64_t j1, int64_t r, const Out *o) {
+    const Acts *A = o->a;
+    const int64_t n_in = A->n_in, nb = n_in / 256;
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const int8_t *xr = A->qk + r * n_in;
+    const int16_t *br = A->bk + r * (n_in / 16);
+    const float *dr = A->dk + r * nb;
+    for (int64_t j = j0; j < j1; j++) {
+        const uint8_t *row = s->w + j * s->row_bytes;
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *blk = row + b * 144;
+            const int8_t *x = xr + b * 256;
+            uint32_t dd2;
+            memcpy(&dd2, blk, 4);
+            const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dd2));
+            __m256i scales, mins;
+            q4k_scale_vectors(blk, &scales, &mins);
+            __m256i sum = _mm256_setzero_si256();
+            for (int k = 0; k < 4; k++) {
+                const __m256i bits = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * k));
+                const __m256i lo = _mm256_and_si256(bits, m4), hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+                const __m256i sl = _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * k))));
+                const __m256i sh = _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * k + 1))));
+                const __m256i pl = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(x + 64 * k))), sl);
+                const __m256i ph = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(x + 64 * k + 32))), sh);
+                sum = _mm256_add_epi32(sum, _mm256_add_epi32(pl, ph));
+            }
+            const __m256i adj = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)(br + b * 16)));
+            const __m256 dx = _mm256_broadcast_ss(dr + b);
+            acc = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_broadcastss_ps(dm), dx), _mm256_cvtepi32_ps(sum), acc);
+            acc = _mm256_fnmadd_ps(_mm256_mul_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dm)), dx), _mm256_cvtepi32_ps(adj), acc);
+        }
+        store(o->y + r * o->ldy + s->col + j, tree8v(acc), s->bias, j, o->accumulate);
+    }
+}
+
+static inline __attribute__((always_inline)) void q6k_vectors(const uint8_t *blk, int h, __m256i *qv) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    const __m256i l0 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h));
+    const __m256i l1 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h + 32));
+    const __m256i hb = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h));
+    qv[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30));
+    qv[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30));
+    qv[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hb, m30));
+    qv[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30));
+}
+
+static void q6k_one(const Seg *s, int64_t j0, int64_t j1, int64_t r, const Out *o) {
+    const Acts *A = o->a;
+    const int64_t n_in = A->n_in, nb = n_in / 256;
+    const int8_t *xr = A->qk + r * n_in;
+    const int16_t *br = A->bk + r * (n_in / 16);
+    const float *dr = A->dk + r * nb;
+    for (int64_t j = j0; j < j1; j++) {
+        const uint8_t *row = s->w + j * s->row_bytes;
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *blk = row + b * 210;
+            const int8_t *x = xr + b * 256;
+            const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
+            __m256i sum = _mm256_setzero_si256();
+            for (int h = 0; h < 2; h++) {
+                __m256i qv[4];
+                q6k_vectors(blk, h, qv);
+                const __m256i sh = _mm256_broadcastsi128_si256(h ? _mm256_extracti128_si256(sc16, 1) : _mm256_castsi256_si128(sc16));
+                for (int v = 0; v < 4; v++) {
+                    const __m256i sv = _mm256_shuffle_epi8(sh, _mm256_set_m128i(_mm_set1_epi16((short)(0x0100 + 0x0202 * (2 * v + 1))),
+                                                                                _mm_set1_epi16((short)(0x0100 + 0x0202 * (2 * v)))));
+                    sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(qv[v], _mm256_loadu_si256((const __m256i *)(x + 128 * h + 32 * v))), sv));
+                }
+            }
+            const __m256i adj = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)(br + b * 16)));
+            sum = _mm256_sub_epi32(sum, _mm256_slli_epi32(adj, 5));
+            const __m256 dv = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(blk[208] | (blk[209] << 8))));
+            acc = _mm256_fmadd_ps(_mm256_mul_ps(dv, _mm256_broadcast_ss(dr + b)), _mm256_cvtepi32_ps(sum), acc);
+        }
+        store(o->y + r * o->ldy + s->col + j, tree8v(acc), s->bias, j, o->accumulate);
+    }
+}
+
+/* Q4_K: d, dmin (fp16), 12 bytes of six-bit scales and mins, 128 bytes of nibbles. */
+static void q4k_avx2(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t nr, const Out *o) {
+    if (nr == 1) {
+        q4k_one(s, j0, j1, r0, o);
+        return;
+    }
+    const Acts *A = o->a;
+    const int64_t n_in = A->n_in, nb = n_in / 256;
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m256i part[RT];
+    for (int64_t j = j0; j < j1; j++) {
+        const uint8_t *row = s->w + j * s->row_bytes;
+        __m256 acc[RT];
+        for (int t = 0; t < nr; t++) acc[t] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *blk = row + b * 144;
+            uint32_t dd2;
+            memcpy(&dd2, blk, 4);
+            const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dd2)); /* d, dmin: exact, as f16() */
+            __m256i scales, mins;
+            q4k_scale_vectors(blk, &scales, &mins);
+            const __m256 dv = _mm256_broadcastss_ps(dm), mv = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
+            for (int h = 0; h < 2; h++) {
+                /* sub-blocks 4h .. 4h + 3: the low and high nibbles of qs[64h ..], then of qs[64h + 32 ..] */
+                const __m256i b0 = _mm256_loadu_si256((const __m256i *)(blk + 16 + 64 * h));
+                const __m256i b1 = _mm256_loadu_si256((const __m256i *)(blk + 48 + 64 * h));
+                const __m256i qv[4] = {_mm256_and_si256(b0, m4), _mm256_and_si256(_mm256_srli_epi16(b0, 4), m4),
+                                       _mm256_and_si256(b1, m4), _mm256_and_si256(_mm256_srli_epi16(b1, 4), m4)};
+                __m256i sv[4];
+                for (int v = 0; v < 4; v++) sv[v] = _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (4 * h + v))));
+                for (int64_t t = 0; t < nr; t++) {
+                    const int64_t r = r0 + t;
+                    const __m256i half = q4k_half(qv, sv, A->qk + r * n_in + b * 256 + 128 * h);
+                    if (h == 0) {
+                        part[t] = half;
+                        continue;
+                    }
+                    const __m256i sum = _mm256_add_epi32(part[t], half);
+                    const __m256i adj = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)(A->bk + r * (n_in / 16) + b * 16)));
+                    const __m256 dx = _mm256_set1_ps(A->dk[r * nb + b]);
+                    acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dv, dx), _mm256_cvtepi32_ps(sum), acc[t]);
+                    acc[t] = _mm256_fnmadd_ps(_mm256_mul_ps(mv, dx), _mm256_cvtepi32_ps(adj), acc[t]);
+                }
+            }
+        }
+        for (int64_t t = 0; t < nr; t++)
+            store(o->y + (r0 + t) * o->ldy + s->col + j, tree8v(acc[t]), s->bias, j, o->accumulate);
+    }
+}
+
+/* Q6_K: ql[128], qh[64], int8 scales[16], d (fp16). Half h is ql[64h .. 64h + 63] and qh[32h ..]. */
+static void q6k_avx2(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t nr, const Out *o) {
+    if (nr == 1) {
+        q6k_one(s, j0, j1, r0, o);
+        return;
+    }
+    const Acts *A = o->a;
+    const int64_t n_in = A->n_in, nb = n_in / 256;
+    __m256i part[RT];
+    for (int64_t j = j0; j < j1; j++) {
+        const uint8_t *row = s->w + j * s->row_bytes;
+        __m256 acc[RT];
+        for (int t = 0; t < nr; t++) acc[t] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *blk = row + b * 210;
+            const __m256 dv = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(blk[208] | (blk[209] << 8))));
+            const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
+            for (int h = 0; h < 2; h++) {
+                __m256i qv[4];
+                q6k_vectors(blk, h, qv);
+                /* vector v (elements 32v .. 32v + 31 of the half) has sub-blocks 8h + 2v (low 128 bits)
+                 * and 8h + 2v + 1 (high): their scales are s16 lanes 2v, 2v + 1 of sc16's half h */
+                const __m256i sh = _mm256_broadcastsi128_si256(h ? _mm256_extracti128_si256(sc16, 1) : _mm256_castsi256_si128(sc16));
+                __m256i sv[4];
+                for (int v = 0; v < 4; v++)
+                    sv[v] = _mm256_shuffle_epi8(sh, _mm256_set_m128i(_mm_set1_epi16((short)(0x0100 + 0x0202 * (2 * v + 1))),
+                                                                     _mm_set1_epi16((short)(0x0100 + 0x0202 * (2 * v)))));
+                for (int64_t t = 0; t < nr; t++) {
+                    const int64_t r = r0 + t;
+                    const __m256i half = q4k_half(qv, sv, A->qk + r * n_in + b * 256 + 128 * h);
+                    if (h == 0) {
+                        part[t] = half;
+                        continue;
+                    }
+                    __m256i sum = _mm256_add_epi32(part[t], half);
+                    const __m256i adj = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)(A->bk + r * (n_in / 16) + b * 16)));
+                    sum = _mm256_sub_epi32(sum, _mm256_slli_epi32(adj, 5));
+                    const __m256 dx = _mm256_set1_ps(A->dk[r * nb + b]);
+                    acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dv, dx), _mm256_cvtepi32_ps(sum), acc[t]);
+                }
+            }
+        }
+        for (int64_t t = 0; t < nr; t++)
+            store(o->y + (r0 + t) * o->ldy + s->col + j, tree8v(acc[t]), s->bias, j, o->accumulate);
+    }
+}
+
+/* Q4_0, Q4_1, Q8_0 against G (1..4) rows whose accumulators stay in registers: the weight row is
+ * decoded again for each group of rows (cheap for these types; the row is in L1). */
+static inline __attribute__((always_inline)) void k32_group(const Seg *s, const uint8_t *row, int64_t j, int64_t r0,
+                                                            const int G, const Out *o) {
+    const Acts *A = o->a;
+    const int64_t n_in = A->n_in, nb = n_in / 32;
+    const int bb = block_bytes(s->type), type = s->type;
+    const __m128i m4 = _mm_set1_epi8(0x0F);
+    const __m256i ones = _mm256_set1_epi16(1), eight = _mm256_set1_epi8(8);
+    __m256 acc[4];
+    float accm[4];
+    for (int t = 0; t < G; t++) acc[t] = _mm256_setzero_ps(), accm[t] = 0.0f;
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = row + b * bb;
+        uint32_t dm2;
+        memcpy(&dm2, blk, 4);
+        const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dm2)); /* d (and Q4_1's m): exact, as f16() */
+        const __m256 dv = _mm256_broadcastss_ps(dm);
+        float m = 0.0f;
+        __m256i w;
+        if (type == T_Q8_0) {
+            w = _mm256_loadu_si256((const __m256i *)(blk + 2));
+        } else {
+            const __m128i bits = _mm_loadu_si128((const __m128i *)(blk + (type == T_Q4_1 ? 4 : 2)));
+            w = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(bits, 4), m4), _mm_and_si128(bits, m4));
+            if (type == T_Q4_0) w = _mm256_sub_epi8(w, eight);
+            else m = _mm_cvtss_f32(_mm_movehdup_ps(dm));
+        }
+        /* signed weights: |w| times x with w's sign (exact); Q4_1's are unsigned already */
+        const __m256i aw = type == T_Q4_1 ? w : _mm256_sign_epi8(w, w);
+        for (int t = 0; t < G; t++) {
+            const int64_t r = r0 + t;
+            __m256i x = _mm256_loadu_si256((const __m256i *)(A->q0 + r * n_in + b * 32));
+            if (type != T_Q4_1) x = _mm256_sign_epi8(x, w);
+            const __m256i sum = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, x), ones);
+            const float dxs = A->d0[r * nb + b];
+            acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dv, _mm256_set1_ps(dxs)), _mm256_cvtepi32_ps(sum), acc[t]);
+            if (type == T_Q4_1) accm[t] = fmaf(m * dxs, (float)A->s0[r * nb + b], accm[t]);
+        }
+    }
+    for (int t = 0; t < G; t++) {
+        float v = tree8v(acc[t]);
+        if (type == T_Q4_1) v = v + accm[t];
+        store(o->y + (r0 + t) * o->ldy + s->col + j, v, s->bias, j, o->accumulate);
+    }
+}
+
+static void k32_avx2(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t nr, const Out *o) {
+    for (int64_t j = j0; j < j1; j++) {
+        const uint8_t *row = s->w + j * s->row_bytes;
+        int64_t t = 0;
+        for (; t + 4 <= nr; t += 4) k32_group(s, row, j, r0 + t, 4, o);
+        switch (nr - t) {
+        case 3: k32_group(s, row, j, r0 + t, 3, o); break;
+        case 2: k32_group(s, row, j, r0 + t, 2, o); break;
+        case 1: k32_group(s, row, j, r0 + t, 1, o); break;
+        default: break;
+        }
+    }
+}
+
+/* F32, F16, BF16 against G (1..4) rows, accumulators in registers. */
+static inline __attribute__((always_inline)) void kf_group(const Seg *s, const uint8_t *row, int64_t j, int64_t r0,
+                                                           const int G, const Out *o) {
+    const Acts *A = o->a;
+    const int64_t n_in = A->n_in, n8 = n_in & ~(int64_t)7;
+    const int type = s->type;
+    __m256 acc[4];
+    for (int t = 0; t < G; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n8; i += 8) {
+        __m256 w;
+        if (type == T_F32) w = _mm256_loadu_ps((const float *)(row + 4 * i));
+        else if (type == T_F16) w = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 2 * i)));
+        else w = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(row + 2 * i))), 16));
+        for (int t = 0; t < G; t++) acc[t] = _mm256_fmadd_ps(w, _mm256_loadu_ps(A->x + (r0 + t) * n_in + i), acc[t]);
+    }
+    for (int t = 0; t < G; t++) {
+        float v = tree8v(acc[t]);
+        for (int64_t i = n8; i < n_in; i++) v = fmaf(wget(type, row, i), A->x[(r0 + t) * n_in + i], v);
+        store(o->y + (r0 + t) * o->ldy + s->col + j, v, s->bias, j, o->accumulate);
+    }
+}
+
+static void kf_avx2(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t nr, const Out *o) {
+    for (int64_t j = j0; j < j1; j++) {
+        const uint8_t *row = s->w + j * s->row_bytes;
+        int64_t t = 0;
+        for (; t + 4 <= nr; t += 4) kf_group(s, row, j, r0 + t, 4, o);
+        switch (nr - t) {
+        case 3: kf_group(s, row, j, r0 + t, 3, o); break;
+        case 2: kf_group(s, row, j, r0 + t, 2, o); break;
+        case 1: kf_group(s, row, j, r0 + t, 1, o); break;
+        default: break;
+        }
+    }
+}
+#endif /* GG_AVX2 */
+
+typedef void (*kernel_fn)(const Seg *, int64_t, int64_t, int64_t, int64_t, const Out *);
+
+static void run_seg(const Seg *s, int64_t j0, int64_t j1, int64_t n_rows, const Out *o) {
+    /* Weight row j's blocks are applied to the rows RT at a time (the row stays in L1 across
+     * tiles). Whatever the tiling, each output element sees the same operations: the tiles only
+     * decide how often a block is decoded. */
+    kernel_fn k;
+    const int v = vec();
+    switch (s->type) {
+    case T_Q4_K: k = kq_scalar; break;
+    case T_Q6_K: k = kq_scalar; break;
+    case T_Q4_0: case T_Q4_1: case T_Q8_0: k = k32_scalar; break;
+    default: k = kf_scalar; break;
+    }
+#ifdef GG_AVX2
+    if (v) {
+        switch (s->type) {
+        case T_Q4_K: k = q4k_avx2; break;
+        case T_Q6_K: k = q6k_avx2; break;
+        case T_Q4_0: case T_Q4_1: case T_Q8_0: k = k32_avx2; break;
+        default: k = kf_avx2; break;
+        }
+    }
+#endif
+    (void)v;
+    if (n_rows <= RT) {
+        k(s, j0, j1, 0, n_rows, o);
+        return;
+    }
+    for (int64_t j = j0; j < j1; j++)
+        for (int64_t r0 = 0; r0 < n_rows; r0 += RT)
+            k(s, j, j + 1, r0, n_rows - r0 < RT ? n_rows - r0 : RT, o);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* the entry points */
+
+static __thread uint8_t *g_scratch = NULL;
+static __thread size_t g_scratch_size = 0;
+
+static uint8_t *scratch(size_t bytes) {
+    if (bytes > g_scratch_size) {
+        free(g_scratch);
+        g_scratch = NULL;
+        g_scratch_size = 0;
+        if (posix_memalign((void **)&g_scratch, 64, bytes)) return NULL;
+        g_scratch_size = bytes;
+    }
+    return g_scratch;
+}
+
+static int64_t align64(int64_t n) { return (n + 63) & ~(int64_t)63; }
+
+/* y[r, col_s + j] (= y + ) sum_i W_s[j, i] x[r, i] (+ bias_s[j]) for each segment s, whose
+ * outputs sit side by side in y's rows (ldy floats apart): several tensors that read the same x
+ * (Q, K and V; gate and up) in one call. types[s]: ggml type ids; weights[s]: the tensor's bytes
+ * (n_outs[s] rows of gguf_row_bytes(type, n_in)); biases[s]: fp32 [n_outs[s]] or 0.
+ * accumulate: add into y (a residual) instead of overwriting it. Returns 0, or -1 for an
+ * unsupported type or shape, -2 when out of memory. */
+int gguf_matmul_multi(int n_seg, const int32_t *types, const uint64_t *weights, const int64_t *n_outs,
+                      const uint64_t *biases, int64_t n_in, const float *x, int64_t n_rows, float *y, int64_t ldy,
+                      int accumulate, int n_threads) {
+    if (n_seg <= 0 || n_seg > 16 || n_rows <= 0) return n_rows == 0 ? 0 : -1;
+    Seg segs[16];
+    int need_k = 0, need_32 = 0;
+    int64_t col = 0, total_bytes = 0;
+    for (int i = 0; i < n_seg; i++) {
+        const int64_t rb = gguf_row_bytes(types[i], n_in);
+        if (rb < 0) return -1;
+        segs[i] = (Seg){types[i], (const uint8_t *)(uintptr_t)weights[i], rb, n_outs[i], col,
+                        biases ? (const float *)(uintptr_t)biases[i] : NULL};
+        col += n_outs[i];
+        total_bytes += rb * n_outs[i];
+        need_k |= types[i] == T_Q4_K || types[i] == T_Q6_K;
+        need_32 |= types[i] == T_Q4_0 || types[i] == T_Q4_1 || types[i] == T_Q8_0;
+    }
+    if (col > ldy) return -1;
+    /* the quantized rows */
+    const int64_t sz_qk = need_k ? align64(n_rows * n_in) + align64(n_rows * (n_in / 256) * 4) + align64(n_rows * (n_in / 16) * 2) : 0;
+    const int64_t sz_q0 = need_32 ? align64(n_rows * n_in) + 2 * align64(n_rows * (n_in / 32) * 4) : 0;
+    uint8_t *buf = scratch((size_t)(sz_qk + sz_q0 + 64));
+    if (!buf) return -2;
+    Acts A = {n_in, x, NULL, NULL, NULL, NULL, NULL, NULL};
+    if (need_k) {
+        A.qk = (int8_t *)buf;
+        A.dk = (float *)(buf + align64(n_rows * n_in));
+        A.bk = (int16_t *)(buf + align64(n_rows * n_in) + align64(n_rows * (n_in / 256) * 4));
+    }
+    if (need_32) {
+        uint8_t *b0 = buf + sz_qk;
+        A.q0 = (int8_t *)b0;
+        A.d0 = (float *)(b0 + align64(n_rows * n_in));
+        A.s0 = (int32_t *)(b0 + align64(n_rows * n_in) + align64(n_rows * (n_in / 32) * 4));
+    }
+    Out o = {&A, y, ldy, accumulate};
+    int64_t first_chunk[17], chunk_rows[16];
+    first_chunk[0] = 0;
+    for (int i = 0; i < n_seg; i++) {
+        chunk_rows[i] = CHUNK_BYTES / segs[i].row_bytes > 0 ? CHUNK_BYTES / segs[i].row_bytes : 1;
+        first_chunk[i + 1] = first_chunk[i] + (segs[i].n_out + chunk_rows[i] - 1) / chunk_rows[i];
+    }
+    const int64_t n_chunks = first_chunk[n_seg];
+    if (n_threads < 1) n_threads = 1;
+    if (total_bytes < 65536) n_threads = 1;
+    #pragma omp parallel num_threads(n_threads)
+    {
+        #pragma omp for schedule(static)
+        for (int64_t r = 0; r < n_rows; r++) {
+            if (need_k) quantize_row_k(x + r * n_in, n_in, A.qk + r * n_in, A.dk + r * (n_in / 256), A.bk + r * (n_in / 16));
+            if (need_32) quantize_row_32(x + r * n_in, n_in, A.q0 + r * n_in, A.d0 + r * (n_in / 32), A.s0 + r * (n_in / 32));
+        }
+        /* Output rows in chunks of about CHUNK_BYTES of weights, handed out as threads come for
+         * them: a thread that runs slower (or is descheduled) takes fewer. Which thread computes an
+         * output never changes its value. */
+        #pragma omp for schedule(dynamic, 1)
+        for (int64_t k = 0; k < n_chunks; k++) {
+            int i = 0;
+            while (k >= first_chunk[i + 1]) i++;
+            const Seg *sg = &segs[i];
+            const int64_t j0 = (k - first_chunk[i]) * chunk_rows[i];
+            const int64_t j1 = j0 + chunk_rows[i] < sg->n_out ? j0 + chunk_rows[i] : sg->n_out;
+            run_seg(sg, j0, j1, n_rows, &o);
+        }
+    }
+    return 0;
+}
+
+/* One tensor: y[r, j] = sum_i W[j, i] x[r, i] (+ y[r, j] when accumulate). */
+int gguf_matmul(int type, const uint8_t *w, int64_t n_out, int64_t n_in, const float *x, int64_t n_rows, float *y,
+                int accumulate, int n_threads) {
+    const int32_t t = type;
+    const uint64_t p = (uint64_t)(uintptr_t)w;
+    return gguf_matmul_multi(1, &t, &p, &n_out, NULL, n_in, x, n_rows, y, n_out, accumulate, n_threads);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* dequantized rows (the embedding lookup): out[k, :] = W[ids[k], :], as gguf.quants computes it */
+
+int gguf_get_rows(int type, const uint8_t *w, int64_t n_in, const int64_t *ids, int64_t n, float *out) {
+    const int64_t rb = gguf_row_bytes(type, n_in);
+    if (rb < 0) return -1;
+    for (int64_t k = 0; k < n; k++) {
+        const uint8_t *row = w + ids[k] * rb;
+        float *y = out + k * n_in;
+        switch (type) {
+        case T_F32: case T_F16: case T_BF16:
+            for (int64_t i = 0; i < n_in; i++) y[i] = wget(type, row, i);
+            break;
+        case T_Q4_0: case T_Q4_1:
+            for (int64_t b = 0; b < n_in / 32; b++) {
+                const uint8_t *blk = row + b * block_bytes(type);
+                const float d = f16(blk), m = type == T_Q4_1 ? f16(blk + 2) : 0.0f;
+                const uint8_t *qs = blk + (type == T_Q4_1 ? 4 : 2);
+                for (int i = 0; i < 32; i++) {
+                    const int q = i < 16 ? qs[i] & 0xF : qs[i - 16] >> 4;
+                    y[b * 32 + i] = type == T_Q4_0 ? d * (float)(q - 8) : d * (float)q + m;
+                }
+            }
+            break;
+        case T_Q8_0:
+            for (int64_t b = 0; b < n_in / 32; b++) {
+                const uint8_t *blk = row + b * 34;
+                const float d = f16(blk);
+                for (int i = 0; i < 32; i++) y[b * 32 + i] = (float)(int8_t)blk[2 + i] * d;
+            }
+            break;
+        case T_Q4_K:
+            for (int64_t b = 0; b < n_in / 256; b++) {
+                const uint8_t *blk = row + b * 144;
+                const float d = f16(blk), dmin = f16(blk + 2);
+                uint8_t sc[8], m[8];
+                q4k_scales(blk + 4, sc, m);
+                for (int e = 0; e < 256; e++) {
+                    const int sub = e >> 5, k = e >> 6, i = e & 31;
+                    const int q = (sub & 1) ? blk[16 + 32 * k + i] >> 4 : blk[16 + 32 * k + i] & 0xF;
+                    y[b * 256 + e] = (d * (float)sc[sub]) * (float)q - dmin * (float)m[sub];
+                }
+            }
+            break;
+        case T_Q6_K:
+            for (int64_t b = 0; b < n_in / 256; b++) {
+                const uint8_t *blk = row + b * 210, *ql = blk, *qh = blk + 128;
+                const float d = f16(blk + 208);
+                for (int e = 0; e < 256; e++) {
+                    const int h = e >> 7, sq = (e >> 5) & 3, i = e & 31;
+                    const uint8_t lo = ql[64 * h + 32 * (sq & 1) + i];
+                    const int q = ((sq < 2 ? lo & 0xF : lo >> 4) | (((qh[32 * h + i] >> (2 * sq)) & 3) << 4)) - 32;
+                    y[b * 256 + e] = (d * (float)(int8_t)blk[192 + (e >> 4)]) * (float)q;
+                }
+            }
+            break;
+        default:
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* per-row helpers of the forward pass (each a function of one row only) */
+
+/* out[r] = x[r] * (1 / sqrt(mean(x[r]^2) + eps)) * w, the sum of squares in double, in order (as
+ * ggml_rms_norm). */
+void gguf_rmsnorm(const float *x, const float *w, int64_t n_rows, int64_t dim, float eps, float *out) {
+    for (int64_t r = 0; r < n_rows; r++) {
+        const float *xr = x + r * dim;
+        double sum = 0.0;
+        for (int64_t i = 0; i < dim; i++) sum += (double)(xr[i] * xr[i]);
+        const float mean = (float)(sum / (double)dim);
+        const float scale = 1.0f / sqrtf(mean + eps);
+        for (int64_t i = 0; i < dim; i++) out[r * dim + i] = (xr[i] * scale) * w[i];
+    }
+}
+
+/* exp on fp32: range reduction by ln 2 and a degree-6 polynomial (Cephes' expf), the same
+ * operations in both paths (max relative error about 2 ulp). Inputs are clamped to
+ * [-87.34, 88]: 2^n stays a normal float. */
+#define EXP_HI 88.0f
+#define EXP_LO (-87.3365478515625f)
+static inline float exp_s(float x) {
+    x = x > EXP_HI ? EXP_HI : x;
+    x = x < EXP_LO ? EXP_LO : x;
+    const float n = nearbyintf(x * 1.44269504088896341f);
+    float r = fmaf(n, -0.693359375f, x);
+    r = fmaf(n, 2.12194440e-4f, r);
+    float p = 1.9875691500e-4f;
+    p = fmaf(p, r, 1.3981999507e-3f);
+    p = fmaf(p, r, 8.3334519073e-3f);
+    p = fmaf(p, r, 4.1665795894e-2f);
+    p = fmaf(p, r, 1.6666665459e-1f);
+    p = fmaf(p, r, 5.0000001201e-1f);
+    const float z = r * r;
+    float y = fmaf(p, z, r);
+    y = y + 1.0f;
+    return y * bits_f32((uint32_t)((int32_t)n + 127) << 23);
+}
+
+#ifdef GG_AVX2
+static inline __m256 exp_v(__m256 x) {
+    x = _mm256_min_ps(x, _mm256_set1_ps(EXP_HI));
+    x = _mm256_max_ps(x, _mm256_set1_ps(EXP_LO));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-0.693359375f), x);
+    r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    const __m256 z = _mm256_mul_ps(r, r);
+    __m256 y = _mm256_fmadd_ps(p, z, r);
+    y = _mm256_add_ps(y, _mm256_set1_ps(1.0f));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+#endif
+
+/* For tests: y[i] = the exp above. */
+void gguf_exp(const float *x, int64_t n, float *y) {
+    int64_t i = 0;
+#ifdef GG_AVX2
+    if (vec())
+        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, exp_v(_mm256_loadu_ps(x + i)));
+#endif
+    for (; i < n; i++) y[i] = exp_s(x[i]);
+}
+
+/* out[r, i] = silu(gu[r, i]) * gu[r, ff + i] with silu(g) = g / (1 + exp(-g)): gate and up side by
+ * side in each row of gu [n_rows, 2 * ff]. */
+void gguf_swiglu(const float *gu, int64_t n_rows, int64_t ff, float *out, int n_threads) {
+    #pragma omp parallel for schedule(static) num_threads(n_threads) if (n_rows * ff >= 32768)
+    for (int64_t r = 0; r < n_rows; r++) {
+        const float *g = gu + r * 2 * ff, *u = g + ff;
+        float *o = out + r * ff;
+        int64_t i = 0;
+#ifdef GG_AVX2
+        if (vec()) {
+            const __m256 one = _mm256_set1_ps(1.0f), neg = _mm256_set1_ps(-0.0f);
+            for (; i + 8 <= ff; i += 8) {
+                const __m256 gv = _mm256_loadu_ps(g + i);
+                const __m256 e = exp_v(_mm256_xor_ps(gv, neg));
+                _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), _mm256_loadu_ps(u + i)));
+            }
+        }
+#endif
+        for (; i < ff; i++) o[i] = (g[i] / (1.0f + exp_s(-g[i]))) * u[i];
+    }
+}
+
+/* Rotary embedding of one pass's Q and K, written where attention reads them; V copied to the
+ * cache. qkv [n, (H + 2 KV) * d] (Q, K, V side by side); pos [n]; cos_t, sin_t [positions, d / 2];
+ * neox: 0 = pairs (2i, 2i + 1) (llama.cpp's NORM, GGUF llama), 1 = pairs (i, i + d / 2) (NEOX, qwen2).
+ * q_out [H, n, d]; k_cache, v_cache [KV, cap, d], rows start .. start + n - 1 written. */
+void gguf_rope_store(const float *qkv, const int64_t *pos, const float *cos_t, const float *sin_t, int neox,
+                     int64_t n, int64_t H, int64_t KV, int64_t d, float *q_out, float *k_cache, float *v_cache,
+                     int64_t cap, int64_t start) {
+    const int64_t width = (H + 2 * KV) * d, half = d / 2;
+    for (int64_t r = 0; r < n; r++) {
+        const float *row = qkv + r * width;
+        const float *c = cos_t + pos[r] * half, *s = sin_t + pos[r] * half;
+        for (int64_t h = 0; h < H + KV; h++) {
+            const float *xin = row + h * d;
+            float *xo = h < H ? q_out + (h * n + r) * d : k_cache + ((h - H) * cap + start + r) * d;
+            for (int64_t i = 0; i < half; i++) {
+                const int64_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+                const float x0 = xin[a], x1 = xin[b];
+                xo[a] = x0 * c[i] - x1 * s[i];
+                xo[b] = x0 * s[i] + x1 * c[i];
+            }
+        }
+        for (int64_t h = 0; h < KV; h++)
+            memcpy(v_cache + (h * cap + start + r) * d, row + (H + KV + h) * d, (size_t)d * sizeof(float));
+    }
+}
+
+static inline float dot8(const float *a, const float *b, int64_t d) {
+    const int64_t d8 = d & ~(int64_t)7;
+    float s;
+#ifdef GG_AVX2
+    if (vec()) {
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t i = 0; i < d8; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+        s = tree8v(acc);
+    } else
+#endif
+    {
+        float acc[8] = {0};
+        for (int64_t i = 0; i < d8; i += 8)
+            for (int l = 0; l < 8; l++) acc[l] = fmaf(a[i + l], b[i + l], acc[l]);
+        s = tree8(acc);
+    }
+    for (int64_t i = d8; i < d; i++) s = fmaf(a[i], b[i], s);
+    return s;
+}
+
+/* Attention of each query row over the first L cached keys: out[r, h, :] = sum_j p_j v[j] with
+ * p = softmax(scale * q.k_j) over the keys the row sees (visible[r, j] != 0; visible NULL: all).
+ * q [H, n, d]; k, v [KV, cap, d]; out [n, H, d]. One (head, row) is one job of one thread, its keys
+ * in order: a row's result does not depend on the other rows. Jobs run kv head by kv head, so a
+ * thread reads a kv head's keys for all its query heads and rows while they are in cache. */
+int gguf_attention(const float *q, const float *k, const float *v, const uint8_t *visible, float *out, int64_t H,
+                   int64_t KV, int64_t n, int64_t L, int64_t d, int64_t cap, float scale, int n_threads) {
+    const int64_t group = H / KV;
+    int failed = 0;
+    #pragma omp parallel num_threads(n_threads) if (H * n > 1 && L * d * H * n >= 16384)
+    {
+        float *s = (float *)malloc((size_t)(L > 0 ? L : 1) * sizeof(float));
+        if (!s) {
+            #pragma omp atomic write
+            failed = 1;
+        }
+        #pragma omp for schedule(dynamic, 1)
+        for (int64_t job = 0; job < H * n; job++) {
+            if (!s) continue;
+            const int64_t h = job / n, r = job % n, g = h / group;
+            const float *qr = q + (h * n + r) * d, *kh = k + g * cap * d, *vh = v + g * cap * d;
+            const uint8_t *vis = visible ? visible + r * L : NULL;
+            float *o = out + (r * H + h) * d;
+            float best = -INFINITY;
+            for (int64_t j = 0; j < L; j++) {
+                if (vis && !vis[j]) continue;
+                s[j] = dot8(qr, kh + j * d, d) * scale;
+                best = s[j] > best ? s[j] : best;
+            }
+            float total = 0.0f;
+            for (int64_t j = 0; j < L; j++) {
+                if (vis && !vis[j]) continue;
+                s[j] = exp_s(s[j] - best);
+                total += s[j];
+            }
+            for (int64_t x = 0; x < d; x++) o[x] = 0.0f;
+            for (int64_t j = 0; j < L; j++) {
+                if (vis && !vis[j]) continue;
+                const float p = s[j] / total;
+                const float *vj = vh + j * d;
+                for (int64_t x = 0; x < d; x++) o[x] = o[x] + p * vj[x];
+            }
+        }
+        free(s);
+    }
+    return failed ? -2 : 0;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* the decoder layers of one pass, in one call (the Python loop around the kernels cost about
+ * 0.1 ms a layer) */
+
+enum { /* one layer's record: int64 fields */
+    L_QKV_TYPE = 0, L_QKV_PTR = 3, L_QKV_OUT = 6, L_QKV_BIAS = 9, L_O_TYPE = 12, L_O_PTR = 13, L_O_OUT = 14,
+    L_GU_TYPE = 15, L_GU_PTR = 17, L_GU_OUT = 19, L_DOWN_TYPE = 21, L_DOWN_PTR = 22, L_DOWN_OUT = 23,
+    L_NORM1 = 24, L_NORM2 = 25, L_FIELDS = 26
+};
+
+/* x [n, hidden] (the embedded tokens in, the last layer's output out) through n_layers layers:
+ * x += o(attention(rope(qkv(norm1(x))))); x += down(swiglu(gate_up(norm2(x)))). The keys and
+ * values of the pass go to cache rows start .. start + n - 1 of each layer ([layers, 2, kv, cap,
+ * d] fp32); visible [n, start + n] uint8 or NULL (one row that sees every key). scratch: at least
+ * n * (hidden + (heads + 2 kv) d + 2 heads d + 3 ffn) floats. Returns 0, or the failing step's code. */
+int gguf_forward(const int64_t *layers, int64_t n_layers, int64_t hidden, int64_t heads, int64_t kv, int64_t d,
+                 int64_t ffn, int neox, int64_t cap, float eps, float scale, float *x, int64_t n, const int64_t *pos,
+                 const float *cos_t, const float *sin_t, const uint8_t *visible, float *cache, int64_t start,
+                 float *scratch, int threads) {
+    const int64_t qkvw = (heads + 2 * kv) * d, length = start + n;
+    float *h = scratch, *qkv = h + n * hidden, *q = qkv + n * qkvw, *att = q + n * heads * d, *gu = att + n * heads * d,
+          *act = gu + n * 2 * ffn;
+    for (int64_t li = 0; li < n_layers; li++) {
+        const int64_t *L = layers + li * L_FIELDS;
+        float *keys = cache + li * 2 * kv * cap * d, *values = keys + kv * cap * d;
+        int32_t t3[3], t2[2], t1;
+        uint64_t p3[3], b3[3], p2[2], p1;
+        int64_t o3[3], o2[2], o1;
+        for (int i = 0; i < 3; i++) t3[i] = (int32_t)L[L_QKV_TYPE + i], p3[i] = (uint64_t)L[L_QKV_PTR + i],
+                                    o3[i] = L[L_QKV_OUT + i], b3[i] = (uint64_t)L[L_QKV_BIAS + i];
+        for (int i = 0; i < 2; i++) t2[i] = (int32_t)L[L_GU_TYPE + i], p2[i] = (uint64_t)L[L_GU_PTR + i], o2[i] = L[L_GU_OUT + i];
+        int rc;
+        gguf_rmsnorm(x, (const float *)(uintptr_t)L[L_NORM1], n, hidden, eps, h);
+        if ((rc = gguf_matmul_multi(3, t3, p3, o3, b3[0] || b3[1] || b3[2] ? b3 : NULL, hidden, h, n, qkv, qkvw, 0, threads))) return rc;
+        gguf_rope_store(qkv, pos, cos_t, sin_t, neox, n, heads, kv, d, q, keys, values, cap, start);
+        if ((rc = gguf_attention(q, keys, values, visible, att, heads, kv, n, length, d, cap, scale, threads))) return rc;
+        t1 = (int32_t)L[L_O_TYPE], p1 = (uint64_t)L[L_O_PTR], o1 = L[L_O_OUT];
+        if ((rc = gguf_matmul_multi(1, &t1, &p1, &o1, NULL, heads * d, att, n, x, hidden, 1, threads))) return rc;
+        gguf_rmsnorm(x, (const float *)(uintptr_t)L[L_NORM2], n, hidden, eps, h);
+        if ((rc = gguf_matmul_multi(2, t2, p2, o2, NULL, hidden, h, n, gu, 2 * ffn, 0, threads))) return rc;
+        gguf_swiglu(gu, n, ffn, act, threads);
+        t1 = (int32_t)L[L_DOWN_TYPE], p1 = (uint64_t)L[L_DOWN_PTR], o1 = L[L_DOWN_OUT];
+        if ((rc = gguf_matmul_multi(1, &t1, &p1, &o1, NULL, ffn, act, n, x, hidden, 1, threads))) return rc;
+    }
+    return 0;
+}

@@ -1,0 +1,584 @@
+"""specdec's own GGUF backend (:mod:`specdec.backends.gguf`) and its quantized kernel.
+
+The kernel (``csrc/linear_gguf.c``) multiplies fp32 rows by GGUF weights as stored (Q4_0, Q4_1,
+Q8_0, Q4_K, Q6_K, F32, F16, BF16). What is checked here:
+
+- against float64 products with the dequantized weights (``gguf.quants.dequantize``): exactly the
+  product with the activations quantized as the kernel quantizes them, up to fp32 rounding, and
+  within the error that quantization explains (half a step per activation) of the float product;
+- batch invariance: a pass of n rows (1..16) gives each row the very bits of a one-row pass, for
+  any thread count, and the portable C path gives the AVX2 path's bits;
+- the backend: a k-token pass, a token tree and a restored snapshot give the bits of one-token
+  steps; its logits are as close to a float forward on the dequantized weights as llama.cpp's are
+  (SmolLM2-135M Q4_1, measured: mean |diff| 0.24 for both, max 2.0 vs 2.1, over 19 prompt rows of
+  logits up to 33); the default target (Qwen2.5-Coder-1.5B Q4_K_M) is invariant too (slow).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+gguf = pytest.importorskip("gguf")
+from gguf import GGMLQuantizationType as T  # noqa: E402
+from gguf import quants  # noqa: E402
+
+from specdec import packs  # noqa: E402
+from specdec.backends import gguf as native  # noqa: E402
+from specdec.backends.base import SNAPSHOTS, TREES, capabilities  # noqa: E402
+from specdec.token_tree import TokenTree, forward_tree, keep_path  # noqa: E402
+
+TYPES = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q8_0, T.Q4_K, T.Q6_K]
+K_TYPES = (T.Q4_K, T.Q6_K)
+FLOAT_TYPES = (T.F32, T.F16, T.BF16)
+
+
+@pytest.fixture(scope="module")
+def lib():
+    try:
+        return native.library()
+    except native.KernelUnavailable as err:
+        pytest.skip(f"the kernel cannot be built here: {err}")
+
+
+def random_blocks(qtype: T, n_out: int, n_in: int, rng: np.random.Generator, scale: float = 1.0) -> np.ndarray:
+    """Valid random blocks of a type gguf.quants can only dequantize (Q4_K, Q6_K): random bytes,
+    with finite fp16 scales of a plausible size (times ``scale``). [n_out, row bytes] uint8."""
+    block, size = quants.GGML_QUANT_SIZES[qtype]
+    raw = rng.integers(0, 256, size=(n_out, n_in // block, size), dtype=np.uint8)
+
+    def halves(lo: float, hi: float) -> np.ndarray:
+        values = (rng.uniform(lo, hi, raw.shape[:2]) * scale).astype(np.float16)
+        return values.view(np.uint8).reshape(*raw.shape[:2], 2)
+
+    if qtype == T.Q4_K:
+        raw[..., 0:2] = halves(2e-4, 2e-3)  # d
+        raw[..., 2:4] = halves(2e-4, 2e-3)  # dmin
+    else:
+        raw[..., 208:210] = halves(2e-5, 2e-4)  # d
+    return raw.reshape(n_out, -1)
+
+
+def make_weight(qtype: T, n_out: int, n_in: int, rng: np.random.Generator) -> np.ndarray:
+    """A GGUF tensor's bytes [n_out, row bytes] uint8 (float types: their values)."""
+    if qtype in K_TYPES:
+        return random_blocks(qtype, n_out, n_in, rng)
+    w = (rng.standard_normal((n_out, n_in)) * 0.05).astype(np.float32)
+    return np.ascontiguousarray(quants.quantize(w, qtype))
+
+
+def dequantized(weight: np.ndarray, qtype: T, n_out: int, n_in: int) -> np.ndarray:
+    return quants.dequantize(weight, qtype).reshape(n_out, n_in).astype(np.float64)
+
+
+def quantize_like_the_kernel(x: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each block of each row: d = amax / 127, q = round-half-even(x * (127 / amax)), in fp32.
+    Returns (q [n, n_in] float64, d per element [n, n_in] float64)."""
+    xb = x.reshape(x.shape[0], -1, block)
+    amax = np.abs(xb).max(-1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    q = np.clip(np.rint(xb * inv), -127, 127)
+    d = np.broadcast_to(amax / np.float32(127), xb.shape).astype(np.float32)
+    return q.reshape(x.shape).astype(np.float64), d.reshape(x.shape).astype(np.float64)
+
+
+def activations(n: int, n_in: int, rng: np.random.Generator) -> np.ndarray:
+    x = rng.standard_normal((n, n_in)).astype(np.float32)
+    x[:, 5] *= 40.0  # an outlier, as hidden states have
+    x[0, :32] = 0.0  # an all-zero block (scale 0)
+    return x
+
+
+SHAPES = {"quantized": (37, 512), "float": (29, 300)}  # n_out odd; a float n_in off the 8-lane grid
+
+
+def shape_of(qtype: T) -> tuple[int, int]:
+    return SHAPES["float" if qtype in FLOAT_TYPES else "quantized"]
+
+
+# -- (a) the kernel against float64 references -----------------------------------------------------
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_the_kernel_is_the_product_with_quantized_activations(lib, qtype):
+    rng = np.random.default_rng(int(qtype))
+    n_out, n_in = shape_of(qtype)
+    weight = make_weight(qtype, n_out, n_in, rng)
+    w = dequantized(weight, qtype, n_out, n_in)
+    x = activations(6, n_in, rng)
+    y = native.matmul(weight, int(qtype), n_in, torch.from_numpy(x), threads=2).double().numpy()
+    exact = x.astype(np.float64) @ w.T  # [6, n_out]
+    magnitude = np.abs(x).astype(np.float64) @ np.abs(w).T
+    if qtype in FLOAT_TYPES:
+        # fp32 products and sums: a relative error of a few fp32 epsilons of the magnitude
+        assert np.all(np.abs(y - exact) <= 1e-6 * magnitude + 1e-30)
+        return
+    block = 256 if qtype in K_TYPES else 32
+    q, d = quantize_like_the_kernel(x, block)
+    xq = q * d
+    # 1. exactly the product with the quantized activations, up to fp32 rounding of the sums
+    product = xq @ w.T
+    assert np.all(np.abs(y - product) <= 1e-6 * (np.abs(xq) @ np.abs(w).T) + 1e-30)
+    # 2. the activation quantization explains the rest: each activation within half a step
+    assert np.all(np.abs(x - xq) <= d / 2 * (1 + 1e-6))
+    bound = (d / 2) @ np.abs(w).T + 2e-6 * magnitude
+    assert np.all(np.abs(y - exact) <= bound)
+    # and the kernel's own quantization is what was replicated above
+    qk, dk = native.quantize_activations(torch.from_numpy(x), block)
+    assert np.array_equal(qk.numpy().astype(np.float64), q)
+    assert np.array_equal(np.repeat(dk.numpy(), block, axis=1).astype(np.float64), d)
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_dequantized_rows_are_those_of_gguf_quants(lib, qtype):
+    rng = np.random.default_rng(100 + int(qtype))
+    n_out, n_in = shape_of(qtype)
+    weight = make_weight(qtype, n_out, n_in, rng)
+    ids = [0, 3, n_out - 1, 3]
+    rows = native.dequantize_rows(weight, int(qtype), n_in, ids).numpy()
+    assert np.array_equal(rows, quants.dequantize(weight, qtype).reshape(n_out, n_in)[ids].astype(np.float32))
+
+
+def test_unsupported_types_and_shapes_are_refused(lib):
+    assert native.row_bytes(int(T.Q5_K), 256) == -1
+    assert native.row_bytes(int(T.Q4_K), 300) == -1  # not whole blocks
+    with pytest.raises(ValueError, match="Q5_0"):
+        native.matmul(np.zeros((2, 22), np.uint8), int(T.Q5_0), 32, torch.zeros(1, 32))
+
+
+# -- (b) batch invariance, (c) portable == AVX2 ----------------------------------------------------
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_a_pass_of_n_rows_gives_each_row_the_bits_of_a_one_row_pass(lib, qtype):
+    rng = np.random.default_rng(200 + int(qtype))
+    n_out, n_in = shape_of(qtype)
+    weight = make_weight(qtype, n_out, n_in, rng)
+    x = torch.from_numpy(activations(16, n_in, rng))
+    one = torch.cat([native.matmul(weight, int(qtype), n_in, x[i : i + 1], threads=1) for i in range(16)])
+    for n in range(1, 17):
+        for threads in (1, 2):
+            rows = native.matmul(weight, int(qtype), n_in, x[:n], threads=threads)
+            assert torch.equal(rows, one[:n]), (n, threads)
+    # a row's place in the pass does not matter either
+    rolled = native.matmul(weight, int(qtype), n_in, x.roll(5, 0), threads=2)
+    assert torch.equal(rolled, one.roll(5, 0))
+    # more rows than one tile of the kernel (16)
+    many = native.matmul(weight, int(qtype), n_in, x.repeat(3, 1), threads=2)
+    assert torch.equal(many, one.repeat(3, 1))
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_the_portable_path_gives_the_avx2_paths_bits(lib, qtype):
+    rng = np.random.default_rng(300 + int(qtype))
+    n_out, n_in = shape_of(qtype)
+    weight = make_weight(qtype, n_out, n_in, rng)
+    x = torch.from_numpy(activations(5, n_in, rng))
+    fast = native.matmul(weight, int(qtype), n_in, x, threads=2)
+    with native.portable_path():
+        assert not native.uses_avx2()
+        scalar = native.matmul(weight, int(qtype), n_in, x, threads=2)
+    assert torch.equal(fast, scalar)
+    # the library built without any instruction-set flag (what a CPU without AVX2 runs)
+    portable = native.library("portable")
+    assert not portable.gguf_uses_avx2()
+    assert torch.equal(native.matmul(weight, int(qtype), n_in, x, threads=2, lib=portable), fast)
+
+
+def test_the_avx2_path_runs_where_the_cpu_has_it(lib):
+    if not native._cpu_has_avx2():
+        pytest.skip("this CPU lacks AVX2/FMA/F16C: only the portable path runs")
+    assert native.uses_avx2()
+    # and SPECDEC_GGUF_PORTABLE=1 asks for the portable path
+    import os
+    import subprocess
+    import sys
+
+    code = "from specdec.backends import gguf; print(gguf.uses_avx2())"
+    env = {**os.environ, native.PORTABLE_ENV: "1"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.stdout.strip() == "False", done.stderr
+
+
+def test_exp_is_accurate_and_the_same_on_both_paths(lib):
+    x = torch.linspace(-100.0, 90.0, 20001, dtype=torch.float32)
+    fast = torch.empty_like(x)
+    lib.gguf_exp(x.data_ptr(), len(x), fast.data_ptr())
+    with native.portable_path():
+        scalar = torch.empty_like(x)
+        lib.gguf_exp(x.data_ptr(), len(x), scalar.data_ptr())
+    assert torch.equal(fast, scalar)
+    inside = (x > -87) & (x < 88)
+    exact = torch.exp(x.double())
+    assert ((fast.double() - exact).abs() / exact)[inside].max() < 4e-7
+
+
+# -- a tiny model written here: both architectures, every type ----------------------------------------
+
+TINY = dict(hidden=256, heads=4, kv_heads=2, ffn=512, layers=1, vocab=320)  # depth: SmolLM2 below
+TINY_TYPES = {  # tensor -> type: every type the kernel runs appears in the tiny models
+    "attn_q": T.Q4_K, "attn_k": T.Q6_K, "attn_v": T.Q8_0, "attn_output": T.Q4_0,
+    "ffn_gate": T.Q4_1, "ffn_up": T.F16, "ffn_down": T.BF16,
+}
+
+
+def write_tiny_gguf(path, arch: str, *, head_type: T | None = T.Q6_K, embed_type: T = T.Q8_0,
+                    override: dict[str, T] | None = None, seed: int = 0) -> None:
+    """A random llama-family model as a GGUF file (no tokenizer)."""
+    rng = np.random.default_rng(seed)
+    c = TINY
+    d = c["hidden"] // c["heads"]
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(c["layers"])
+    writer.add_context_length(512)
+    writer.add_embedding_length(c["hidden"])
+    writer.add_feed_forward_length(c["ffn"])
+    writer.add_head_count(c["heads"])
+    writer.add_head_count_kv(c["kv_heads"])
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_eos_token_id(7)
+
+    def add(name: str, qtype: T, n_out: int, n_in: int) -> None:
+        if qtype in K_TYPES:
+            data = random_blocks(qtype, n_out, n_in, rng, scale=0.1)
+        else:
+            w = (rng.standard_normal((n_out, n_in)) * 0.08).astype(np.float32)
+            data = quants.quantize(w, qtype) if qtype not in (T.F32, T.F16) else w.astype(np.float16 if qtype == T.F16 else np.float32)
+        writer.add_tensor(name, np.ascontiguousarray(data), raw_dtype=qtype if data.dtype == np.uint8 else None)
+
+    def vec(name: str, n: int, scale: float, offset: float) -> None:
+        writer.add_tensor(name, (offset + scale * rng.standard_normal(n)).astype(np.float32))
+
+    add("token_embd.weight", embed_type, c["vocab"], c["hidden"])
+    if head_type is not None:
+        add("output.weight", head_type, c["vocab"], c["hidden"])
+    vec("output_norm.weight", c["hidden"], 0.1, 1.0)
+    types = {**TINY_TYPES, **(override or {})}
+    outs = {"attn_q": c["heads"] * d, "attn_k": c["kv_heads"] * d, "attn_v": c["kv_heads"] * d,
+            "attn_output": c["hidden"], "ffn_gate": c["ffn"], "ffn_up": c["ffn"], "ffn_down": c["hidden"]}
+    for i in range(c["layers"]):
+        vec(f"blk.{i}.attn_norm.weight", c["hidden"], 0.1, 1.0)
+        vec(f"blk.{i}.ffn_norm.weight", c["hidden"], 0.1, 1.0)
+        for name, n_out in outs.items():
+            n_in = c["ffn"] if name == "ffn_down" else c["heads"] * d if name == "attn_output" else c["hidden"]
+            add(f"blk.{i}.{name}.weight", types[name], n_out, n_in)
+        if arch == "qwen2":
+            for x in "qkv":
+                vec(f"blk.{i}.attn_{x}.bias", outs[f"attn_{x}"], 0.5, 0.0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def reference_logits(weights: native.GGUFWeights, tokens: list[int], *, quantized: bool = False) -> torch.Tensor:
+    """A float64 causal forward on the dequantized weights, written independently of the backend
+    (llama.cpp's graph: RMSNorm, RoPE NORM for llama / NEOX for qwen2, GQA, SwiGLU): [n, V].
+    quantized: each product's input rows quantized first, as the kernel does for the tensor's type."""
+    tensors = {t.name: t for t in weights.reader.tensors}
+
+    def W(name: str) -> torch.Tensor:
+        t = tensors[name]
+        n_in = int(t.shape[0])
+        return torch.from_numpy(quants.dequantize(t.data, t.tensor_type).reshape(-1, n_in).astype(np.float64))
+
+    def mul(x: torch.Tensor, name: str) -> torch.Tensor:
+        qtype = tensors[name].tensor_type
+        if quantized and qtype not in FLOAT_TYPES:
+            q, d = quantize_like_the_kernel(x.float().numpy(), 256 if qtype in K_TYPES else 32)
+            x = torch.from_numpy(q * d)
+        return x @ W(name).T
+
+    def V(name: str) -> torch.Tensor:
+        return W(name).reshape(-1)
+
+    n, heads, kv, d = len(tokens), weights.heads, weights.kv_heads, weights.head_dim
+    inv = weights.rope_base ** (-2.0 * torch.arange(d // 2, dtype=torch.float64) / d)
+    theta = torch.arange(n, dtype=torch.float64)[:, None] * inv[None]
+    cos, sin = theta.cos()[:, None], theta.sin()[:, None]  # [n, 1, d/2]
+
+    def rope(t: torch.Tensor) -> torch.Tensor:  # [n, h, d]
+        a, b = (t[..., : d // 2], t[..., d // 2 :]) if weights.neox else (t[..., 0::2], t[..., 1::2])
+        out = torch.empty_like(t)
+        ra, rb = a * cos - b * sin, a * sin + b * cos
+        if weights.neox:
+            out[..., : d // 2], out[..., d // 2 :] = ra, rb
+        else:
+            out[..., 0::2], out[..., 1::2] = ra, rb
+        return out
+
+    def norm(t: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        return t / torch.sqrt((t * t).mean(-1, keepdim=True) + weights.eps) * g
+
+    x = W("token_embd.weight")[tokens]
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    for i in range(weights.n_layers):
+        p = f"blk.{i}."
+        h = norm(x, V(p + "attn_norm.weight"))
+        q, k, v = (mul(h, p + f"attn_{s}.weight") for s in "qkv")
+        if weights.architecture == "qwen2":
+            q, k, v = q + V(p + "attn_q.bias"), k + V(p + "attn_k.bias"), v + V(p + "attn_v.bias")
+        q, k = rope(q.view(n, heads, d)), rope(k.view(n, kv, d))
+        k = k.repeat_interleave(heads // kv, 1)
+        v = v.view(n, kv, d).repeat_interleave(heads // kv, 1)
+        scores = torch.einsum("qhd,khd->hqk", q, k) / d**0.5
+        probs = scores.masked_fill(~causal, float("-inf")).softmax(-1)
+        x = x + mul(torch.einsum("hqk,khd->qhd", probs, v).reshape(n, heads * d), p + "attn_output.weight")
+        h = norm(x, V(p + "ffn_norm.weight"))
+        x = x + mul(torch.nn.functional.silu(mul(h, p + "ffn_gate.weight")) * mul(h, p + "ffn_up.weight"), p + "ffn_down.weight")
+    head = "output.weight" if "output.weight" in tensors else "token_embd.weight"
+    return mul(norm(x, V("output_norm.weight")), head).float()
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def tiny(request, tmp_path_factory, lib):
+    path = tmp_path_factory.mktemp("tiny") / f"tiny-{request.param}.gguf"
+    write_tiny_gguf(path, request.param, head_type=None if request.param == "llama" else T.Q6_K)
+    return native.load_gguf_native(path, n_threads=2, n_ctx=256)
+
+
+def test_a_tiny_model_of_every_type_matches_a_float_forward(tiny):
+    tokens = [1, 17, 200, 3, 3, 99, 250, 14, 8, 301, 42, 5]
+    tiny.reset()
+    ours = tiny.forward(tokens)
+    # The same forward in float64 with each product's input quantized as the kernel does it: equal
+    # up to fp32 rounding (measured: 1e-6 of the spread), except where that rounding flips one
+    # activation's 8-bit step, which moves the rows that read it (then ~1e-2 of the spread).
+    ref = reference_logits(tiny.weights, tokens, quantized=True)
+    spread = ref.abs().max()
+    per_row = (ours - ref).abs().max(-1).values
+    assert per_row.median() <= 1e-5 * spread
+    assert per_row.max() <= 0.02 * spread
+    # In float64 throughout: the 8-bit activations move the logits by about 1% of their spread.
+    ref = reference_logits(tiny.weights, tokens)
+    assert (ours - ref).abs().mean() <= 0.02 * spread
+    assert torch.equal(ours.argmax(-1)[0], ref.argmax(-1)[0])
+
+
+def test_a_tiny_models_rows_are_batch_invariant(tiny):
+    context, extra = [5, 9, 33, 2, 100, 7], [11, 12, 250, 3, 4, 5, 6, 7]
+    tiny.reset()
+    tiny.forward(context[:-1])
+    steps = torch.cat([tiny.forward([t]) for t in [context[-1], *extra]])
+    for n in (1, 2, 3, 5, 8):
+        tiny.reset()
+        tiny.forward(context[:-1])
+        assert torch.equal(tiny.forward([context[-1], *extra[:n]]), steps[: n + 1])
+    with native.portable_path():
+        tiny.reset()
+        tiny.forward(context[:-1])
+        assert torch.equal(tiny.forward([context[-1], *extra]), steps)
+
+
+def test_unsupported_types_and_architectures_are_refused_at_load(tmp_path, lib):
+    path = tmp_path / "q5.gguf"
+    write_tiny_gguf(path, "llama", override={"ffn_up": T.Q5_0})
+    with pytest.raises(ValueError, match=r"Q5_0.*--backend llamacpp"):
+        native.load_gguf_native(path)
+    other = tmp_path / "gemma.gguf"
+    write_tiny_gguf(other, "gemma")
+    with pytest.raises(ValueError, match=r"'gemma'.*--backend llamacpp"):
+        native.load_gguf_native(other)
+    not_gguf = tmp_path / "x.gguf"
+    not_gguf.write_bytes(b"nope" * 10)
+    with pytest.raises(ValueError, match="not a GGUF file"):
+        native.load_gguf_native(not_gguf)
+
+
+# -- (d) SmolLM2-135M Q4_1 ---------------------------------------------------------------------------
+
+PACK = "smollm2-135m"
+# Token ids of some English and code text in SmolLM2's vocabulary (as tests/test_llamacpp.py).
+CONTEXT = [504, 1070, 28, 30, 4667, 30, 3158, 314, 260, 1345, 30, 4667, 30, 3158, 314, 260, 1345, 30, 4667, 30]
+EXTRA = [3158, 314, 260, 1345, 30, 2784, 28, 1070, 30, 504, 28, 30, 4667, 314, 260, 1345]
+# "def fibonacci(n):\n    if n < 2:\n        return n\n    return" in SmolLM2's tokenizer (BOS first)
+PROMPT = [1, 1604, 3987, 46477, 24, 94, 727, 472, 585, 304, 2067, 216, 34, 42, 448, 1003, 304, 472, 1003]
+
+
+def smollm2_path():
+    missing = packs.missing_parts(packs.PACKS[PACK])
+    if missing:
+        pytest.skip(f"pack {PACK} is not installed: {packs.PACKS[PACK].install_command(missing)}")
+    return packs.gguf_file(PACK, progress=False)
+
+
+@pytest.fixture(scope="module")
+def smol(lib):
+    return native.load_gguf_native(smollm2_path(), n_threads=1, n_ctx=512)
+
+
+def one_token_steps(model, context, tokens):
+    """Logits after context and after each of tokens, fed one token at a time: [1 + n, V]."""
+    model.reset()
+    model.forward(context[:-1])
+    return torch.cat([model.forward([t]) for t in [context[-1], *tokens]])
+
+
+def test_smollm2_loads_with_its_facts(smol):
+    assert smol.vocab_size == 49152 and smol.max_context == 512
+    assert smol.generation_config.eos_token_id == [2]
+    assert capabilities(smol) == frozenset({TREES, SNAPSHOTS})
+    assert smol.weights.architecture == "llama" and not smol.weights.neox
+
+
+def test_smollm2_logits_are_as_close_to_a_float_forward_as_llamacpps(smol):
+    smol.reset()
+    ours = smol.forward(PROMPT)
+    ref = reference_logits(smol.weights, PROMPT)  # [n, V], logits up to about 35
+    diff = (ours - ref).abs()
+    # measured: max 2.0, mean 0.24 (llama.cpp on this file: 2.1 and 0.24)
+    assert diff.max() <= 3.0 and diff.mean() <= 0.35
+    top2 = ref.topk(2, -1).values
+    decided = top2[:, 0] - top2[:, 1] > 1.0  # rows the quantization cannot plausibly flip
+    assert decided.sum() >= len(PROMPT) // 2
+    assert torch.equal(ours.argmax(-1)[decided], ref.argmax(-1)[decided])
+    assert (ours.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.8
+
+
+def test_smollm2_greedy_continuation_agrees_with_llamacpp(smol):
+    from specdec.backends import llamacpp
+
+    if not llamacpp.available():
+        pytest.skip(f"the llama.cpp binding is not installed: {llamacpp.INSTALL}")
+    theirs = llamacpp.load_gguf(smollm2_path(), n_threads=1, n_ctx=512, prefill_layout="repacked")
+    smol.reset()
+    a = smol.forward(PROMPT, num_logits=1)
+    b = theirs.forward(PROMPT, num_logits=1)
+    assert a.argmax() == b.argmax()
+    assert (a - b).abs().max() <= 3.0
+
+
+def test_smollm2_an_8_token_pass_has_the_bits_of_8_one_token_steps(smol):
+    steps = one_token_steps(smol, CONTEXT, EXTRA[:7])  # [8, V]
+    smol.reset()
+    smol.forward(CONTEXT[:-1])
+    rows = smol.forward([CONTEXT[-1], *EXTRA[:7]])
+    assert rows.dtype == torch.float32 and rows.shape == (8, smol.vocab_size)
+    assert torch.equal(rows, steps)
+    smol.reset()
+    smol.forward(CONTEXT[:-1])
+    assert torch.equal(smol.forward([CONTEXT[-1], *EXTRA[:7]], num_logits=3), steps[-3:])
+
+
+def test_smollm2_a_prompt_fed_in_several_passes_has_the_same_bits(smol, monkeypatch):
+    smol.reset()
+    whole = smol.forward(CONTEXT + EXTRA)
+    monkeypatch.setattr(native, "MAX_PASS_ROWS", 7)
+    smol.reset()
+    assert torch.equal(smol.forward(CONTEXT + EXTRA), whole)
+    smol.reset()
+    assert torch.equal(smol.forward(CONTEXT + EXTRA, num_logits=9), whole[-9:])
+
+
+def test_smollm2_a_tree_pass_has_the_bits_of_its_paths_one_token_steps(smol):
+    a, b, c, d, e = range(5)  # a -> b, a -> c -> e, and d, under the root
+    tree = TokenTree(tokens=EXTRA[:5], parents=[-1, a, a, -1, c])
+    smol.reset()
+    rows = forward_tree(smol, CONTEXT, tree)  # [1 + 5, V]
+    for node in (a, b, c, d, e):
+        path = tree.path(node)
+        steps = one_token_steps(smol, CONTEXT, [tree.tokens[i] for i in path])
+        assert torch.equal(rows[1 + node], steps[-1]), node
+    assert torch.equal(rows[0], steps[0])
+    # keep the path a -> c -> e: the next token's logits are the causal steps'
+    smol.reset()
+    forward_tree(smol, CONTEXT, tree)
+    keep_path(smol, len(CONTEXT), tree.path(e))
+    assert smol.tokens == CONTEXT + [EXTRA[0], EXTRA[2], EXTRA[4]]
+    after = smol.forward([EXTRA[5]])
+    expected = one_token_steps(smol, CONTEXT, [EXTRA[0], EXTRA[2], EXTRA[4], EXTRA[5]])[-1:]
+    assert torch.equal(after, expected)
+
+
+def test_smollm2_trim_snapshot_restore(smol):
+    steps = one_token_steps(smol, CONTEXT, EXTRA[:4])
+    # trim rolls back: feeding again gives the same bits
+    smol.trim(len(CONTEXT) + 1)
+    assert smol.tokens == CONTEXT + EXTRA[:1]
+    assert torch.equal(smol.forward(EXTRA[1:4]), steps[2:])
+    smol.trim(10_000)  # longer than the cache: no-op
+    assert len(smol.tokens) == len(CONTEXT) + 4
+    # snapshot / restore, on this backend and on a fork (another cache on the same weights)
+    smol.trim(len(CONTEXT))
+    snap = smol.snapshot()
+    assert snap.tokens == tuple(CONTEXT) and snap.nbytes > 0
+    smol.forward(EXTRA[5:9])
+    smol.restore(snap)
+    assert smol.tokens == CONTEXT
+    assert torch.equal(smol.forward(EXTRA[:4]), steps[1:])
+    twin = smol.fork()
+    twin.restore(snap)
+    assert torch.equal(twin.forward(EXTRA[:4]), steps[1:])
+    with pytest.raises(ValueError):
+        twin.restore(type(snap)(snap.tokens[:-1], snap.data))
+    # keep a prefix, reset
+    smol.keep(list(range(5)))
+    assert smol.tokens == CONTEXT[:5]
+    smol.reset()
+    assert smol.tokens == []
+
+
+def test_smollm2_greedy_speculative_output_equals_its_own_autoregressive_output(smol):
+    from specdec import generate
+
+    smol.reset()
+    ar = generate(smol, PROMPT, max_new_tokens=24, eos_token_ids=[])
+    assert len(ar.token_ids) == 24
+    draft = smol.fork()  # the same weights as their own draft: a second KV cache
+    for kwargs in (dict(draft=draft, verify="block", k=4, policy="static"),
+                   dict(drafter="ngram", verify="greedy", k=4, policy="static"),
+                   dict(draft=draft, verify="tree")):
+        spec = generate(smol, PROMPT, max_new_tokens=24, eos_token_ids=[], **kwargs)
+        assert spec.token_ids == ar.token_ids, kwargs
+        assert spec.stats.target_forwards < len(ar.token_ids), kwargs
+
+
+def test_smollm2_bad_inputs(smol):
+    smol.reset()
+    with pytest.raises(ValueError, match="at least one token"):
+        smol.forward([])
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        smol.forward([49152])
+    with pytest.raises(ValueError, match="attend must be"):
+        smol.forward([1, 2], attend=torch.ones(2, 3, dtype=torch.bool), positions=[0, 1])
+    assert smol.tokens == []
+
+
+# -- (e) the default target: Qwen2.5-Coder-1.5B-Instruct Q4_K_M ----------------------------------------
+
+
+@pytest.mark.slow
+def test_the_default_target_is_batch_invariant(lib):
+    name = packs.DEFAULT_TARGET
+    missing = packs.missing_parts(packs.PACKS[name])
+    if missing:
+        pytest.skip(f"pack {name} is not installed: {packs.PACKS[name].install_command(missing)}")
+    # one thread: spinning thread barriers crawl on a busy 2-core machine (the tiny models and the
+    # kernel tests cover two threads)
+    model = native.load_gguf_native(packs.gguf_file(name, progress=False), n_threads=1, n_ctx=512)
+    assert model.weights.architecture == "qwen2" and model.vocab_size == 151936
+    # "def quicksort(arr):\n    if len(arr) <= 1:" in Qwen's tokenizer, and three more tokens
+    context = [750, 3974, 6860, 10939, 982, 262, 421, 2422, 10939, 8, 2651, 220, 16, 25]
+    extra = [198, 286, 470]
+    steps = one_token_steps(model, context, extra)  # [4, V]
+    model.reset()
+    model.forward(context[:-1])
+    rows = model.forward([context[-1], *extra])
+    assert torch.equal(rows, steps)
+    assert torch.isfinite(rows).all()
+    from specdec.backends import llamacpp
+
+    if not llamacpp.available():
+        return
+    # llama.cpp on the same file: measured max |diff| 0.74, mean 0.076 (logits up to 28), the same
+    # greedy token on every prompt row but the last, a near tie (margin 0.005 in llama.cpp)
+    theirs = llamacpp.load_gguf(model.weights.path, n_threads=1, n_ctx=512, prefill_layout="repacked")
+    model.reset()
+    ours, ref = model.forward(context), theirs.forward(context)
+    assert (ours - ref).abs().max() <= 2.0 and (ours - ref).abs().mean() <= 0.2
+    top2 = ref.topk(2, -1).values
+    clear = top2[:, 0] - top2[:, 1] > 0.1
+    assert torch.equal(ours.argmax(-1)[clear], ref.argmax(-1)[clear])
