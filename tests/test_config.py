@@ -163,7 +163,7 @@ def test_the_heads_drafter_takes_other_choices_without_rebuilding():
                                   "spec:model:tree:width=99999999999999999999999", "spec:model:tree:budget=1e400"])
 def test_a_count_too_large_is_a_value_error_naming_its_option(text):
     """Counts are capped at 2**31 - 1: a larger one is a ValueError saying what the option takes
-    (once an OverflowError from deep inside, which the front ends do not catch)."""
+    (not an OverflowError from deep inside, which the front ends do not catch)."""
     option = text.rsplit(":", 1)[1].split("=")[0]
     with pytest.raises(ValueError, match=f"{option}= takes a positive integer"):
         DecodeConfig.parse(text)

@@ -494,9 +494,8 @@ def static_choices(nodes: int) -> list[tuple[int, ...]]:
 def test_trees_of_every_budget_decode_greedily_the_backends_own_greedy_output(model, shape, budget):
     """Trees of up to 128 nodes (two or more llama.cpp passes' worth of rows, at any context length):
     the bf16 KV cache keeps llama.cpp's flash attention on its per-row kernel, so every tree row
-    equals a one-token step bit for bit and greedy output is plain decoding's. A tree of 64 nodes
-    once left plain decoding after 20 tokens, through the tiled kernel that an f16 cache takes for
-    passes of 64 rows or more. The draft is the target itself (its tree's first path always holds)
+    equals a one-token step bit for bit and greedy output is plain decoding's (with an f16 cache,
+    llama.cpp's tiled kernel for passes of 64 rows or more rounds them differently). The draft is the target itself (its tree's first path always holds)
     for the longer run, an unsure copy (other branches kept) for the others."""
     tokenizer = _tokenizer()
     tree = dict(mode="dynamic", budget=budget) if shape == "dynamic" else dict(mode="static", choices=static_choices(budget))
