@@ -346,8 +346,7 @@ def test_the_gumbel_sampler_keeps_the_sampled_output_of_plain_decoding(tiny, cap
 
 def test_verify_coupled_draws_its_baseline_with_the_gumbel_sampler_and_refuses_multinomial(tiny, capsys):
     """--verify coupled implies --sampler gumbel, for --compare-ar's plain decoding too (so both
-    runs draw with the same noise and the texts agree); naming multinomial beside it is an error."""--verify coupled implies --sampler gumbel, for --compare-ar's plain decoding too (which once
-    drew multinomially and called the texts different); naming multinomial beside it is an error."""
+    runs draw with the same noise and the texts agree); naming multinomial beside it is an error."""
     report = generate_json(tiny, capsys, "--compare-ar", "--verify", "coupled", "--temperature", "1")
     assert report["ar"]["identical"] is True and "coupled" in report["method"]
     args = ["generate", "hello", "--target", tiny["target"], "--draft", tiny["draft"], "--dtype", "float32",
