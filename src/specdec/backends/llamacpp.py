@@ -198,7 +198,10 @@ def load_gguf(
     (default: the GGUF's end-of-generation tokens). prefill_layout: the weight layout long chains
     (prompts) run on: ``"repacked"`` (the one decoding runs on), ``"file"`` (as stored in the
     GGUF) or ``"auto"``, whichever :func:`choose_prefill_layout` measures faster here (cached under
-    ``cache_dir``, as the planner's cost curves are). Raises :class:`LlamaCppUnavailable` without
+    ``cache_dir``, as the planner's cost curves are). A model whose short passes equal its one-token
+    steps (:func:`specdec.divergence.batch_invariance`, measured once and cached the same way) gets a
+    bf16 KV cache and the repacked layout for every pass (see :data:`KV_TYPES`); others an f16
+    cache. Raises :class:`LlamaCppUnavailable` without
     the binding and ``ValueError`` naming the file when it is missing, not a GGUF or corrupt.
     """
     if prefill_layout not in PREFILL_LAYOUTS:
