@@ -31,7 +31,7 @@ import subprocess
 import types
 from importlib import resources
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import torch
 
@@ -311,34 +311,46 @@ class _Unavailable(Exception):
     pass
 
 
+def build_library(source: str, flags: Sequence[str], *, name: str, libs: Sequence[str] = (),
+                  error: type[Exception] = RuntimeError, serial_fallback: bool = False) -> ctypes.CDLL:
+    """Compile ``csrc/<source>`` with ``flags`` (then ``libs``) once into the cache's ``kernels``
+    folder, named ``<name>-<hash of source and flags>.so``, and load it. ``serial_fallback``: retry
+    without ``-fopenmp`` when the compiler lacks it. Raises ``error`` with the reason (no compiler,
+    an unwritable cache, a failed build or load)."""
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise error("no C compiler found (install gcc, or set CC)")
+    code = resources.files("specdec").joinpath("csrc", source).read_bytes()
+    digest = hashlib.sha256(code + " ".join([*flags, *libs]).encode()).hexdigest()[:16]
+    target = cache_root() / "kernels" / f"{name}-{digest}.so"
+    if not target.is_file():
+        src = target.with_suffix(".c")
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            src.write_bytes(code)
+        except OSError as err:
+            raise error(f"cannot write into {target.parent} (the cache directory; set $SPECDEC_CACHE): "
+                        f"{err.strerror or err}") from None
+        partial = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+        done = subprocess.run([compiler, *flags, "-o", str(partial), str(src), *libs], capture_output=True, text=True)
+        if done.returncode != 0 and serial_fallback:  # a compiler without OpenMP (e.g. Apple's clang): one thread
+            serial = [f for f in flags if f != "-fopenmp"]
+            done = subprocess.run([compiler, *serial, "-o", str(partial), str(src), *libs], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise error(f"compiling {src} failed: {done.stderr.strip()[-400:]}")
+        os.replace(partial, target)  # atomic: a concurrent build never sees half a file
+    try:
+        return ctypes.CDLL(str(target))
+    except OSError as err:
+        raise error(f"loading {target} failed: {err}") from None
+
+
 def _build_and_open() -> ctypes.CDLL:
     if os.environ.get("SPECDEC_KERNELS", "").lower() == "torch":
         raise _Unavailable("disabled by SPECDEC_KERNELS=torch")
     if platform.machine().lower() not in ("x86_64", "amd64"):
         raise _Unavailable(f"needs an x86-64 CPU, this is {platform.machine()}")
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        raise _Unavailable("no C compiler found (install gcc, or set CC)")
-    source = resources.files("specdec").joinpath("csrc", SOURCE).read_bytes()
-    digest = hashlib.sha256(source + " ".join(FLAGS).encode()).hexdigest()[:16]
-    target = cache_root() / "kernels" / f"linear_bf16-{digest}.so"
-    if not target.is_file():
-        src = target.with_suffix(".c")
-        try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            src.write_bytes(source)
-        except OSError as err:
-            raise _Unavailable(f"cannot write into {target.parent} (the cache directory; set $SPECDEC_CACHE): "
-                               f"{err.strerror or err}") from None
-        partial = target.with_name(f"{target.name}.{os.getpid()}.tmp")
-        done = subprocess.run([compiler, *FLAGS, "-o", str(partial), str(src)], capture_output=True, text=True)
-        if done.returncode != 0:
-            raise _Unavailable(f"compiling {src} failed: {done.stderr.strip()[-400:]}")
-        os.replace(partial, target)  # atomic: a concurrent build never sees half a file
-    try:
-        lib = ctypes.CDLL(str(target))
-    except OSError as err:
-        raise _Unavailable(f"loading {target} failed: {err}") from None
+    lib = build_library(SOURCE, FLAGS, name="linear_bf16", error=_Unavailable)
     if not lib.specdec_avx2_available():
         raise _Unavailable("this CPU lacks AVX2/FMA")
     lib.specdec_linear_bf16.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_int]

@@ -54,22 +54,18 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import hashlib
 import os
 import platform
-import shutil
-import subprocess
 import sys
 import types
-from importlib import resources
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
 
+from specdec import kernels
 from specdec.backends.base import SNAPSHOTS, TREES, CacheSnapshot, ModelFacts
-from specdec.paths import cache_root
 
 SOURCE = "linear_gguf.c"
 FLAGS_NATIVE = ["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
@@ -123,32 +119,8 @@ def library(variant: str = "native") -> ctypes.CDLL:
 
 
 def _build_and_open(flags: list[str], variant: str) -> ctypes.CDLL:
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        raise KernelUnavailable("no C compiler found (install gcc, or set CC)")
-    source = resources.files("specdec").joinpath("csrc", SOURCE).read_bytes()
-    digest = hashlib.sha256(source + " ".join(flags + LIBS).encode()).hexdigest()[:16]
-    target = cache_root() / "kernels" / f"linear_gguf-{variant}-{digest}.so"
-    if not target.is_file():
-        src = target.with_suffix(".c")
-        try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            src.write_bytes(source)
-        except OSError as err:
-            raise KernelUnavailable(f"cannot write into {target.parent} (the cache directory; set $SPECDEC_CACHE): "
-                                    f"{err.strerror or err}") from None
-        partial = target.with_name(f"{target.name}.{os.getpid()}.tmp")
-        done = subprocess.run([compiler, *flags, "-o", str(partial), str(src), *LIBS], capture_output=True, text=True)
-        if done.returncode != 0:  # a compiler without OpenMP (e.g. Apple's clang): one thread
-            serial = [f for f in flags if f != "-fopenmp"]
-            done = subprocess.run([compiler, *serial, "-o", str(partial), str(src), *LIBS], capture_output=True, text=True)
-        if done.returncode != 0:
-            raise KernelUnavailable(f"compiling {src} failed: {done.stderr.strip()[-400:]}")
-        os.replace(partial, target)  # atomic: a concurrent build never sees half a file
-    try:
-        lib = ctypes.CDLL(str(target))
-    except OSError as err:
-        raise KernelUnavailable(f"loading {target} failed: {err}") from None
+    lib = kernels.build_library(SOURCE, flags, name=f"linear_gguf-{variant}", libs=LIBS, error=KernelUnavailable,
+                                serial_fallback=True)
     p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     signatures = {
         "gguf_matmul_multi": ([i32, p, p, p, p, i64, p, i64, p, i64, i32, i32], i32),
