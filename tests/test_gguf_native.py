@@ -547,6 +547,66 @@ def test_smollm2_bad_inputs(smol):
     assert smol.tokens == []
 
 
+# -- (d') the backend choice: --backend gguf ----------------------------------------------------------
+
+
+def test_a_pack_loads_on_the_gguf_backend_and_decodes_as_plain_decoding(lib):
+    """``load_pair(backend="gguf")``: the target on the GGUF kernel, the draft a second cache on the
+    same weights; the default method (the n-gram lookup and the draft model, block verification,
+    the planner) and a tree give the tokens of plain decoding."""
+    from specdec import generate, models
+    from specdec.config import DecodeConfig
+
+    smollm2_path()
+    pair = models.load_pair(PACK, PACK, backend="gguf", n_threads=1)
+    assert pair.backend == "gguf"
+    assert isinstance(pair.target, native.GGUFCausalLM) and isinstance(pair.draft, native.GGUFCausalLM)
+    assert pair.draft is not pair.target and pair.draft.weights is pair.target.weights
+    ids = pair.tokenizer("def fibonacci(n):")["input_ids"]
+    ar = generate(pair.target, ids, max_new_tokens=20, eos_token_ids=[])
+    for method in ("spec", "spec:model:tree"):
+        spec = generate(pair.target, ids, draft=pair.draft, max_new_tokens=20, eos_token_ids=[],
+                        config=DecodeConfig.parse(method))
+        assert spec.token_ids == ar.token_ids, method
+        assert spec.exact
+
+
+def test_the_gguf_backend_is_refused_for_what_it_cannot_run(tmp_path):
+    from specdec import models
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    with pytest.raises(models.ModelPackError, match="the gguf backend runs GGUF files"):
+        models.resolve_backend(str(folder), "gguf")
+    smollm2_path()
+    with pytest.raises(ValueError, match="dtype does not apply to the gguf backend"):
+        models.load(PACK, backend="gguf", dtype="float32")
+    fake = tmp_path / "fake.gguf"
+    fake.write_bytes(b"GGML" + bytes(64))
+    with pytest.raises(models.ModelPackError, match="not a GGUF file") as err:
+        models.load(str(fake), backend="gguf")
+    assert err.value.hint == native.LLAMACPP_HINT
+
+
+def test_specdec_generate_runs_on_the_gguf_backend(capsys):
+    import json
+
+    from specdec import cli
+
+    smollm2_path()
+    code = cli.main(["generate", "def add(a, b):", "--target", PACK, "--draft", "none", "--backend", "gguf",
+                     "--drafter", "ngram", "--max-new-tokens", "12", "--threads", "1", "--compare-ar", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["weights"].endswith("GGUF on specdec kernels")
+    assert report["exact"] and report["ar"]["token_ids"] == report["token_ids"]
+    assert "GGUF on specdec kernels" in err
+    code = cli.main(["generate", "x", "--target", PACK, "--draft", "none", "--backend", "gguf", "--dtype", "float32"])
+    out, err = capsys.readouterr()
+    assert code == 2 and "--dtype is an option of the torch backend" in err and "runs on gguf" in err
+
+
 # -- (e) the default target: Qwen2.5-Coder-1.5B-Instruct Q4_K_M ----------------------------------------
 
 

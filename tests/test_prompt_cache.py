@@ -38,8 +38,12 @@ def counting(model):
     return fed
 
 
-@pytest.fixture(scope="module", params=["llamacpp", "torch"])
+@pytest.fixture(scope="module", params=["llamacpp", "gguf", "torch"])
 def backend(request):
+    if request.param == "gguf":  # specdec's GGUF kernel on the same file
+        from specdec.backends.gguf import load_gguf_native
+
+        return load_gguf_native(_gguf(), n_threads=2, n_ctx=512)
     return _smollm2() if request.param == "llamacpp" else HFCausalLM(tiny_llama(3, vocab=5000, context=512))
 
 

@@ -25,7 +25,7 @@ from specdec.packs import DEFAULT_DRAFT, DEFAULT_TARGET, PACKS, ModelPackError  
 from specdec.paths import CACHE_ENV, cache_root
 
 __all__ = [
-    "BACKENDS", "CACHE_ENV", "DEFAULT_DRAFT", "DEFAULT_TARGET", "PACKS", "ModelPackError", "Pair",
+    "BACKENDS", "CACHE_ENV", "DEFAULT_DRAFT", "DEFAULT_TARGET", "GGUF_BACKENDS", "PACKS", "ModelPackError", "Pair",
     "load", "load_pair", "logit_width", "resolve_backend", "resolve_dtype",
 ]
 
@@ -43,7 +43,7 @@ class Pair:
     draft: Any = None  # None: no draft model
     target_name: str = "target"
     draft_name: str | None = None
-    backend: str = "torch"  # "torch" or "llamacpp": where the target runs
+    backend: str = "torch"  # "torch", "llamacpp" or "gguf": where the target runs
 
 
 def load_pair(
@@ -65,7 +65,7 @@ def load_pair(
     target shares its weights (``target.fork()`` where the model has it, so each use keeps its own
     KV cache; else the same object).
 
-    backend: ``"auto"``, ``"torch"`` or ``"llamacpp"``, resolved for each model by
+    backend: ``"auto"``, ``"torch"``, ``"llamacpp"`` or ``"gguf"``, resolved for each model by
     :func:`resolve_backend`. dtype and kernels are passed only to the models that run on torch (they
     do not apply to llama.cpp's); n_threads is llama.cpp's thread count. on_load: called as
     ``on_load(name, backend)`` just before each model loads (the CLI prints its "loading ..." line).
@@ -145,19 +145,22 @@ def load(
     a one-token step would compute it); ``"torch"`` keeps PyTorch's own.
 
     backend: ``"torch"`` (a transformers model), ``"llamacpp"`` (a GGUF file or pack run by
-    llama.cpp: a :class:`~specdec.backends.llamacpp.LlamaCppCausalLM` on ``n_threads`` threads;
-    ``dtype`` and ``kernels`` do not apply and are refused) or ``"auto"`` (see :func:`resolve_backend`).
+    llama.cpp: a :class:`~specdec.backends.llamacpp.LlamaCppCausalLM` on ``n_threads`` threads),
+    ``"gguf"`` (the same file on specdec's own batch-invariant quantized kernel: a
+    :class:`~specdec.backends.gguf.GGUFCausalLM`) or ``"auto"`` (see :func:`resolve_backend`). On
+    the two GGUF backends ``dtype`` and ``kernels`` do not apply and are refused.
 
     Raises :class:`ModelPackError` for an unknown name or a missing or corrupt pack, ``TypeError``
     for a ``name_or_path`` that is not text or a path.
     """
     name_or_path = _checked_name(name_or_path)
-    if resolve_backend(name_or_path, backend) == "llamacpp":
+    where = resolve_backend(name_or_path, backend)
+    if where in GGUF_BACKENDS:
         for name, value in (("dtype", dtype), ("kernels", kernels)):
             if value is not None:
-                raise ValueError(f"{name} does not apply to the llama.cpp backend, which runs the GGUF's own "
+                raise ValueError(f"{name} does not apply to the {where} backend, which runs the GGUF's own "
                                  f"weights; leave {name} out, or pass backend='torch'")
-        return _load_llamacpp(name_or_path, cache_dir, progress, n_threads)
+        return _load_gguf(name_or_path, cache_dir, progress, n_threads, where)
     kernels = "auto" if kernels is None else kernels
     if kernels not in ("auto", "torch"):
         raise ValueError(f"kernels must be 'auto' or 'torch', got {kernels!r}")
@@ -184,7 +187,8 @@ def load(
     return model.eval(), tokenizer
 
 
-BACKENDS = ("auto", "torch", "llamacpp")
+BACKENDS = ("auto", "torch", "llamacpp", "gguf")
+GGUF_BACKENDS = ("llamacpp", "gguf")  # the backends that run a GGUF file's own quantized weights
 
 
 def _checked_name(name_or_path: Any) -> str:
@@ -201,26 +205,37 @@ def _checked_name(name_or_path: Any) -> str:
 
 
 def resolve_backend(name_or_path: str, backend: str) -> str:
-    """``"torch"`` or ``"llamacpp"``. ``"auto"`` is llamacpp for a pack or a ``.gguf`` file when the
-    llama.cpp binding is installed (on a 2-core CPU it decodes the default target's Q4_K_M file
-    about 3x faster per token than the bf16 torch model; docs/backends.md), else torch."""
+    """``"torch"``, ``"llamacpp"`` or ``"gguf"``. ``"auto"`` is llamacpp for a pack or a ``.gguf``
+    file when the llama.cpp binding is installed (on a 2-core CPU it decodes the default target's
+    Q4_K_M file about 3x faster per token than the bf16 torch model; docs/backends.md), else torch.
+    ``"gguf"`` (specdec's own kernel, :mod:`specdec.backends.gguf`) is chosen by name."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     is_gguf = name_or_path in PACKS or (Path(name_or_path).expanduser().suffix.lower() == ".gguf")
-    if backend == "llamacpp" and not is_gguf:
-        raise ModelPackError(f"the llama.cpp backend runs GGUF files; {name_or_path} is neither a pack nor a .gguf file",
+    if backend in GGUF_BACKENDS and not is_gguf:
+        raise ModelPackError(f"the {backend} backend runs GGUF files; {name_or_path} is neither a pack nor a .gguf file",
                              "pass a pack name or a .gguf file, or use the torch backend")
     if backend == "auto":
         return "llamacpp" if is_gguf and llamacpp.available() else "torch"
     return backend
 
 
-def _load_llamacpp(name_or_path: str, cache_dir: str | Path | None, progress: bool, n_threads: int | None) -> tuple[Any, Any]:
-    """A pack's hash-checked GGUF (no conversion) or a local .gguf file in llama.cpp, and its tokenizer."""
+def _load_gguf(name_or_path: str, cache_dir: str | Path | None, progress: bool, n_threads: int | None,
+               backend: str) -> tuple[Any, Any]:
+    """A pack's hash-checked GGUF (no conversion) or a local .gguf file on ``backend`` (llama.cpp
+    or specdec's GGUF kernel), and its tokenizer."""
     pack = PACKS.get(name_or_path)
     gguf = packs.gguf_file(pack, cache_dir, progress=progress) if pack else Path(name_or_path).expanduser()
-    model = llamacpp.load_gguf(gguf, n_threads=n_threads, eos_token_ids=(pack.eos_token_ids or None) if pack else None,
-                               cache_dir=cache_dir)
+    eos = (pack.eos_token_ids or None) if pack else None
+    if backend == "gguf":
+        from specdec.backends.gguf import LLAMACPP_HINT, load_gguf_native
+
+        try:
+            model = load_gguf_native(gguf, n_threads=n_threads, eos_token_ids=eos)
+        except ValueError as err:  # a file or a model this kernel does not run
+            raise ModelPackError(str(err).replace(f"; {LLAMACPP_HINT}", ""), LLAMACPP_HINT) from None
+    else:
+        model = llamacpp.load_gguf(gguf, n_threads=n_threads, eos_token_ids=eos, cache_dir=cache_dir)
     return model, _gguf_tokenizer(pack, gguf, cache_dir)
 
 

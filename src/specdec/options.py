@@ -112,10 +112,12 @@ def add_model_options(parser: argparse.ArgumentParser, *, draft: bool = True) ->
 
 
 def add_backend_option(parser: argparse.ArgumentParser) -> None:
-    """--backend {auto,torch,llamacpp}, read by :func:`load_models_from` (bench has its own --backend)."""
-    parser.add_argument("--backend", default="auto", choices=["auto", "torch", "llamacpp"],
+    """--backend {auto,torch,llamacpp,gguf}, read by :func:`load_models_from` (bench has its own --backend)."""
+    parser.add_argument("--backend", default="auto", choices=list(models.BACKENDS),
                         help="'llamacpp' runs a pack's or a .gguf file's quantised weights in llama.cpp (needs "
-                             "llama-cpp-python); 'torch' converts them to bf16 for transformers; 'auto' picks "
+                             "llama-cpp-python); 'gguf' runs them on specdec's own batch-invariant kernel "
+                             "(llama and qwen2 models; a verification pass of a few rows costs little more "
+                             "than one row); 'torch' converts them to bf16 for transformers; 'auto' picks "
                              "llamacpp for GGUF models when the binding is installed, else torch (default: auto)")
 
 
@@ -206,8 +208,10 @@ def load_models(target: str, draft: str | None = None, *, backend: str = "torch"
     names = [target] + ([draft] if draft is not None else [])
     _check_torch_options([n for n in names if n.lower() != "none"], backend, typed)
 
+    runs = {"torch": dtype, "llamacpp": "GGUF via llama.cpp", "gguf": "GGUF on specdec kernels"}
+
     def loading(name: str, where: str) -> None:
-        note(f"loading {name} ({dtype if where == 'torch' else 'GGUF via llama.cpp'})")
+        note(f"loading {name} ({runs[where]})")
 
     try:
         pair = models.load_pair(target, draft, backend=backend, cache_dir=cache_dir, dtype=dtype, kernels=kernels,
@@ -231,7 +235,7 @@ def load_models_from(args: argparse.Namespace, *, draft: bool = True) -> models.
 
 def _loaded_notes(name: str, model: Any, backend: str) -> None:
     """What a loaded model runs: a GGUF's weights on llama.cpp, and the prefill layout it chose."""
-    if backend == "llamacpp":
+    if backend in models.GGUF_BACKENDS:
         note(f"{name}: {gguf_weights(model)}")
     choice = getattr(model, "prefill_choice", None)
     if choice and choice.get("layout") == "file" and "seconds" in choice:
@@ -249,7 +253,7 @@ def check_cache_dir(cache_dir: str | None, *, create: bool) -> None:
 
 
 def backend_of(name: str, backend: str) -> str:
-    """``torch`` or ``llamacpp``: where model ``name`` runs under --backend ``backend``."""
+    """``torch``, ``llamacpp`` or ``gguf``: where model ``name`` runs under --backend ``backend``."""
     try:
         return models.resolve_backend(name, backend)
     except models.ModelPackError as err:
@@ -257,19 +261,21 @@ def backend_of(name: str, backend: str) -> str:
 
 
 def _check_torch_options(names: list[str], backend: str, typed: Collection[str]) -> None:
-    """--dtype and --kernels shape transformers models: refused when typed and every model runs on llama.cpp."""
+    """--dtype and --kernels shape transformers models: refused when typed and every model runs a GGUF's own weights."""
     if not names or any(backend_of(name, backend) == "torch" for name in names):
         return
     for flag, dest in (("--dtype", "dtype"), ("--kernels", "kernels")):
         if dest in typed:
-            raise CLIError(f"{flag} is an option of the torch backend, but {names[0]} runs on llama.cpp "
-                           "(its GGUF's own weights)",
+            raise CLIError(f"{flag} is an option of the torch backend, but {names[0]} runs on "
+                           f"{backend_of(names[0], backend)} (its GGUF's own weights)",
                            f"drop {flag}, or add --backend torch to run the model in transformers", code=2)
 
 
 def gguf_weights(model: Any) -> str:
-    """What a model loaded on llama.cpp runs, as llama.cpp describes it: 'llama 256M Q4_1 GGUF via llama.cpp'."""
-    return f"{model.weights.description} GGUF via llama.cpp"
+    """What a model loaded from a GGUF runs: 'llama 256M Q4_1 GGUF via llama.cpp' (as llama.cpp
+    describes it), or 'llama 30x576 (Q4_1/Q6_K) GGUF on specdec kernels'."""
+    where = "via llama.cpp" if type(model).__module__.endswith("llamacpp") else "on specdec kernels"
+    return f"{model.weights.description} GGUF {where}"
 
 
 def check_threads(threads: int | None) -> None:

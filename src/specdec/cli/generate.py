@@ -19,6 +19,7 @@ from specdec.config import DecodeConfig
 from specdec.divergence import LogitsRecorder, batch_invariance, cause, decisive_position, explain
 from specdec.drafters import MODEL_DRAFTERS
 from specdec.drafters.tree import DEFAULT_TREE, TreeDrafter
+from specdec.models import GGUF_BACKENDS
 from specdec.options import (
     CLIError, add_backend_option, add_decoding_options, add_model_options, backend_of, check_threads, console,
     decode_config, gguf_weights, load_models_from, note, positive_int,
@@ -244,7 +245,7 @@ def _report(args: argparse.Namespace, target: Any, result: Any, ar: Any,
         "target": args.target,
         "draft": args.draft,
         "draft_weights": args.draft_weights,
-        **({"weights": gguf_weights(target)} if backend_of(args.target, args.backend) == "llamacpp"
+        **({"weights": gguf_weights(target)} if backend_of(args.target, args.backend) in GGUF_BACKENDS
            else {"dtype": args.dtype}),
         "method": result.method,
         "exact": result.exact,
