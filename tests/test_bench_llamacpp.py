@@ -37,12 +37,19 @@ def bench_run(tmp_path_factory):
     argv = ["--target", PACK, "--draft", PACK, "--draft-weights", "bf16", "--backend", "both",
             "--methods", METHODS, "--prompts", "edit:1,humaneval:1", "--temperature", "0", "1",
             "--max-new-tokens", str(NEW_TOKENS), "--warmup-tokens", "4", "--threads", threads,
+            "--server-endpoint", "chat",  # the edit prompt's messages to /v1/chat/completions
             "--no-progress", "--out", str(out)]
     try:
         assert main(argv) == 0
     finally:
         torch.set_num_threads(before)
     return {name: json.loads((out / name / "results.json").read_text()) for name in ("greedy", "t1")} | {"out": out}
+
+
+def test_the_served_methods_got_the_chat_prompt_as_messages(bench_run):
+    for name in ("greedy", "t1"):
+        assert bench_run[name]["settings"]["server_endpoint"].startswith("chat: messages to /v1/chat/completions")
+        assert [p["chat"] for p in bench_run[name]["prompts"]] == [True, False]  # edit, humaneval
 
 
 def test_one_run_holds_both_backends_and_the_llamacpp_peers(bench_run):

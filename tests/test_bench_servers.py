@@ -10,8 +10,10 @@ import pytest
 
 from specdec.bench import servers
 from specdec.bench.methods import method_of_record, parse_method, parse_methods
-from specdec.bench.servers import Completion, ServerMissing, llama_server_binary, request_body
-from specdec.server.requests import CompletionBody, sampling_kwargs
+from specdec.bench.servers import (
+    Completion, ServerMissing, chat_request_body, llama_server_binary, request_body, run_server,
+)
+from specdec.server.requests import ChatBody, CompletionBody, sampling_kwargs
 from specdec.server.worker import ModelThread
 
 
@@ -73,6 +75,58 @@ def test_streams_of_both_servers_are_read_into_tokens_and_figures():
     theirs.add({"choices": [{"text": "y"}], "__verbose": {"tokens": [5]},
                 "timings": {"draft_n": 6, "draft_n_accepted": 2}}, 0.2)
     assert (theirs.token_ids, theirs.text, theirs.timings["draft_n"]) == ([4, 5], "xy", 6)
+
+
+def test_a_chat_prompt_goes_as_messages_with_a_clients_default_fields():
+    messages = ({"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"})
+    body = chat_request_body(messages, 1.0, 64, 3, ignore_eos=False)
+    assert body == {"messages": [dict(m) for m in messages], "max_tokens": 64, "temperature": 1.0, "seed": 3,
+                    "stream": True, "stream_options": {"include_usage": True}}  # no sampler field of ours or theirs
+    assert chat_request_body(messages, 0.0, 8, 0, ignore_eos=True)["ignore_eos"] is True
+    ChatBody.model_validate(body)  # specdec serve takes every field a client sends
+
+
+class _Streams:
+    """Servers.complete's stand-in: each key's stream, replayed, and the paths asked for."""
+
+    def __init__(self, chunks):
+        self.chunks, self.paths = chunks, []
+
+    def complete(self, key, body, path="/v1/completions"):
+        self.paths.append(path)
+        out = Completion()
+        for at, chunk in enumerate(self.chunks[key]):
+            out.add(chunk, 0.1 * (at + 1))
+        out.seconds = 1.0
+        return out
+
+
+def test_chat_streams_are_read_and_a_text_only_stream_is_tokenised():
+    chunks = {
+        "specdec:llamacpp:ar": [
+            {"choices": [{"delta": {"role": "assistant", "content": ""}}]},
+            {"choices": [{"delta": {"content": "ab"}}], "speculative": {"token_ids": [7, 8], "from_draft": [False, False],
+                                                                       "draft_chars": 0, "drafted": 0}},
+            {"choices": [{"delta": {}, "finish_reason": "length"}], "speculative": {"target_forwards": 2}}],
+        "llama-server": [{"choices": [{"delta": {"content": "a"}}]}, {"choices": [{"delta": {"content": "b"}}]},
+                         {"choices": [], "usage": {"completion_tokens": 2}}],
+    }
+    fake = _Streams(chunks)
+    messages = ({"role": "user", "content": "Hi"},)
+    tokenised = []
+
+    def tokenize(text):
+        tokenised.append(text)
+        return [ord(c) for c in text]
+
+    ours = run_server(fake, "specdec:llamacpp:ar", "ar", [1], 0.0, 2, [], 0, method="ar", messages=messages,
+                      tokenize=tokenize)
+    theirs = run_server(fake, "llama-server", "llama-server", [1], 0.0, 2, [], 0, messages=messages, tokenize=tokenize)
+    assert fake.paths == ["/v1/chat/completions"] * 2
+    assert ours.token_ids == [7, 8] and tokenised == ["ab"]  # ours carries its ids; theirs is text only
+    assert theirs.token_ids == [97, 98] and theirs.first_step_seconds == pytest.approx(0.1)
+    run_server(fake, "specdec:llamacpp:ar", "ar", [1], 0.0, 2, [], 0, method="ar")  # no messages: token ids
+    assert fake.paths[-1] == "/v1/completions"
 
 
 def test_a_missing_llama_server_says_how_to_build_it(monkeypatch, tmp_path):

@@ -497,6 +497,8 @@ def results(run: BenchRun, env: dict[str, Any], models: dict[str, Any]) -> dict[
             "temperature": s.temperature, "greedy": s.greedy, "top_k": 0, "top_p": 1.0,
             "max_new_tokens": s.max_new_tokens, "repeats": s.repeats, "warmup_tokens": s.warmup_tokens,
             "seed": s.seed, "eos": "ignored" if s.ignore_eos else "stops", "order": "interleaved by prompt",
+            **({"server_endpoint": "chat: messages to /v1/chat/completions, each server's default sampler fields"}
+               if s.endpoint == "chat" else {}),
         },
         "prompts": [p.to_dict() | {"tokens": n} for p, n in zip(run.prompts, run.prompt_tokens)],
         "methods": summarize(run),

@@ -54,6 +54,11 @@ class BenchBackends:
     servers: Servers | None = None  # llama-server peers and methods with ``via=serve``
 
 
+ENDPOINTS = ("completions", "chat")
+# A server's warm-up chat: no timed prompt begins with it (a server keeps the prompt it saw last).
+WARMUP_MESSAGES = ({"role": "user", "content": "Count from one to twenty in words."},)
+
+
 @dataclass(frozen=True)
 class BenchSettings:
     """Settings shared by all methods of one run (one temperature)."""
@@ -64,6 +69,9 @@ class BenchSettings:
     warmup_tokens: int = 16  # per method, on the first prompt, before timing; 0: no warm-up
     seed: int = 0
     ignore_eos: bool = True  # True: every run makes exactly max_new_tokens tokens
+    # How server methods get chat prompts: "completions" (token ids, neutral sampling fields) or
+    # "chat" (the messages to /v1/chat/completions, an OpenAI client's default fields): bench/servers.py
+    endpoint: str = "completions"
 
     def __post_init__(self) -> None:
         for name in ("max_new_tokens", "repeats"):
@@ -71,6 +79,8 @@ class BenchSettings:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.endpoint not in ENDPOINTS:
+            raise ValueError(f"endpoint must be one of {', '.join(ENDPOINTS)}, got {self.endpoint!r}")
 
     @property
     def greedy(self) -> bool:
@@ -144,12 +154,14 @@ def run_bench(
     bar = _progress(total, f"T={settings.temperature:g}", progress)
     failed: dict[str, str] = {}
 
-    def attempt(method: MethodSpec, prompt_ids: list[int], max_new_tokens: int, seed: int) -> Sample | None:
+    def attempt(method: MethodSpec, prompt_ids: list[int], max_new_tokens: int, seed: int,
+                messages: Sequence[dict[str, str]] = ()) -> Sample | None:
         """One run; a method that raises is reported and left out from then on (ar may not fail)."""
         if method.name in failed:
             return None
         try:
-            return run_method(method, pair, backends, prompt_ids, settings.temperature, max_new_tokens, eos, seed)
+            return run_method(method, pair, backends, prompt_ids, settings.temperature, max_new_tokens, eos, seed,
+                              messages=messages if settings.endpoint == "chat" else ())
         except Exception as e:
             if method.kind == "ar":
                 raise
@@ -163,7 +175,8 @@ def run_bench(
             # A server keeps the prompt it saw last: warmed up on the first prompt, it would not
             # prefill that prompt's timed run. Its warm-up prompt is one no timed prompt begins with.
             prompt = ids[0][-WARMUP_SERVER_TOKENS:][::-1] if method.is_server else ids[0]
-            attempt(method, prompt, min(settings.warmup_tokens, settings.max_new_tokens), settings.seed)
+            attempt(method, prompt, min(settings.warmup_tokens, settings.max_new_tokens), settings.seed,
+                    WARMUP_MESSAGES if prompts[0].chat else ())
             bar.update()
     samples = []
     # Freeze what exists (models, libraries) out of the collector's sight, so the collection
@@ -178,7 +191,7 @@ def run_bench(
             bar.set_postfix_str(f"r{repeat} {prompts[p].id} {method.name}")
             seed = settings.seed + 7919 * repeat + p
             gc.collect()
-            sample = attempt(method, ids[p], settings.max_new_tokens, seed)
+            sample = attempt(method, ids[p], settings.max_new_tokens, seed, prompts[p].messages)
             if sample is not None:
                 sample.prompt, sample.repeat, sample.order = p, repeat, place
                 samples.append(sample)
@@ -294,16 +307,18 @@ def check_models(pair: Pair, methods: Sequence[MethodSpec], backends: BenchBacke
 
 def run_method(
     method: MethodSpec, pair: Pair, backends: BenchBackends, prompt_ids: list[int], temperature: float,
-    max_new_tokens: int, eos: list[int], seed: int,
+    max_new_tokens: int, eos: list[int], seed: int, messages: Sequence[dict[str, str]] = (),
 ) -> Sample:
-    """One timed generation; the returned sample's prompt/repeat/order are left at 0."""
+    """One timed generation; the returned sample's prompt/repeat/order are left at 0. messages: a
+    server method sends these to the chat endpoint instead of ``prompt_ids`` (bench/servers.py)."""
     if method.is_server:
         if backends.servers is None:
             raise ValueError(f"{method.name} runs through a server; the run has none (BenchBackends.servers)")
         config = None if method.is_peer else str(method.config)
         key = method.kind if method.is_peer else f"specdec:{method.backend}:{config}"
         return run_server(backends.servers, key, method.name, prompt_ids, temperature, max_new_tokens, eos, seed,
-                          method=config)
+                          method=config, messages=messages,
+                          tokenize=lambda text: list(pair.tokenizer(text, add_special_tokens=False)["input_ids"]))
     if method.is_peer:
         return run_peer(method, pair, backends.llamacpp, prompt_ids, temperature, max_new_tokens, eos, seed)
     return _run_project(method, pair, backends, prompt_ids, temperature, max_new_tokens, eos, seed)

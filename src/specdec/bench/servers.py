@@ -9,6 +9,15 @@ settings set so that both servers sample plainly (greedy at temperature 0, else 
 T) with top-k, top-p, min-p and the penalties off, seeded), EOS ignored when the run ignores it.
 A run's wall time is the client's: from sending the request to the stream's end.
 
+With ``endpoint="chat"`` (``specdec bench --server-endpoint chat``) a chat prompt goes instead as
+its messages to ``POST /v1/chat/completions`` with the fields an OpenAI client sends by default
+(:func:`chat_request_body`: the messages, ``max_tokens``, ``temperature``, ``seed``, streamed with
+usage): each server samples with its own defaults, as its users get it (llama-server's top-k 40,
+top-p 0.95 and min-p 0.05 at a temperature above 0; specdec's the plain softmax), applies its own
+chat template, and llama-server's stream carries text only, so its tokens are the text
+tokenised again by the target's tokenizer (:func:`run_server`). Raw-text prompts always go as token
+ids to ``/v1/completions``: there is no chat to send.
+
 ``llama-server`` runs with its own defaults (one slot, its prompt cache on, as a user gets it)
 plus what a fair comparison needs: the thread count, the context, and for the speculative
 configurations ``-md DRAFT --spec-type draft-simple`` (its draft-model speculation, with its
@@ -31,7 +40,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import httpx
 
@@ -188,12 +197,12 @@ class Servers:
                 "--port", "{port}", "-c", str(self.n_ctx), "-np", "1", "--no-webui",
                 *(["-t", *threads, "-tb", *threads] if threads else [])]
 
-    def complete(self, key: str, body: dict[str, Any]) -> "Completion":
-        """POST ``body`` (streamed) to the server's /v1/completions; the tokens, text and timings."""
+    def complete(self, key: str, body: dict[str, Any], path: str = "/v1/completions") -> "Completion":
+        """POST ``body`` (streamed) to the server's ``path``; the tokens, text and timings."""
         server = self.server(key)
         out = Completion()
         start = time.perf_counter()
-        with self.client.stream("POST", f"{server.url}/v1/completions", json=body) as response:
+        with self.client.stream("POST", f"{server.url}{path}", json=body) as response:
             if response.status_code != 200:
                 response.read()
                 raise RuntimeError(f"{key} answered {response.status_code}: {response.text[:500]}")
@@ -226,6 +235,7 @@ class Completion:
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
     arrivals: list[tuple[float, int]] = field(default_factory=list)  # (seconds since the request, tokens)
+    text_arrivals: list[float] = field(default_factory=list)  # chunks with text and no token ids: when each came
     timings: dict[str, Any] = field(default_factory=dict)  # llama-server's final timings
     speculative: dict[str, Any] = field(default_factory=dict)  # specdec's final summary
     usage: dict[str, Any] = field(default_factory=dict)  # the usage chunk, where the request asked for one
@@ -234,8 +244,10 @@ class Completion:
     seconds: float = 0.0
 
     def add(self, chunk: dict[str, Any], at: float) -> None:
-        for choice in chunk.get("choices", []):
-            self.text += choice.get("text") or ""
+        piece = ""
+        for choice in chunk.get("choices", []):  # a completion's text, or a chat delta's content
+            piece += choice.get("text") or (choice.get("delta") or {}).get("content") or ""
+        self.text += piece
         ids: list[int] = []
         spec = chunk.get("speculative")
         if spec is not None and "token_ids" in spec:
@@ -254,6 +266,8 @@ class Completion:
         if ids:
             self.token_ids += ids
             self.arrivals.append((at, len(ids)))
+        elif piece:
+            self.text_arrivals.append(at)
 
 
 def request_body(prompt_ids: Sequence[int], temperature: float, max_new_tokens: int, seed: int,
@@ -271,12 +285,40 @@ def request_body(prompt_ids: Sequence[int], temperature: float, max_new_tokens: 
     return body
 
 
+def chat_request_body(messages: Sequence[dict[str, str]], temperature: float, max_new_tokens: int, seed: int,
+                      ignore_eos: bool) -> dict[str, Any]:
+    """The chat request both servers get: what an OpenAI client sends by default (no sampler
+    field but the temperature and seed; usage asked for at the stream's end), and
+    ``ignore_eos`` when the run makes every completion its full length."""
+    body: dict[str, Any] = {"messages": [dict(m) for m in messages], "max_tokens": max_new_tokens,
+                            "temperature": temperature, "seed": seed, "stream": True,
+                            "stream_options": {"include_usage": True}}
+    if ignore_eos:
+        body["ignore_eos"] = True
+    return body
+
+
 def run_server(servers: Servers, key: str, name: str, prompt_ids: list[int], temperature: float,
-               max_new_tokens: int, eos: list[int], seed: int, method: str | None = None) -> Sample:
-    """One timed completion through a server (``key``: see :meth:`Servers.server`) as a Sample."""
-    body = request_body(prompt_ids, temperature, max_new_tokens, seed, not eos,
-                        llama_server=not key.startswith("specdec:"), method=method)
-    done = servers.complete(key, body)
+               max_new_tokens: int, eos: list[int], seed: int, method: str | None = None,
+               messages: Sequence[dict[str, str]] | None = None,
+               tokenize: Callable[[str], list[int]] | None = None) -> Sample:
+    """One timed completion through a server (``key``: see :meth:`Servers.server`) as a Sample.
+
+    messages: send these to /v1/chat/completions (:func:`chat_request_body`) instead of
+    ``prompt_ids`` to /v1/completions; a stream that carries no token ids (llama-server's chat
+    stream) then has its text tokenised by ``tokenize``."""
+    if messages:
+        body = chat_request_body(messages, temperature, max_new_tokens, seed, not eos)
+        done = servers.complete(key, body, "/v1/chat/completions")
+        if not done.token_ids and done.text:
+            if tokenize is None:
+                raise ValueError(f"{key}'s chat stream carries no token ids; give run_server a tokenize function")
+            done.token_ids = tokenize(done.text)
+            done.arrivals = [(at, 1) for at in done.text_arrivals]  # llama-server streams a token a chunk
+    else:
+        body = request_body(prompt_ids, temperature, max_new_tokens, seed, not eos,
+                            llama_server=not key.startswith("specdec:"), method=method)
+        done = servers.complete(key, body)
     first = done.arrivals[0] if done.arrivals else (done.seconds, 0)
     gaps = [b[0] - a[0] for a, b in zip(done.arrivals, done.arrivals[1:])]
     timings = done.timings

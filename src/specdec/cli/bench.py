@@ -129,6 +129,11 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup-tokens", type=non_negative_int, default=16,
                         help="tokens of the untimed warm-up run per method; 0: none (default: 16)")
     parser.add_argument("--seed", type=seed_int, default=0, help="picks the prompts and seeds sampling (default: 0)")
+    parser.add_argument("--server-endpoint", choices=("completions", "chat"), default="completions",
+                        help="how server methods (llama-server peers, via=serve) get chat prompts: 'completions' "
+                             "sends the token ids with neutral sampling fields; 'chat' sends the messages to "
+                             "/v1/chat/completions with an OpenAI client's default fields, each server sampling "
+                             "with its own defaults (default: completions)")
     parser.add_argument("--eos", choices=("ignore", "stop"), default="ignore",
                         help="ignore: every run makes exactly --max-new-tokens tokens; stop: end at EOS (default: ignore)")
     parser.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's choice)")
@@ -221,7 +226,8 @@ def _plan(args: argparse.Namespace) -> tuple[list[MethodSpec], list[Any], list[A
         raise CLIError(str(e), 'write prompt sets like humaneval:8,mtbench:8, or a .jsonl file with one '
                        '{"prompt": "..."} object per line', code=2) from None
     settings = [BenchSettings(max_new_tokens=args.max_new_tokens, temperature=t, repeats=args.repeats,
-                              warmup_tokens=args.warmup_tokens, seed=args.seed, ignore_eos=args.eos == "ignore")
+                              warmup_tokens=args.warmup_tokens, seed=args.seed, ignore_eos=args.eos == "ignore",
+                              endpoint=args.server_endpoint)
                 for t in dict.fromkeys(args.temperature)]
     drafted = [m.name for m in methods if m.needs_draft_model]
     if drafted and str(args.draft).lower() == "none":
