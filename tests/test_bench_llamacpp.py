@@ -20,7 +20,9 @@ if not llamacpp.available():
 
 PACK = "smollm2-135m"
 SERVED = ("ar:backend=llamacpp:via=serve", "spec:model:block:k=3:policy=static:backend=llamacpp:via=serve")
-METHODS = ",".join(["spec:ngram:block:k=4:policy=static,spec:model:block:k=3:policy=static,llamacpp-ar", *SERVED])
+ON_KERNEL = "spec:model:block:k=3:policy=static:backend=gguf"  # specdec's GGUF kernel, on the same file
+METHODS = ",".join(["spec:ngram:block:k=4:policy=static,spec:model:block:k=3:policy=static,llamacpp-ar", *SERVED,
+                    ON_KERNEL])
 NEW_TOKENS = 16
 
 
@@ -55,9 +57,9 @@ def test_the_served_methods_got_the_chat_prompt_as_messages(bench_run):
 def test_one_run_holds_both_backends_and_the_llamacpp_peers(bench_run):
     greedy = bench_run["greedy"]
     assert list(greedy["methods"]) == [
-        "ar", "ar:backend=llamacpp", "spec:ngram:block:k=4:policy=static", "spec:ngram:block:k=4:policy=static:backend=llamacpp",
-        "spec:model:block:k=3:policy=static", "spec:model:block:k=3:policy=static:backend=llamacpp", "llamacpp-ar",
-        *SERVED,
+        "ar", "ar:backend=llamacpp", "ar:backend=gguf", "spec:ngram:block:k=4:policy=static",
+        "spec:ngram:block:k=4:policy=static:backend=llamacpp", "spec:model:block:k=3:policy=static",
+        "spec:model:block:k=3:policy=static:backend=llamacpp", "llamacpp-ar", *SERVED, ON_KERNEL,
     ]
     assert not greedy["failed"], greedy["failed"]
     assert [p["set"] for p in greedy["prompts"]] == ["edit", "humaneval"]
@@ -65,6 +67,8 @@ def test_one_run_holds_both_backends_and_the_llamacpp_peers(bench_run):
     assert [m for _, _, m in orders[: len(greedy["methods"])]] == list(greedy["methods"])  # interleaved
     assert all(s["new_tokens"] == NEW_TOKENS for s in greedy["samples"])
     assert greedy["models"]["llamacpp"]["target_gguf"].endswith(".gguf")
+    assert greedy["models"]["gguf"]["target_gguf"] == greedy["models"]["llamacpp"]["target_gguf"]
+    assert "GGUF on specdec's GGUF kernel" in greedy["environment"]["weights"]
 
 
 def test_greedy_exact_methods_equal_their_backends_ar(bench_run):
@@ -75,6 +79,8 @@ def test_greedy_exact_methods_equal_their_backends_ar(bench_run):
     for name in ("spec:ngram:block:k=4:policy=static", "spec:model:block:k=3:policy=static"):
         assert methods[name]["identical_to_ar_fraction"] == 1.0, name
         assert methods[f"{name}:backend=llamacpp"]["identical_to_ar_fraction"] == 1.0, name
+    assert methods[ON_KERNEL]["ar"] == "ar:backend=gguf"
+    assert methods[ON_KERNEL]["identical_to_ar_fraction"] == 1.0  # the kernel: the tokens of its own ar
     for name in SERVED:  # through specdec serve, over HTTP: the same tokens
         assert methods[name]["ar"] == "ar:backend=llamacpp"
         assert methods[name]["identical_to_ar_fraction"] == 1.0, name

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from specdec.backends.gguf import load_gguf_native
 from specdec.backends.llamacpp import DEFAULT_BATCH, load_gguf
 from specdec.bench.methods import MethodSpec
 
@@ -24,12 +25,14 @@ DRAFT_ROOM = 32  # room past the token budget for the last step's draft tokens
 
 @dataclass
 class LlamaCppModels:
-    """GGUF paths and the models loaded from them. ``n_threads``: threads for every llama.cpp
-    model (decode and batch), None: the backend's default."""
+    """GGUF paths and the models loaded from them. ``n_threads``: threads for every model (decode
+    and batch), None: the backend's default. ``backend``: what runs the project's methods,
+    ``llamacpp`` or ``gguf`` (specdec's own kernel; the ``llamacpp-*`` peers need ``llamacpp``)."""
 
     target_path: Path
     draft_path: Path | None = None
     n_threads: int | None = None
+    backend: str = "llamacpp"
     n_ctx: int = 0
     target: Any = None  # a CausalLM from specdec.backends.llamacpp
     draft: Any = None
@@ -42,7 +45,7 @@ class LlamaCppModels:
         if n_ctx > self.n_ctx:
             self.close()
             self.n_ctx = n_ctx
-        mine = [m for m in methods if m.backend == "llamacpp" and not m.is_server]  # servers load their own
+        mine = [m for m in methods if m.backend == self.backend and not m.is_server]  # servers load their own
         if any(not m.is_peer for m in mine) and self.target is None:
             self.target = self._load_backend(self.target_path)
         if any(m.needs_draft_model for m in mine) and self.draft is None:
@@ -74,6 +77,8 @@ class LlamaCppModels:
         self.peers.clear()
 
     def _load_backend(self, path: Path) -> Any:
+        if self.backend == "gguf":
+            return load_gguf_native(path, n_threads=self.n_threads, n_ctx=self.n_ctx)
         return load_gguf(path, n_threads=self.n_threads, n_ctx=self.n_ctx)
 
 

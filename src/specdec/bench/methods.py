@@ -3,8 +3,8 @@
 A project method is a :class:`~specdec.config.DecodeConfig` in its text form
 (:meth:`DecodeConfig.parse`: ``ar``, or ``spec[:<drafter>][:<verifier>][:key=value ...]``, ``spec``
 alone being the default method that ``specdec generate`` runs), plus one key of the bench's own,
-``backend=`` (torch or llamacpp: where the target runs; the bench's ``--backend`` sets the
-default, and ``both`` runs each method on both). Names are canonical: the drafter and policy are
+``backend=`` (torch, llamacpp or gguf -- specdec's own GGUF kernel: where the target runs; the
+bench's ``--backend`` sets the default, and ``both`` runs each method on torch and llamacpp). Names are canonical: the drafter and policy are
 spelled out, so ``spec:block:k=2`` is reported as ``spec:ngram+model:block:k=2:policy=auto``.
 
 The peers are the bench's own names:
@@ -59,7 +59,8 @@ SERVER_PEERS = ("llama-server", "llama-server-md", "llama-server-spec-default")
 LLAMACPP_PEERS = ("llamacpp-ar", *SERVER_PEERS)
 PEERS = HF_PEERS + LLAMACPP_PEERS
 _PEER_KEYS = {"hf-assisted": {"k"}, "hf-prompt-lookup": {"k"}} | {p: set() for p in ("hf-ar", *LLAMACPP_PEERS)}
-BACKENDS = ("torch", "llamacpp")
+BACKENDS = ("torch", "llamacpp", "gguf")  # gguf: specdec's own GGUF kernel (specdec.backends.gguf)
+GGUF_BACKENDS = ("llamacpp", "gguf")  # the target's GGUF file, not transformers' weights
 VIAS = ("library", "serve")  # how a project method is called: specdec.stream, or a specdec serve process
 
 
@@ -67,7 +68,7 @@ VIAS = ("library", "serve")  # how a project method is called: specdec.stream, o
 class MethodSpec:
     """One method. ``kind`` is ``ar``, ``spec`` or a peer name. ``config``: an ``ar`` or ``spec``
     method's decoding method, its drafter named (:meth:`DecodeConfig.resolve`). ``k``: a peer's
-    (None: the peer's default). ``backend``: where the target runs, ``torch`` or ``llamacpp`` (a
+    (None: the peer's default). ``backend``: where the target runs, ``torch``, ``llamacpp`` or ``gguf`` (a
     peer's is fixed by its kind). ``via``: ``library`` or ``serve`` (see the module docstring)."""
 
     kind: str
@@ -193,10 +194,10 @@ def parse_method(text: str, default_backend: str = "torch") -> MethodSpec:
         raise ValueError(f"method {text!r}: {err.render(text_spelling, joined=True)}") from None
     except ValueError as err:
         raise ValueError(f"method {text!r}: {err}") from None
-    if backend == "llamacpp" and NEEDS.get(config.drafter, frozenset()) - LlamaCppCausalLM.capabilities:
+    if backend in GGUF_BACKENDS and NEEDS.get(config.drafter, frozenset()) - LlamaCppCausalLM.capabilities:
         raise ValueError(
             f"method {text!r}: the {config.drafter} drafter reads the transformers model's layers or hidden "
-            "states, so it runs on backend=torch only; on llamacpp draft with model, ngram or ngram+model")
+            f"states, so it runs on backend=torch only; on {backend} draft with model, ngram or ngram+model")
     return MethodSpec("ar" if config.is_ar else "spec", config, backend=backend, via=via)
 
 

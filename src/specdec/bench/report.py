@@ -321,10 +321,12 @@ def llamacpp_info(models: Any) -> dict[str, Any]:
     (:func:`specdec.backends.llamacpp.choose_prefill_layout`)."""
     layouts = {role: getattr(model, "prefill_choice", None)
                for role, model in (("target", models.target), ("draft", models.draft)) if model is not None}
+    # specdec's GGUF kernel describes its weights otherwise: the file's header says it as llama.cpp does
+    target, draft = (None, None) if getattr(models, "backend", "llamacpp") == "gguf" else (models.target, models.draft)
     return {"target_gguf": str(models.target_path),
             "draft_gguf": str(models.draft_path) if models.draft_path else None,
-            "target_weights": gguf_weights(models.target_path, models.target),
-            "draft_weights": gguf_weights(models.draft_path, models.draft) if models.draft_path else None,
+            "target_weights": gguf_weights(models.target_path, target),
+            "draft_weights": gguf_weights(models.draft_path, draft) if models.draft_path else None,
             "threads": models.n_threads,
             "prefill_layout": layouts or None}
 
@@ -421,14 +423,16 @@ def run_weights(methods: Sequence[MethodSpec], dtype: str | None, models: dict[s
     backends = {m.backend for m in methods}
     parts = []
     if "torch" in backends or not backends:
-        parts.append(f"{dtype} on torch" if "llamacpp" in backends else str(dtype))
-    if "llamacpp" in backends:
-        info = models.get("llamacpp") or {}
+        parts.append(f"{dtype} on torch" if backends & {"llamacpp", "gguf"} else str(dtype))
+    for backend, where in (("llamacpp", "via llama.cpp"), ("gguf", "on specdec's GGUF kernel")):
+        if backend not in backends:
+            continue
+        info = models.get(backend) or models.get("llamacpp") or {}  # servers on the kernel: the same files
         target, draft = info.get("target_weights"), info.get("draft_weights")
         if target and draft and draft != target:
-            parts.append(f"{target} GGUF (draft: {draft}) via llama.cpp")
+            parts.append(f"{target} GGUF (draft: {draft}) {where}")
         else:
-            parts.append(f"{target} GGUF via llama.cpp" if target else "GGUF via llama.cpp")
+            parts.append(f"{target} GGUF {where}" if target else f"GGUF {where}")
     return " and ".join(parts)
 
 
@@ -486,7 +490,7 @@ def _git() -> dict[str, Any] | None:
 def results(run: BenchRun, env: dict[str, Any], models: dict[str, Any]) -> dict[str, Any]:
     """The whole run as plain data: what results.json holds."""
     s = run.settings
-    if any(m.backend == "llamacpp" for m in run.methods):  # as `specdec generate --json` says it: "weights"
+    if any(m.backend in ("llamacpp", "gguf") for m in run.methods):  # as `specdec generate --json` says it: "weights"
         env = env | {"weights": run_weights(run.methods, env.get("dtype"), models)}
         if not any(m.backend == "torch" for m in run.methods):  # and no torch dtype where torch ran nothing
             env = {k: v for k, v in env.items() if k != "dtype"}

@@ -51,6 +51,11 @@ class BenchBackends:
 
     draft_weights: str = "int8"  # how draft-model methods run the draft (``make_backend(weights=...)``)
     llamacpp: LlamaCppModels | None = None  # the GGUFs for methods with ``backend=llamacpp`` and the llama.cpp peers
+    gguf: LlamaCppModels | None = None  # the GGUFs for methods with ``backend=gguf`` (specdec's own kernel)
+
+    def gguf_models(self, backend: str) -> LlamaCppModels | None:
+        """The GGUF models of ``backend`` (``llamacpp`` or ``gguf``)."""
+        return self.gguf if backend == "gguf" else self.llamacpp
     servers: Servers | None = None  # llama-server peers and methods with ``via=serve``
 
 
@@ -143,8 +148,9 @@ def run_bench(
     runnable = [m for m in methods if m.name not in skipped]
     check_models(pair, runnable, backends)
     ids = [p.token_ids(pair.tokenizer) for p in prompts]
-    if backends.llamacpp is not None:
-        backends.llamacpp.prepare(runnable, context_needed([len(x) for x in ids], settings.max_new_tokens))
+    for gguf_models in (backends.llamacpp, backends.gguf):
+        if gguf_models is not None:
+            gguf_models.prepare(runnable, context_needed([len(x) for x in ids], settings.max_new_tokens))
     eos = [] if settings.ignore_eos else sorted(eos_token_ids_of(pair.target, pair.tokenizer))
     order = list(schedule(runnable, len(prompts), settings.repeats))
     planned = {(m.name, p, r) for r, p, m in order}
@@ -297,6 +303,10 @@ def check_models(pair: Pair, methods: Sequence[MethodSpec], backends: BenchBacke
     if any(m.needs_draft_model for m in on_torch) and pair.draft is None:
         names = ", ".join(m.name for m in on_torch if m.needs_draft_model)
         raise ValueError(f"methods {names} need a draft model; give one (--draft)")
+    on_gguf = [m for m in methods if m.backend == "gguf" and not m.is_server]
+    if on_gguf and backends.gguf is None:
+        raise ValueError(f"methods {', '.join(m.name for m in on_gguf)} run on specdec's GGUF kernel and need the "
+                         "target's GGUF; give a pack or a .gguf file as the target")
     on_llamacpp = [m for m in methods if m.backend == "llamacpp"]
     if on_llamacpp and backends.llamacpp is None:
         raise ValueError(
@@ -338,7 +348,8 @@ def _run_project(method, pair, backends, prompt_ids, temperature, max_new_tokens
     if method.backend == "torch":
         target, draft = pair.target, pair.draft
     else:  # loaded once: their caches are emptied (specdec.build does) so no run reuses an earlier prefix
-        target, draft = backends.llamacpp.target, backends.llamacpp.draft
+        gguf_models = backends.gguf_models(method.backend)
+        target, draft = gguf_models.target, gguf_models.draft
     if not method.needs_draft_model:
         draft = None
     if wrap is not None:  # the recorder wraps the backend the drafter runs on

@@ -23,7 +23,7 @@ from specdec import options, packs
 from specdec.backends import llamacpp as llamacpp_backend
 from specdec.bench import report, resume
 from specdec.bench.llamacpp_models import LlamaCppModels
-from specdec.bench.methods import MethodSpec, parse_methods
+from specdec.bench.methods import GGUF_BACKENDS, MethodSpec, parse_methods
 from specdec.prompts import load_prompts
 from specdec.bench.runner import BenchBackends, BenchSettings, run_bench
 from specdec.bench.servers import (
@@ -43,7 +43,8 @@ DEFAULT_METHODS = (  # the default method (spec), fixed-length chains under each
     "spec:ngram:block:k=4:policy=static,hf-assisted,hf-prompt-lookup"
 )
 DEFAULT_PROMPTS = "humaneval:8,mtbench:8"
-BACKEND_CHOICES = {"torch": ("torch",), "llamacpp": ("llamacpp",), "both": ("torch", "llamacpp")}
+BACKEND_CHOICES = {"torch": ("torch",), "llamacpp": ("llamacpp",), "gguf": ("gguf",), "both": ("torch", "llamacpp"),
+                   "gguf+llamacpp": ("gguf", "llamacpp")}
 DESCRIPTION = (
     "Time the project's speculative methods against the target alone (ar) and against "
     "transformers' assisted generation and prompt lookup, on the same models, prompts and "
@@ -114,13 +115,14 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(drafters: model, ngram, early-exit, layer-skip), spec:tree[:budget=N], hf-assisted[:k=N], "
                              "hf-prompt-lookup[:k=N], hf-ar, llamacpp-ar, and llama.cpp's own server: llama-server, "
                              "llama-server-md, llama-server-spec-default (they need a llama-server binary: see "
-                             "Servers below); ar and spec take backend=torch|llamacpp, and via=serve to run through "
+                             "Servers below); ar and spec take backend=torch|llamacpp|gguf, and via=serve to run through "
                              "a specdec serve process instead of the library; ar is always run, on each backend "
                              "used (default: %(default)s)")
     parser.add_argument("--backend", choices=tuple(BACKEND_CHOICES), default="torch",
                         help="where ar and spec methods without backend= run: torch (transformers' weights), "
-                             "llamacpp (the GGUF, through llama.cpp) or both (each such method on each, "
-                             "interleaved in one run) (default: torch)")
+                             "llamacpp (the GGUF, through llama.cpp), gguf (the GGUF on specdec's own kernel), "
+                             "both (torch and llamacpp) or gguf+llamacpp (each such method on each, interleaved "
+                             "in one run) (default: torch)")
     parser.add_argument("--temperature", type=non_negative_float, nargs="+", default=[0.0],
                         help="one run per value; 0 is greedy; top_k 0 and top_p 1 throughout (default: 0)")
     parser.add_argument("--max-new-tokens", type=positive_int, default=128, help="(default: 128)")
@@ -181,7 +183,8 @@ def _run(args: argparse.Namespace, argv: Sequence[str] | None, out: Path, method
     env["resolved_command"] = _resolved_command(args)
     _warn_if_busy(env)
     # the GGUFs first: a missing binding or GGUF fails before any model loads
-    backends = BenchBackends(args.draft_weights, llamacpp_models(args, methods), bench_servers(args, methods))
+    backends = BenchBackends(args.draft_weights, llamacpp=llamacpp_models(args, methods),
+                             servers=bench_servers(args, methods), gguf=gguf_models(args, methods))
     try:
         return _run_all(args, command, env, out, methods, prompts, saved, backends)
     finally:
@@ -203,6 +206,8 @@ def _run_all(args: argparse.Namespace, command: str, env: dict[str, Any], out: P
                         on_sample=lambda x, store=store: store.save(x, prompts[x.prompt]))
         if backends.llamacpp is not None:  # after the run: what its models were loaded with
             info["llamacpp"] = report.llamacpp_info(backends.llamacpp)
+        if backends.gguf is not None:
+            info["gguf"] = report.llamacpp_info(backends.gguf)
         if backends.servers is not None:  # llama-server keeps earlier prompts in RAM: each temperature starts afresh
             backends.servers.stop()
         data = report.results(run, env | {"load_average_run": [before, _load_average()]}, info)
@@ -329,6 +334,19 @@ def llamacpp_models(args: argparse.Namespace, methods: Sequence[MethodSpec]) -> 
                           n_threads=args.threads or torch.get_num_threads())
 
 
+def gguf_models(args: argparse.Namespace, methods: Sequence[MethodSpec]) -> LlamaCppModels | None:
+    """For methods on specdec's GGUF kernel (``backend=gguf``), the GGUFs (loaded by the runner);
+    None when no method runs there."""
+    import torch
+
+    on_gguf = [m for m in methods if m.backend == "gguf" and not m.is_server]
+    if not on_gguf:
+        return None
+    draft_gguf = str(args.draft).lower() != "none" and any(m.needs_draft_model for m in on_gguf)
+    return LlamaCppModels(gguf_path(args.target, args), gguf_path(args.draft, args) if draft_gguf else None,
+                          n_threads=args.threads or torch.get_num_threads(), backend="gguf")
+
+
 def bench_servers(args: argparse.Namespace, methods: Sequence[MethodSpec]) -> Servers | None:
     """The servers of the run's llama-server peers and ``via=serve`` methods (started when first
     used); None when no method runs through a server. A :class:`CLIError` when llama-server is
@@ -341,7 +359,7 @@ def bench_servers(args: argparse.Namespace, methods: Sequence[MethodSpec]) -> Se
             llama_server_binary()
         except ServerMissing as err:
             raise CLIError(str(err), "or leave out the llama-server peers", code=2) from None
-    target = gguf_path(args.target, args) if any(m.backend == "llamacpp" for m in served) else None
+    target = gguf_path(args.target, args) if any(m.backend in GGUF_BACKENDS for m in served) else None
     draft = (gguf_path(args.draft, args) if str(args.draft).lower() != "none"
              and any(m.needs_draft_model for m in served) else None)
     argv = ["--target", args.target, "--draft", args.draft, *(["--cache-dir", args.cache_dir] if args.cache_dir else [])]
