@@ -18,11 +18,14 @@ fixed function of the target's logits and the seed, which is what lets coupled v
 
 from __future__ import annotations
 
+import ctypes
 import functools
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from specdec import kernels
 
 
 @dataclass(frozen=True)
@@ -145,9 +148,10 @@ def next_token(
 # Written here rather than taken from numpy.random: the noise of one token must be computable
 # without the others' (a top-k support needs k values, not 152k), so the generator is
 # counter-based: SplitMix64's output function (Steele, Lea and Flood 2014) applied to a counter
-# made of the token id and a key mixed from the seed and the position. Vectorised over a 152k
-# vocabulary it costs about 0.5 ms a position here, once: a position's noise is cached, and the
-# draft, the verifier and later steps that reach the same position read the same values.
+# made of the token id and a key mixed from the seed and the position. The largest keys of a
+# 152k vocabulary are found without computing every token's noise (the candidate filter below);
+# where every token's noise is needed it is computed once a position and cached, so the draft,
+# the verifier and later steps that reach the same position read the same values.
 
 _GAMMA = 0x9E3779B97F4A7C15  # SplitMix64's increment (the golden ratio in 64 bits)
 _MASK = (1 << 64) - 1
@@ -184,10 +188,14 @@ def gumbel_noise(seed: int, position: int, ids: np.ndarray) -> np.ndarray:
     return _noise(seed, position, counters)
 
 
+def _key(seed: int, position: int) -> int:
+    """The 64-bit key of ``position``'s noise under ``seed``, added to every token's counter."""
+    return _mix((_mix(seed ^ 0x5EED5EED5EED5EED) + (position + 1) * _GAMMA) & _MASK)
+
+
 def _noise(seed: int, position: int, counters: np.ndarray) -> np.ndarray:
     """:func:`gumbel_noise` from the tokens' counters ((id + 1) * gamma, uint64 [n])."""
-    key = _mix((_mix(seed ^ 0x5EED5EED5EED5EED) + (position + 1) * _GAMMA) & _MASK)
-    z = np.add(counters, np.uint64(key))
+    z = np.add(counters, np.uint64(_key(seed, position)))
     _mix_array(z)
     z >>= np.uint64(11)  # 53 bits
     u = z.astype(np.float64)
@@ -231,19 +239,67 @@ def gumbel_max(scores: torch.Tensor | np.ndarray, seed: int, position: int, coun
     support = int(np.count_nonzero(finite))
     if support == 0:
         raise ValueError("cannot sample from a distribution with no positive mass")
+    count = min(count, support)
     if support * 8 <= vocab:  # a top-k / top-p support: noise for its tokens only
         ids = np.flatnonzero(finite)
+    else:
+        ids = _candidates(scores, seed, position, count)
+    if ids is not None:
         keys = scores[ids] - gumbel_noise(seed, position, ids)
     else:
-        ids = None
         keys = scores - _vocabulary_noise(seed, position, vocab)  # -inf stays -inf
-    count = min(count, support)
     if count == 1:
         best = [int(np.argmax(keys))]
     else:
         top = np.argpartition(-keys, count - 1)[:count]
         best = top[np.argsort(-keys[top], kind="stable")].tolist()
     return best if ids is None else [int(ids[i]) for i in best]
+
+
+# The candidate filter (csrc/gumbel.c) for large supports: the first keys are computed for the
+# tokens within FIRST_WINDOW of the best score; the count-th best of them is the bar every other
+# token's key must reach, and the filter lists, from integer arithmetic alone, every token whose
+# key can (and a few more). Their exact keys then decide, as the whole vocabulary's would: the same
+# float64 operations on the same values, ties to the lowest id. On a 152k vocabulary it replaces
+# two logarithms a token by a hash and a comparison.
+FILTER_FROM = 4096  # vocabularies smaller than this compute every key
+FIRST_WINDOW = 4.0
+FILTER_MARGIN = 1e-6  # slack on a token's bound for float rounding (keys are O(10), rounding O(1e-14))
+FILTER_CAP = 4096  # more candidates than this (a near-flat distribution): every key is computed
+
+
+@functools.lru_cache(maxsize=1)
+def _filter() -> ctypes.CDLL | None:
+    """The compiled candidate filter, or None where it cannot be built (no C compiler): the
+    sampler then computes every key, with the same results."""
+    try:
+        lib = kernels.build_library("gumbel.c", ["-O2", "-ffp-contract=off", "-shared", "-fPIC"], name="gumbel")
+    except RuntimeError:
+        return None
+    fn = lib.gumbel_candidates
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64, ctypes.c_double, ctypes.c_double,
+                   ctypes.c_void_p, ctypes.c_int64]
+    fn.restype = ctypes.c_int64
+    return lib
+
+
+def _candidates(scores: np.ndarray, seed: int, position: int, count: int) -> np.ndarray | None:
+    """Token ids ([m], ascending) among which the ``count`` largest keys of the whole vocabulary
+    lie (see above), or None: compute every key."""
+    vocab = scores.shape[-1]
+    lib = _filter() if vocab >= FILTER_FROM else None
+    if lib is None:
+        return None
+    first = np.flatnonzero(scores >= np.max(scores) - FIRST_WINDOW)
+    if first.shape[0] < count:
+        return None
+    first_keys = scores[first] - gumbel_noise(seed, position, first)
+    bar = float(np.partition(first_keys, first_keys.shape[0] - count)[first_keys.shape[0] - count])  # count-th best
+    scores = np.ascontiguousarray(scores, dtype=np.float64)
+    out = np.empty(FILTER_CAP, dtype=np.int64)
+    found = lib.gumbel_candidates(scores.ctypes.data, vocab, _key(seed, position), bar, FILTER_MARGIN,
+                                  out.ctypes.data, FILTER_CAP)
+    return None if found < 0 else out[:found]
 
 
 def gumbel_token(logits: torch.Tensor, config: SamplingConfig, position: int) -> int:
