@@ -283,6 +283,28 @@ def test_tree_verification_is_greedy_on_one_hot() -> None:
     assert outcomes(plan) == [(4, 3, 1.0)]
 
 
+def test_the_greedy_shortcut_is_the_plans_one_outcome() -> None:
+    """Greedy decoding reads one argmax per row (greedy_tree_verdict); on random trees and logits
+    with ties it gives the plan's only outcome from one-hot rows, the tokens and node alike."""
+    from specdec.sampling import SamplingConfig, logits_to_probs
+    from specdec.verify.tree import greedy_tree_verdict
+
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(200):
+        n = int(torch.randint(0, 9, (), generator=gen))
+        parents = [int(torch.randint(-1, i, (), generator=gen)) for i in range(n)]
+        tokens = torch.randint(0, 5, (n,), generator=gen).tolist()
+        logits = torch.randint(0, 3, (1 + n, 5), generator=gen).double()  # small integers: ties
+        tree = TokenTree(tokens, parents)
+        if any(len({tokens[c] for c in kids}) < len(kids) for kids in tree.child_lists()):
+            continue  # siblings with one token: no drafter builds them
+        plan = TreeVerifier().plan_tree(tree, logits_to_probs(logits, SamplingConfig()))
+        (node, token, prob), = outcomes(plan)
+        assert prob == pytest.approx(1.0)
+        verdict = greedy_tree_verdict(tree, logits)
+        assert (verdict.accepted, verdict.next_token) == (node, token)
+
+
 # --- the tree engine on tiny models ----------------------------------------------------------------
 
 

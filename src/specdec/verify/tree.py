@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec.sampling import SamplingConfig, logits_to_probs
+from specdec.sampling import SamplingConfig, argmax, logits_to_probs
 from specdec.token_tree import TokenTree
 from specdec.verify.base import Verdict, Verifier, VerifyPlan, draw
 from specdec.verify.coupled import coupled_walk
@@ -65,6 +65,8 @@ class TreeVerifier(Verifier):
         the tree's draft laws are not read) at the context's length ``position``."""
         if sampling.coupled:
             return coupled_walk(draft.tokens, draft.child_lists(), logits, sampling, position)
+        if sampling.greedy and draft.q is None:
+            return greedy_tree_verdict(draft, logits)
         return draw(self.plan_tree(draft, logits_to_probs(logits, sampling)), generator)
 
     def plan_tree(self, tree: TokenTree, p: torch.Tensor) -> VerifyPlan:
@@ -88,6 +90,21 @@ class TreeVerifier(Verifier):
         if bool(empty.any()):
             rest[empty] = p[empty]
         return VerifyPlan(end / end.sum(), rest)
+
+
+def greedy_tree_verdict(tree: TokenTree, logits: torch.Tensor) -> Verdict:
+    """The outcome of :meth:`TreeVerifier.plan_tree` under greedy decoding, its only one: from the
+    root, move to the child that is the target's argmax while there is one, then append the argmax
+    (ties to the lowest id, as :func:`~specdec.sampling.logits_to_probs`). logits: [1 + N, V]. One
+    argmax per row instead of [1 + N, V] probabilities and a draw (milliseconds at a large vocabulary)."""
+    choice = argmax(logits).tolist()  # [1 + N]
+    kids = tree.child_lists()
+    row = 0  # plan row: 0 the root, 1 + i node i
+    while True:
+        nxt = next((1 + c for c in kids[row] if int(tree.tokens[c]) == choice[row]), None)
+        if nxt is None:
+            return Verdict(row, choice[row])
+        row = nxt
 
 
 def _folded_weight(mass: float, w: float) -> float:
