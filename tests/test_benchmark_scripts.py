@@ -173,6 +173,13 @@ def test_coupled_text_runs(tmp_path):
     assert bad.returncode == 2 and "holds no samples/ folder" in bad.stderr
 
 
+def test_datastore_lookup_runs():
+    data = json.loads(ran(run_script("datastore_lookup.py", "--tokens", "20000", "--lookups", "50")).stdout)
+    assert data["tokens"] == 20000
+    positive_numbers([data["build_seconds"], *data["lookup_ms"].values(), *data["lookup_cpu_ms"].values()])
+    assert data["lookup_ms"]["median"] <= data["lookup_ms"]["p99"] <= data["lookup_ms"]["max"]
+
+
 @pytest.mark.slow
 def test_draft_cost_runs(tmp_path):
     need_pack()

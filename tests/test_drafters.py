@@ -367,7 +367,8 @@ def test_ngram_sampled_engine_run_is_reproducible_and_in_vocabulary():
 
 def test_make_drafter_checks_names_and_options():
     backend = HFLayeredCausalLM(tiny_llama(12, vocab=16, layers=3))
-    assert set(DRAFTERS) == {"model", "ngram", "ngram+model", "early-exit", "layer-skip", "heads", "eagle"}
+    assert set(DRAFTERS) == {"model", "ngram", "ngram+model", "early-exit", "layer-skip", "heads", "eagle",
+                             "retrieval", "retrieval+model", "lookahead", "cascade"}
     with pytest.raises(ValueError, match="unknown drafter"):
         make_drafter("medusa", backend)
     with pytest.raises(ValueError, match="needs a draft model"):

@@ -314,7 +314,7 @@ def test_fill_in_the_middle_without_fim_tokens_is_a_400():
     ({"top_p": 0}, "top_p", "greater than 0"),
     ({"max_tokens": 0}, "max_tokens", "greater than or equal to 1"),
     ({"max_tokens": 100000}, "max_tokens", "--max-tokens"),
-    ({"presence_penalty": 0.5}, "presence_penalty", "not supported"),
+    ({"presence_penalty": 2.5}, "presence_penalty", "[-2, 2]"),
     ({"echo": True}, "echo", "not supported"),
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4"),
     ({"prompt": ["one", "two"]}, "prompt", "one prompt per request"),

@@ -16,6 +16,7 @@ from specdec.backends.base import CausalLM, common_prefix_len
 from specdec.backends.hf import eos_token_ids
 from specdec.build import build
 from specdec.config import DecodeConfig
+from specdec.constraints import Constraints, TokenLogprob, check_logprobs
 from specdec.engine import autoregressive_steps, speculative_steps, tree_steps
 from specdec.policies import DraftLengthPolicy
 from specdec.stats import GenerationStats, Step
@@ -30,6 +31,7 @@ class GenerationResult:
     stats: GenerationStats
     method: str
     exact: bool = True
+    logprobs: list[TokenLogprob] | None = None  # one per token of token_ids, where asked for
 
 
 @dataclass
@@ -56,6 +58,7 @@ class StreamEvent:
     from_draft: list[bool]
     draft_chars: int
     stats: GenerationStats = field(repr=False)
+    logprobs: list[TokenLogprob] | None = None  # one per token of token_ids, where asked for
 
 
 def stream(
@@ -65,13 +68,16 @@ def stream(
     draft: Any = None,
     tokenizer: Any = None,
     config: DecodeConfig | None = None,
+    constraints: Constraints | None = None,
+    logprobs: int | None = None,
     **overrides: Any,
 ) -> Iterator[StreamEvent]:
     """Yield tokens as they are accepted. Arguments as for :func:`generate`.
 
     Bad input raises ``ValueError`` or ``TypeError`` here, before the first event.
     """
-    return _Run.build(target, prompt, draft=draft, tokenizer=tokenizer, config=_config(config, overrides)).events()
+    return _Run.build(target, prompt, draft=draft, tokenizer=tokenizer, config=_config(config, overrides),
+                      constraints=constraints, logprobs=logprobs).events()
 
 
 def generate(
@@ -81,6 +87,8 @@ def generate(
     draft: Any = None,
     tokenizer: Any = None,
     config: DecodeConfig | None = None,
+    constraints: Constraints | None = None,
+    logprobs: int | None = None,
     **overrides: Any,
 ) -> GenerationResult:
     """Generate from ``target``, speculatively if a ``draft`` model or a drafter is given: the
@@ -110,12 +118,18 @@ def generate(
     ``tokenizer``). Without a draft or drafter, decodes autoregressively through the same backend.
     A prompt that leaves less room in the model's context than ``max_new_tokens`` is allowed: a
     ``UserWarning`` says so and ``stats.truncated_to`` holds the number of new tokens allowed.
+    constraints: a :class:`~specdec.constraints.Constraints` (a JSON schema, regex or grammar the
+    output follows, a logit bias, penalties; a grammar needs ``tokenizer``), applied to the
+    target's logits at every position, drafted or not. logprobs: None, 0 (each token's
+    log-probability in ``result.logprobs``) or up to 20 (also the most likely tokens there).
 
-    The output follows the target's distribution under the given sampling settings exactly.
+    The output follows the target's distribution under the given sampling settings (and
+    constraints) exactly.
     Raises ``ValueError`` (a bad value) or ``TypeError`` (a value of the wrong kind), naming the
     argument, on bad input, before any model work.
     """
-    run = _Run.build(target, prompt, draft=draft, tokenizer=tokenizer, config=_config(config, overrides))
+    run = _Run.build(target, prompt, draft=draft, tokenizer=tokenizer, config=_config(config, overrides),
+                     constraints=constraints, logprobs=logprobs)
     for _ in run.events():
         pass
     return run.result()
@@ -146,9 +160,11 @@ class _Run:
     settled: int = 0  # its length less a trailing incomplete multi-byte character
     by_draft: list[bool] = field(default_factory=list)  # for decoded[:settled]: written by a draft token?
     finished: bool = False  # the text is complete (a stop string was hit, or the last step is in)
+    logprobs: list[TokenLogprob] | None = None
 
     @classmethod
-    def build(cls, target: Any, prompt: Any, *, draft: Any, tokenizer: Any, config: DecodeConfig) -> "_Run":
+    def build(cls, target: Any, prompt: Any, *, draft: Any, tokenizer: Any, config: DecodeConfig,
+              constraints: Constraints | None = None, logprobs: int | None = None) -> "_Run":
         """Check the inputs, build the backends and the drafter (one-time costs such as a draft's
         int8 weights are paid here, before the timed generation), and choose the decode loop."""
         _check_model(target, "target")
@@ -157,6 +173,9 @@ class _Run:
         _check_tokenizer(tokenizer)
         if config.stop and tokenizer is None:
             raise ValueError("stop strings need a tokenizer to read the text; pass tokenizer=")
+        if constraints is not None and not isinstance(constraints, Constraints):
+            raise TypeError(f"constraints must be a specdec.Constraints, got {type(constraints).__name__}")
+        check_logprobs(logprobs)
         prompt = _checked_prompt(prompt, tokenizer)
         built = build(config, target, draft)
         backend = built.target
@@ -170,7 +189,14 @@ class _Run:
         sampling = config.sampling
         if config.gumbel and sampling.gumbel_seed is None:  # unseeded: fresh public noise
             sampling = dataclasses.replace(sampling, gumbel_seed=secrets.randbits(64))
-        common = dict(sampling=sampling, max_new_tokens=config.max_new_tokens, eos_ids=eos, generator=generator)
+        processor = None
+        if constraints is not None or logprobs is not None:  # checked here, whether active or not
+            processor = (constraints or Constraints()).processor(tokenizer, backend.vocab_size, prompt_ids, sorted(eos),
+                                                                 logprobs)
+            if not processor.constraints.active and logprobs is None:
+                processor = None
+        common = dict(sampling=sampling, max_new_tokens=config.max_new_tokens, eos_ids=eos, generator=generator,
+                      processor=processor)
         if built.drafter is None:
             steps = autoregressive_steps(backend, prompt_ids, **common)
         elif built.tree:
@@ -182,6 +208,7 @@ class _Run:
         run.stats.prompt_cached = cached
         run.stats.gumbel_seed = sampling.gumbel_seed if sampling.coupled else None
         run.limit, run.eos = (config.max_new_tokens if room is None else room), eos
+        run.logprobs = [] if logprobs is not None else None
         return run
 
     def events(self) -> Iterator[StreamEvent]:
@@ -189,9 +216,11 @@ class _Run:
         for step in self.steps:
             self.stats.add(step)
             self.token_ids += step.tokens
+            if self.logprobs is not None:
+                self.logprobs += step.logprobs or []
             delta, draft_chars = self._advance_text(step)
             self.stats.seconds = time.perf_counter() - start
-            yield StreamEvent(step.tokens, delta, step.from_draft, draft_chars, self.stats)
+            yield StreamEvent(step.tokens, delta, step.from_draft, draft_chars, self.stats, step.logprobs)
             if self.finished:
                 break
         if not self.finished:  # the steps ended where the limits did not foresee: release the held text
@@ -246,7 +275,7 @@ class _Run:
 
     def result(self) -> GenerationResult:
         text = self.text if self.tokenizer is not None else None
-        return GenerationResult(self.token_ids, text, self.stats, self.method, self.exact)
+        return GenerationResult(self.token_ids, text, self.stats, self.method, self.exact, self.logprobs)
 
 
 def _stop_prefix(text: str, stops: Sequence[str]) -> int:

@@ -23,12 +23,15 @@ from specdec.backends.base import HIDDEN_STATES, LAYERS, TREES, CausalLM, capabi
 from specdec.backends.hf_layers import HFLayeredCausalLM
 from specdec.backends.lean import make_backend
 from specdec.config import AR, DecodeConfig
-from specdec.drafters import DRAFTERS, MODEL_DRAFTERS, NEEDS, ChoiceDrafter, ModelDrafter, NGramDrafter
+from specdec.datastore import open_store
+from specdec.drafters import DRAFTERS, MODEL_DRAFTERS, NEEDS, CascadeDrafter, ChoiceDrafter, ModelDrafter, NGramDrafter
 from specdec.drafters.base import Drafter
 from specdec.drafters.eagle import EagleDrafter
 from specdec.drafters.early_exit import EarlyExitDrafter
 from specdec.drafters.heads import HeadsDrafter
 from specdec.drafters.layer_skip import LayerSkipDrafter
+from specdec.drafters.lookahead import LookaheadDrafter
+from specdec.drafters.retrieval import RetrievalChoice, RetrievalDrafter
 from specdec.drafters.tree import DEFAULT_TREE, TreeDrafter
 from specdec.policies import DraftLengthPolicy, make_policy
 from specdec.verify import Verifier, make_verifier
@@ -81,6 +84,8 @@ def build(config: DecodeConfig, target: Any, draft: Any = None) -> Built:
     if config.verify == "tree":
         _require(backend, TREES, "tree verification")
         tree_drafter, shape = _tree_drafter(drafter, config.tree)
+        if isinstance(tree_drafter, TreeDrafter):
+            tree_drafter.bind(backend)  # a Sequoia tree measures its cost curves (or reads them from the cache)
         coupled = ":coupled" if config.gumbel else ""
         return Built(config, backend, tree_drafter, tree=True, method=f"spec:{drafter.name}:tree:{shape}{coupled}")
     verifier = make_verifier(config.chain_verifier)
@@ -142,6 +147,11 @@ def make_drafter(name: str, target: CausalLM, draft: CausalLM | None = None, **o
     set saved for this model, see :mod:`specdec.drafters.layer_skip`). heads: option ``path`` (a
     folder from ``specdec train-heads``; default: the heads shipped for this target). eagle:
     option ``path`` (a folder from ``specdec train-heads --kind eagle``; default: the shipped one).
+    retrieval: options ``datastore`` (a name or path, :func:`specdec.datastore.open_store`;
+    default: the process's own store) and ``min_match`` (2); retrieval+model: needs ``draft``,
+    options as retrieval's and ngram's. lookahead: options ``window``, ``ngram``, ``candidates``
+    (default: from the target's measured row costs). cascade: needs ``draft``, options as ngram+model's
+    (the lookup offered beside the cascaded draft model, :mod:`specdec.drafters.cascade`).
     Raises ``ValueError`` for an unknown name, a missing draft model or a bad option.
     """
     if name not in DRAFTERS:
@@ -157,8 +167,17 @@ def make_drafter(name: str, target: CausalLM, draft: CausalLM | None = None, **o
             return ModelDrafter(draft)
         if name == "ngram+model":
             return ChoiceDrafter.build(ModelDrafter(draft), **options)
+        if name == "cascade":
+            return CascadeDrafter(draft, **options)
         if name == "ngram":
             return NGramDrafter(target.vocab_size, **options)
+        if name in ("retrieval", "retrieval+model"):
+            store = open_store(options.pop("datastore", None))
+            if name == "retrieval+model":
+                return RetrievalChoice.build(ModelDrafter(draft), store, **options)
+            return RetrievalDrafter(target.vocab_size, store, **options)
+        if name == "lookahead":
+            return LookaheadDrafter(target, **options)
         if name == "early-exit":
             return EarlyExitDrafter(target, **options)
         if name == "layer-skip":
@@ -202,8 +221,15 @@ def _tree_drafter(drafter: Drafter, tree: Any) -> tuple[Any, str]:
     if isinstance(drafter, ModelDrafter):
         tree_drafter = TreeDrafter(drafter.model, **(DEFAULT_TREE if tree is None else tree))
         shape = {"static": "static", "confident": f"threshold={tree_drafter.threshold}",
-                 "dynamic": f"budget={tree_drafter.budget}"}[tree_drafter.mode]
+                 "dynamic": f"budget={tree_drafter.budget}",
+                 "sequoia": "sequoia" + (f":budget={tree_drafter.fixed_budget}" if tree_drafter.fixed_budget else "")
+                 }[tree_drafter.mode]
         return tree_drafter, shape
+    if isinstance(drafter, RetrievalDrafter):  # the most frequent continuations in the datastore
+        tree_drafter = drafter.with_tree(**dict(tree or {}))
+        return tree_drafter, f"budget={tree_drafter.budget}:depth={tree_drafter.depth}"
+    if isinstance(drafter, LookaheadDrafter):  # the Jacobi window and the pool's n-grams
+        return drafter, f"window={drafter.window}:ngram={drafter.ngram}:candidates={drafter.candidates}"
     if isinstance(drafter, HeadsDrafter):  # a static Medusa tree
         tree = dict(tree or {})
         if tree.pop("mode", "static") != "static" or set(tree) - {"choices"}:

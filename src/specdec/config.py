@@ -33,8 +33,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from specdec.drafters import DRAFTER_OPTIONS, DRAFTERS, MODEL_DRAFTERS, Drafter
-from specdec.drafters.tree import DEFAULT_CHOICES, TreeDrafter, parse_choices
+from specdec.drafters import DRAFTER_OPTIONS, DRAFTERS, MODEL_DRAFTERS, TREE_ONLY_DRAFTERS, Drafter
+from specdec.drafters.tree import DEFAULT_CHOICES, TREE_MODES, TreeDrafter, parse_choices
 from specdec.policies import POLICIES, DraftLengthPolicy, check_k, make_policy
 from specdec.policies.base import MAX_INT
 from specdec.sampling import SamplingConfig
@@ -46,7 +46,7 @@ CHAIN_VERIFIERS = tuple(sorted(VERIFIERS))
 DRAFT_WEIGHTS = ("bf16", "int8")  # specdec.backends.lean.WEIGHTS
 TREE_OPTIONS = ("mode", "choices", "threshold", "depth", "width", "expand", "budget")
 POLICY_OPTIONS = ("k_max", "threshold")
-TREE_DRAFTERS = ("model", "heads")  # the drafters that propose trees
+TREE_DRAFTERS = ("model", "heads", "retrieval", "lookahead")  # the drafters that propose trees
 SEED_RANGE = 2**64  # torch.Generator.manual_seed takes 0 .. 2**64 - 1
 SAMPLERS = ("multinomial", "gumbel")  # specdec.sampling: inversion with a generator, Gumbel-max with public noise
 DEFAULT_K = 4
@@ -240,9 +240,27 @@ OPTIONS: tuple[Option, ...] = (
     Option("drafter", "path", _text, "a folder", None,
            "--drafter heads or eagle: a folder from 'specdec train-heads' (default: the one shipped for the "
            "target)", "--heads"),
+    Option("drafter", "datastore", _text, "a datastore's name or a .npz file", None,
+           "--drafter retrieval or retrieval+model: the datastore searched, a name given to 'specdec index' or "
+           "a path (default: this process's own store, which 'specdec serve' fills with its outputs)",
+           "--datastore"),
+    Option("drafter", "min_match", _integer_from(1, 33), "an integer from 1 to 32", None,
+           "--drafter retrieval or retrieval+model: the shortest context suffix matched in the datastore "
+           "(default: 2)", "--min-match"),
+    Option("drafter", "window", _positive, "a positive integer", None,
+           "--drafter lookahead: W, the guessed tokens of the Jacobi window (default: from measured costs)",
+           "--lookahead-window"),
+    Option("drafter", "ngram", _integer_from(2), "an integer >= 2", None,
+           "--drafter lookahead: n, the length of the n-grams pooled and verified (default: 4)",
+           "--lookahead-ngram"),
+    Option("drafter", "candidates", _integer_from(0), "an integer >= 0", None,
+           "--drafter lookahead: G, the pooled n-grams verified per step (default: from measured costs)",
+           "--lookahead-candidates"),
     Option("tree", "mode", _name, "a tree mode", None,
-           "--verify tree: confident, dynamic or static (default: from the other tree options; confident "
-           "without any)", "--tree-mode", lambda: ("confident", "dynamic", "static")),
+           "--verify tree: confident, dynamic, sequoia or static (default: from the other tree options; "
+           "confident without any); sequoia: the tree with the most expected accepted tokens for the "
+           "measured acceptance of each child rank, its --tree-budget chosen from measured costs unless "
+           "given", "--tree-mode", lambda: TREE_MODES),
     Option("tree", "choices", parse_choices, "'default' or rank paths like 0|1|0.0", None,
            "--verify tree: a static Medusa-style tree: the default shape, or rank paths joined by '|' with "
            "ranks joined by '.', e.g. 0|1|0.0", "--tree-static"),
@@ -257,7 +275,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("tree", "expand", _positive, "a positive integer", None,
            "--verify tree: nodes expanded per level of the dynamic tree (default: 4)", "--tree-expand"),
     Option("tree", "budget", _positive, "a positive integer", None,
-           "--verify tree: most nodes in the tree (default: 16); without --tree-threshold, --tree-budget, "
+           "--verify tree: most nodes in the tree (default: 16; a sequoia tree's chosen from measured costs); without --tree-threshold, --tree-budget, "
            "--tree-depth and --tree-width shape the EAGLE-2-style dynamic tree", "--tree-budget"),
     Option("sampling", "draft_weights", _name, "int8 or bf16", "int8",
            "the draft model's weights: int8 copies (half the bytes per draft token; the output law is "
@@ -428,6 +446,9 @@ class DecodeConfig:
                 raise ConfigError(f"{{drafter.{key}}} is an option of {{method.drafter={owners[0]}}}"
                                   f"{''.join(' or ' + o for o in owners[1:])}, but {{method.drafter}} is {shown}",
                                   f"add {{method.drafter={owners[0]}}} or drop {{drafter.{key}}}")
+        if named in TREE_ONLY_DRAFTERS and self.verify != "tree":
+            raise ConfigError(f"{{method.drafter={named}}} drafts a token tree each step, verified in one pass",
+                              "add {method.verify=tree}")
         if self.verify == "tree":
             self._check_tree(named)
         else:
@@ -466,6 +487,16 @@ class DecodeConfig:
             raise ConfigError("{tree.choices} fixes the tree's shape; {tree.threshold}, {tree.budget}, "
                               "{tree.depth} and {tree.width} shape the confident and the dynamic trees",
                               "use one or the other")
+        if named in ("retrieval", "lookahead"):
+            allowed = {"retrieval": {"budget", "depth"}, "lookahead": set()}[named]
+            for key in sorted(set(tree) - allowed):
+                raise ConfigError(f"{{tree.{key}}} does not shape a {named} tree",
+                                  f"drop {{tree.{key}}}" + (" ({tree.budget} and {tree.depth} do)" if allowed else
+                                                           " (window=, ngram= and candidates= shape it)"))
+            for key in ("budget", "depth"):
+                if key in tree and (isinstance(tree[key], bool) or not isinstance(tree[key], int) or tree[key] < 1):
+                    raise ConfigError(f"{{tree.{key}}} must be a positive integer, got {tree[key]!r}")
+            return
         if named is not None and named not in TREE_DRAFTERS:
             raise ConfigError(f"{{method.verify=tree}} drafts its tree with the draft model or the heads, "
                               f"not {{method.drafter={named}}}", "drop {method.drafter}, or use {method.verify=block}")

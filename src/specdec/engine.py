@@ -8,11 +8,12 @@ collect. They hold no tokenizer and no framework types: models come in as
 from __future__ import annotations
 
 import time
-from typing import Collection, Iterator, Sequence
+from typing import TYPE_CHECKING, Collection, Iterator, Sequence
 
 import torch
 
 from specdec.backends.base import CausalLM, forward_after, rollback
+from specdec.constraints import with_forced
 from specdec.drafters.base import Drafter
 from specdec.drafters.tree import TreeDrafter, Trees
 from specdec.policies import DraftLengthPolicy, StaticK
@@ -20,6 +21,9 @@ from specdec.sampling import SamplingConfig, next_token
 from specdec.stats import Step
 from specdec.verify.base import Verifier
 from specdec.verify.tree import TreeVerifier
+
+if TYPE_CHECKING:
+    from specdec.constraints import LogitProcessor
 
 # A tree's depth is its drafter's to decide: the policy beside a tree lets it use all the room left.
 TREE_ROOM = 1 << 30
@@ -36,6 +40,7 @@ def speculative_steps(
     max_new_tokens: int,
     eos_ids: Collection[int] = (),
     generator: torch.Generator | None = None,
+    processor: "LogitProcessor | None" = None,
 ) -> Iterator[Step]:
     """Generate up to ``max_new_tokens`` after ``prompt``; the output follows the target's law.
 
@@ -44,6 +49,12 @@ def speculative_steps(
     scores the context's new tokens and every draft node, the verifier keeps a path and appends one
     token, and both caches are trimmed back to the output. (A chain is the tree whose node i's
     parent is i - 1.)
+
+    With a ``processor`` (:class:`~specdec.constraints.LogitProcessor`: a grammar, penalties, a
+    logit bias) every row the target scores is processed with its own prefix before the verifier
+    reads it, so the output follows the processed target law; tokens the grammar forces are
+    drafted first at no model cost, forbidden draft tokens are cut where that keeps the law, and
+    the generation ends where the grammar is complete.
     """
     context = list(prompt)
     limit = _context_limit(target, len(context), max_new_tokens)
@@ -51,23 +62,41 @@ def speculative_steps(
     while produced < limit:
         room = limit - produced - 1  # the step always appends one token of the target's
         t0 = time.perf_counter()
-        plan = policy.plan(drafter.sources(context), drafter.behind(context), room)  # which source, how far
-        draft = drafter.propose(context, min(plan.k, room), sampling, generator, plan.keep_going, plan.source)
+        forced = processor.forced(room) if processor is not None else []
+        plan = policy.plan(drafter.sources(context), drafter.behind(context), room - len(forced))  # which source, how far
+        k = min(plan.k, room - len(forced))
+        after = context + forced if forced else context  # forced tokens come first, then the drafter's
+        draft = drafter.propose(after, k, sampling, generator, plan.keep_going, plan.source)
+        proposed = len(draft)
+        if processor is not None:
+            draft = processor.screen(with_forced(forced, draft, drafter.vocab_size), sampling)
         t1 = time.perf_counter()
         logits = draft.score(target, context)  # [1 + N, V]: after the context, after each draft node
+        if processor is not None:
+            logits = processor.apply(logits, context, draft)  # [1 + N, V], each row after its own prefix
         verdict = verifier.verdict(draft, logits, sampling, generator, len(context))
         t2 = time.perf_counter()
         path = draft.path(verdict.accepted - 1)  # the draft nodes kept, first to last
         draft.keep(target, len(context), path)
         new = _cut_at_eos(draft.tokens_on(path) + [verdict.next_token], eos_ids)
+        logprobs = None
+        if processor is not None:
+            new = new[: processor.advance(new)]
+            if processor.top_logprobs is not None:
+                rows = [0] + [1 + node for node in path]  # the row each new token was drawn from
+                logprobs = processor.logprobs(logits[rows[: len(new)]], new)
         context += new
         produced += len(new)
         rollback(target, context)
         drafter.observe(context)
-        step = Step(new, len(draft), min(len(path), len(new)), t1 - t0, t2 - t1)
-        policy.update(step)
+        accepted = min(len(path), len(new))
+        kept_forced = min(accepted, len(forced))
+        step = Step(new, len(draft), accepted, t1 - t0, t2 - t1, logprobs, kept_forced)
+        # The policy learns from its drafter's tokens only (not the forced ones before them).
+        tested = proposed if kept_forced == len(forced) else 0
+        policy.update(Step(new, tested, min(tested, accepted - kept_forced), t1 - t0, t2 - t1))
         yield step
-        if eos_ids and new[-1] in eos_ids:
+        if (eos_ids and new[-1] in eos_ids) or (processor is not None and processor.finished):
             return
 
 
@@ -80,11 +109,12 @@ def tree_steps(
     max_new_tokens: int,
     eos_ids: Collection[int] = (),
     generator: torch.Generator | None = None,
+    processor: "LogitProcessor | None" = None,
 ) -> Iterator[Step]:
     """:func:`speculative_steps` with a token tree each step (``drafter.propose_tree``), verified
     by :class:`~specdec.verify.tree.TreeVerifier`; the target's cache keeps only the accepted path."""
     return speculative_steps(target, Trees(drafter), TreeVerifier(), StaticK(TREE_ROOM), prompt, sampling=sampling,
-                             max_new_tokens=max_new_tokens, eos_ids=eos_ids, generator=generator)
+                             max_new_tokens=max_new_tokens, eos_ids=eos_ids, generator=generator, processor=processor)
 
 
 def autoregressive_steps(
@@ -95,16 +125,26 @@ def autoregressive_steps(
     max_new_tokens: int,
     eos_ids: Collection[int] = (),
     generator: torch.Generator | None = None,
+    processor: "LogitProcessor | None" = None,
 ) -> Iterator[Step]:
-    """The baseline: one target forward and one sampled token per step, same backend and sampler."""
+    """The baseline: one target forward and one sampled token per step, same backend and sampler
+    (and the same processing of the target's logits, :func:`speculative_steps`)."""
     context = list(prompt)
     limit = _context_limit(target, len(context), max_new_tokens)
     for _ in range(limit):
         t0 = time.perf_counter()
-        token = next_token(forward_after(target, context)[-1], sampling, generator, len(context))
+        logits = forward_after(target, context)[-1:]  # [1, V]
+        if processor is not None:
+            logits = processor.apply(logits, context)
+        token = next_token(logits[0], sampling, generator, len(context))
+        logprobs = None
+        if processor is not None:
+            processor.advance([token])
+            if processor.top_logprobs is not None:
+                logprobs = processor.logprobs(logits, [token])
         context.append(token)
-        yield Step([token], 0, 0, 0.0, time.perf_counter() - t0)
-        if token in eos_ids:
+        yield Step([token], 0, 0, 0.0, time.perf_counter() - t0, logprobs)
+        if token in eos_ids or (processor is not None and processor.finished):
             return
 
 

@@ -27,6 +27,7 @@ from specdec.backends import llamacpp
 from specdec.config import (
     GROUP_FIELD, NAME_ONLY, OPTIONS, ConfigError, DecodeConfig, NothingToVerify, Option, option,
 )
+from specdec.constraints import ConstraintError, Constraints, check_logprobs
 from specdec.drafters import MODEL_DRAFTERS
 
 
@@ -139,6 +140,67 @@ def add_decoding_options(parser: argparse.ArgumentParser) -> None:
         group.add_argument(opt.flag, **kwargs)
     group.add_argument("--stop", action="append", default=[], metavar="TEXT",
                        help="end generation at this text (repeatable)")
+
+
+def add_constraint_options(parser: argparse.ArgumentParser) -> None:
+    """What each generation constrains or reports (:class:`~specdec.constraints.Constraints`):
+    options of the generation, not of the decoding method."""
+    group = parser.add_argument_group("constraints")
+    shape = group.add_mutually_exclusive_group()
+    shape.add_argument("--json-schema", metavar="FILE", help="the output is JSON valid under this JSON Schema file")
+    shape.add_argument("--regex", metavar="RE", help="the whole output matches this regular expression")
+    shape.add_argument("--grammar", metavar="FILE", help="the output follows this llguidance Lark grammar file")
+    group.add_argument("--logit-bias", action="append", default=[], metavar="ID=BIAS",
+                       help="add BIAS (-100..100) to token ID's logit (repeatable)")
+    group.add_argument("--presence-penalty", type=float, default=0.0, metavar="P",
+                       help="subtract P (-2..2) from the logit of every token already generated (default: 0)")
+    group.add_argument("--frequency-penalty", type=float, default=0.0, metavar="F",
+                       help="subtract F (-2..2) per occurrence from the logit of every generated token (default: 0)")
+    group.add_argument("--repeat-penalty", type=float, default=1.0, metavar="R",
+                       help="llama.cpp's: divide the positive logits (multiply the others) of the last "
+                            "--repeat-last-n tokens by R (default: 1, off)")
+    group.add_argument("--repeat-last-n", type=int, default=64, metavar="N",
+                       help="tokens of prompt and output --repeat-penalty looks at (-1: all, 0: off; default: 64)")
+    group.add_argument("--logprobs", type=int, default=None, metavar="N",
+                       help="report each token's log-probability and the N (0..20) most likely tokens (with --json)")
+
+
+def constraints_from(args: argparse.Namespace) -> tuple[Constraints | None, int | None]:
+    """The :class:`~specdec.constraints.Constraints` and logprobs the constraint options describe
+    (None where none is given), checked here, before any model loads (the vocabulary-dependent
+    checks come with the model)."""
+    bias = {}
+    for item in args.logit_bias:
+        token, sep, value = item.partition("=")
+        try:
+            bias[int(token)] = float(value)
+        except ValueError:
+            raise CLIError(f"--logit-bias {item!r} is not ID=BIAS", "write a token id and a number, e.g. --logit-bias 42=-100",
+                           code=2) from None
+    def read(path: str | None, flag: str) -> str | None:
+        if path is None:
+            return None
+        try:
+            return Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise CLIError(f"{flag} {path}: cannot read it ({err})", f"give the path of a UTF-8 text file to {flag}",
+                           code=2) from None
+    constraints = Constraints(json_schema=read(args.json_schema, "--json-schema"), regex=args.regex,
+                              grammar=read(args.grammar, "--grammar"), logit_bias=bias,
+                              presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
+                              repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n)
+    try:
+        constraints.check(vocab_size=1 << 31)
+        check_logprobs(args.logprobs)
+    except ConstraintError as err:
+        raise constraint_cli_error(err) from None
+    return (constraints if constraints.active else None), args.logprobs
+
+
+def constraint_cli_error(err: ConstraintError) -> CLIError:
+    """A :class:`~specdec.constraints.ConstraintError` as the command line says it, naming the flag."""
+    flag = "--" + err.field.replace("_", "-")
+    return CLIError(str(err).replace(f"{err.field}:", f"{flag}:", 1), f"see 'specdec generate --help' for {flag}", code=2)
 
 
 def _option_type(opt: Option) -> Callable[[str], Any]:

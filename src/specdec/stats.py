@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from specdec.constraints import TokenLogprob
 
 
 @dataclass(frozen=True)
@@ -12,6 +15,8 @@ class Step:
 
     tokens: the ids appended to the output this step (the first ``accepted`` came from the draft,
     the rest from the target), already cut at EOS and at the token limit.
+    logprobs: one per token where log-probabilities were asked for (:mod:`specdec.constraints`).
+    forced: how many of the accepted draft tokens were tokens a grammar forced.
     """
 
     tokens: list[int]
@@ -19,6 +24,8 @@ class Step:
     accepted: int
     draft_seconds: float
     verify_seconds: float
+    logprobs: "list[TokenLogprob] | None" = None
+    forced: int = 0
 
     @property
     def from_draft(self) -> list[bool]:
@@ -46,9 +53,11 @@ class GenerationStats:
     prompt_cached: int = 0  # prompt tokens found in the target's cache (DecodeConfig.prompt_cache), not prefilled
     # The Gumbel-max sampler's seed (drawn where none was given): seed=this draws the same text again.
     gumbel_seed: int | None = None
+    forced_tokens: int = 0  # generated tokens a grammar forced (drafted at no model cost, accepted)
 
     def add(self, step: Step) -> None:
         self.new_tokens += len(step.tokens)
+        self.forced_tokens += step.forced
         self.target_forwards += 1
         self.drafted_tokens += step.drafted
         self.accepted_tokens += step.accepted

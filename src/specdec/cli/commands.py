@@ -4,7 +4,8 @@ Each sub-command is a module here that registers its parser with ``add_<name>_pa
 and ``set_defaults(func=handler)``; a handler takes the parsed arguments and returns the exit
 status. ``specdec generate`` (:mod:`specdec.cli.generate`), ``specdec models``
 (:mod:`specdec.cli.models`), ``specdec bench`` (:mod:`specdec.cli.bench`), ``specdec serve``
-(:mod:`specdec.cli.serve`) and ``specdec train-heads`` (:mod:`specdec.cli.train_heads`). They share
+(:mod:`specdec.cli.serve`), ``specdec train-heads`` (:mod:`specdec.cli.train_heads`) and ``specdec index``
+(:mod:`specdec.cli.index`). They share
 the option table and helpers of :mod:`specdec.options` and import the library, never each other.
 
 Errors a user can fix (a bad option value, an unknown model, a missing pack, mismatched
@@ -21,6 +22,7 @@ from typing import Sequence
 
 from specdec.cli.bench import add_bench_parser
 from specdec.cli.generate import add_generate_parser
+from specdec.cli.index import add_index_parser
 from specdec.cli.models import add_models_parser
 from specdec.cli.serve import add_serve_parser
 from specdec.cli.train_heads import add_train_heads_parser
@@ -34,7 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Exact speculative decoding for Hugging Face causal LMs, with offline model packs.",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for add in (add_generate_parser, add_models_parser, add_bench_parser, add_train_heads_parser, add_serve_parser):
+    for add in (add_generate_parser, add_models_parser, add_bench_parser, add_train_heads_parser, add_serve_parser,
+                add_index_parser):
         add(subparsers)
     return parser
 

@@ -21,9 +21,10 @@ from specdec.drafters import MODEL_DRAFTERS
 from specdec.drafters.tree import DEFAULT_TREE, TreeDrafter
 from specdec.models import GGUF_BACKENDS
 from specdec.options import (
-    CLIError, add_backend_option, add_decoding_options, add_model_options, backend_of, check_threads, console,
-    decode_config, gguf_weights, load_models_from, note, positive_int,
+    CLIError, add_backend_option, add_constraint_options, add_decoding_options, add_model_options, backend_of,
+    check_threads, console, constraint_cli_error, constraints_from, decode_config, gguf_weights, load_models_from, note, positive_int,
 )
+from specdec.constraints import ConstraintError
 from specdec.policies.auto import summary_line
 from specdec.stats import GenerationStats
 
@@ -39,6 +40,7 @@ def add_generate_parser(subparsers: Any) -> None:
     add_model_options(parser)
     add_backend_option(parser)
     add_decoding_options(parser)
+    add_constraint_options(parser)
     group = parser.add_argument_group("output")
     group.add_argument("--chat", action="store_true", help="wrap PROMPT in the model's chat template")
     mode = group.add_mutually_exclusive_group()
@@ -56,6 +58,7 @@ def add_generate_parser(subparsers: Any) -> None:
 def run_generate(args: argparse.Namespace) -> int:
     check_prompt_text(args.prompt, allow_blank=args.chat)
     config = decode_config(args)
+    constraints, logprobs = constraints_from(args)
     if config.gumbel and config.seed is None and args.compare_ar:  # both runs draw with the same noise
         config = config.replace(seed=secrets.randbits(64))
     _hint_escaped_stops(args.stop)
@@ -67,22 +70,27 @@ def run_generate(args: argparse.Namespace) -> int:
     uses_model = config.drafter in MODEL_DRAFTERS
     pair = load_models_from(args, draft=uses_model)
     prompt = _prompt(args, pair.tokenizer)
-    common = dict(tokenizer=pair.tokenizer, config=config)
+    common = dict(tokenizer=pair.tokenizer, config=config, constraints=constraints, logprobs=logprobs)
     drafting = dict(draft=pair.draft) if uses_model else {}
     note("generating")
-    if args.stream:
-        result = _stream(api.stream(pair.target, prompt, **drafting, **common), pair.tokenizer, args, config)
-    else:
-        result = api.generate(pair.target, prompt, **drafting, **common)
+    try:
+        if args.stream:
+            result = _stream(api.stream(pair.target, prompt, **drafting, **common), pair.tokenizer, args, config)
+        else:
+            result = api.generate(pair.target, prompt, **drafting, **common)
+    except ConstraintError as err:  # a logit_bias id outside this model's vocabulary
+        raise constraint_cli_error(err) from None
     ar = divergence = None
     if args.compare_ar:
         note("decoding the target alone (--compare-ar)")
         ar_config = DecodeConfig.parse("ar", **config.sampling_fields())
-        ar = api.generate(pair.target, prompt, tokenizer=pair.tokenizer, config=ar_config)
+        ar = api.generate(pair.target, prompt, tokenizer=pair.tokenizer, config=ar_config, constraints=constraints)
         if (config.temperature == 0 or config.gumbel) and ar.token_ids != result.token_ids:  # deterministic runs
             note("replaying both runs to explain the difference (--compare-ar)")
-            divergence = explain_divergence(pair.target, prompt, pair.tokenizer, (config, drafting), (ar_config, {}),
-                                               result.token_ids, ar.token_ids, getattr(args, "cache_dir", None))
+            replay = {"constraints": constraints}
+            divergence = explain_divergence(pair.target, prompt, pair.tokenizer, (config, {**drafting, **replay}),
+                                            (ar_config, replay), result.token_ids, ar.token_ids,
+                                            getattr(args, "cache_dir", None))
 
     if args.json:
         print(json.dumps(_report(args, pair.target, result, ar, divergence), ensure_ascii=False))
@@ -251,6 +259,9 @@ def _report(args: argparse.Namespace, target: Any, result: Any, ar: Any,
         "exact": result.exact,
         "stats": result.stats.to_dict(),
     }
+    if result.logprobs is not None:
+        report["logprobs"] = [{"token": lp.token, "logprob": lp.logprob, "top": [list(t) for t in lp.top]}
+                              for lp in result.logprobs]
     if ar is not None:
         report["ar"] = {
             "text": ar.text,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -21,6 +22,7 @@ from specdec.server.requests import method_config, method_kwargs
 
 API_KEY_ENV = "SPECDEC_API_KEY"
 DEFAULT_METHOD = "spec"  # the method of requests that name none: the default method (specdec.config)
+DATASTORE_TOKENS = 1 << 20  # the outputs a server's datastore keeps (4 MiB of token ids and as much of index)
 
 
 def add_serve_parser(subparsers: Any) -> None:
@@ -82,6 +84,13 @@ def add_serve_parser(subparsers: Any) -> None:
                             "plain decoding draws with that seed, whatever the method or machine (coupled "
                             "verification); multinomial keeps block verification's higher acceptance for sampled "
                             "drafts, and the text depends on the method (default: gumbel)")
+    group.add_argument("--datastore", default=None, metavar="NAME|PATH",
+                       help="the retrieval datastore (from 'specdec index') that requests drafting with "
+                            "spec:retrieval or spec:retrieval+model search unless they name one; every finished "
+                            "output is added to it (default: an empty store that collects the outputs)")
+    group.add_argument("--datastore-max-tokens", type=positive_int, default=DATASTORE_TOKENS, metavar="N",
+                       help=f"the most tokens the datastore keeps, the oldest outputs dropped first "
+                            f"(default: {DATASTORE_TOKENS})")
     group.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                        help="uvicorn's log level (default: info)")
     parser.set_defaults(func=run_serve)
@@ -135,6 +144,7 @@ def _key_file(path: str) -> str:
 def run_serve(args: argparse.Namespace) -> int:
     method = default_method(args)
     key = api_key(args)
+    store = served_datastore(args)
     import uvicorn
 
     check_threads(args.threads)
@@ -151,7 +161,7 @@ def run_serve(args: argparse.Namespace) -> int:
                             allowed_hosts=allowed_hosts(args.host, args.allowed_hosts),
                             max_body_bytes=args.max_body_bytes, read_timeout=args.read_timeout,
                             prompt_cache=args.prompt_cache, prompt_cache_bytes=args.prompt_cache_mib << 20,
-                            seeded_sampler=args.seeded_sampler)
+                            seeded_sampler=args.seeded_sampler, datastore=store)
     app = create_app(models, options, thread)
     thread.call(_warm_up, app.state.specdec, method)
     print(f"specdec: serving {args.target} ({method}) on http://{_url_host(args.host)}:{args.port}/ "
@@ -161,16 +171,39 @@ def run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def served_datastore(args: argparse.Namespace) -> Any:
+    """The datastore the server searches and feeds (``--datastore``, bounded by
+    ``--datastore-max-tokens``), made the process's default (:func:`specdec.datastore.use_default`)."""
+    from specdec import datastore
+
+    try:
+        store = datastore.open_store(args.datastore) if args.datastore else datastore.Datastore()
+    except ValueError as err:
+        raise CLIError(f"--datastore: {err}", "build a store with 'specdec index PATH... --name NAME'", code=2) from None
+    store.max_tokens = args.datastore_max_tokens
+    datastore.use_default(store)
+    return store
+
+
 def _warm_up(state: Any, method: Any) -> None:
     """Two tokens with the default method on the models requests will run on, before serving, so
     the first request does not pay for one-time work (the draft's int8 weights, the kernels'
-    first calls)."""
+    first calls); then one token under a JSON schema, which builds llguidance's view of the
+    vocabulary once (about a second for a 150k-token vocabulary) for every constrained request."""
     print("specdec: warming up", file=sys.stderr, flush=True)
     models = state.models
     prompt = models.tokenizer("def", add_special_tokens=True)["input_ids"] or [0]
     target, draft = state.backends(method)
     kwargs = method_kwargs(method, draft, models.draft_weights)
     specdec.generate(target, prompt, max_new_tokens=2, **kwargs)
+    if importlib.util.find_spec("llguidance") is not None:
+        from specdec.constraints import ConstraintError, Constraints
+
+        try:
+            specdec.generate(target, prompt, tokenizer=models.tokenizer, max_new_tokens=1,
+                             constraints=Constraints(json_schema={"type": "object"}), **kwargs)
+        except ConstraintError as err:  # e.g. a slow tokenizer: constrained requests get this error, others are served
+            print(f"specdec: constrained output is not available: {err}", file=sys.stderr, flush=True)
 
 
 def _url_host(host: str) -> str:

@@ -1,5 +1,7 @@
 """Draft token trees with a draft model: static (Medusa-style choices), confident (a chain that
-forks where the draft is unsure) or dynamic (EAGLE-2-style).
+forks where the draft is unsure), dynamic (EAGLE-2-style) or Sequoia (Chen et al. 2024: the static
+shape with the most expected accepted tokens for the measured positional acceptance vector, its
+node budget chosen from the measured cost curves; :mod:`specdec.sequoia`).
 
 Under greedy decoding, children are the draft's most likely tokens at their parent, so the tree
 is a deterministic function of the context. Under sampling, each node's children are drawn from
@@ -11,19 +13,28 @@ cache is rolled back to the context.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
 from specdec.backends.base import CausalLM, forward_after, rollback
 from specdec.drafters.base import Drafter, KeepGoing
-from specdec.policies import DEFAULT_K_MAX, DEFAULT_THRESHOLD
+from specdec.policies.base import DEFAULT_K_MAX, DEFAULT_THRESHOLD
 from specdec.sampling import SamplingConfig, gumbel_max, logits_to_probs
+from specdec.sequoia import DEFAULT_RANKS, PositionalAcceptance, sequoia_tree
 from specdec.token_tree import TokenTree, sample_children, top_children
+
+if TYPE_CHECKING:
+    from specdec.policies.auto import CostModel
 
 # The tree that --verify tree drafts unless told otherwise: the confident tree with the confidence
 # policy's threshold (the best tree measured on the default pair).
 DEFAULT_TREE: dict = {"mode": "confident", "threshold": 0.8}
+
+# A Sequoia tree is built again once an entry of the positional acceptance vector has moved this
+# far from the vector it was built for (the dynamic program takes 5-25 ms for budgets of 16-32
+# nodes in Python, so it is not run every step).
+REBUILD_CHANGE = 0.02
 
 # A small Medusa-style tree: each tuple is the path of child ranks from the root.
 DEFAULT_CHOICES: tuple[tuple[int, ...], ...] = (
@@ -72,6 +83,11 @@ class TreeDrafter:
     one child, which is drafted on (under sampling even if the draw was not the top token, as the
     confidence policy's chain does); below it, ``width`` children and the tree ends there (at
     most ``depth`` levels, ``budget`` nodes).
+    Sequoia: the static tree of :func:`specdec.sequoia.sequoia_tree` for the positional acceptance
+    vector counted from this drafter's verified steps (:meth:`observe`; ``width`` ranks, a prior
+    until enough are seen), at most ``depth`` levels, ``budget`` nodes; without a budget, the tree of
+    1..31 nodes with the most expected tokens per second on the measured cost curves
+    (:func:`~specdec.policies.auto.sequoia_budget`; :meth:`bind` measures them, ``costs`` injects them).
     Dynamic: at each of ``depth`` levels, the ``expand``
     best new nodes (by the product of draft probabilities along their path) get ``width``
     children; under greedy decoding they are the most likely ones and finally the ``budget`` best
@@ -90,19 +106,32 @@ class TreeDrafter:
         choices: Sequence[tuple[int, ...]] | None = None,
         depth: int | None = None,
         width: int | None = None,
-        expand: int = 4,
-        budget: int = 16,
+        expand: int | None = None,
+        budget: int | None = None,
         threshold: float | None = None,
+        costs: CostModel | None = None,
     ) -> None:
         """mode: one of :data:`TREE_MODES`; left out, ``choices`` make a static tree, a
         ``threshold`` a confident one, neither a dynamic one. A confident tree without a threshold
         takes the confidence policy's (0.8), a static one without choices
         :data:`DEFAULT_CHOICES`. depth and width default to 16 (the confidence policy's k_max)
-        and 2 for a confident tree, 5 and 4 for a dynamic one."""
+        and 2 for a confident tree, 5 and 4 for a dynamic one, 16 levels and 8 ranks for a Sequoia
+        tree. budget: 16 nodes, except for a Sequoia tree (there: chosen by the cost curves).
+        costs: a Sequoia tree's cost curves (the target's rows, the draft's in ``draft_rows``)
+        instead of measuring them in :meth:`bind`."""
+        from specdec.policies.auto import SEQUOIA_MAX_BUDGET  # the planner imports the drafters: not at import
+
         mode, choices, threshold = _resolve_mode(mode, choices, threshold)
-        confident = mode == "confident"
-        depth = (DEFAULT_K_MAX if confident else 5) if depth is None else depth
-        width = (2 if confident else 4) if width is None else width
+        confident, sequoia = mode == "confident", mode == "sequoia"
+        if expand is not None and sequoia:
+            raise ValueError("expand shapes the dynamic tree; the sequoia tree takes none")
+        if costs is not None and not sequoia:
+            raise ValueError(f"cost curves choose a Sequoia tree's budget; the {mode} tree takes none")
+        self.fixed_budget = budget if sequoia else None  # None: a Sequoia budget chosen by the cost curves
+        budget = (SEQUOIA_MAX_BUDGET if sequoia else 16) if budget is None else budget
+        expand = 4 if expand is None else expand
+        depth = (DEFAULT_K_MAX if confident or sequoia else 5) if depth is None else depth
+        width = (2 if confident else DEFAULT_RANKS if sequoia else 4) if width is None else width
         for label, value in (("depth", depth), ("width", width), ("expand", expand), ("budget", budget)):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"tree {label} must be a positive integer, got {value!r}")
@@ -119,6 +148,42 @@ class TreeDrafter:
         self.model = model
         self.choices = choices
         self.depth, self.width, self.expand, self.budget = depth, width, expand, budget
+        self.costs = costs
+        # A Sequoia tree's state: the positional acceptance vector, the tree built for it, and the
+        # last tree proposed (context length, tokens, parents, rank paths), read back in observe().
+        self.acceptance = PositionalAcceptance(width) if sequoia else None
+        self._built_for: list[float] | None = None
+        self._proposed: tuple[int, list[int], list[int], list[tuple[int, ...]]] | None = None
+        self.rebuilds = 0  # Sequoia trees built
+
+    def bind(self, target: CausalLM) -> None:
+        """A Sequoia tree whose budget the cost curves choose: measure the target's and the draft's
+        passes of 1..32 rows (or read them from the planner's cache, :func:`~specdec.policies.auto.row_costs`)."""
+        if self.mode != "sequoia" or self.fixed_budget is not None or self.costs is not None:
+            return
+        from specdec.policies.auto import SEQUOIA_ROWS, CostModel, row_costs
+
+        target_curve, source = row_costs(target, SEQUOIA_ROWS)
+        draft_curve, _ = row_costs(self.model, SEQUOIA_ROWS)
+        self.costs = CostModel(target_curve, source=source, draft_rows=draft_curve)
+
+    def sequoia_choices(self) -> tuple[tuple[int, ...], ...]:
+        """The Sequoia tree for the current positional acceptance vector (built again only once
+        the vector has moved by :data:`REBUILD_CHANGE`)."""
+        from specdec.policies.auto import ASSUMED_ROW_COST, SEQUOIA_ROWS, CostModel, sequoia_budget
+
+        p = self.acceptance.vector
+        if self._built_for is None or max(abs(a - b) for a, b in zip(p, self._built_for)) > REBUILD_CHANGE:
+            if self.fixed_budget is not None:
+                self.choices = sequoia_tree(p, self.fixed_budget, self.depth)
+            else:
+                costs = self.costs or CostModel([1.0 + ASSUMED_ROW_COST * n for n in range(SEQUOIA_ROWS)],
+                                                source="assumed (not measured)")
+                self.choices = sequoia_budget(p, costs, depth=self.depth)[0]
+            self.choices = self.choices or ((0,),)  # every rank never kept: still draft one token
+            self._built_for = p
+            self.rebuilds += 1
+        return self.choices
 
     @property
     def vocab_size(self) -> int:
@@ -137,6 +202,9 @@ class TreeDrafter:
         law = sampling if sampled else SamplingConfig(temperature=1.0)
         if self.mode == "confident":
             return self._propose_confident(context, law, sampled, min(self.depth, max_depth), generator)
+        if self.mode == "sequoia":
+            depth = len(self.sequoia_choices()[-1])
+            return self._propose_levels(context, law, sampled, min(depth, max_depth), generator)
         return self._propose_levels(context, law, sampled, min(self.depth, max_depth), generator)
 
     def _propose_levels(
@@ -180,6 +248,8 @@ class TreeDrafter:
                 break
             probs = logits_to_probs(self._feed(context, parents, tokens, fed, frontier), law)
         rollback(self.model, context)
+        if self.acceptance is not None:
+            self._proposed = (len(context), tokens, parents, ranks)
         if sampled:
             return self._sampled_tree(tokens, parents, drawn_from)
         if len(tokens) > self.budget and self.mode == "dynamic":
@@ -229,6 +299,25 @@ class TreeDrafter:
 
     def observe(self, context: Sequence[int]) -> None:
         rollback(self.model, context)
+        if self._proposed is not None:
+            self._count_outcome(context)
+
+    def _count_outcome(self, context: Sequence[int]) -> None:
+        """A Sequoia tree's verified step, read from the output: down the path the verifier kept,
+        each node with children offered their ranks, and the child whose token came next (if any)
+        was the one accepted (:meth:`PositionalAcceptance.record`)."""
+        start, tokens, parents, ranks = self._proposed
+        self._proposed = None
+        kids: dict[int, list[int]] = {}
+        for i, par in enumerate(parents):
+            kids.setdefault(par, []).append(i)
+        node, at = -1, start
+        while node in kids and at < len(context):
+            hit = next((i for i in kids[node] if tokens[i] == context[at]), None)
+            self.acceptance.record(len(kids[node]), None if hit is None else ranks[hit][-1])
+            if hit is None:
+                return
+            node, at = hit, at + 1
 
     def _ranks(self, prefix: tuple[int, ...], room: int | None) -> list[int]:
         """The child ranks a node with rank path ``prefix`` gets, at most ``room`` (dynamic trees)."""
@@ -285,7 +374,7 @@ class Trees(Drafter):
         self.drafter.observe(context)
 
 
-TREE_MODES = ("confident", "dynamic", "static")
+TREE_MODES = ("confident", "dynamic", "sequoia", "static")
 
 
 def _resolve_mode(

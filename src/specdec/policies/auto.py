@@ -53,6 +53,15 @@ planner prices from the draft model's own cost curve. That catch-up serves every
 drafts from it, so a step is charged the share its expected tokens take of the tokens left to
 generate: T(k) + C * E(k) / room. A draft model that does not pay per step is never caught up.
 
+The same curves size two other shapes. A Sequoia tree (Chen et al. 2024; ``mode=sequoia`` without
+a budget) holds the node budget n whose optimal tree (:mod:`specdec.sequoia`) has the most
+expected tokens per second, (1 + E(n)) / (draft(n) + target(n + 1 rows)) (:func:`sequoia_budget`,
+curves of up to :data:`SEQUOIA_ROWS` rows). The cascade drafter
+(:mod:`specdec.drafters.cascade`) offers the lookup and its cascaded draft model as two sources,
+weighed as for ``ngram+model``, its model tokens priced as full draft-model passes (an upper bound:
+the vertical cascade saves some); where :meth:`AutoPolicy.keep_going` stops the draft model, the
+lookup continues the chain for free (the horizontal cascade's switch position).
+
 When no draft would pay even if it were always accepted, the planner never drafts and the output
 is the target's own autoregressive chain. When a draft could pay but the estimates say it does
 not, it drafts one token -- a probe, so the estimates can recover when the text becomes
@@ -75,6 +84,7 @@ from specdec.drafters.base import DraftCost, Drafter
 from specdec.measurements import cache_file, cost_key
 from specdec.paths import load_measurement, save_measurement
 from specdec.policies.base import DEFAULT_K_MAX, AcceptanceEstimates, DraftLengthPolicy, Plan, check_k
+from specdec.sequoia import optimal_trees
 from specdec.stats import Step
 
 MAX_ROWS = 16  # the longest verify pass measured (k_max drafts + 1)
@@ -236,6 +246,45 @@ def best_length(alphas: Sequence[float], times: Sequence[float]) -> tuple[int, f
         rate = expected / times[k]
         if rate > best[2] * (1.0 + 1e-12):
             best = (k, expected, rate)
+    return best
+
+
+# The most nodes a Sequoia tree whose budget the cost curves choose may hold, and the rows of the
+# curves measured for it (its verify pass scores the root and every node).
+SEQUOIA_MAX_BUDGET = 31
+SEQUOIA_ROWS = SEQUOIA_MAX_BUDGET + 1
+
+
+def tree_draft_cost(choices: Sequence[tuple[int, ...]], draft: CostModel | None) -> float:
+    """Seconds a draft model with the cost curve ``draft`` (None: a free drafter) takes to draft
+    the static tree ``choices`` as :class:`~specdec.drafters.tree.TreeDrafter` does: a one-row
+    pass after the context, then one pass per level over that level's nodes that have children."""
+    if draft is None or not choices:
+        return 0.0
+    parents: dict[int, set[tuple[int, ...]]] = {}
+    for path in choices:
+        if len(path) > 1:
+            parents.setdefault(len(path) - 1, set()).add(path[:-1])
+    return draft.target_cost(1) + sum(draft.target_cost(len(nodes)) for nodes in parents.values())
+
+
+def sequoia_budget(
+    p: Sequence[float], costs: CostModel, *, max_budget: int = SEQUOIA_MAX_BUDGET, depth: int | None = None,
+) -> tuple[tuple[tuple[int, ...], ...], float, float]:
+    """The hardware-aware Sequoia tree (Chen et al. 2024): among the optimal trees of every budget
+    n = 1..max_budget for the positional acceptance vector ``p`` (:func:`specdec.sequoia.optimal_trees`),
+    the one with the most expected tokens per second, (1 + E(n)) / (draft(n) + target(n + 1 rows)):
+    the target's pass from ``costs.target``, the draft's level passes from ``costs.draft_rows``
+    (:func:`tree_draft_cost`; None: drafting taken as free). Ties go to the smaller tree.
+    Returns (its choices, 1 + E, expected tokens per second)."""
+    draft = CostModel(costs.draft_rows) if costs.draft_rows else None
+    best: tuple[tuple[tuple[int, ...], ...], float, float] = ((), 1.0, 0.0)
+    for choices, value in optimal_trees(p, max_budget, depth)[1:]:
+        if not choices:
+            continue
+        rate = (1.0 + value) / (tree_draft_cost(choices, draft) + costs.target_cost(len(choices) + 1))
+        if rate > best[2] * (1.0 + 1e-12):
+            best = (choices, 1.0 + value, rate)
     return best
 
 

@@ -43,16 +43,20 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import specdec
 from specdec.api import eos_token_ids_of
+from specdec.datastore import MAX_MATCH
 from specdec.config import DecodeConfig
 from specdec.server import requests as rq
 from specdec.server.guard import LOOPBACK_HOSTS, MAX_BODY_BYTES, Guard
 from specdec.build import as_backend, is_backend
 from specdec.drafters import NEEDS
+from specdec.server.logprobs import TokenText
 from specdec.server.metrics import Metrics
+from specdec.server.tools import ToolCallParser
 from specdec.server.prompt_cache import DEFAULT_BUDGET_MIB, PromptCache
 from specdec.server.requests import APIError, ChatBody, CompletionBody, Generation
 from specdec.server.worker import Job, ModelThread, QueueFull, Scheduler
 
+SYSTEM_FINGERPRINT = f"fp_specdec_{specdec.__version__}"  # OpenAI's field: which server build answered
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 GRACE_SECONDS = 0.5  # past a request's deadline, how long to wait for the worker to notice it
 POLL_SECONDS = 0.25  # how often a waiting non-streamed request checks that its client is still there
@@ -83,6 +87,7 @@ class ServerOptions:
     prompt_cache: bool = True  # keep the models' caches between requests (DecodeConfig.prompt_cache)
     prompt_cache_bytes: int = DEFAULT_BUDGET_MIB << 20  # saved caches of earlier requests (server.prompt_cache)
     seeded_sampler: str = "gumbel"  # the sampler of a request with a seed and no sampler (rq.choose_method)
+    datastore: Any = None  # a specdec.datastore.Datastore each finished output is added to (the retrieval drafter's)
 
 
 def create_app(models: ServedModels, options: ServerOptions, thread: ModelThread | None = None) -> FastAPI:
@@ -93,7 +98,8 @@ def create_app(models: ServedModels, options: ServerOptions, thread: ModelThread
     state = _State(models, options, metrics, scheduler, rq.has_fim_tokens(models.tokenizer),
                    eos_token_ids_of(models.target, models.tokenizer),
                    rq.PromptLimits.of(models.target, models.tokenizer),
-                   PromptCache(options.prompt_cache_bytes) if options.prompt_cache and is_backend(models.target) else None)
+                   PromptCache(options.prompt_cache_bytes) if options.prompt_cache and is_backend(models.target) else None,
+                   TokenText(models.tokenizer))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -121,6 +127,7 @@ class _State:
     eos: set[int]
     limits: rq.PromptLimits
     prompt_cache: PromptCache | None = None
+    token_text: TokenText | None = None
     held: dict[str, Any] = field(default_factory=dict)  # transformers models' backends, kept for the prompt cache
 
     def backends(self, method: DecodeConfig) -> tuple[Any, Any]:
@@ -177,9 +184,10 @@ def _private_routes(state: _State) -> APIRouter:
         _check_stream_options(body)
         if isinstance(body.prompt, str):
             state.limits.check_chars(len(body.prompt) + len(body.suffix or ""), "prompt")
+        constraints = await run_in_threadpool(_constraints, state, body)
         ids = await run_in_threadpool(rq.completion_ids, body, models.tokenizer, state.fim)
         state.limits.check_ids(ids, "prompt")
-        return await _serve(state, request, _generation("completion", ids, body, method, max_tokens))
+        return await _serve(state, request, _generation("completion", ids, body, method, max_tokens, constraints))
 
     @router.post("/v1/chat/completions")
     async def chat(body: ChatBody, request: Request) -> Response:
@@ -191,10 +199,12 @@ def _private_routes(state: _State) -> APIRouter:
                         else (body.max_tokens, "max_tokens"))
         max_tokens = _max_tokens(asked or options.max_tokens, field, options)
         _check_stream_options(body)
-        state.limits.check_chars(sum(len(m.content) + len(m.name or "") for m in body.messages), "messages")
+        body.check_fields()
+        state.limits.check_chars(sum(m.chars() for m in body.messages), "messages")
+        constraints = await run_in_threadpool(_constraints, state, body)
         ids = await run_in_threadpool(rq.chat_prompt, body, models.tokenizer)
         state.limits.check_ids(ids, "messages")
-        return await _serve(state, request, _generation("chat", ids, body, method, max_tokens))
+        return await _serve(state, request, _generation("chat", ids, body, method, max_tokens, constraints))
 
     return router
 
@@ -218,10 +228,42 @@ def _check_stream_options(body: Any) -> None:
         raise APIError(400, "stream_options goes with \"stream\": true", param="stream_options")
 
 
-def _generation(kind: str, ids: list[int], body: Any, method: DecodeConfig, max_tokens: int) -> Generation:
+def _generation(kind: str, ids: list[int], body: Any, method: DecodeConfig, max_tokens: int,
+                constraints: Any) -> Generation:
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return Generation(kind, ids, len(ids), method, rq.sampling_kwargs(body, max_tokens), body.stream,
-                      include_usage, list(body.stop or []))
+                      include_usage, list(body.stop or []), constraints, rq.logprobs_of(body),
+                      isinstance(body, ChatBody) and body.calls_tools)
+
+
+def _constraints(state: _State, body: Any) -> Any:
+    """The request's :class:`~specdec.constraints.Constraints` (None where it asks for none), checked
+    against the model's vocabulary: a bad schema, grammar, penalty or ``logit_bias`` key is an
+    :class:`APIError` naming the request's field. A chat's tools' ``parameters`` schemas are
+    checked each on its own, so the error names the tool."""
+    asked = rq.constraint_fields(body)
+    if isinstance(body, ChatBody) and body.calls_tools:
+        for i, tool in enumerate(body.tools or []):
+            if tool.function.parameters is not None:
+                _check(rq.ConstraintFields({"json_schema": tool.function.parameters},
+                                           {"json_schema": f"tools.{i}.function.parameters"}), state)
+    return _check(asked, state) if asked.any else None
+
+
+def _check(asked: rq.ConstraintFields, state: _State) -> Any:
+    from specdec.constraints import ConstraintError
+
+    try:
+        constraints = asked.build()
+        constraints.check(state.limits.vocab_size)
+    except ConstraintError as err:
+        param = asked.param(err.field)
+        raise APIError(400, f"{param}: {str(err).removeprefix(err.field + ': ')}", param=param) from None
+    except ImportError as err:  # llguidance, for a schema or grammar
+        param = next(iter(asked.params.values()), None)
+        raise APIError(400, f"{param}: this server cannot constrain output: {err.name} is not installed "
+                            f"(pip install {err.name})", param=param) from None
+    return constraints
 
 
 def _check_model(asked: str | None, served: str) -> None:
@@ -257,7 +299,7 @@ async def _serve(state: _State, request: Request, gen: Generation) -> Response:
         return Response(status_code=499)
     if first[0] == "error":
         raise first[1]
-    answer = _Answer(gen, state.models.name)
+    answer = _Answer(gen, state.models.name, state.token_text)
     if gen.stream:
         return StreamingResponse(_events(state, job, first, answer, endpoint),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
@@ -282,17 +324,22 @@ def _job(state: _State, gen: Generation) -> Job:
             state.prompt_cache.prepare(models.target, gen.prompt)
         target, draft = state.backends(gen.method)
         uses_draft = kwargs["draft"] is not None
+        extra = {**({"constraints": gen.constraints} if gen.constraints is not None else {}),
+                 **({"logprobs": gen.logprobs} if gen.logprobs is not None else {})}
         return specdec.stream(target, gen.prompt, tokenizer=tokenizer, **{**kwargs, "draft": draft if uses_draft else None},
-                              **gen.sampling, prompt_cache=state.options.prompt_cache)
+                              **gen.sampling, prompt_cache=state.options.prompt_cache, **extra)
 
     def decode(ids: list[int]) -> str:
         return tokenizer.decode(ids, skip_special_tokens=True)
 
-    def finish(ids: list[int], text: str, stats: Any) -> dict[str, Any]:
+    def finish(ids: list[int], text: str, stats: Any, logprobs: list[Any] | None) -> dict[str, Any]:
         cached = stats.prompt_cached if stats is not None else 0
         state.metrics.prompt_tokens.labels(source="cached").inc(cached)
         state.metrics.prompt_tokens.labels(source="computed").inc(gen.prompt_tokens - cached)
-        return _summary(gen, ids, text, stats, decode, state.eos)
+        if state.options.datastore is not None and ids:  # the output, after the prompt's last tokens it followed
+            tail = list(gen.prompt[-MAX_MATCH:]) if not isinstance(gen.prompt, str) else []
+            state.options.datastore.add(tail + list(ids))
+        return {**_summary(gen, ids, text, stats, decode, state.eos), "logprobs": logprobs, "ids": ids}
 
     return Job(start, decode, finish, time.monotonic() + state.options.request_timeout, asyncio.get_running_loop())
 
@@ -362,56 +409,121 @@ def _sse(obj: dict[str, Any]) -> str:
 
 
 class _Answer:
-    """Builds the OpenAI-shaped response: chunks as steps arrive, or the whole at the end."""
+    """Builds the OpenAI-shaped response: chunks as steps arrive, or the whole at the end.
 
-    def __init__(self, gen: Generation, model: str) -> None:
-        self.gen, self.model = gen, model
+    A chat whose tools may be called reads its text through a :class:`ToolCallParser`: content
+    goes out as ``delta.content``, a call as ``delta.tool_calls`` (first its ``index``, ``id``,
+    ``type`` and name, then pieces of its arguments), and the whole answer is the same
+    parser fed at once, so the deltas add up to ``message.tool_calls``.
+    """
+
+    def __init__(self, gen: Generation, model: str, token_text: TokenText) -> None:
+        self.gen, self.model, self.token_text = gen, model, token_text
         chat = gen.kind == "chat"
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
         self.object = "chat.completion" if chat else "text_completion"
         self.sent_role = False
+        self.parser = ToolCallParser() if gen.tool_calls else None
+        self.ids: list[int] = []  # the tokens streamed so far (for completions' text_offset)
 
     def _head(self, chunk: bool) -> dict[str, Any]:
         obj = self.object + (".chunk" if chunk and self.gen.kind == "chat" else "")
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "system_fingerprint": SYSTEM_FINGERPRINT}
 
-    def _choice(self, text: str | None, finish: str | None, chunk: bool) -> dict[str, Any]:
-        if self.gen.kind == "completion":
-            return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
-        if not chunk:
-            return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                    "finish_reason": finish}
-        delta: dict[str, Any] = {} if text is None else {"content": text}
+    def _logprobs(self, logprobs: list[Any] | None, ids: list[int], before: list[int]) -> dict[str, Any] | None:
+        if logprobs is None:
+            return None
+        if self.gen.kind == "chat":
+            return {"content": self.token_text.chat(logprobs), "refusal": None}
+        return self.token_text.completion(logprobs, self.token_text.offsets(before, ids[:len(logprobs)]))
+
+    def _delta(self, text: str | None, final: bool) -> tuple[dict[str, Any], bool]:
+        """A chunk's delta for ``text`` (and, at the end, what the parser still held); whether a
+        tool call has been seen."""
+        delta: dict[str, Any] = {}
+        if self.parser is None:
+            if text is not None:
+                delta["content"] = text
+        else:
+            pieces = self.parser.feed(text or "") + (self.parser.finish() if final else [])
+            content = "".join(p[1] for p in pieces if p[0] == "content")
+            if content:
+                delta["content"] = content
+            calls: dict[int, dict[str, Any]] = {}
+            for piece in pieces:
+                if piece[0] == "call":
+                    call = self.parser.calls[piece[1]]
+                    calls[piece[1]] = {"index": piece[1], "id": call.id, "type": "function",
+                                       "function": {"name": call.name, "arguments": ""}}
+                elif piece[0] == "arguments":
+                    entry = calls.setdefault(piece[1], {"index": piece[1], "function": {"arguments": ""}})
+                    entry["function"]["arguments"] += piece[2]
+            if calls:
+                delta["tool_calls"] = list(calls.values())
         if not self.sent_role:
             delta = {"role": "assistant", **delta}
             self.sent_role = True
-        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return delta, self.parser is not None and bool(self.parser.calls)
 
     def chunk(self, step: Any) -> dict[str, Any]:
-        return {**self._head(True), "choices": [self._choice(step.text, None, True)],
+        before = list(self.ids)
+        self.ids += step.token_ids
+        logprobs = self._logprobs(step.logprobs, step.token_ids, before)
+        if self.gen.kind == "completion":
+            choice = {"index": 0, "text": step.text, "logprobs": logprobs, "finish_reason": None}
+        else:
+            choice = {"index": 0, "delta": self._delta(step.text, False)[0], "logprobs": logprobs,
+                      "finish_reason": None}
+        return {**self._head(True), "choices": [choice],
                 "speculative": {"token_ids": step.token_ids, "from_draft": step.from_draft,
                                 "draft_chars": step.draft_chars, "drafted": step.drafted}}
 
     def last_chunks(self, rest: str, summary: dict[str, Any]) -> list[dict[str, Any]]:
         """The chunk with finish_reason (and any held-back text), then usage if asked for."""
-        last = {**self._head(True), "choices": [self._choice(rest or None, summary["finish_reason"], True)],
-                "speculative": summary["speculative"]}
-        chunks = [last]
+        reason = summary["finish_reason"]
+        if self.gen.kind == "completion":
+            choice = {"index": 0, "text": rest, "logprobs": None, "finish_reason": reason}
+        else:
+            delta, called = self._delta(rest or None, True)
+            choice = {"index": 0, "delta": delta, "logprobs": None,
+                      "finish_reason": "tool_calls" if called and reason == "stop" else reason}
+        chunks = [{**self._head(True), "choices": [choice], "speculative": summary["speculative"]}]
         if self.gen.include_usage:
             chunks.append({**self._head(True), "choices": [], "usage": summary["usage"]})
         return chunks
 
     def whole(self, summary: dict[str, Any]) -> dict[str, Any]:
-        return {**self._head(False), "choices": [self._choice(summary["text"], summary["finish_reason"], False)],
-                "usage": summary["usage"], "speculative": summary["speculative"]}
+        text, reason, ids = summary["text"], summary["finish_reason"], summary["ids"]
+        logprobs = self._logprobs(summary["logprobs"], ids, [])
+        if self.gen.kind == "completion":
+            choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": reason}
+        else:
+            message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+            if self.parser is not None:
+                self.parser.feed(text)
+                self.parser.finish()
+                calls = self.parser.calls
+                message["content"] = self.parser.content if self.parser.content or not calls else None
+                if calls:
+                    message["tool_calls"] = [{"id": c.id, "type": "function",
+                                              "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
+                    reason = "tool_calls" if reason == "stop" else reason
+            choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": reason}
+        return {**self._head(False), "choices": [choice], "usage": summary["usage"],
+                "speculative": summary["speculative"]}
 
 
 def _summary(gen: Generation, ids: list[int], text: str, stats: Any, decode: Any, eos: set[int]) -> dict[str, Any]:
     """The text, finish_reason, usage and the speculative figures of a finished generation."""
     full = decode(ids)
     ends = eos if gen.sampling.get("eos_token_ids") is None else set(gen.sampling["eos_token_ids"])
-    stopped = bool(ids and ids[-1] in ends) or any(s in full for s in gen.stop)
+    limit = gen.sampling["max_new_tokens"]
+    if stats is not None and stats.truncated_to is not None:  # the context left room for fewer
+        limit = stats.truncated_to
+    # short of the limit: an end token, a stop string, or a grammar that completed ended it
+    stopped = bool(ids and ids[-1] in ends) or any(s in full for s in gen.stop) or len(ids) < limit
     method = gen.method
     spec = {
         "method": str(method), "exact": method.exact, "sampler": "gumbel" if method.gumbel else "multinomial",
@@ -428,6 +540,8 @@ def _summary(gen: Generation, ids: list[int], text: str, stats: Any, decode: Any
         "seconds": stats.seconds if stats else 0.0,
         "tokens_per_second": stats.tokens_per_second if stats else 0.0,
     }
+    # tokens a grammar forced: drafted at no model cost where it allowed one continuation only
+    spec["forced_tokens"] = stats.forced_tokens if stats else 0
     usage = {"prompt_tokens": gen.prompt_tokens, "completion_tokens": len(ids),
              "total_tokens": gen.prompt_tokens + len(ids),
              "prompt_tokens_details": {"cached_tokens": stats.prompt_cached if stats is not None else 0}}

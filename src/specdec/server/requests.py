@@ -1,15 +1,23 @@
 """Request bodies of the OpenAI-style endpoints, and how a request becomes :func:`specdec.stream` arguments.
 
 Bodies are pydantic models with ``extra="forbid"`` and strict types: a field the server does not
-know is refused by name, and a value of the wrong type is never coerced. A few OpenAI fields that
-change nothing at their default value (``echo``, ``logprobs``, the penalties, ...) are accepted at
-that value only, so clients that always send them work, and a request that asks for their effect
-is told the server does not have it.
+know is refused by name, and a value of the wrong type is never coerced. Two OpenAI fields that
+change nothing at their default value (``echo``, ``best_of``) are accepted at that value only, so
+clients that always send them work, and a request that asks for their effect is told the server
+does not have it.
+
+The fields that change the law a token is drawn from (``response_format``, ``grammar``,
+``json_schema``, ``tool_choice`` ``required`` or a named function, the penalties, ``logit_bias``)
+become one :class:`specdec.constraints.Constraints` (:func:`constraint_fields`), applied by the
+library in every verification row, and checked by it (ranges, schemas, grammars, token ids);
+``logprobs`` / ``top_logprobs`` become its ``logprobs=``.
 
 Non-standard fields: ``top_k`` (0 disables), ``ignore_eos`` (generate all ``max_tokens``, as
-llama-server's and vLLM's field does) and ``speculative``: ``{"method": "spec"}``, a method
-in :class:`~specdec.config.DecodeConfig`'s text form (``spec`` is the default method, as
-``specdec generate`` runs it; ``spec:ngram:block:k=8``, ``spec:tree``, ``ar``, ...).
+llama-server's and vLLM's field does), llama-server's ``grammar`` (llguidance Lark text),
+``json_schema`` (a JSON schema), ``repeat_penalty`` and ``repeat_last_n``, and ``speculative``:
+``{"method": "spec"}``, a method in :class:`~specdec.config.DecodeConfig`'s text form (``spec``
+is the default method, as ``specdec generate`` runs it; ``spec:ngram:block:k=8``, ``spec:tree``,
+``ar``, ...).
 
 Text must be valid Unicode: JSON can spell a lone UTF-16 surrogate (``"\\ud800"``), which no
 tokenizer can encode, so it is refused by field. :class:`PromptLimits` checks a prompt against the
@@ -22,19 +30,19 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal, Sequence
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from specdec.config import SEED_RANGE, ConfigError, DecodeConfig, text_spelling
 from specdec.drafters import MODEL_DRAFTERS
+from specdec.server import tools
 
 MAX_STOP = 4  # as OpenAI's API
 FIM_TOKENS = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")
 # Fields accepted only at the value that makes them do nothing.
-_NEUTRAL = {
-    "echo": (False,), "logprobs": (None, False), "top_logprobs": (None, 0), "best_of": (None, 1),
-    "presence_penalty": (None, 0), "frequency_penalty": (None, 0), "logit_bias": (None, {}),
-    "parallel_tool_calls": (None,), "tools": (None, []), "tool_choice": (None, "none"),
-}
+_NEUTRAL = {"echo": (False,), "best_of": (None, 1)}
+MAX_TOP_LOGPROBS = 20  # chat's top_logprobs, as OpenAI's API
+MAX_COMPLETION_LOGPROBS = 5  # completions' logprobs, as OpenAI's API
+_NAME = r"^[A-Za-z0-9_-]{1,64}$"  # a function's or a schema's name, as OpenAI's API
 
 
 class APIError(Exception):
@@ -65,6 +73,29 @@ class SpeculativeOptions(BaseModel):
     method: str
 
 
+class JSONSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    name: str = Field(pattern=_NAME)
+    description: str | None = None
+    schema_: dict[str, Any] | bool | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """``text``, ``json_object`` (any JSON object) or ``json_schema`` (``{name, schema, strict}``)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self) -> "ResponseFormat":
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError('json_schema goes with "type": "json_schema", and that type needs it: '
+                             '{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}')
+        return self
+
+
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -81,10 +112,22 @@ class _Body(BaseModel):
     stream_options: StreamOptions | None = None
     user: str | None = None  # a label for the caller; it changes nothing
     speculative: SpeculativeOptions | None = None
-    presence_penalty: Any = None
-    frequency_penalty: Any = None
-    logit_bias: Any = None
-    logprobs: Any = None
+    response_format: ResponseFormat | None = None
+    grammar: str | None = None  # llama-server's: llguidance Lark text
+    json_schema: dict[str, Any] | bool | None = None  # llama-server's
+    # Their ranges (and logit_bias's keys against the vocabulary) are Constraints.check's.
+    presence_penalty: float | None = None  # -2..2
+    frequency_penalty: float | None = None  # -2..2
+    logit_bias: dict[str, float] | None = None  # token id (as a string) -> -100..100
+    repeat_penalty: float | None = None  # llama-server's; > 0, 1 is off
+    repeat_last_n: int | None = None  # llama-server's; -1 the whole context, 0 off
+
+    @field_validator("grammar")
+    @classmethod
+    def _grammar(cls, grammar: str | None) -> str | None:
+        if grammar is not None and not grammar.strip():
+            raise ValueError("grammar is empty: give an llguidance Lark grammar, e.g. 'start: \"yes\" | \"no\"'")
+        return grammar if grammar is None else unicode_text(grammar, "grammar")
 
     @field_validator("speculative", mode="before")
     @classmethod
@@ -115,8 +158,7 @@ class _Body(BaseModel):
             raise ValueError(f"stop takes at most {MAX_STOP} strings, got {len(stops)}")
         return [unicode_text(s, "stop") for s in stops]
 
-    @field_validator("presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "echo", "best_of",
-                     "top_logprobs", "tools", "tool_choice", "parallel_tool_calls", check_fields=False)
+    @field_validator("echo", "best_of", check_fields=False)
     @classmethod
     def _neutral(cls, value: Any, info: Any) -> Any:
         allowed = _NEUTRAL[info.field_name]
@@ -132,6 +174,7 @@ class CompletionBody(_Body):
     max_tokens: int | None = Field(None, ge=1)
     echo: Any = False
     best_of: Any = None
+    logprobs: int | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)  # the top n with the chosen token
 
     @field_validator("prompt")
     @classmethod
@@ -155,16 +198,63 @@ class CompletionBody(_Body):
         return suffix if suffix is None else unicode_text(suffix, "suffix")
 
 
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    name: str
+    arguments: str
+
+    @field_validator("arguments")
+    @classmethod
+    def _json_object(cls, arguments: str) -> str:
+        try:
+            value = json.loads(unicode_text(arguments, "arguments"))
+        except ValueError:
+            raise ValueError("arguments must be a JSON object in a string, e.g. '{\"city\": \"Paris\"}'") from None
+        if not isinstance(value, dict):
+            raise ValueError("arguments must be a JSON object in a string, e.g. '{\"city\": \"Paris\"}'")
+        return arguments
+
+
+class MessageToolCall(BaseModel):
+    """A call an earlier assistant turn made (``message.tool_calls`` sent back in the history)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
-    role: Literal["system", "developer", "user", "assistant"]
-    content: Any
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     name: str | None = None
+    tool_calls: list[MessageToolCall] | None = None  # an assistant's calls
+    tool_call_id: str | None = None  # a tool message: the call it answers
+    content: Any = Field(None, validate_default=True)  # last: its check reads the fields above
+
+    @field_validator("tool_calls")
+    @classmethod
+    def _calls_by_the_assistant(cls, calls: Any, info: Any) -> Any:
+        if calls is not None and info.data.get("role") != "assistant":
+            raise ValueError("tool_calls go on an assistant message")
+        return calls
+
+    @field_validator("tool_call_id")
+    @classmethod
+    def _id_on_a_tool_message(cls, call_id: str | None, info: Any) -> str | None:
+        if call_id is not None and info.data.get("role") != "tool":
+            raise ValueError("tool_call_id goes on a tool message (role \"tool\")")
+        return call_id if call_id is None else unicode_text(call_id, "text")
 
     @field_validator("content")
     @classmethod
-    def _content(cls, content: Any) -> str:
-        """Text, or a list of ``{"type": "text", "text": ...}`` parts (joined)."""
+    def _content(cls, content: Any, info: Any) -> str | None:
+        """Text, or a list of ``{"type": "text", "text": ...}`` parts (joined); None only on an
+        assistant message that makes tool calls."""
+        if content is None:
+            if info.data.get("role") == "assistant" and info.data.get("tool_calls"):
+                return None
+            raise ValueError("content is missing: every message but an assistant's tool calls has content")
         if isinstance(content, str):
             return unicode_text(content, "text")
         if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
@@ -178,15 +268,81 @@ class ChatMessage(BaseModel):
     def _name(cls, name: str | None) -> str | None:
         return name if name is None else unicode_text(name, "text")
 
+    def chars(self) -> int:
+        """Characters of text this message puts in the prompt, before the template."""
+        calls = sum(len(c.function.name) + len(c.function.arguments) for c in self.tool_calls or [])
+        return len(self.content or "") + len(self.name or "") + calls
+
+
+class FunctionDefinition(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    name: str = Field(pattern=_NAME)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema of the arguments object
+    strict: bool | None = None
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    type: Literal["function"]
+    function: NamedFunction
+
 
 class ChatBody(_Body):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    top_logprobs: Any = None
-    tools: Any = None
-    tool_choice: Any = None
-    parallel_tool_calls: Any = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+
+    @field_validator("tools")
+    @classmethod
+    def _distinct_names(cls, tools: list[Tool] | None) -> list[Tool] | None:
+        names = [t.function.name for t in tools or []]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"tools: the function name {twice[0]!r} is given twice; names must differ")
+        return tools
+
+    def check_fields(self) -> None:
+        """The rules that tie fields together: an :class:`APIError` naming the field."""
+        if self.top_logprobs is not None and not self.logprobs:
+            raise APIError(400, "top_logprobs needs \"logprobs\": true", param="top_logprobs")
+        if self.tool_choice is not None and self.tool_choice != "none" and not self.tools:
+            raise APIError(400, "tool_choice needs tools: give the functions in tools", param="tool_choice")
+        if isinstance(self.tool_choice, NamedToolChoice):
+            name = self.tool_choice.function.name
+            if name not in {t.function.name for t in self.tools or []}:
+                raise APIError(400, f"tool_choice.function.name: {name!r} is not the name of a function in tools",
+                               param="tool_choice.function.name")
+
+    @property
+    def calls_tools(self) -> bool:
+        """Whether the model is shown the tools and its calls are read (``tool_choice`` is not ``none``)."""
+        return bool(self.tools) and self.tool_choice != "none"
+
+    @property
+    def forced_functions(self) -> list[dict[str, Any]]:
+        """The functions a call is forced to (``required``: any; a named one: that one); [] if none."""
+        if not self.calls_tools or self.tool_choice in (None, "auto"):
+            return []
+        named = self.tool_choice.function.name if isinstance(self.tool_choice, NamedToolChoice) else None
+        return [t.function.model_dump(exclude_none=True) for t in self.tools or []
+                if named is None or t.function.name == named]
 
 
 def unicode_text(text: str, what: str) -> str:
@@ -218,6 +374,9 @@ class Generation:
     stream: bool = False
     include_usage: bool = False
     stop: list[str] = field(default_factory=list)
+    constraints: Any = None  # a specdec.constraints.Constraints, or None
+    logprobs: int | None = None  # None: none; 0: the chosen token's; n: also the top n
+    tool_calls: bool = False  # read tool calls out of the answer (server.tools.ToolCallParser)
 
 
 @dataclass(frozen=True)
@@ -311,6 +470,91 @@ def method_kwargs(method: DecodeConfig, draft: Any, draft_weights: str) -> dict[
             "draft": draft if method.drafter in MODEL_DRAFTERS else None}
 
 
+@dataclass(frozen=True)
+class ConstraintFields:
+    """:class:`specdec.constraints.Constraints`' fields a request asks for, and for each the request
+    field that gave it (to name in an error)."""
+
+    fields: dict[str, Any]
+    params: dict[str, str]
+
+    @property
+    def any(self) -> bool:
+        return bool(self.fields)
+
+    def build(self) -> Any:
+        from specdec.constraints import Constraints
+
+        return Constraints(**self.fields)
+
+    def param(self, field: str | None) -> str | None:
+        """The request field behind ``field`` (a ConstraintError's), or None."""
+        return self.params.get(field or "", field)
+
+
+_PENALTIES = ("presence_penalty", "frequency_penalty", "repeat_penalty", "repeat_last_n")
+
+
+def constraint_fields(body: _Body) -> ConstraintFields:
+    """The constraints a request asks for: at most one shape of the answer (``response_format``,
+    ``json_schema``, ``grammar``, or the grammar of a forced tool call), the penalties and
+    ``logit_bias``. Two shapes at once are an :class:`APIError` naming the second."""
+    shapes: list[tuple[str, str, Any]] = []  # (request field, Constraints field, value)
+    form = body.response_format
+    if form is not None and form.type == "json_object":
+        shapes.append(("response_format", "json_schema", {"type": "object"}))
+    elif form is not None and form.type == "json_schema":
+        schema = form.json_schema.schema_ if form.json_schema.schema_ is not None else {"type": "object"}
+        shapes.append(("response_format.json_schema.schema", "json_schema", schema))
+    if body.json_schema is not None:
+        shapes.append(("json_schema", "json_schema", body.json_schema))
+    if body.grammar is not None:
+        shapes.append(("grammar", "grammar", body.grammar))
+    if len(shapes) > 1:
+        second = shapes[1][0].split(".")[0]
+        raise APIError(400, f"{second}: give one of response_format, json_schema and grammar, not several",
+                       param=second)
+    fields: dict[str, Any] = {}
+    params: dict[str, str] = {}
+    forced = body.forced_functions if isinstance(body, ChatBody) else []
+    several = isinstance(body, ChatBody) and body.parallel_tool_calls is not False
+    if forced:
+        if shapes:
+            raise APIError(400, f"tool_choice: {_choice_text(body)} makes the answer a tool call; drop "
+                                f"{shapes[0][0].split('.')[0]} or use \"tool_choice\": \"auto\"", param="tool_choice")
+        fields["grammar"] = tools.tool_grammar(forced, several=several and body.tool_choice == "required")
+        params["grammar"] = "tools"
+    elif shapes and isinstance(body, ChatBody) and body.calls_tools:
+        param, kind, value = shapes[0]
+        if kind == "grammar":
+            raise APIError(400, "grammar: a grammar cannot go with tools (the answer may be a tool call); use "
+                                "response_format or json_schema, or \"tool_choice\": \"none\"", param="grammar")
+        functions = [t.function.model_dump(exclude_none=True) for t in body.tools or []]
+        fields["grammar"] = tools.tool_grammar(functions, several=several, content_schema=value)
+        params["grammar"] = param
+    elif shapes:
+        param, kind, value = shapes[0]
+        fields[kind], params[kind] = value, param
+    for name in _PENALTIES:
+        if getattr(body, name) is not None:
+            fields[name] = getattr(body, name)
+    if body.logit_bias:
+        fields["logit_bias"] = dict(body.logit_bias)  # string keys: Constraints reads them as token ids
+    return ConstraintFields(fields, params)
+
+
+def _choice_text(body: ChatBody) -> str:
+    choice = body.tool_choice
+    return f"the named function {choice.function.name!r}" if isinstance(choice, NamedToolChoice) else f'"{choice}"'
+
+
+def logprobs_of(body: _Body) -> int | None:
+    """The library's ``logprobs=``: None for none, 0 for the chosen token's, n for the top n too."""
+    if isinstance(body, ChatBody):
+        return (body.top_logprobs or 0) if body.logprobs else None
+    return body.logprobs
+
+
 def sampling_kwargs(body: _Body, max_tokens: int) -> dict[str, Any]:
     return dict(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, max_new_tokens=max_tokens,
                 seed=body.seed, stop=list(body.stop or []), **({"eos_token_ids": []} if body.ignore_eos else {}))
@@ -345,10 +589,16 @@ def completion_prompt(body: CompletionBody, tokenizer: Any, fim: bool) -> str | 
 
 
 def chat_prompt(body: ChatBody, tokenizer: Any) -> list[int]:
+    """The messages (and the tools, unless ``tool_choice`` is ``none``) through the chat template
+    (see :mod:`specdec.server.tools` for templates that do not take tools)."""
     if not getattr(tokenizer, "chat_template", None):
         raise APIError(400, "messages: this model has no chat template; use /v1/completions", param="messages")
     messages = [m.model_dump(exclude_none=True) for m in body.messages]
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    listed = [t.model_dump(exclude_none=True) for t in body.tools or []] if body.calls_tools else None
+    native = tools.template_takes_tools(tokenizer)
+    messages, given = tools.template_messages(messages, listed, native)
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                        **({"tools": given} if given else {}))
     return [int(t) for t in (ids["input_ids"] if isinstance(ids, dict) else ids)]
 
 

@@ -47,17 +47,18 @@ class Chunk:
     from_draft: list[bool]
     draft_chars: int  # how many characters of text draft tokens wrote (see specdec.api.StreamEvent)
     drafted: int
+    logprobs: list[Any] | None = None  # one specdec.api.TokenLogprob per token, where the request asked
 
 
 @dataclass
 class Job:
     """One request's generation. ``start`` (called on the worker thread) returns the token stream
-    and raises ``ValueError`` for bad input; ``finish`` turns the token ids, the final text and the
-    stats into the end summary."""
+    and raises ``ValueError`` for bad input; ``finish`` turns the token ids, the final text, the
+    stats and the tokens' log-probabilities (None where not asked for) into the end summary."""
 
     start: Callable[[], Iterator[Any]]
     decode: Callable[[list[int]], str]
-    finish: Callable[[list[int], str, Any], dict[str, Any]]
+    finish: Callable[[list[int], str, Any, list[Any] | None], dict[str, Any]]
     deadline: float  # time.monotonic() by which the last token must be out
     loop: asyncio.AbstractEventLoop
     arrived: float = field(default_factory=time.monotonic)
@@ -220,6 +221,7 @@ class Scheduler:
         drafted = 0
         last = job.arrived
         stats = None
+        logprobs: list[Any] | None = None
         for event in events:
             stats = event.stats
             if not event.token_ids:  # no step: the held text, released at the end
@@ -228,7 +230,9 @@ class Scheduler:
             now = time.monotonic()  # each step is one target forward pass
             job.steps += 1
             step = Chunk(list(event.token_ids), event.text, list(event.from_draft), event.draft_chars,
-                        stats.drafted_tokens - drafted)
+                         stats.drafted_tokens - drafted, getattr(event, "logprobs", None))
+            if step.logprobs is not None:
+                logprobs = (logprobs or []) + list(step.logprobs)
             self.metrics.step(len(step.token_ids), step.drafted, sum(step.from_draft),
                               None if job.steps == 1 else now - last)
             if job.steps == 1:
@@ -248,7 +252,7 @@ class Scheduler:
                 return
         self.metrics.request_seconds.observe(time.monotonic() - job.arrived)
         job.outcome = "ok"
-        job.post("done", (rest, job.finish(ids, sent + rest, stats)))
+        job.post("done", (rest, job.finish(ids, sent + rest, stats, logprobs)))
 
 
 def _timeout() -> APIError:

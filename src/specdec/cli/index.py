@@ -1,0 +1,118 @@
+"""``specdec index PATH...``: tokenize files into a retrieval datastore (:mod:`specdec.datastore`)
+that ``--drafter retrieval`` (or ``retrieval+model``) drafts from with ``--datastore NAME``.
+
+Every text file under the paths (folders recursively, hidden entries and binary or non-UTF-8
+files skipped) is one document, tokenized with the target's tokenizer (``--model``). The store is
+written to ``<cache>/datastores/<NAME>.npz`` (``--name``, default: the first path's name) or to
+``--output``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+from specdec import models, packs
+from specdec.datastore import Datastore, store_path
+from specdec.options import CLIError, check_cache_dir, positive_int
+
+MAX_FILE_BYTES = 8 << 20  # larger files are skipped (data, not text a model would repeat)
+
+
+def add_index_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "index", help="tokenize files into a datastore for the retrieval drafter",
+        description="Tokenize the text files under PATH... (folders recursively) into a retrieval datastore "
+                    "that --drafter retrieval or retrieval+model searches (--datastore NAME).",
+    )
+    parser.add_argument("paths", nargs="+", metavar="PATH", help="files or folders to index")
+    parser.add_argument("--name", default=None,
+                        help="the store's name, what --datastore takes (default: the first path's name)")
+    parser.add_argument("--output", default=None, metavar="FILE",
+                        help="write the store to this .npz file instead of the cache")
+    parser.add_argument("--model", default=models.DEFAULT_TARGET, metavar="MODEL",
+                        help=f"whose tokenizer: a pack name, a Hugging Face model directory or a .gguf file "
+                             f"(default: {models.DEFAULT_TARGET}; use the target you will decode with)")
+    parser.add_argument("--max-tokens", type=positive_int, default=None, metavar="N",
+                        help="keep at most N tokens, the files read last kept (default: all)")
+    parser.add_argument("--cache-dir", default=None, metavar="DIR",
+                        help=f"the cache the store is written to (default: ${models.CACHE_ENV} or ~/.cache/specdec)")
+    parser.set_defaults(func=run_index)
+
+
+def run_index(args: argparse.Namespace) -> int:
+    check_cache_dir(args.cache_dir, create=True)
+    roots = [Path(p).expanduser() for p in args.paths]
+    for root in roots:
+        if not root.exists():
+            raise CLIError(f"no such file or folder: {root}", "give files or folders to index", 2)
+    name = args.name or roots[0].resolve().name or "corpus"
+    out = Path(args.output).expanduser() if args.output else store_path(name, args.cache_dir)
+    t0 = time.perf_counter()
+    tokenizer = load_tokenizer(args.model, args.cache_dir)
+    store = Datastore(args.max_tokens)
+    files = skipped = 0
+    for path in text_files(roots):
+        text = _read_text(path)
+        if text is None:
+            skipped += 1
+            continue
+        store.add(tokenizer(text, add_special_tokens=False)["input_ids"])
+        files += 1
+    if not files:
+        raise CLIError(f"no text files under {', '.join(map(str, roots))}", "point at files or folders of text", 1)
+    store.meta = {"model": args.model, "vocab_size": len(tokenizer), "files": files}
+    store.save(out)
+    seconds = time.perf_counter() - t0
+    print(f"specdec: indexed {files} files ({len(store)} tokens; {skipped} skipped) with the {args.model} "
+          f"tokenizer in {seconds:.1f} s into {out}")
+    print(f"use it with: specdec generate ... --drafter retrieval+model --datastore {args.output or name}",
+          file=sys.stderr)
+    return 0
+
+
+def text_files(roots: list[Path]) -> Iterator[Path]:
+    """Every file under ``roots`` (a root that is a file is itself), hidden entries skipped, in name order."""
+    for root in roots:
+        if root.is_file():
+            yield root
+            continue
+        for path in sorted(root.rglob("*")):
+            rel = path.relative_to(root).parts
+            if path.is_file() and not any(part.startswith(".") for part in rel):
+                yield path
+
+
+def _read_text(path: Path) -> str | None:
+    """The file's text, or None for a binary, non-UTF-8, empty or oversized file."""
+    try:
+        if path.stat().st_size > MAX_FILE_BYTES:
+            return None
+        data = path.read_bytes()
+    except OSError:
+        return None
+    if not data or b"\0" in data[:8192]:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def load_tokenizer(name_or_path: str, cache_dir: str | None) -> Any:
+    """The tokenizer of a pack (read from its GGUF), a Hugging Face model directory or a .gguf file."""
+    from transformers import AutoTokenizer
+
+    pack = models.PACKS.get(name_or_path)
+    path = Path(name_or_path).expanduser()
+    if pack is not None:
+        return models._gguf_tokenizer(pack, packs.gguf_file(pack, cache_dir, progress=False), cache_dir)
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return models._gguf_tokenizer(None, path, cache_dir)
+    if path.is_dir():
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    raise CLIError(f"unknown model {name_or_path!r}: not a pack name and no such file or directory",
+                   f"choose a pack ({', '.join(models.PACKS)}) or a local model directory or .gguf file", 2)
