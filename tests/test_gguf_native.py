@@ -29,7 +29,7 @@ from specdec.backends import gguf as native  # noqa: E402
 from specdec.backends.base import SNAPSHOTS, TREES, capabilities  # noqa: E402
 from specdec.token_tree import TokenTree, forward_tree, keep_path  # noqa: E402
 
-TYPES = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q8_0, T.Q4_K, T.Q6_K]
+TYPES = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q8_0, T.Q4_K, T.Q6_K]
 K_TYPES = (T.Q4_K, T.Q6_K)
 FLOAT_TYPES = (T.F32, T.F16, T.BF16)
 
@@ -144,8 +144,8 @@ def test_dequantized_rows_are_those_of_gguf_quants(lib, qtype):
 def test_unsupported_types_and_shapes_are_refused(lib):
     assert native.row_bytes(int(T.Q5_K), 256) == -1
     assert native.row_bytes(int(T.Q4_K), 300) == -1  # not whole blocks
-    with pytest.raises(ValueError, match="Q5_0"):
-        native.matmul(np.zeros((2, 22), np.uint8), int(T.Q5_0), 32, torch.zeros(1, 32))
+    with pytest.raises(ValueError, match="Q5_1"):
+        native.matmul(np.zeros((2, 24), np.uint8), int(T.Q5_1), 32, torch.zeros(1, 32))
 
 
 # -- (b) batch invariance, (c) portable == AVX2 ----------------------------------------------------
@@ -375,8 +375,8 @@ def test_a_tiny_models_rows_are_batch_invariant(tiny):
 
 def test_unsupported_types_and_architectures_are_refused_at_load(tmp_path, lib):
     path = tmp_path / "q5.gguf"
-    write_tiny_gguf(path, "llama", override={"ffn_up": T.Q5_0})
-    with pytest.raises(ValueError, match=r"Q5_0.*--backend llamacpp"):
+    write_tiny_gguf(path, "llama", override={"ffn_up": T.Q5_1})
+    with pytest.raises(ValueError, match=r"Q5_1.*--backend llamacpp"):
         native.load_gguf_native(path)
     other = tmp_path / "gemma.gguf"
     write_tiny_gguf(other, "gemma")

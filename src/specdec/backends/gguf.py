@@ -20,6 +20,7 @@ Block formats (ggml's; each block holds fp16 scales and packed integers):
 
 - ``Q4_0``: 32 weights, ``d`` and 16 bytes of nibbles, w = d * (q - 8);
 - ``Q4_1``: 32 weights, ``d``, ``m`` and 16 bytes of nibbles, w = d * q + m;
+- ``Q5_0``: 32 weights, ``d``, 32 high bits and 16 bytes of nibbles, w = d * (q - 16) (q of 5 bits);
 - ``Q8_0``: 32 weights, ``d`` and 32 signed bytes, w = d * q;
 - ``Q4_K``: 256 weights, ``d``, ``dmin``, 12 bytes holding 8 six-bit scales and mins, 128 bytes of
   nibbles; sub-block s of 32 has w = d * sc[s] * q - dmin * m[s];
@@ -74,7 +75,7 @@ LIBS = ["-lm"]  # after the source file
 PORTABLE_ENV = "SPECDEC_GGUF_PORTABLE"  # "1": run the portable C path even where AVX2 is available
 
 # ggml type ids this backend's kernel multiplies.
-TYPE_NAMES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 8: "Q8_0", 12: "Q4_K", 14: "Q6_K", 30: "BF16"}
+TYPE_NAMES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 8: "Q8_0", 12: "Q4_K", 14: "Q6_K", 30: "BF16"}
 ARCHITECTURES = {"llama": False, "qwen2": True}  # architecture -> NEOX rope (pairs i, i + d/2)
 DEFAULT_CTX = 4096
 TREE_SLACK = 256  # cache rows beyond max_context, for token trees' nodes

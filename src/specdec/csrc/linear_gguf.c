@@ -53,7 +53,7 @@
 #define GG_AVX2 1
 #endif
 
-enum { T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q8_0 = 8, T_Q4_K = 12, T_Q6_K = 14, T_BF16 = 30 };
+enum { T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q8_0 = 8, T_Q4_K = 12, T_Q6_K = 14, T_BF16 = 30 };
 
 #define RT 16 /* rows applied to one decoded weight block before the next tile of rows */
 #define CHUNK_BYTES 262144 /* weights per unit of work handed to a thread (long runs: the prefetchers stream) */
@@ -148,7 +148,7 @@ static inline void q4k_scales(const uint8_t *s, uint8_t sc[8], uint8_t m[8]) {
 static int block_elems(int type) {
     switch (type) {
     case T_F32: case T_F16: case T_BF16: return 1;
-    case T_Q4_0: case T_Q4_1: case T_Q8_0: return 32;
+    case T_Q4_0: case T_Q4_1: case T_Q5_0: case T_Q8_0: return 32;
     case T_Q4_K: case T_Q6_K: return 256;
     default: return 0;
     }
@@ -160,6 +160,7 @@ static int block_bytes(int type) {
     case T_F16: case T_BF16: return 2;
     case T_Q4_0: return 18;
     case T_Q4_1: return 20;
+    case T_Q5_0: return 22;
     case T_Q8_0: return 34;
     case T_Q4_K: return 144;
     case T_Q6_K: return 210;
@@ -334,6 +335,18 @@ static void kq_scalar(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t 
     }
 }
 
+/* Q5_0: d (fp16), 32 high bits qh, 16 bytes of low nibbles; value i has nibble i of qs (the low
+ * nibbles first, then the high ones) and bit i of qh above it, w = d * (q - 16). */
+static inline void q5_0_values(const uint8_t *blk, int q[32]) {
+    uint32_t qh;
+    memcpy(&qh, blk + 2, 4);
+    const uint8_t *qs = blk + 6;
+    for (int i = 0; i < 16; i++) {
+        q[i] = ((qs[i] & 0xF) | (((qh >> i) & 1) << 4)) - 16;
+        q[i + 16] = ((qs[i] >> 4) | (((qh >> (i + 16)) & 1) << 4)) - 16;
+    }
+}
+
 static void k32_scalar(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t nr, const Out *o) {
     const Acts *A = o->a;
     const int64_t n_in = A->n_in, nb = n_in / 32;
@@ -350,6 +363,8 @@ static void k32_scalar(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t
             float m = 0.0f;
             if (s->type == T_Q8_0) {
                 for (int i = 0; i < 32; i++) q[i] = (int8_t)blk[2 + i];
+            } else if (s->type == T_Q5_0) {
+                q5_0_values(blk, q);
             } else {
                 const uint8_t *qs = blk + (s->type == T_Q4_1 ? 4 : 2);
                 const int off = s->type == T_Q4_0 ? 8 : 0;
@@ -653,6 +668,17 @@ static inline __attribute__((always_inline)) void k32_group(const Seg *s, const 
         __m256i w;
         if (type == T_Q8_0) {
             w = _mm256_loadu_si256((const __m256i *)(blk + 2));
+        } else if (type == T_Q5_0) {
+            const __m128i bits = _mm_loadu_si128((const __m128i *)(blk + 6));
+            uint32_t qh;
+            memcpy(&qh, blk + 2, 4);
+            /* byte i of `high` is 0x10 where bit i of qh is set (each byte reads its own bit) */
+            const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh),
+                _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL, 0x0101010101010101LL, 0));
+            const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+            const __m256i high = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
+            w = _mm256_or_si256(_mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(bits, 4), m4), _mm_and_si128(bits, m4)), high);
+            w = _mm256_sub_epi8(w, _mm256_set1_epi8(16));
         } else {
             const __m128i bits = _mm_loadu_si128((const __m128i *)(blk + (type == T_Q4_1 ? 4 : 2)));
             w = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(bits, 4), m4), _mm_and_si128(bits, m4));
@@ -740,7 +766,7 @@ static void run_seg(const Seg *s, int64_t j0, int64_t j1, int64_t n_rows, const 
     switch (s->type) {
     case T_Q4_K: k = kq_scalar; break;
     case T_Q6_K: k = kq_scalar; break;
-    case T_Q4_0: case T_Q4_1: case T_Q8_0: k = k32_scalar; break;
+    case T_Q4_0: case T_Q4_1: case T_Q5_0: case T_Q8_0: k = k32_scalar; break;
     default: k = kf_scalar; break;
     }
 #ifdef GG_AVX2
@@ -748,7 +774,7 @@ static void run_seg(const Seg *s, int64_t j0, int64_t j1, int64_t n_rows, const 
         switch (s->type) {
         case T_Q4_K: k = q4k_avx2; break;
         case T_Q6_K: k = q6k_avx2; break;
-        case T_Q4_0: case T_Q4_1: case T_Q8_0: k = k32_avx2; break;
+        case T_Q4_0: case T_Q4_1: case T_Q5_0: case T_Q8_0: k = k32_avx2; break;
         default: k = kf_avx2; break;
         }
     }
@@ -803,7 +829,7 @@ int gguf_matmul_multi(int n_seg, const int32_t *types, const uint64_t *weights, 
         col += n_outs[i];
         total_bytes += rb * n_outs[i];
         need_k |= types[i] == T_Q4_K || types[i] == T_Q6_K;
-        need_32 |= types[i] == T_Q4_0 || types[i] == T_Q4_1 || types[i] == T_Q8_0;
+        need_32 |= types[i] == T_Q4_0 || types[i] == T_Q4_1 || types[i] == T_Q5_0 || types[i] == T_Q8_0;
     }
     if (col > ldy) return -1;
     /* the quantized rows */
@@ -886,6 +912,15 @@ int gguf_get_rows(int type, const uint8_t *w, int64_t n_in, const int64_t *ids, 
                     const int q = i < 16 ? qs[i] & 0xF : qs[i - 16] >> 4;
                     y[b * 32 + i] = type == T_Q4_0 ? d * (float)(q - 8) : d * (float)q + m;
                 }
+            }
+            break;
+        case T_Q5_0:
+            for (int64_t b = 0; b < n_in / 32; b++) {
+                const uint8_t *blk = row + b * 22;
+                const float d = f16(blk);
+                int q[32];
+                q5_0_values(blk, q);
+                for (int i = 0; i < 32; i++) y[b * 32 + i] = d * (float)q[i];
             }
             break;
         case T_Q8_0:
