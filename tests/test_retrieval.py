@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+import httpx
 import numpy as np
 import pytest
 import torch
@@ -323,5 +324,9 @@ def test_a_server_adds_each_finished_output_to_its_datastore_and_drafts_from_it(
         first = client.completions.create(model="tiny", prompt="abc", max_tokens=40, temperature=0)
         assert store.documents == 1 and len(store) >= 40
         again = client.completions.create(model="tiny", prompt="abc", max_tokens=40, temperature=0)
+        named = httpx.post(f"{server.url}/v1/completions", trust_env=False, json={
+            "prompt": "abc", "max_tokens": 4, "speculative": {"method": "spec:retrieval:datastore=/etc/passwd"}})
+    assert named.status_code == 400 and named.json()["error"]["param"] == "speculative.method"
+    assert "may not choose" in named.json()["error"]["message"]  # a request names no file on the server
     assert again.choices[0].text == first.choices[0].text
     assert again.speculative["accepted_tokens"] >= 30  # the store holds this very output

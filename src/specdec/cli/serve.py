@@ -108,7 +108,7 @@ def default_method(args: argparse.Namespace) -> Any:
     model loads."""
     no_draft = args.draft is None or args.draft.lower() == "none"
     try:
-        return method_config(args.method or ("ar" if no_draft else DEFAULT_METHOD), not no_draft)
+        return method_config(args.method or ("ar" if no_draft else DEFAULT_METHOD), not no_draft, request=False)
     except ValueError as err:
         raise CLIError(f"--method: {err}", "e.g. --method spec, --method spec:ngram:block or --method spec:tree",
                        code=2) from None

@@ -419,9 +419,10 @@ class PromptLimits:
                                 f"(0..{self.vocab_size - 1})", param=param)
 
 
-def method_config(text: str, has_draft: bool) -> DecodeConfig:
+def method_config(text: str, has_draft: bool, *, request: bool = True) -> DecodeConfig:
     """The method a method string names (:meth:`DecodeConfig.parse`), its drafter named for this
-    server's models; a ``ValueError`` naming the problem."""
+    server's models; a ``ValueError`` naming the problem. ``request``: a request's method, which
+    may not name a file on the server (a datastore)."""
     try:
         config = DecodeConfig.parse(text)
     except ConfigError as err:
@@ -429,6 +430,9 @@ def method_config(text: str, has_draft: bool) -> DecodeConfig:
     if config.is_ar:
         return config
     config = config.resolve(True)
+    if request and "datastore" in (config.drafter_options or {}):
+        raise ValueError("datastore= names a file on the server, which a request may not choose; a retrieval "
+                         "method searches the datastore the server was started with (specdec serve --datastore)")
     if config.drafter in MODEL_DRAFTERS and not has_draft:
         raise ValueError(f"{config} needs a draft model, but the server runs without one (--draft none); use ar "
                          "or a drafter of its own, e.g. spec:ngram:block")
