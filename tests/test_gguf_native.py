@@ -579,7 +579,7 @@ def test_the_gguf_backend_is_refused_for_what_it_cannot_run(tmp_path):
     with pytest.raises(models.ModelPackError, match="the gguf backend runs GGUF files"):
         models.resolve_backend(str(folder), "gguf")
     smollm2_path()
-    with pytest.raises(ValueError, match="dtype does not apply to the gguf backend"):
+    with pytest.raises(ValueError, match="dtype does not apply to the specdec's GGUF kernel backend"):
         models.load(PACK, backend="gguf", dtype="float32")
     fake = tmp_path / "fake.gguf"
     fake.write_bytes(b"GGML" + bytes(64))
@@ -604,7 +604,7 @@ def test_specdec_generate_runs_on_the_gguf_backend(capsys):
     assert "GGUF on specdec kernels" in err
     code = cli.main(["generate", "x", "--target", PACK, "--draft", "none", "--backend", "gguf", "--dtype", "float32"])
     out, err = capsys.readouterr()
-    assert code == 2 and "--dtype is an option of the torch backend" in err and "runs on gguf" in err
+    assert code == 2 and "--dtype is an option of the torch backend" in err and "runs on specdec's GGUF kernel" in err
 
 
 # -- (e) the default target: Qwen2.5-Coder-1.5B-Instruct Q4_K_M ----------------------------------------

@@ -158,8 +158,8 @@ def load(
     if where in GGUF_BACKENDS:
         for name, value in (("dtype", dtype), ("kernels", kernels)):
             if value is not None:
-                raise ValueError(f"{name} does not apply to the {where} backend, which runs the GGUF's own "
-                                 f"weights; leave {name} out, or pass backend='torch'")
+                raise ValueError(f"{name} does not apply to the {BACKEND_LABELS[where]} backend, which runs the "
+                                 f"GGUF's own weights; leave {name} out, or pass backend='torch'")
         return _load_gguf(name_or_path, cache_dir, progress, n_threads, where)
     kernels = "auto" if kernels is None else kernels
     if kernels not in ("auto", "torch"):
@@ -189,6 +189,7 @@ def load(
 
 BACKENDS = ("auto", "torch", "llamacpp", "gguf")
 GGUF_BACKENDS = ("llamacpp", "gguf")  # the backends that run a GGUF file's own quantized weights
+BACKEND_LABELS = {"torch": "torch", "llamacpp": "llama.cpp", "gguf": "specdec's GGUF kernel"}  # in messages
 
 
 def _checked_name(name_or_path: Any) -> str:

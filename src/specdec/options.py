@@ -329,7 +329,7 @@ def _check_torch_options(names: list[str], backend: str, typed: Collection[str])
     for flag, dest in (("--dtype", "dtype"), ("--kernels", "kernels")):
         if dest in typed:
             raise CLIError(f"{flag} is an option of the torch backend, but {names[0]} runs on "
-                           f"{backend_of(names[0], backend)} (its GGUF's own weights)",
+                           f"{models.BACKEND_LABELS[backend_of(names[0], backend)]} (its GGUF's own weights)",
                            f"drop {flag}, or add --backend torch to run the model in transformers", code=2)
 
 
