@@ -206,7 +206,7 @@ def test_files_are_written_by_replacing_a_temporary_file(tmp_path, monkeypatch):
         ("hf-assisted:k=0", r"k must be a positive integer"),
         ("spec:block:budget=4", r"budget= .*tree"),
         ("spec:ngram:block:exit_layer=2", r"exit_layer= is an option of early-exit, but the drafter is ngram"),
-        ("spec:model:block:max_ngram=2", r"max_ngram= is an option of ngram or ngram\+model, but the drafter is model"),
+        ("spec:model:block:max_ngram=2", r"max_ngram= is an option of ngram, ngram\+model, retrieval\+model or cascade, but the drafter is model"),
         ("spec:tree:choices=0|1:threshold=0.5", r"choices= fixes the tree's shape"),
     ],
 )

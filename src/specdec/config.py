@@ -443,8 +443,9 @@ class DecodeConfig:
                 if not owners:
                     raise ValueError(f"bad option for the {named or 'ngram+model'} drafter: no drafter takes {key!r}")
                 shown = named or "the default (ngram+model)"
+                others = [", " + o for o in owners[1:-1]] + [" or " + o for o in owners[-1:] if len(owners) > 1]
                 raise ConfigError(f"{{drafter.{key}}} is an option of {{method.drafter={owners[0]}}}"
-                                  f"{''.join(' or ' + o for o in owners[1:])}, but {{method.drafter}} is {shown}",
+                                  f"{''.join(others)}, but {{method.drafter}} is {shown}",
                                   f"add {{method.drafter={owners[0]}}} or drop {{drafter.{key}}}")
         if named in TREE_ONLY_DRAFTERS and self.verify != "tree":
             raise ConfigError(f"{{method.drafter={named}}} drafts a token tree each step, verified in one pass",
