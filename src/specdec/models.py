@@ -26,7 +26,8 @@ from specdec.paths import CACHE_ENV, cache_root
 
 __all__ = [
     "BACKENDS", "CACHE_ENV", "DEFAULT_DRAFT", "DEFAULT_TARGET", "GGUF_BACKENDS", "PACKS", "ModelPackError", "Pair",
-    "load", "load_pair", "logit_width", "resolve_backend", "resolve_dtype",
+    "backend_choice", "check_backend", "gguf_path", "is_gguf_source", "load", "load_pair", "logit_width", "resolve_backend",
+    "resolve_dtype",
 ]
 
 
@@ -44,6 +45,8 @@ class Pair:
     target_name: str = "target"
     draft_name: str | None = None
     backend: str = "torch"  # "torch", "llamacpp" or "gguf": where the target runs
+    backend_why: str = "asked for"  # why there (backend="auto" measures; see backend_choice)
+    draft_backend: str | None = None  # where the draft model runs (None: no draft model)
 
 
 def load_pair(
@@ -66,8 +69,9 @@ def load_pair(
     KV cache; else the same object).
 
     backend: ``"auto"``, ``"torch"``, ``"llamacpp"`` or ``"gguf"``, resolved for each model by
-    :func:`resolve_backend`. dtype and kernels are passed only to the models that run on torch (they
-    do not apply to llama.cpp's); n_threads is llama.cpp's thread count. on_load: called as
+    :func:`backend_choice` (the target's reason is ``Pair.backend_why``). dtype and kernels are
+    passed only to the models that run on torch (they do not apply to a GGUF's own weights);
+    n_threads is the GGUF backends' thread count. on_load: called as
     ``on_load(name, backend)`` just before each model loads (the CLI prints its "loading ..." line).
 
     Raises :class:`ModelPackError` for a missing or corrupt pack, an unusable cache directory, an
@@ -79,11 +83,14 @@ def load_pair(
     if draft is not None and draft.lower() == "none":
         draft = None
     names = [target] + ([draft] if draft is not None else [])
-    where = {name: resolve_backend(name, backend) for name in names}
+    for name in names:
+        check_backend(name, backend)  # before any work
     if any(name in PACKS for name in names):
         packs.check_cache_dir(cache_dir, create=True)  # before loading anything
     for name in dict.fromkeys(n for n in names if n in PACKS):
         packs.locate_parts(PACKS[name])  # a missing draft pack fails before the target loads
+    choices = {name: backend_choice(name, backend, cache_dir=cache_dir, n_threads=n_threads) for name in names}
+    where = {name: choice["backend"] for name, choice in choices.items()}
 
     def load_one(name: str) -> tuple[Any, Any]:
         if on_load is not None:
@@ -92,7 +99,7 @@ def load_pair(
         return load(name, cache_dir=cache_dir, backend=where[name], n_threads=n_threads, **torch_options)
 
     target_model, tokenizer = load_one(target)
-    pair = Pair(target_model, tokenizer, target_name=target, backend=where[target])
+    pair = Pair(target_model, tokenizer, target_name=target, backend=where[target], backend_why=choices[target]["why"])
     if draft is None:
         return pair
     if draft == target:  # one set of weights; each use keeps its own KV cache
@@ -107,6 +114,7 @@ def load_pair(
                 f"{DEFAULT_TARGET} --draft {DEFAULT_DRAFT})",
             )
     pair.draft_name = draft
+    pair.draft_backend = where[draft]
     return pair
 
 
@@ -154,7 +162,7 @@ def load(
     for a ``name_or_path`` that is not text or a path.
     """
     name_or_path = _checked_name(name_or_path)
-    where = resolve_backend(name_or_path, backend)
+    where = resolve_backend(name_or_path, backend, cache_dir=cache_dir, n_threads=n_threads)
     if where in GGUF_BACKENDS:
         for name, value in (("dtype", dtype), ("kernels", kernels)):
             if value is not None:
@@ -205,20 +213,54 @@ def _checked_name(name_or_path: Any) -> str:
     return name_or_path
 
 
-def resolve_backend(name_or_path: str, backend: str) -> str:
-    """``"torch"``, ``"llamacpp"`` or ``"gguf"``. ``"auto"`` is llamacpp for a pack or a ``.gguf``
-    file when the llama.cpp binding is installed (on a 2-core CPU it decodes the default target's
-    Q4_K_M file about 3x faster per token than the bf16 torch model; docs/backends.md), else torch.
-    ``"gguf"`` (specdec's own kernel, :mod:`specdec.backends.gguf`) is chosen by name."""
+def resolve_backend(name_or_path: str, backend: str, *, cache_dir: str | Path | None = None,
+                    n_threads: int | None = None) -> str:
+    """``"torch"``, ``"llamacpp"`` or ``"gguf"``: :func:`backend_choice`'s backend."""
+    return backend_choice(name_or_path, backend, cache_dir=cache_dir, n_threads=n_threads)["backend"]
+
+
+def backend_choice(name_or_path: str, backend: str, *, cache_dir: str | Path | None = None,
+                   n_threads: int | None = None) -> dict[str, Any]:
+    """Where ``name_or_path`` runs under ``backend``, and why: ``{"backend", "why", "source"}``.
+
+    A named backend is used as named. ``"auto"``: a pack or a ``.gguf`` file runs on whichever GGUF
+    backend :func:`specdec.backends.choice.choose_gguf_backend` measures faster here (a pack's GGUF
+    is made ready first; the choice is cached per machine, file and threads), on transformers only
+    where neither can run it; anything else on transformers."""
+    is_gguf = check_backend(name_or_path, backend)
+    if backend != "auto":
+        return {"backend": backend, "why": "asked for", "source": "asked for"}
+    if not is_gguf:
+        return {"backend": "torch", "why": "not a GGUF file: transformers runs it", "source": "rule"}
+    from specdec.backends.choice import choose_gguf_backend
+
+    choice = choose_gguf_backend(gguf_path(name_or_path, cache_dir), n_threads=n_threads, cache_dir=cache_dir)
+    if choice["backend"] is None:
+        return {**choice, "backend": "torch", "why": f"torch: {choice['why']}"}
+    return choice
+
+
+def check_backend(name_or_path: str, backend: str) -> bool:
+    """Whether ``name_or_path`` names a GGUF; a ``ValueError`` / :class:`ModelPackError` where
+    ``backend`` is unknown or cannot run it."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
-    is_gguf = name_or_path in PACKS or (Path(name_or_path).expanduser().suffix.lower() == ".gguf")
+    is_gguf = is_gguf_source(name_or_path)
     if backend in GGUF_BACKENDS and not is_gguf:
         raise ModelPackError(f"the {backend} backend runs GGUF files; {name_or_path} is neither a pack nor a .gguf file",
                              "pass a pack name or a .gguf file, or use the torch backend")
-    if backend == "auto":
-        return "llamacpp" if is_gguf and llamacpp.available() else "torch"
-    return backend
+    return is_gguf
+
+
+def is_gguf_source(name_or_path: str) -> bool:
+    """Whether ``name_or_path`` names a GGUF: a pack or a ``.gguf`` file."""
+    return name_or_path in PACKS or Path(name_or_path).expanduser().suffix.lower() == ".gguf"
+
+
+def gguf_path(name_or_path: str, cache_dir: str | Path | None = None, *, progress: bool = True) -> Path:
+    """The GGUF file a pack name (hash-checked, joined once) or a ``.gguf`` path names."""
+    pack = PACKS.get(name_or_path)
+    return packs.gguf_file(pack, cache_dir, progress=progress) if pack else Path(name_or_path).expanduser()
 
 
 def _load_gguf(name_or_path: str, cache_dir: str | Path | None, progress: bool, n_threads: int | None,
@@ -226,7 +268,7 @@ def _load_gguf(name_or_path: str, cache_dir: str | Path | None, progress: bool, 
     """A pack's hash-checked GGUF (no conversion) or a local .gguf file on ``backend`` (llama.cpp
     or specdec's GGUF kernel), and its tokenizer."""
     pack = PACKS.get(name_or_path)
-    gguf = packs.gguf_file(pack, cache_dir, progress=progress) if pack else Path(name_or_path).expanduser()
+    gguf = gguf_path(name_or_path, cache_dir, progress=progress)
     eos = (pack.eos_token_ids or None) if pack else None
     if backend == "gguf":
         from specdec.backends.gguf import LLAMACPP_HINT, load_gguf_native

@@ -16,12 +16,12 @@ from specdec import api
 from specdec.api import GenerationResult
 from specdec.build import as_backend
 from specdec.config import DecodeConfig
-from specdec.divergence import LogitsRecorder, batch_invariance, cause, decisive_position, explain
+from specdec.divergence import LogitsRecorder, batch_invariance, cause, decisive_position, explain, first_difference
 from specdec.drafters import MODEL_DRAFTERS
 from specdec.drafters.tree import DEFAULT_TREE, TreeDrafter
-from specdec.models import GGUF_BACKENDS
+from specdec.models import GGUF_BACKENDS, Pair
 from specdec.options import (
-    CLIError, add_backend_option, add_constraint_options, add_decoding_options, add_model_options, backend_of,
+    CLIError, add_backend_option, add_constraint_options, add_decoding_options, add_model_options,
     check_threads, console, constraint_cli_error, constraints_from, decode_config, gguf_weights, load_models_from, note, positive_int,
 )
 from specdec.constraints import ConstraintError
@@ -93,7 +93,7 @@ def run_generate(args: argparse.Namespace) -> int:
                                             getattr(args, "cache_dir", None))
 
     if args.json:
-        print(json.dumps(_report(args, pair.target, result, ar, divergence), ensure_ascii=False))
+        print(json.dumps(_report(args, pair, result, ar, divergence), ensure_ascii=False))
     else:
         if not args.stream:
             _print_text(args, result.text)
@@ -244,7 +244,7 @@ def _print_text(args: argparse.Namespace, text: str | None) -> None:
         print(text or "")
 
 
-def _report(args: argparse.Namespace, target: Any, result: Any, ar: Any,
+def _report(args: argparse.Namespace, pair: Pair, result: Any, ar: Any,
             divergence: dict | None = None) -> dict[str, Any]:
     report: dict[str, Any] = {
         "text": result.text,
@@ -253,8 +253,8 @@ def _report(args: argparse.Namespace, target: Any, result: Any, ar: Any,
         "target": args.target,
         "draft": args.draft,
         "draft_weights": args.draft_weights,
-        **({"weights": gguf_weights(target)} if backend_of(args.target, args.backend) in GGUF_BACKENDS
-           else {"dtype": args.dtype}),
+        "backend": {"name": pair.backend, "why": pair.backend_why},
+        **({"weights": gguf_weights(pair.target)} if pair.backend in GGUF_BACKENDS else {"dtype": args.dtype}),
         "method": result.method,
         "exact": result.exact,
         "stats": result.stats.to_dict(),
@@ -270,7 +270,7 @@ def _report(args: argparse.Namespace, target: Any, result: Any, ar: Any,
             "seconds": ar.stats.seconds,
             "tokens_per_second": ar.stats.tokens_per_second,
             "identical": ar.token_ids == result.token_ids,
-            "first_difference": _first_difference(result.token_ids, ar.token_ids),
+            "first_difference": first_difference(result.token_ids, ar.token_ids),
             "divergence": divergence,
             "speedup": _speedup(result, ar),
         }
@@ -291,7 +291,7 @@ def _print_summary(result: Any, ar: Any, args: argparse.Namespace, config: Decod
     if ar is not None:
         a = ar.stats
         same = ar.token_ids == result.token_ids
-        verdict = "yes" if same else f"no (first difference at token {_first_difference(result.token_ids, ar.token_ids)})"
+        verdict = "yes" if same else f"no (first difference at token {first_difference(result.token_ids, ar.token_ids)})"
         if not same and args.temperature > 0 and not config.gumbel:
             verdict += "; expected when sampling: the outputs share a distribution, not a sample"
         elif divergence:
@@ -329,11 +329,3 @@ def method_label(config: DecodeConfig) -> str:
 def _speedup(result: Any, ar: Any) -> float:
     base = ar.stats.tokens_per_second
     return result.stats.tokens_per_second / base if base > 0 else 0.0
-
-
-def _first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
-
