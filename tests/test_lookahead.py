@@ -119,6 +119,52 @@ def test_lookahead_in_the_configuration_language():
         DecodeConfig.parse("spec:lookahead:tree:budget=8")
 
 
+@pytest.mark.parametrize("text, fixed", [
+    ("spec:lookahead", "spec:lookahead:tree"),
+    ("spec:lookahead:block:window=6", "spec:lookahead:tree:window=6"),
+    ("spec:drafter=lookahead:ngram=3", "spec:lookahead:tree:ngram=3"),
+])
+def test_lookahead_without_tree_is_refused_in_one_line_that_spells_the_fix(text, fixed):
+    """Lookahead decoding drafts a tree: a method string without ``:tree`` is refused, and the
+    error names the method to write, which parses; the server (a 400) and the bench say the same."""
+    from specdec.bench.methods import parse_method
+    from specdec.server import requests as rq
+
+    message = f"lookahead decoding drafts a token tree each step, verified in one pass; write {fixed}"
+    with pytest.raises(ValueError) as err:
+        DecodeConfig.parse(text)
+    assert str(err.value) == message
+    assert DecodeConfig.parse(fixed).drafter == "lookahead"
+    body = rq.CompletionBody(prompt="x", speculative={"method": text})
+    with pytest.raises(rq.APIError) as refused:
+        rq.choose_method(body, DecodeConfig.parse("spec"), has_draft=True)
+    assert refused.value.status == 400 and refused.value.param == "speculative.method"
+    assert refused.value.message == f"speculative.method: {message}"
+    with pytest.raises(ValueError) as err:
+        parse_method(text)
+    assert str(err.value) == f"method {text!r}: {message}"
+
+
+def test_the_command_lines_refuse_lookahead_without_tree_before_loading_a_model(capsys):
+    """``specdec generate`` takes the method as flags (the hint: add ``--verify tree``);
+    ``specdec serve --method`` takes the text form (the hint: the method to write)."""
+    import argparse
+
+    from specdec import cli
+    from specdec.cli.serve import default_method
+    from specdec.options import CLIError
+
+    assert cli.main(["generate", "x", "--drafter", "lookahead"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["specdec: error: --drafter lookahead drafts a token tree each step, verified in one pass",
+                   "hint: add --verify tree"]
+    args = argparse.Namespace(target="smollm2-135m", draft="none", backend="llamacpp", method="spec:lookahead")
+    with pytest.raises(CLIError) as refused:
+        default_method(args)
+    assert refused.value.message == ("--method: lookahead decoding drafts a token tree each step, verified in one "
+                                     "pass; write spec:lookahead:tree")
+
+
 def test_greedy_lookahead_decoding_on_the_smollm2_gguf_is_its_greedy_decoding():
     if not llamacpp.available():
         pytest.skip(f"the llama.cpp binding is not installed: {llamacpp.INSTALL}")

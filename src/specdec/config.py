@@ -622,6 +622,7 @@ class DecodeConfig:
         drafter = keys.pop("drafter", None)
         if drafter is not None and drafter not in DRAFTERS:
             raise ValueError(f"unknown drafter {drafter!r}; choose one of {', '.join(DRAFTERS)}")
+        _check_tree_only(drafter, verify, parts)
         values.update(drafter=drafter, verify=verify)
         for name in ("k", "policy"):
             if name in keys:
@@ -657,6 +658,18 @@ SAMPLING_FIELDS = ("draft_weights", "temperature", "top_k", "top_p", "max_new_to
 
 def _keyed(key: str) -> bool:
     return any(o.name == key and o.group in ("drafter", "policy", "tree") for o in OPTIONS)
+
+
+def _check_tree_only(drafter: str | None, verify: str, parts: Sequence[str]) -> None:
+    """The text form of the rule that a tree-only drafter (lookahead decoding) is verified as a
+    tree: the one-line error spells the method to write instead, the text's other fields kept
+    (``spec:lookahead:window=6`` -> ``spec:lookahead:tree:window=6``). A config built from
+    keywords meets the same rule in :meth:`DecodeConfig._check_combination`."""
+    if drafter not in TREE_ONLY_DRAFTERS or verify == "tree":
+        return
+    kept = [p for p in parts if p not in (drafter, verify) and p.partition("=")[0] != "drafter"]
+    fixed = ":".join(["spec", drafter, "tree", *kept])
+    raise ConfigError(f"{drafter} decoding drafts a token tree each step, verified in one pass", f"write {fixed}")
 
 
 class _FrozenDict(dict):
