@@ -534,7 +534,7 @@ class DecodeConfig:
         a verifier or policy other than the defaults is then a :class:`ConfigError`.
         ``draft_flag``: how the front end names the draft model in that error."""
         if self.drafter is not None:
-            if isinstance(self.drafter, str) and self.drafter in MODEL_DRAFTERS and not has_draft:
+            if self.uses_draft_model and not has_draft:
                 raise ConfigError(f"the {self.drafter} drafter needs a draft model; pass {draft_flag}",
                                   "or use {method.drafter=ngram}, which needs none")
             return self
@@ -548,6 +548,11 @@ class DecodeConfig:
     @property
     def is_ar(self) -> bool:
         return self.drafter == AR
+
+    @property
+    def uses_draft_model(self) -> bool:
+        """Whether the drafter named drafts with the draft model (``model``, ``ngram+model``, ...)."""
+        return isinstance(self.drafter, str) and self.drafter in MODEL_DRAFTERS
 
     @property
     def exact(self) -> bool:

@@ -28,7 +28,6 @@ from specdec.config import (
     GROUP_FIELD, NAME_ONLY, OPTIONS, ConfigError, DecodeConfig, NothingToVerify, Option, option,
 )
 from specdec.constraints import ConstraintError, Constraints, check_logprobs
-from specdec.drafters import MODEL_DRAFTERS
 
 
 class CLIError(Exception):
@@ -249,7 +248,7 @@ def decode_config(args: argparse.Namespace) -> DecodeConfig:
         raise CLIError(message, hint or "see 'specdec generate --help'", code=2) from None
     except (TypeError, ValueError) as err:
         raise CLIError(str(err), "see 'specdec generate --help'", code=2) from None
-    if config.drafter not in MODEL_DRAFTERS and given(args, "draft") and has_draft:
+    if not config.uses_draft_model and given(args, "draft") and has_draft:
         note(f"warning: --drafter {config.drafter} drafts without a draft model; --draft {args.draft} is ignored "
              "(drop --draft, or use --drafter model to draft with it)")
     return config

@@ -17,7 +17,6 @@ from specdec.api import GenerationResult
 from specdec.build import as_backend
 from specdec.config import DecodeConfig
 from specdec.divergence import LogitsRecorder, batch_invariance, cause, decisive_position, explain, first_difference
-from specdec.drafters import MODEL_DRAFTERS
 from specdec.drafters.tree import DEFAULT_TREE, TreeDrafter
 from specdec.models import GGUF_BACKENDS, Pair
 from specdec.options import (
@@ -67,7 +66,7 @@ def run_generate(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    uses_model = config.drafter in MODEL_DRAFTERS
+    uses_model = config.uses_draft_model
     pair = load_models_from(args, draft=uses_model)
     prompt = _prompt(args, pair.tokenizer)
     common = dict(tokenizer=pair.tokenizer, config=config, constraints=constraints, logprobs=logprobs)

@@ -33,7 +33,6 @@ from typing import Any, Literal, Sequence
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from specdec.config import SEED_RANGE, ConfigError, DecodeConfig, text_spelling
-from specdec.drafters import MODEL_DRAFTERS
 from specdec.server import tools
 
 MAX_STOP = 4  # as OpenAI's API
@@ -433,7 +432,7 @@ def method_config(text: str, has_draft: bool, *, request: bool = True) -> Decode
     if request and "datastore" in (config.drafter_options or {}):
         raise ValueError("datastore= names a file on the server, which a request may not choose; a retrieval "
                          "method searches the datastore the server was started with (specdec serve --datastore)")
-    if config.drafter in MODEL_DRAFTERS and not has_draft:
+    if config.uses_draft_model and not has_draft:
         raise ValueError(f"{config} needs a draft model, but the server runs without one (--draft none); use ar "
                          "or a drafter of its own, e.g. spec:ngram:block")
     return config
@@ -471,7 +470,7 @@ def method_kwargs(method: DecodeConfig, draft: Any, draft_weights: str) -> dict[
     """The :func:`specdec.stream` keyword arguments that run ``method`` (its config, and the draft
     model where its drafter drafts with one)."""
     return {"config": method.replace(draft_weights=draft_weights),
-            "draft": draft if method.drafter in MODEL_DRAFTERS else None}
+            "draft": draft if method.uses_draft_model else None}
 
 
 @dataclass(frozen=True)
