@@ -184,7 +184,7 @@ def test_backends_are_built_before_the_timed_generation(pair, monkeypatch):
 def test_a_tokenizer_of_another_vocabulary_is_refused_naming_both_sizes():
     """The byte-level test tokenizer has 259 tokens: a model of 5000 (or of 200) ids is another
     model's, and its ids would be read as other tokens; one padded a little past it is its own."""
-    from test_server import tiny_tokenizer
+    from helpers import tiny_tokenizer
 
     tokenizer = tiny_tokenizer()
     for vocab in (5000, 200):

@@ -13,7 +13,7 @@ import pytest
 
 from specdec import cli, models, packs
 
-from test_cli import assert_one_line_error, make_model_dir, run_main
+from helpers import assert_one_line_error, make_model_dir, run_main
 
 
 def assert_error_after_notes(err: str, *, contains: str) -> None:
@@ -331,8 +331,8 @@ def test_long_prompt_prefill_is_fast_and_keeps_greedy_equality(monkeypatch):
     from specdec.backends.hf import HFCausalLM
     from specdec.backends.lean import LeanCausalLM
     from specdec.backends.base import forward_after
-    from test_lean import _on_kernels, _tiny_qwen2, needs_kernel  # noqa: F401
-    from tests.tiny import noisy_copy, tiny_llama
+    from helpers import _on_kernels, _tiny_qwen2, needs_kernel  # noqa: F401
+    from tiny import noisy_copy, tiny_llama
 
     if kernels.status() != "available":
         pytest.skip(f"fast kernel {kernels.status()}")

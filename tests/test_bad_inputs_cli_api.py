@@ -20,7 +20,7 @@ from specdec import cli, generate, models, options, packs
 from specdec.cli import commands
 from specdec.backends import llamacpp
 
-from test_cli import assert_one_line_error, make_model_dir, run_main
+from helpers import assert_one_line_error, make_model_dir, run_main
 from tiny import tiny_llama
 
 SMOLLM2 = "smollm2-135m"
@@ -258,7 +258,7 @@ def test_stale_temporaries_are_removed_and_live_ones_kept(tmp_path):
 
 
 def test_preparing_a_pack_removes_stale_temporaries(tmp_path, monkeypatch):
-    from test_models import make_fake_pack
+    from helpers import make_fake_pack
 
     (tmp_path / "pack").mkdir()
     pack = make_fake_pack(tmp_path / "pack", monkeypatch)

@@ -31,32 +31,9 @@ from specdec.prompts import (
 from specdec.bench.peers import _steps_from_forwards
 from specdec.bench.runner import BenchSettings, run_bench, schedule
 from specdec.models import Pair
+from helpers import VOCAB, BatchRounding, CharTokenizer
+from helpers import one_thread  # noqa: F401  (one_thread: an autouse fixture)
 from tiny import tiny_llama
-
-VOCAB = 32
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run far faster on one thread than on two threads of a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-class CharTokenizer:
-    """Characters to ids in [2, VOCAB); no chat template."""
-
-    eos_token_id = 1
-    pad_token_id = 0
-    chat_template = None
-
-    def __call__(self, text, add_special_tokens=True):
-        return {"input_ids": [2 + ord(c) % (VOCAB - 2) for c in text]}
-
-    def decode(self, ids, skip_special_tokens=True):
-        return "".join(chr(65 + i % 26) for i in ids)
 
 
 class ChatTokenizer(CharTokenizer):
@@ -606,26 +583,6 @@ def test_the_recorder_sees_the_row_that_chose_each_greedy_token(tiny_models, pro
     assert found.ar_top[0] == tokens[3] and found.ar_margin > 0 and found.margin is None
     assert explain(prompt, tokens, tokens, recorder, recorder) is None
     assert first_difference([1, 2], [1, 2, 3]) == 2 and first_difference([1], [2]) == 0
-
-
-class BatchRounding:
-    """A backend whose multi-token passes perturb the logits a little, by position: a stand-in for
-    batched kernels that round differently from one-token steps (one-token steps stay exact)."""
-
-    def __init__(self, backend, scale):
-        self.backend, self.scale = backend, scale
-
-    def __getattr__(self, name):
-        return getattr(self.backend, name)
-
-    def forward(self, tokens, num_logits=0, **kwargs):
-        start = len(self.backend.tokens)
-        logits = self.backend.forward(tokens, num_logits, **kwargs)
-        if len(tokens) == 1:
-            return logits
-        rows = torch.arange(start + len(tokens) - logits.shape[0], start + len(tokens), dtype=torch.float32)
-        wobble = torch.sin(rows[:, None] * 1.7 + torch.arange(logits.shape[1]) * 2.3)  # [rows, V]
-        return logits + self.scale * wobble
 
 
 def test_a_near_tie_flipped_by_batched_rounding_is_explained(monkeypatch, prompts):

@@ -15,7 +15,8 @@ from specdec.bench import runner
 from specdec.cli.bench import main
 from specdec.bench.methods import parse_method, parse_methods
 from specdec.models import Pair
-from test_bench import VOCAB, CharTokenizer, one_thread  # noqa: F401  (one_thread: an autouse fixture)
+from helpers import VOCAB, CharTokenizer
+from helpers import one_thread  # noqa: F401  (one_thread: an autouse fixture)
 from tiny import tiny_llama
 
 METHODS = "spec:model:block:k=2:policy=static,spec:ngram:block:k=2:policy=static"  # with ar: three methods

@@ -18,7 +18,7 @@ from specdec.engine import autoregressive_steps, speculative_steps
 from specdec.policies import StaticK
 from specdec.policies.auto import AutoPolicy, CostModel
 from specdec.verify import make_verifier
-from test_planner import CHEAP_ROWS
+from helpers import CHEAP_ROWS
 from tiny import noisy_copy, tiny_llama
 
 PROMPT = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 5, 6, 1, 2, 3]  # repeats itself: the lookup proposes
@@ -161,7 +161,7 @@ def test_bad_cascade_options_are_named():
 
 
 def test_greedy_cascade_on_the_smollm2_gguf_equals_plain_decoding():
-    from test_llamacpp import CONTEXT, _Unsure, _gguf
+    from helpers import CONTEXT, _Unsure, _gguf
 
     from specdec.backends import llamacpp
 

@@ -13,8 +13,9 @@ import itertools
 import numpy as np
 import pytest
 import torch
-from test_engine import SAMPLES, SIGNIFICANCE, chi_square_p_value, chi_square_power
-from test_planner import CHEAP_ROWS, DEAR_ROWS, EDGE_ROWS, ar_tokens
+from helpers import (
+    CHEAP_ROWS, DEAR_ROWS, EDGE_ROWS, SAMPLES, SIGNIFICANCE, ar_tokens, chi_square_p_value, chi_square_power,
+)
 from tiny import noisy_copy, tiny_llama
 
 from specdec import generate

@@ -13,62 +13,8 @@ import torch
 
 from specdec import cli, models
 from specdec.packs import Pack, Part
-
-
-def make_model_dir(path: Path, *, extra_vocab: int = 0, seed: int = 0, chat: bool = False) -> Path:
-    """A 2-layer llama with a byte-level tokenizer (256 tokens, no EOS: it always runs to the limit).
-
-    Large initial weights keep the logits far apart, so argmax ties (and numerics) cannot flip
-    greedy choices between one-token and many-token forward passes.
-    """
-    from tokenizers import Tokenizer, decoders, pre_tokenizers
-    from tokenizers.models import BPE
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-    from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
-
-    vocab = {token: i for i, token in enumerate(bytes_to_unicode().values())}
-    backend = Tokenizer(BPE(vocab=vocab, merges=[]))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend)
-    if chat:
-        tokenizer.chat_template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}<assistant>"
-    config = LlamaConfig(
-        vocab_size=len(vocab) + extra_vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-        initializer_range=1.0, tie_word_embeddings=True, bos_token_id=None, eos_token_id=None,
-    )
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(config)
-    model.generation_config.eos_token_id = None
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """Directories: a target, a draft of the same vocabulary, and a model of another vocabulary."""
-    root = tmp_path_factory.mktemp("tiny")
-    return {
-        "target": str(make_model_dir(root / "target", seed=0, chat=True)),
-        "draft": str(make_model_dir(root / "draft", seed=1)),
-        "other": str(make_model_dir(root / "other", extra_vocab=44, seed=2)),
-    }
-
-
-def run_main(args, capsys):
-    code = cli.main(args)
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def assert_one_line_error(err: str, *, contains: str = "") -> None:
-    lines = err.strip().splitlines()
-    assert "Traceback" not in err
-    assert len(lines) == 2, err
-    assert lines[0].startswith("specdec: error: ") and lines[1].startswith("hint: ")
-    assert contains in lines[0]
+from helpers import assert_one_line_error, run_main
+from helpers import tiny  # noqa: F401  (tiny: a fixture)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import torch
 from specdec import DecodeConfig, generate
 from specdec.backends.lean import make_backend
 from specdec.cli.generate import _divergence_words, explain_divergence
-from test_bench import VOCAB, BatchRounding, CharTokenizer
+from helpers import VOCAB, BatchRounding, CharTokenizer
 from tiny import tiny_llama
 
 

@@ -145,7 +145,7 @@ def test_inconsistent_tree_modes_are_rejected(options, message):
 
 
 def test_the_heads_drafter_takes_other_choices_without_rebuilding():
-    from test_heads import random_heads
+    from helpers import random_heads
 
     target = tiny_llama(6, vocab=24, layers=3, sharpness=3.0)
     backend = target_backend("heads", target)

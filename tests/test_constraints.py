@@ -29,8 +29,7 @@ from specdec.policies.auto import AutoPolicy
 from specdec.sampling import SamplingConfig, logits_to_probs
 from specdec.token_tree import TokenTree
 from specdec.verify import make_verifier
-from test_planner import CHEAP_ROWS
-from test_verify_exact import dirichlet, outcomes, point_mass
+from helpers import CHEAP_ROWS, dirichlet, outcomes, point_mass
 from tiny import noisy_copy, tiny_llama
 
 
@@ -392,7 +391,7 @@ def test_smollm_gguf_methods_give_plain_decodings_json_and_logprobs(smollm, sett
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from test_cli import make_model_dir
+    from helpers import make_model_dir
 
     root = tmp_path_factory.mktemp("constrained")
     return str(make_model_dir(root / "target", seed=0)), str(make_model_dir(root / "draft", seed=1))
@@ -408,7 +407,7 @@ def model_dir(tmp_path_factory):
     (["--json-schema", "/no/such/schema.json"], "--json-schema /no/such/schema.json: cannot read it"),
 ])
 def test_bad_constraint_options_are_one_line_errors_before_any_model_loads(args, contains, capsys, tmp_path):
-    from test_cli import assert_one_line_error, run_main
+    from helpers import assert_one_line_error, run_main
 
     code, _, err = run_main(["generate", "x", "--target", "absent", "--cache-dir", str(tmp_path), *args], capsys)
     assert code == 2
@@ -416,7 +415,7 @@ def test_bad_constraint_options_are_one_line_errors_before_any_model_loads(args,
 
 
 def test_the_command_line_constrains_and_reports_logprobs(model_dir, capsys, tmp_path):
-    from test_cli import assert_one_line_error, run_main
+    from helpers import assert_one_line_error, run_main
 
     target, draft = model_dir
     schema = tmp_path / "schema.json"

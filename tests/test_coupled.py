@@ -30,8 +30,7 @@ from specdec.sampling import SamplingConfig, gumbel_max, gumbel_noise, gumbel_to
 from specdec.verify import make_verifier
 from specdec.verify.coupled import acceptance, coupling_joint
 from specdec.verify.tree import TreeVerifier
-from test_engine import SIGNIFICANCE, assert_sampled_law, chi_square_p_value, chi_square_power
-from test_planner import CHEAP_ROWS, drafter_for
+from helpers import CHEAP_ROWS, SIGNIFICANCE, assert_sampled_law, chi_square_p_value, chi_square_power, drafter_for
 from tiny import noisy_copy, tiny_llama
 
 SAMPLINGS = [dict(temperature=t, **f) for t in (0.7, 1.0, 1.5) for f in ({}, {"top_k": 5}, {"top_p": 0.8})]

@@ -19,7 +19,7 @@ import random
 import numpy as np
 import pytest
 import torch
-from test_engine import PROMPT, SAMPLES, SIGNIFICANCE, chi_square_p_value, chi_square_power, exact_target_law
+from helpers import PROMPT, SAMPLES, SIGNIFICANCE, chi_square_p_value, chi_square_power, exact_target_law, random_head
 from tiny import tiny_llama
 
 from specdec import generate
@@ -27,20 +27,13 @@ from specdec.backends.hf import HFCausalLM
 from specdec.build import make_drafter, target_backend
 from specdec.drafters.eagle import EagleDrafter
 from specdec.engine import autoregressive_steps, speculative_steps
-from specdec.drafters.eagle_head import EagleCache, EagleConfig, EagleHead
+from specdec.drafters.eagle_head import EagleCache, EagleHead
 from specdec.training.heads import TrainConfig, collect, eagle_windows, evaluate_eagle, load_data, load_ids, train_eagle
 from specdec.policies import StaticK
 from specdec.sampling import SamplingConfig, sample
 from specdec.verify import make_verifier
 
 GREEDY = SamplingConfig()
-
-
-def random_head(model, kept: list[int], seed: int = 0, window: int = 8) -> EagleHead:
-    torch.manual_seed(seed)
-    config = EagleConfig(model.config.hidden_size, model.config.vocab_size, len(kept), num_heads=2,
-                         intermediate_size=48, window=window, target="tiny")
-    return EagleHead(config, torch.tensor(kept)).eval()
 
 
 def test_the_cache_computes_what_one_pass_computes() -> None:

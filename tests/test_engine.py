@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import itertools
 
 import numpy as np
 import pytest
 import torch
-from scipy import stats as scipy_stats
 
 from specdec import SamplingConfig, generate, stream
 from specdec.backends.base import forward_after
@@ -15,11 +13,9 @@ from specdec.backends.hf import HFCausalLM
 from specdec.drafters.model import ModelDrafter
 from specdec.engine import speculative_steps
 from specdec.policies import StaticK
-from specdec.sampling import logits_to_probs
 from specdec.verify import make_verifier
+from helpers import HORIZON, PROMPT, SAMPLES, SIGNIFICANCE, assert_sampled_law, chi_square_p_value, exact_target_law
 from tiny import noisy_copy, tiny_llama
-
-PROMPT = [1, 2, 3]
 
 
 @pytest.fixture(scope="module")
@@ -104,62 +100,6 @@ def test_caches_after_rejection_match_a_fresh_forward(pair) -> None:
 
 
 # --- the output law, statistically ---------------------------------------------------------------
-
-SAMPLES = 4000
-SIGNIFICANCE = 1e-3  # per test; a correct engine fails one of these 4 tests with prob. <= 0.4%
-HORIZON = 3
-
-
-def exact_target_law(model, sampling: SamplingConfig, vocab: int) -> np.ndarray:
-    """P(first HORIZON tokens) under the target, by enumerating every prefix through the model."""
-    law = np.zeros([vocab] * HORIZON)
-    with torch.no_grad():
-        for seq in itertools.product(range(vocab), repeat=HORIZON):
-            logits = model(torch.tensor([PROMPT + list(seq[:-1])])).logits[0, len(PROMPT) - 1 :]
-            probs = logits_to_probs(logits.double(), sampling).numpy()  # [HORIZON, V]
-            law[seq] = np.prod([probs[t, seq[t]] for t in range(HORIZON)])
-    return law
-
-
-def chi_square_p_value(counts: np.ndarray, law: np.ndarray) -> float:
-    """Pearson's test, pooling cells whose expected count is below 5 into one."""
-    expected = law.ravel() * counts.sum()
-    small = expected < 5
-    obs = np.append(counts.ravel()[~small], counts.ravel()[small].sum())
-    exp = np.append(expected[~small], expected[small].sum())
-    if exp[-1] == 0:
-        assert obs[-1] == 0, "a sequence of target probability 0 was generated"
-        obs, exp = obs[:-1], exp[:-1]
-    return float(scipy_stats.chisquare(obs, exp).pvalue)
-
-
-def chi_square_power(law: np.ndarray, samples: int, effect: float) -> float:
-    """Power of :func:`chi_square_p_value` at SIGNIFICANCE against a deviation of Cohen's w = effect."""
-    cells = int((law.ravel() * samples >= 5).sum()) + 1
-    critical = scipy_stats.chi2.ppf(1 - SIGNIFICANCE, cells - 1)
-    return float(scipy_stats.ncx2.sf(critical, cells - 1, samples * effect**2))
-
-
-def assert_sampled_law(top_k: int = 0, **method) -> None:
-    """The first HORIZON tokens of ``generate`` with ``method`` at T = 1 (and ``top_k``), over SAMPLES
-    seeds, against the exact law of a 5-token target drafted by a noisy copy of it. Stated power:
-    a deviation of Cohen's w = 0.15 (e.g. 7.5% of the mass moved between sequences) is detected
-    with probability >= 0.95 at this sample size."""
-    vocab = 5
-    target = tiny_llama(0, vocab=vocab, sharpness=6.0)
-    draft = noisy_copy(target, 0.5)
-    law = exact_target_law(target, SamplingConfig(temperature=1.0, top_k=top_k), vocab)
-    assert chi_square_power(law, SAMPLES, effect=0.15) >= 0.95
-    counts = np.zeros_like(law)
-    accepted = 0
-    for seed in range(SAMPLES):
-        r = generate(target, PROMPT, draft=draft, temperature=1.0, top_k=top_k, max_new_tokens=HORIZON, seed=seed,
-                     eos_token_ids=[], **method)
-        counts[tuple(r.token_ids)] += 1
-        accepted += r.stats.accepted_tokens
-    assert accepted > SAMPLES // 2  # drafts are really being accepted, not just resampled
-    assert chi_square_p_value(counts, law) > SIGNIFICANCE
-
 
 @pytest.mark.parametrize("verify", ["token", "block"])
 @pytest.mark.parametrize("top_k", [0, 3])

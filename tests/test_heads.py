@@ -18,7 +18,7 @@ import random
 import numpy as np
 import pytest
 import torch
-from test_engine import PROMPT, SAMPLES, SIGNIFICANCE, chi_square_p_value, chi_square_power, exact_target_law
+from helpers import PROMPT, SAMPLES, SIGNIFICANCE, chi_square_p_value, chi_square_power, exact_target_law, random_heads
 from tiny import tiny_llama
 
 from specdec import generate
@@ -26,24 +26,13 @@ from specdec.backends.hf import HFCausalLM
 from specdec.build import make_drafter, target_backend
 from specdec.drafters.heads import HeadsDrafter
 from specdec.engine import autoregressive_steps, speculative_steps
-from specdec.drafters.medusa import HeadsConfig, MedusaHeads, TrimmedLMHead, frequent_tokens
+from specdec.drafters.medusa import MedusaHeads, TrimmedLMHead, frequent_tokens
 from specdec.training.heads import TrainConfig, collect, head_targets, load_data, train
 from specdec.policies import StaticK
 from specdec.sampling import SamplingConfig, sample
 from specdec.verify import make_verifier
 
 GREEDY = SamplingConfig()
-
-
-def random_heads(model, num_heads: int, kept: list[int], seed: int = 0, scale: float = 0.5) -> MedusaHeads:
-    hidden = model.config.hidden_size
-    config = HeadsConfig(num_heads, hidden, model.config.vocab_size, len(kept), "tiny")
-    heads = MedusaHeads(config, torch.tensor(kept))
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for block in heads.blocks:
-            block.linear.weight.copy_(torch.randn(hidden, hidden, generator=gen) * scale / hidden**0.5)
-    return heads
 
 
 def test_backend_keeps_the_hidden_state_of_each_cached_position() -> None:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from specdec import generate, kernels
-from tests.tiny import tiny_llama
+from tiny import tiny_llama
 
 needs_kernel = pytest.mark.skipif(kernels.status() != "available", reason=f"fast kernel {kernels.status()}")
 

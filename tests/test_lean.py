@@ -4,37 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from specdec import generate, kernels
 from specdec.backends.hf import HFCausalLM
 from specdec.backends.lean import LeanCausalLM, lean_unsupported, make_backend
 from specdec.token_tree import TokenTree, forward_tree, keep_path
-from tests.tiny import tiny_llama
-
-needs_kernel = pytest.mark.skipif(kernels.status() != "available", reason=f"fast kernel {kernels.status()}")
-
-
-def _on_kernels(model):
-    model = model.to(torch.bfloat16)
-    kernels.accelerate(model)
-    assert kernels.use_invariant_attention(model)
-    return model
-
-
-def _tiny_qwen2(seed: int, vocab: int = 64, context: int = 512) -> Qwen2ForCausalLM:
-    """A random qwen2: q/k/v biases, grouped-query attention, untied head."""
-    torch.manual_seed(seed)
-    config = Qwen2Config(
-        vocab_size=vocab, hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=6,
-        num_key_value_heads=2, max_position_embeddings=context, tie_word_embeddings=False, rope_theta=10000.0,
-    )
-    model = Qwen2ForCausalLM(config).eval()
-    with torch.no_grad():
-        for layer in model.model.layers:  # transformers zero-initialises biases: make them count
-            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
-                proj.bias.normal_(0.0, 0.5)
-    return model
+from helpers import needs_kernel, _on_kernels, _tiny_qwen2
+from tiny import tiny_llama
 
 
 def _models():

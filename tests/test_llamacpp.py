@@ -21,18 +21,7 @@ from specdec import generate, packs
 from specdec.backends import llamacpp
 from specdec.token_tree import TokenTree, forward_tree, keep_path
 
-from test_engine import SIGNIFICANCE, chi_square_p_value, chi_square_power
-
-PACK = "smollm2-135m"
-
-
-def _gguf():
-    if not llamacpp.available():
-        pytest.skip(f"the llama.cpp binding is not installed: {llamacpp.INSTALL}")
-    missing = packs.missing_parts(packs.PACKS[PACK])
-    if missing:
-        pytest.skip(f"pack {PACK} is not installed: {packs.PACKS[PACK].install_command(missing)}")
-    return packs.gguf_file(PACK, progress=False)
+from helpers import CONTEXT, SIGNIFICANCE, _Unsure, chi_square_p_value, chi_square_power, _gguf
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +30,6 @@ def model():
 
 
 # Token ids of some English and code text in SmolLM2's vocabulary (any ids would do).
-CONTEXT = [504, 1070, 28, 30, 4667, 30, 3158, 314, 260, 1345, 30, 4667, 30, 3158, 314, 260, 1345, 30, 4667, 30]
 EXTRA = [3158, 314, 260, 1345, 30, 2784, 28, 1070, 30, 504, 28, 30, 4667, 314, 260, 1345]
 
 
@@ -271,23 +259,6 @@ TREES = {
 }
 
 
-class _Unsure:
-    """The model as its own draft, with fixed noise on its logits (a function of the row's last
-    token), so that its top token is often wrong and the target keeps other branches."""
-
-    def __init__(self, model, scale: float = 4.0) -> None:
-        self.model, self.scale = model, scale
-
-    def __getattr__(self, name):
-        return getattr(self.model, name)
-
-    def forward(self, tokens, num_logits=0, **tree):
-        rows = self.model.forward(tokens, num_logits, **tree)  # [rows, V]
-        last = list(tokens)[len(tokens) - rows.shape[0]:]
-        noise = torch.stack([torch.randn(rows.shape[1], generator=torch.Generator().manual_seed(t)) for t in last])
-        return rows + self.scale * noise
-
-
 @pytest.mark.parametrize("tree", list(TREES), ids=list(TREES))
 def test_every_tree_kind_decodes_greedily_the_backends_own_greedy_output(model, tree, monkeypatch):
     tokenizer = _tokenizer()
@@ -457,7 +428,7 @@ def test_coupled_methods_give_the_tokens_of_plain_gumbel_decoding(model, setting
     decoding with that seed; another seed gives other text."""
     from specdec.policies.auto import AutoPolicy
 
-    from test_planner import CHEAP_ROWS
+    from helpers import CHEAP_ROWS
 
     tokenizer = _tokenizer()
     prompt = PROMPTS[2]

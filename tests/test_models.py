@@ -6,19 +6,19 @@ installed packages (directories put on ``sys.path``), so the whole path runs in 
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import importlib.util
 import json
 import re
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
 from specdec import models, packs, paths
 from specdec.packs import ModelPackError, Pack, Part
+from helpers import TINY_VOCAB, make_fake_pack, write_tiny_gguf
+
 
 # ------------------------------------------------------------------------------------------------
 # The registry
@@ -102,87 +102,6 @@ def test_resolve_dtype_rejects_unknown():
 
 # ------------------------------------------------------------------------------------------------
 # A fake pack: a tiny GGUF split into chunk files in fake installed packages
-
-
-def write_tiny_gguf(path: Path, *, tie: bool = True, seed: int = 0) -> None:
-    """A 2-layer qwen2 GGUF with a byte-level BPE tokenizer (261 tokens), random float32 weights."""
-    import gguf
-    from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
-
-    tokens = list(bytes_to_unicode().values()) + ["Ġt", "he", "Ġthe", "<|endoftext|>", "<|im_end|>"]
-    vocab, hidden, heads, kv_heads, ffn = len(tokens), 32, 4, 2, 64
-    kv = kv_heads * hidden // heads
-    rng = np.random.default_rng(seed)
-    w = gguf.GGUFWriter(str(path), "qwen2")
-    w.add_block_count(2)
-    w.add_context_length(256)
-    w.add_embedding_length(hidden)
-    w.add_feed_forward_length(ffn)
-    w.add_head_count(heads)
-    w.add_head_count_kv(kv_heads)
-    w.add_rope_freq_base(10000.0)
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list(tokens)
-    w.add_token_types([1] * (vocab - 2) + [3, 3])
-    w.add_token_merges(["Ġ t", "h e", "Ġt he"])
-    w.add_eos_token_id(vocab - 1)
-    w.add_pad_token_id(vocab - 2)
-    w.add_bos_token_id(vocab - 2)
-    w.add_add_bos_token(False)
-
-    def tensor(name: str, *shape: int) -> None:
-        w.add_tensor(name, (rng.standard_normal(shape) * 0.2).astype(np.float32))
-
-    tensor("token_embd.weight", vocab, hidden)
-    for i in range(2):
-        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(hidden, np.float32))
-        w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(hidden, np.float32))
-        for name, rows, cols in [("attn_q", hidden, hidden), ("attn_k", kv, hidden), ("attn_v", kv, hidden)]:
-            tensor(f"blk.{i}.{name}.weight", rows, cols)
-            tensor(f"blk.{i}.{name}.bias", rows)
-        tensor(f"blk.{i}.attn_output.weight", hidden, hidden)
-        tensor(f"blk.{i}.ffn_gate.weight", ffn, hidden)
-        tensor(f"blk.{i}.ffn_up.weight", ffn, hidden)
-        tensor(f"blk.{i}.ffn_down.weight", hidden, ffn)
-    w.add_tensor("output_norm.weight", np.ones(hidden, np.float32))
-    if not tie:
-        tensor("output.weight", vocab, hidden)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-
-
-TINY_VOCAB = 261
-
-
-def make_fake_pack(root: Path, monkeypatch, *, name: str = "tiny-pack", chunks: int = 3, tie: bool = True) -> Pack:
-    """Split a tiny GGUF into ``chunks`` packages ``fake_tiny_partN`` under ``root/site``.
-
-    The packages go on sys.path and the pack into :data:`packs.PACKS` for the test's duration.
-    """
-    gguf_path = root / "whole.gguf"
-    write_tiny_gguf(gguf_path, tie=tie)
-    data = gguf_path.read_bytes()
-    site = root / "site"
-    step = -(-len(data) // chunks)
-    parts = []
-    for i in range(1, chunks + 1):
-        piece = data[(i - 1) * step : i * step]
-        module = f"fake_{name.replace('-', '_')}_part{i}"
-        (site / module / "data").mkdir(parents=True)
-        (site / module / "__init__.py").write_text("raise ImportError('chunk packages are never imported')\n")
-        (site / module / "data" / f"part{i:02d}.bin").write_bytes(piece)
-        parts.append(Part(f"fake-{name}-part{i}", "0.1.0", module, f"data/part{i:02d}.bin", len(piece),
-                          hashlib.sha256(piece).hexdigest()))
-    monkeypatch.syspath_prepend(str(site))
-    importlib.invalidate_caches()
-    pack = Pack(name, "a tiny test model", tuple(parts), len(data), hashlib.sha256(data).hexdigest(),
-                vocab_size=TINY_VOCAB, eos_token_ids=(TINY_VOCAB - 1,))
-    monkeypatch.setitem(packs.PACKS, name, pack)
-    return pack
 
 
 def chunk_path(root: Path, pack: Pack, i: int) -> Path:

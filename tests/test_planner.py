@@ -13,10 +13,11 @@ import math
 import numpy as np
 import pytest
 import torch
-from test_cli import run_main, tiny  # noqa: F401  (tiny is a fixture)
-from test_eagle import random_head
-from test_engine import PROMPT, SAMPLES, SIGNIFICANCE, chi_square_p_value, chi_square_power, exact_target_law
-from test_heads import random_heads
+from helpers import (
+    CHEAP_ROWS, DEAR_ROWS, EDGE_ROWS, PROMPT, ROWS, SAMPLES, SIGNIFICANCE, ar_tokens, chi_square_p_value,
+    chi_square_power, drafter_for, exact_target_law, run_main,
+)
+from helpers import tiny  # noqa: F401  (tiny: a fixture)
 from tiny import noisy_copy, tiny_llama
 
 from specdec import generate
@@ -24,8 +25,6 @@ from specdec.backends.base import forward_after
 from specdec.backends.hf import HFCausalLM
 from specdec.backends.hf_layers import HFLayeredCausalLM
 from specdec.build import make_drafter
-from specdec.drafters.eagle import EagleDrafter
-from specdec.drafters.heads import HeadsDrafter
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import NGramDrafter
 from specdec.engine import autoregressive_steps, speculative_steps
@@ -37,22 +36,12 @@ from specdec.stats import Step
 from specdec.verify import VERIFIERS, make_verifier
 
 GREEDY = SamplingConfig()
-ROWS = range(1, 17)
-CHEAP_ROWS = CostModel([1.0 + 0.05 * (n - 1) for n in ROWS], draft=0.05)  # memory-bound: rows nearly free
-DEAR_ROWS = CostModel([0.9 * n for n in ROWS], draft=0.05)  # compute-bound: every row a full step
-# On the edge: one draft token pays at alpha = 0.6 (the prior), not after a rejection (alpha = 0.40).
-EDGE_ROWS = CostModel([1.0 + 0.4 * (n - 1) for n in ROWS], draft=0.0)
 
 
 @pytest.fixture(scope="module")
 def pair():
     target = tiny_llama(0, vocab=16, sharpness=10.0)
     return target, noisy_copy(target, 0.3)
-
-
-def ar_tokens(model, prompt, n: int) -> list[int]:
-    steps = autoregressive_steps(HFCausalLM(model), prompt, sampling=GREEDY, max_new_tokens=n)
-    return [t for s in steps for t in s.tokens]
 
 
 def planner_chose_plain(steps, limit: int) -> tuple[int, int]:
@@ -165,23 +154,6 @@ def test_auto_is_a_policy_by_name():
 
 
 # --- a 0-token draft is a plain target step, through every drafter and verifier -------------------
-
-
-def drafter_for(name: str, model):
-    """(target backend, drafter) for each drafter, on a tiny target."""
-    if name == "model":
-        return HFCausalLM(model), ModelDrafter(HFCausalLM(noisy_copy(model, 0.3)))
-    if name == "ngram":
-        return HFCausalLM(model), NGramDrafter(model.config.vocab_size)
-    if name in ("early-exit", "layer-skip"):
-        backend = HFLayeredCausalLM(model)
-        options = {"exit_layer": 1} if name == "early-exit" else {"skip": [1]}
-        return backend, make_drafter(name, backend, **options)
-    backend = HFCausalLM(model, keep_hidden=True)
-    kept = list(range(model.config.vocab_size))
-    if name == "heads":
-        return backend, HeadsDrafter(backend, random_heads(model, 2, kept))
-    return backend, EagleDrafter(backend, random_head(model, kept))
 
 
 @pytest.mark.parametrize("drafter_name", ["model", "ngram", "early-exit", "layer-skip", "heads", "eagle"])

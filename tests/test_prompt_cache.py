@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_llamacpp import PACK, _gguf
+from helpers import PACK, _gguf
 from tiny import tiny_llama
 
 import specdec
@@ -212,7 +212,7 @@ def test_the_torch_server_keeps_its_cache_and_answers_as_a_cold_server():
     """A transformers target (and draft) is wrapped once for the prompt cache; the follow-up turn
     prefills only what it adds and answers as a server that prefills everything."""
     from fastapi.testclient import TestClient
-    from test_server import tiny_pair, tiny_tokenizer
+    from helpers import tiny_pair, tiny_tokenizer
 
     from specdec.server.app import ServedModels, ServerOptions, create_app
     from specdec.server.requests import method_config

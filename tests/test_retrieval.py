@@ -314,7 +314,7 @@ def test_greedy_retrieval_decoding_on_the_smollm2_gguf_is_its_greedy_decoding():
 
 
 def test_a_server_adds_each_finished_output_to_its_datastore_and_drafts_from_it():
-    from test_server import serve, tiny_pair, tiny_tokenizer
+    from helpers import serve, tiny_pair, tiny_tokenizer
 
     target, _ = tiny_pair()
     store = Datastore()

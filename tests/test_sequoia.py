@@ -21,9 +21,7 @@ from specdec.policies.auto import CostModel, sequoia_budget, tree_draft_cost
 from specdec.sequoia import PositionalAcceptance, expected_accepted, optimal_trees, prior_vector, sequoia_tree
 from specdec.token_tree import TokenTree
 from specdec.verify.tree import TreeVerifier
-from test_engine import PROMPT
-from test_tree import drafted_tree_joint, orderings
-from test_verify_exact import assert_same_law, cases, target_joint
+from helpers import PROMPT, assert_same_law, cases, drafted_tree_joint, orderings, target_joint
 from tiny import noisy_copy, tiny_llama
 
 # --- the dynamic program -----------------------------------------------------------------------------
@@ -325,7 +323,7 @@ def test_sampled_sequoia_through_the_engine_draws_from_the_draft(pair):
 def test_greedy_sequoia_on_the_smollm2_gguf_equals_plain_decoding():
     """On llama.cpp, with an unsure copy of the model as its draft (other branches are kept): a
     fixed budget through the API, and a budget chosen from cost curves through the engine."""
-    from test_llamacpp import CONTEXT, _Unsure, _gguf
+    from helpers import CONTEXT, _Unsure, _gguf
 
     from specdec.backends import llamacpp
 

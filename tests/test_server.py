@@ -8,119 +8,22 @@ A real-model test (SmolLM2, marked slow) closes the file.
 from __future__ import annotations
 
 import contextlib
-import json
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import openai
 import pytest
-import torch
 
 from specdec import generate, models, packs
 from specdec.server.requests import method_config
 from specdec.server.app import ServedModels, ServerOptions, create_app
-
-FIM = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"]
-CHAT_TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}<assistant>"
-
-
-# ------------------------------------------------------------------------------------------------
-# A tiny model pair with a byte-level tokenizer, and a server on a loopback port (helpers shared by
-# test_server_load.py and test_server_page.py)
-
-
-def tiny_tokenizer(fim: bool = True) -> Any:
-    """Byte-level BPE over the 256 bytes (no merges), the FIM tokens, a chat template; no EOS, so a
-    generation always runs to its token limit."""
-    from tokenizers import Tokenizer, decoders, pre_tokenizers
-    from tokenizers.models import BPE
-    from transformers import PreTrainedTokenizerFast
-    from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
-
-    vocab = {token: i for i, token in enumerate(bytes_to_unicode().values())}
-    backend = Tokenizer(BPE(vocab=vocab, merges=[]))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend)
-    tokenizer.add_special_tokens({"additional_special_tokens": FIM if fim else ["<|x1|>", "<|x2|>", "<|x3|>"]})
-    tokenizer.chat_template = CHAT_TEMPLATE
-    return tokenizer
-
-
-def tiny_pair(noise: float = 0.05) -> tuple[Any, Any]:
-    """A 2-layer llama over the tokenizer's 259 ids, and a draft that mostly agrees with it."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from tiny import noisy_copy
-
-    config = LlamaConfig(
-        vocab_size=259, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.5, tie_word_embeddings=False,
-        bos_token_id=None, eos_token_id=None,
-    )
-    torch.manual_seed(0)
-    target = LlamaForCausalLM(config).float().eval()
-    target.generation_config.eos_token_id = None
-    return target, noisy_copy(target, noise)
-
-
-class Server:
-    """uvicorn on 127.0.0.1 in a thread, on a port the OS picked; a context manager."""
-
-    def __init__(self, app: Any) -> None:
-        import uvicorn
-
-        self.app = app
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.bind(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-
-    def __enter__(self) -> "Server":
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            assert self.thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-            time.sleep(0.01)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.server.should_exit = True
-        self.thread.join(30)
-        self.sock.close()
-
-    @property
-    def scheduler(self) -> Any:
-        return self.app.state.specdec.scheduler
-
-    def client(self, key: str = "unused") -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=60,
-                             http_client=httpx.Client(trust_env=False))
-
-
-def serve(target: Any, tokenizer: Any, draft: Any = None, **options: Any) -> Server:
-    method = options.pop("method", "spec:model:block:k=4:policy=static" if draft is not None else "ar")
-    served = ServedModels(target, tokenizer, draft, name="tiny", draft_name="tiny-draft" if draft is not None else None)
-    return Server(create_app(served, ServerOptions(method_config(method, True), **options)))
-
-
-def sse_events(response: httpx.Response) -> list[Any]:
-    """The data of each server-sent event (parsed JSON, or the string [DONE])."""
-    events = []
-    for line in response.iter_lines():
-        if line.startswith("data: "):
-            data = line[len("data: "):]
-            events.append(data if data == "[DONE]" else json.loads(data))
-    return events
+from helpers import Server, running_stream, serve, sse_events, tiny_pair, tiny_tokenizer, wait_for
 
 
 # ------------------------------------------------------------------------------------------------
@@ -389,26 +292,6 @@ def test_api_key_guards_everything_but_health(pair):
 # The queue, disconnects, timeouts, metrics
 
 
-@contextlib.contextmanager
-def running_stream(server: Server, max_tokens: int = 480) -> Iterator[httpx.Response]:
-    """A streaming request that is generating (its first chunk has arrived) until the block ends,
-    when the client disconnects."""
-    body = {"prompt": "0", "max_tokens": max_tokens, "temperature": 0, "stream": True}
-    with httpx.Client(trust_env=False, timeout=60) as http:
-        with http.stream("POST", server.url + "/v1/completions", json=body) as response:
-            assert response.status_code == 200
-            lines = response.iter_lines()
-            assert next(line for line in lines if line.startswith("data: "))
-            yield response
-
-
-def wait_for(condition, seconds: float = 10.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.01)
-
-
 def test_full_queue_answers_429_and_a_disconnect_stops_the_generation_within_one_step(pair):
     target, _, tokenizer = pair
     with serve(target, tokenizer, max_queue=0) as running:
@@ -555,7 +438,7 @@ def test_serve_refuses_bad_options_before_loading(capsys, args, words):
 
 def test_the_serve_command_serves_on_loopback(tmp_path):
     """``specdec serve`` itself: loads a model directory, binds 127.0.0.1, answers, stops on SIGTERM."""
-    from test_cli import make_model_dir
+    from helpers import make_model_dir
 
     path = str(make_model_dir(tmp_path / "model", chat=True))
     with socket.socket() as probe:  # a free port (the command binds it itself)

@@ -23,7 +23,7 @@ import pytest
 
 from specdec.server.requests import method_config
 from specdec.server.app import ServedModels, ServerOptions, create_app
-from test_server import Server, running_stream, tiny_pair, tiny_tokenizer, wait_for
+from helpers import Server, running_stream, tiny_pair, tiny_tokenizer, wait_for
 
 LOOPBACK = "127.0.0.1"
 

@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 
 from specdec import generate
-from test_server import Server, serve, tiny_pair, tiny_tokenizer
+from helpers import Server, serve, tiny_pair, tiny_tokenizer
 
 CLIENTS = 16
 LONG = 480  # tokens: a generation that runs until its client leaves

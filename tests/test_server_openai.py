@@ -16,8 +16,7 @@ import httpx
 import openai
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
-from test_llamacpp import PACK, _gguf
-from test_server import Server, serve, tiny_pair, tiny_tokenizer
+from helpers import PACK, Server, _gguf, serve, tiny_pair, tiny_tokenizer
 
 from specdec.server import tools
 from specdec.server.tools import ToolCallParser

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from specdec import generate, models, packs
-from test_server import Server, serve, tiny_pair, tiny_tokenizer
+from helpers import Server, serve, tiny_pair, tiny_tokenizer
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium: apt-get install -y chromium")

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from specdec import generate, stream
-from test_server import serve, sse_events, tiny_pair, tiny_tokenizer
+from helpers import serve, sse_events, tiny_pair, tiny_tokenizer
 from tiny import noisy_copy, tiny_llama
 
 PROMPT = [1, 2, 3]

@@ -15,8 +15,9 @@ from specdec.drafters.tree import DEFAULT_CHOICES, TreeDrafter
 from specdec.engine import tree_steps
 from specdec.token_tree import TokenTree, forward_tree
 from specdec.verify.tree import TreeVerifier
-from test_engine import PROMPT, assert_sampled_law
-from test_verify_exact import Dist, assert_same_law, cases, outcomes, target_joint
+from helpers import (
+    PROMPT, Dist, assert_same_law, assert_sampled_law, cases, drafted_tree_joint, orderings, outcomes, target_joint,
+)
 from tiny import noisy_copy, tiny_llama
 
 # --- tree data -----------------------------------------------------------------------------------
@@ -74,24 +75,6 @@ def top_tree(q: Dist, context: tuple[int, ...], widths: list[int]) -> TokenTree:
     return TokenTree(tokens, parents)
 
 
-def drafted_tree_joint(p: Dist, horizon: int, trees_at) -> dict:
-    """The exact law of the output over ``horizon`` tokens when each step drafts a tree from
-    ``trees_at(context, room)`` (pairs of probability and tree, at most ``room`` levels deep)
-    and verifies it with :class:`TreeVerifier`."""
-    verifier = TreeVerifier()
-    mass = {(): 1.0}
-    for length in range(horizon):
-        for seq in [s for s in mass if len(s) == length]:
-            weight = mass.pop(seq)
-            for tree_prob, tree in trees_at(seq, horizon - length - 1):
-                rows = [p(seq)] + [p(seq + tuple(tree.tokens[i] for i in tree.path(n))) for n in range(len(tree))]
-                plan = verifier.plan_tree(tree, torch.tensor(np.array(rows)))
-                for end, y, prob in outcomes(plan):
-                    out = seq + tuple(tree.tokens[i] for i in tree.path(end - 1)) + (y,)
-                    mass[out] = mass.get(out, 0.0) + weight * tree_prob * prob
-    return mass
-
-
 def tree_joint(p: Dist, q: Dist, horizon: int, widths: list[int]) -> dict:
     return drafted_tree_joint(p, horizon, lambda seq, room: [(1.0, top_tree(q, seq, widths[:room]))])
 
@@ -101,19 +84,6 @@ def tree_joint(p: Dist, q: Dist, horizon: int, widths: list[int]) -> dict:
 def test_tree_output_law_equals_target_law(case: str, widths: list[int]) -> None:
     p, q = cases(4)[case]
     assert_same_law(tree_joint(p, q, 4, widths), target_joint(p, 4, 4))
-
-
-def orderings(dist: np.ndarray, width: int) -> list[tuple[tuple[int, ...], float]]:
-    """Every ordered draw of min(width, support) tokens from ``dist`` without replacement, with its probability."""
-    support = [t for t in range(len(dist)) if dist[t] > 0]
-    result = []
-    for seq in itertools.permutations(support, min(width, len(support))):
-        prob, left = 1.0, 1.0
-        for t in seq:
-            prob *= dist[t] / left
-            left -= dist[t]
-        result.append((seq, prob))
-    return result
 
 
 def sampled_trees(q: Dist, context: tuple[int, ...], widths: list[int], expand: int | None):

@@ -9,10 +9,7 @@ horizon. The resulting law of the generated sequence must equal the target's joi
 from __future__ import annotations
 
 import itertools
-import zlib
 from fractions import Fraction
-from functools import lru_cache
-from typing import Callable
 
 import numpy as np
 import pytest
@@ -22,58 +19,7 @@ from specdec.verify import VERIFIERS, draw, make_verifier
 from specdec.sampling import SamplingConfig, logits_to_probs
 from specdec.verify.base import VerifyPlan
 from specdec.verify.greedy import greedy_verdict
-
-Dist = Callable[[tuple[int, ...]], np.ndarray]  # context -> distribution over the vocabulary
-
-
-def _rng_for(tag: str, context: tuple[int, ...]) -> np.random.Generator:
-    return np.random.default_rng(zlib.crc32(repr((tag, context)).encode()))
-
-
-def dirichlet(tag: str, vocab: int, zeros: int = 0) -> Dist:
-    """A context-dependent random distribution; ``zeros`` tokens get probability 0 per context."""
-
-    @lru_cache(maxsize=None)
-    def dist(context: tuple[int, ...]) -> np.ndarray:
-        rng = _rng_for(tag, context)
-        d = rng.dirichlet(np.full(vocab, 0.7))
-        if zeros:
-            d[rng.choice(vocab, size=zeros, replace=False)] = 0.0
-            if d.sum() == 0:
-                d[rng.integers(vocab)] = 1.0
-        return d / d.sum()
-
-    return dist
-
-
-def point_mass(tag: str, vocab: int) -> Dist:
-    """A deterministic drafter (like n-gram lookup): all mass on one context-dependent token."""
-
-    def dist(context: tuple[int, ...]) -> np.ndarray:
-        d = np.zeros(vocab)
-        d[_rng_for(tag, context).integers(vocab)] = 1.0
-        return d
-
-    return dist
-
-
-def supported_on(tokens: list[int], tag: str, vocab: int) -> Dist:
-    def dist(context: tuple[int, ...]) -> np.ndarray:
-        d = np.zeros(vocab)
-        d[tokens] = _rng_for(tag, context).dirichlet(np.ones(len(tokens)))
-        return d
-
-    return dist
-
-
-def target_joint(p: Dist, vocab: int, horizon: int) -> dict[tuple[int, ...], float]:
-    joint = {}
-    for seq in itertools.product(range(vocab), repeat=horizon):
-        prob = 1.0
-        for t in range(horizon):
-            prob *= p(seq[:t])[seq[t]]
-        joint[seq] = prob
-    return joint
+from helpers import Dist, assert_same_law, cases, dirichlet, outcomes, point_mass, target_joint
 
 
 def speculative_joint(
@@ -105,43 +51,6 @@ def speculative_joint(
                     out = seq + draft[:n] + (y,)
                     mass[out] = mass.get(out, 0.0) + weight * draft_prob * prob
     return mass
-
-
-def outcomes(plan: VerifyPlan) -> list[tuple[int, int, float]]:
-    """Every (n, y, probability) of a plan, rows normalised as the sampler normalises them."""
-    result = []
-    for n, pn in enumerate(plan.accept_len_probs.tolist()):
-        if pn <= 0.0:
-            continue
-        row = plan.next_token_probs[n].double()
-        row = row / row.sum()
-        for y, py in enumerate(row.tolist()):
-            if py > 0.0:
-                result.append((n, y, pn * py))
-    return result
-
-
-def assert_same_law(a: dict, b: dict, tol: float = 1e-9) -> None:
-    keys = set(a) | set(b)
-    worst = max(abs(a.get(s, 0.0) - b.get(s, 0.0)) for s in keys)
-    assert worst <= tol, f"laws differ by {worst:.3e}"
-    assert abs(sum(a.values()) - 1.0) <= tol
-
-
-def cases(vocab: int) -> dict[str, tuple[Dist, Dist]]:
-    """name -> (target p, draft q) over ``vocab`` tokens."""
-    half = vocab // 2
-    return {
-        "random": (dirichlet("p", vocab), dirichlet("q", vocab)),
-        "draft-with-zeros": (dirichlet("p", vocab), dirichlet("q", vocab, zeros=vocab // 2)),
-        "target-with-zeros": (dirichlet("p", vocab, zeros=vocab // 2), dirichlet("q", vocab)),
-        "point-mass": (dirichlet("p", vocab), point_mass("q", vocab)),
-        "equal": (dirichlet("p", vocab), dirichlet("p", vocab)),
-        "disjoint": (
-            supported_on(list(range(half)), "p", vocab),
-            supported_on(list(range(half, vocab)), "q", vocab),
-        ),
-    }
 
 
 V = 4

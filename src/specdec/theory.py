@@ -14,11 +14,6 @@ def acceptance_rate(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return torch.minimum(p, q).sum(-1)
 
 
-def total_variation(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """The draft/target divergence that decides acceptance: TV(p, q) = 1 - sum min(p, q)."""
-    return 0.5 * (p - q).abs().sum(-1)
-
-
 def expected_tokens_per_step(alpha: float, k: int) -> float:
     """E[tokens per target forward] = (1 - alpha^(k+1)) / (1 - alpha), assuming i.i.d. acceptance."""
     if alpha >= 1.0:

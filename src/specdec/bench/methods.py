@@ -53,7 +53,6 @@ from specdec.drafters import NEEDS
 PROMPT_LOOKUP_K = 10  # transformers' documented example value for prompt_lookup_num_tokens
 # Which peer a project drafter is measured against.
 PEER_OF_DRAFTER = {"model": "hf-assisted", "ngram": "hf-prompt-lookup"}
-LLAMACPP_PEER_OF_DRAFTER: dict[str, str] = {}  # the binding drafts nothing itself
 HF_PEERS = ("hf-assisted", "hf-prompt-lookup", "hf-ar")
 SERVER_PEERS = ("llama-server", "llama-server-md", "llama-server-spec-default")
 LLAMACPP_PEERS = ("llamacpp-ar", *SERVER_PEERS)
@@ -130,9 +129,9 @@ class MethodSpec:
     @property
     def peer(self) -> str | None:
         """The peer a project method is measured against (by its drafter and backend), if any."""
-        if self.kind != "spec":
+        if self.kind != "spec" or self.backend == "llamacpp":  # the llama.cpp binding drafts nothing itself
             return None
-        return (LLAMACPP_PEER_OF_DRAFTER if self.backend == "llamacpp" else PEER_OF_DRAFTER).get(self.drafter)
+        return PEER_OF_DRAFTER.get(self.drafter)
 
     @property
     def ar(self) -> "MethodSpec":

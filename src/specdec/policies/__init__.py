@@ -1,26 +1,25 @@
 """Draft-length policies: how many tokens to draft each step.
 
-The policies themselves are in :mod:`specdec.policies.base` (``static``, ``heuristic``,
-``confidence``, ``theory``) and :mod:`specdec.policies.auto` (``auto``, the default: the planner,
-which drafts the length with the most expected tokens per second from this machine's measured
-costs). :func:`make_policy` builds one by name.
+The protocol they share is in :mod:`specdec.policies.base`; the policies themselves are in
+:mod:`specdec.policies.rules` (``static``, ``heuristic``, ``confidence``),
+:mod:`specdec.policies.theory` (``theory``) and :mod:`specdec.policies.auto` (``auto``, the default:
+the planner, which drafts the length with the most expected tokens per second from this machine's
+measured costs); the last two learn from :mod:`specdec.policies.estimates`. :func:`make_policy`
+builds one by name.
 """
 
 from __future__ import annotations
 
 from specdec.policies.auto import AutoPolicy
-from specdec.policies.base import (
-    DEFAULT_K_MAX,
-    DEFAULT_THRESHOLD,
-    AcceptanceEstimates,
-    ConfidenceStop,
-    DraftLengthPolicy,
-    HeuristicK,
-    Plan,
-    StaticK,
-    TheoryK,
-    check_k,
-)
+from specdec.policies.base import DEFAULT_K_MAX, DEFAULT_THRESHOLD, DraftLengthPolicy, Plan, check_k
+from specdec.policies.estimates import AcceptanceEstimates
+from specdec.policies.rules import ConfidenceStop, HeuristicK, StaticK
+from specdec.policies.theory import TheoryK
+
+__all__ = [
+    "DEFAULT_K_MAX", "DEFAULT_THRESHOLD", "POLICIES", "AcceptanceEstimates", "AutoPolicy", "ConfidenceStop",
+    "DraftLengthPolicy", "HeuristicK", "Plan", "StaticK", "TheoryK", "check_k", "make_policy",
+]
 
 POLICIES = ("static", "heuristic", "confidence", "theory", "auto")  # auto: specdec.policies.auto.AutoPolicy
 

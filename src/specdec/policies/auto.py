@@ -83,7 +83,8 @@ import torch
 from specdec.drafters.base import DraftCost, Drafter
 from specdec.measurements import cache_file, cost_key
 from specdec.paths import load_measurement, save_measurement
-from specdec.policies.base import DEFAULT_K_MAX, AcceptanceEstimates, DraftLengthPolicy, Plan, check_k
+from specdec.policies.base import DEFAULT_K_MAX, DraftLengthPolicy, Plan, check_k
+from specdec.policies.estimates import AcceptanceEstimates
 from specdec.sequoia import optimal_trees
 from specdec.stats import Step
 

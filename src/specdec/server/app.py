@@ -46,7 +46,7 @@ from specdec.api import eos_token_ids_of
 from specdec.datastore import MAX_MATCH
 from specdec.config import DecodeConfig
 from specdec.server import requests as rq
-from specdec.server.guard import LOOPBACK_HOSTS, MAX_BODY_BYTES, Guard
+from specdec.server.guard import LOOPBACK_HOSTS, MAX_BODY_BYTES, READ_TIMEOUT_SECONDS, Guard
 from specdec.build import as_backend, is_backend
 from specdec.drafters import NEEDS
 from specdec.server.logprobs import TokenText
@@ -83,7 +83,7 @@ class ServerOptions:
     max_tokens: int = 2048  # the most a request may ask for; also the chat default
     allowed_hosts: frozenset[str] | None = LOOPBACK_HOSTS  # the Host names answered; None: any
     max_body_bytes: int = MAX_BODY_BYTES
-    read_timeout: float = 30.0  # seconds for a request's headers to arrive, and again for its body
+    read_timeout: float = READ_TIMEOUT_SECONDS  # seconds for a request's headers to arrive, and again for its body
     prompt_cache: bool = True  # keep the models' caches between requests (DecodeConfig.prompt_cache)
     prompt_cache_bytes: int = DEFAULT_BUDGET_MIB << 20  # saved caches of earlier requests (server.prompt_cache)
     seeded_sampler: str = "gumbel"  # the sampler of a request with a seed and no sampler (rq.choose_method)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Sequence
+from typing import Any, Awaitable, Callable, Protocol, Sequence
 
 import h11
 import uvicorn
@@ -23,11 +23,9 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from specdec.server.requests import APIError
 
-if TYPE_CHECKING:
-    from specdec.server.app import ServerOptions
-
 MAX_BODY_BYTES = 4 << 20  # a context's worth of text, JSON-escaped, with room to spare
 MAX_HEADER_BYTES = 32 << 10  # the request line and headers together
+READ_TIMEOUT_SECONDS = 30.0  # default seconds for a request's headers to arrive, and again for its body
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "[::1]"})
 ANY_ADDRESS = ("0.0.0.0", "::", "")
 LINGER_SECONDS = 2.0  # after an error answer, how long to read and drop what the client still sends
@@ -166,7 +164,14 @@ async def _answer(send: Send, err: APIError, close: bool = False) -> None:
 # uvicorn
 
 
-def uvicorn_config(app: Any, options: "ServerOptions", **kwargs: Any) -> uvicorn.Config:
+class Timeouts(Protocol):
+    """What :func:`uvicorn_config` reads of the server's options (a
+    :class:`~specdec.server.app.ServerOptions`)."""
+
+    read_timeout: float
+
+
+def uvicorn_config(app: Any, options: Timeouts, **kwargs: Any) -> uvicorn.Config:
     """uvicorn's configuration for ``app``: :class:`GuardedH11Protocol` with the options' read
     timeout. ``kwargs`` go to uvicorn."""
     protocol = type("GuardedH11Protocol", (GuardedH11Protocol,), {"read_timeout": options.read_timeout})
@@ -181,7 +186,7 @@ class GuardedH11Protocol(H11Protocol):
     byte, so a client sending one byte at a time would otherwise hold the connection for ever.
     """
 
-    read_timeout = 30.0
+    read_timeout = READ_TIMEOUT_SECONDS
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)

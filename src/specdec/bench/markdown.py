@@ -1,0 +1,172 @@
+"""A benchmark run's results (:func:`specdec.bench.report.results`) as Markdown: a line saying what
+ran, one table row per method, the per-set speed-ups, and a line per divergent output."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Sequence
+
+from specdec.divergence import cause
+
+
+def title(data: dict[str, Any]) -> str:
+    s, m = data["settings"], data["models"]
+    mode = "greedy" if s["greedy"] else f"temperature {s['temperature']:g}"
+    draft = f" / draft {m['draft']['name']}" if m.get("draft") else ""
+    sets = Counter(p["set"] for p in data["prompts"])
+    prompts = ", ".join(f"{n} {name}" for name, n in sets.items())
+    env = data["environment"]
+    weights = env.get("weights") or env.get("dtype")  # "weights" where a method ran on llama.cpp
+    return (f"target {m['target']['name']}{draft}, {weights}, {mode}, "
+            f"{s['max_new_tokens']} new tokens, {prompts} prompts, {s['repeats']} repeat(s)")
+
+
+COLUMNS = [
+    ("method", None),
+    ("tok/s", "tokens_per_second"),
+    ("ms/token", "ms_per_token"),
+    ("speed-up vs ar", "speedup_vs_ar"),
+    ("geomean", "speedup_vs_ar_geomean"),
+    ("vs llamacpp-ar", "speedup_vs_llamacpp_ar"),
+    ("geomean (worst)", "speedup_vs_llamacpp_ar_geomean"),
+    ("decoding speed-up", "decode_speedup_vs_ar"),
+    ("decoding vs llamacpp-ar", "decode_speedup_vs_llamacpp_ar"),
+    ("first step (s)", "first_step_seconds"),
+    ("tokens/forward", "mean_accepted_per_forward"),
+    ("acceptance", "acceptance_rate"),
+    ("α", "alpha"),
+    ("k", "mean_drafted_per_step"),
+    ("c", "cost_ratio_c"),
+    ("predicted", "predicted_speedup"),
+    ("draft / verify / other", None),
+    ("identical to ar", "identical_prompts"),
+    ("vs peer", "vs_peer"),
+]
+
+
+def markdown(data: dict[str, Any]) -> str:
+    """The summary table, one row per method, under a line saying what was run."""
+    llamacpp_ar = any(m.get("speedup_vs_llamacpp_ar") is not None for m in data["methods"].values())
+    columns = [(c, key) for c, key in COLUMNS if llamacpp_ar or "vs_llamacpp_ar" not in (key or "")]
+    lines = [
+        f"**{title(data)}**",
+        "",
+        "| " + " | ".join(c for c, _ in columns) + " |",
+        "|" + "|".join("---" if c == "method" else "---:" for c, _ in columns) + "|",
+    ]
+    for name, m in data["methods"].items():
+        cells = []
+        for column, key in columns:
+            if column == "method":
+                cells.append(f"`{name}`" + ("" if m["exact"] else " (LOSSY)"))
+            elif column == "draft / verify / other":
+                cells.append(_split(m))
+            elif key == "vs_peer":
+                cells.append(f"{_fmt(m.get(key), 'x')} {m['peer']}" if m.get("peer") else "–")
+            elif key == "speedup_vs_llamacpp_ar_geomean":
+                worst = m.get("speedup_vs_llamacpp_ar_min")
+                cells.append(_fmt(m.get(key), "x") + (f" ({_fmt(worst, 'x')})" if worst is not None else ""))
+            elif key in ("speedup_vs_ar", "speedup_vs_ar_geomean", "predicted_speedup", "decode_speedup_vs_ar",
+                         "speedup_vs_llamacpp_ar", "decode_speedup_vs_llamacpp_ar"):
+                cells.append(_fmt(m.get(key), "x"))
+            elif key in ("acceptance_rate", "alpha"):
+                cells.append(_fmt(m.get(key), "%"))
+            else:
+                cells.append(_fmt(m.get(key)))
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += _set_lines(data) if llamacpp_ar else []
+    lines += _divergence_lines(data)
+    for name, why in data.get("skipped", {}).items():
+        lines.append(f"\n`{name}` not run: {why}.")
+    for name, error in data.get("failed", {}).items():
+        lines.append(f"\n`{name}` FAILED and is left out: {error}")
+    if data.get("resumed_samples"):
+        lines.append(f"\n{data['resumed_samples']} of the {len(data['samples'])} timed runs were made by an earlier, "
+                     "interrupted invocation of the same command (`wall_seconds` counts the last one only).")
+    lines.append(
+        "\nSpeed-up: ratio of tokens per second to `ar` over all prompts (geomean: per prompt); "
+        "decoding speed-up: the same after each run's first step, which prefills the prompt "
+        "(first step: its mean time). "
+        "Speed-ups and identity are against `ar` on the method's own backend (`ar:backend=llamacpp` for "
+        "llama.cpp methods and peers). "
+        + ("vs llamacpp-ar: ratio of tokens per second to the llama.cpp binding's own generation on the same "
+           "GGUF (then: geomean over prompts, the worst prompt in brackets; decoding: after the first step). "
+           if llamacpp_ar else "")
+        + "tokens/forward: new tokens per target forward. α: per-token acceptance; k: drafts per step; "
+        "c: one draft token's time / one `ar` step; predicted: (1-α^(k+1)) / ((1-α)(kc+1)). "
+        "vs peer: speed-up over the fastest peer of the same kind (draft model: `hf-assisted`; "
+        "n-gram: `hf-prompt-lookup`; none on llama.cpp). Peers' draft/verify are "
+        "their models' forward times."
+    )
+    return "\n".join(lines)
+
+
+def _set_lines(data: dict[str, Any]) -> list[str]:
+    """Per prompt set, each method's geomean speed-up against llamacpp-ar."""
+    rows = {name: m["speedup_vs_llamacpp_ar_by_set"] for name, m in data["methods"].items()
+            if m.get("speedup_vs_llamacpp_ar_by_set")}
+    sets = list(dict.fromkeys(name for by_set in rows.values() for name in by_set))
+    if not rows or len(sets) < 2:
+        return []
+    lines = ["", "Speed-up against `llamacpp-ar` per prompt set (geomean over its prompts):", "",
+             "| method | " + " | ".join(sets) + " |", "|---|" + "---:|" * len(sets)]
+    for name, by_set in rows.items():
+        lines.append(f"| `{name}` | " + " | ".join(_fmt(by_set.get(x), "x") for x in sets) + " |")
+    return lines
+
+
+def _divergence_lines(data: dict[str, Any]) -> list[str]:
+    """One line per greedy run whose output left its backend's ar, and per coupled run whose text
+    left the first coupled method's (same seed): where, the tokens, the margins."""
+    lines = []
+    for name, m in data["methods"].items():
+        for d in m.get("divergences") or []:
+            base = d.get("base") or m["ar"]
+            what = ("the top-2 margin of the Gumbel-max scores (logits / T + noise)" if base != m["ar"]
+                    else "the target's top-2 logit margin")
+            margins = ", ".join(f"{d[key]:.3g} in {where}" for key, where in
+                                (("ar_margin", f"`{base}`'s pass"), ("margin", "its own pass"))
+                                if d.get(key) is not None)
+            lines.append(
+                f"\n`{name}` leaves `{base}` on {d['prompt_id']} (repeat {d['repeat']}) at new token "
+                f"{d['position']}: {_token(d, 'token')} instead of {_token(d, 'ar_token')}"
+                + (f"; {what} there: {margins}" if margins else "") + f"; {cause(d)}."
+            )
+    return lines
+
+
+def _token(d: dict[str, Any], key: str) -> str:
+    """A divergence's token: its id and, when known, its text."""
+    if d.get(key) is None:
+        return "the end of the output"
+    text = d.get(f"{key}_text")
+    return f"{d[key]} ({text!r})" if text is not None else str(d[key])
+
+
+def _split(m: dict[str, Any]) -> str:
+    if not m["seconds"]:
+        return "–"
+    d, v = m["draft_seconds"] / m["seconds"], m["verify_seconds"] / m["seconds"]
+    return f"{d:.0%} / {v:.0%} / {max(0.0, 1 - d - v):.0%}"
+
+
+def _fmt(value: Any, unit: str = "") -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, str):
+        return value
+    if unit == "%":
+        return f"{value:.0%}"
+    if unit == "x":
+        return f"{value:.2f}×"
+    if isinstance(value, int):
+        return str(value)
+    return f"{value:.1f}" if abs(value) >= 10 else f"{value:.2f}"
+
+
+def summary_markdown(runs: Sequence[dict[str, Any]], command: str) -> str:
+    """One page for a whole invocation: the command and every run's table."""
+    parts = ["# Benchmark results", "", "Produced by:", "", "```", command, "```"]
+    for data in runs:
+        parts += ["", markdown(data)]
+    return "\n".join(parts) + "\n"
