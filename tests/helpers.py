@@ -91,7 +91,7 @@ class CharTokenizer:
     def __call__(self, text, add_special_tokens=True):
         return {"input_ids": [2 + ord(c) % (VOCAB - 2) for c in text]}
 
-    def decode(self, ids, skip_special_tokens=True):
+    def decode(self, ids, skip_special_tokens=True, clean_up_tokenization_spaces=None):
         return "".join(chr(65 + i % 26) for i in ids)
 
 

@@ -21,7 +21,7 @@ class LetterTokenizer:
         text.encode("utf-8")  # as the Rust tokenizers do: a lone surrogate fails here
         return {"input_ids": [(ord(c) - 97) % 16 for c in text]}
 
-    def decode(self, ids, skip_special_tokens=True):
+    def decode(self, ids, skip_special_tokens=True, clean_up_tokenization_spaces=None):
         return "".join(chr(97 + int(i)) for i in ids)
 
 

@@ -27,7 +27,7 @@ class PieceTokenizer:
     def __call__(self, text, add_special_tokens=True):
         return {"input_ids": [(ord(c) - 97) % 16 for c in text]}
 
-    def decode(self, ids, skip_special_tokens=True):
+    def decode(self, ids, skip_special_tokens=True, clean_up_tokenization_spaces=None):
         return "".join(PIECES[int(i)] for i in ids)
 
 
@@ -157,3 +157,33 @@ def test_streamed_and_whole_completions_with_a_stop_string_agree(server, samplin
         streamed, steps = completion(running.url, body, streamed=True)
         assert whole == streamed == want
         assert all(0 <= c["speculative"]["draft_chars"] <= len(c["choices"][0]["text"]) for c in steps)
+
+
+class CleanUpTokenizer(PieceTokenizer):
+    """Tokens decode to 'a', ' ', ',' and 'b' (id mod 4); by default, as transformers'
+    ``clean_up_tokenization_spaces`` does, a space before a comma is dropped, which rewrites text
+    already decoded once the comma arrives."""
+
+    PIECES = ["a", " ", ",", "b"]
+
+    def decode(self, ids, skip_special_tokens=True, clean_up_tokenization_spaces=None):
+        text = "".join(self.PIECES[int(i) % 4] for i in ids)
+        return text if clean_up_tokenization_spaces is False else text.replace(" ,", ",")
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_streamed_text_is_the_text_of_the_tokens_where_clean_up_would_rewrite_it(pair, seed):
+    """Each event's text appends to what was shown, and all of it is the tokens' text with spaces as
+    they spell them: nothing shown is dropped or repeated when a later token would make the
+    tokenizer's clean-up rewrite it (before the fix a ' ,' streamed as ' ' and then ',' lost the
+    comma's neighbour)."""
+    target, draft = pair
+    tokenizer = CleanUpTokenizer()
+    settings = dict(draft=draft, tokenizer=tokenizer, k=3, policy="static", max_new_tokens=60,
+                    temperature=1.0, seed=seed)
+    events = list(stream(target, PROMPT, **settings))
+    ids = [t for e in events for t in e.token_ids]
+    text = tokenizer.decode(ids, clean_up_tokenization_spaces=False)
+    assert " ," in text  # the case clean-up rewrites occurs
+    check_never_taken_back(events, text)
+    assert generate(target, PROMPT, **settings).text == text

@@ -271,11 +271,19 @@ class _Run:
         return delta, sum(self.by_draft[start : start + len(delta)])
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        return decode_text(self.tokenizer, ids)
 
     def result(self) -> GenerationResult:
         text = self.text if self.tokenizer is not None else None
         return GenerationResult(self.token_ids, text, self.stats, self.method, self.exact, self.logprobs)
+
+
+def decode_text(tokenizer: Any, ids: Sequence[int]) -> str:
+    """The text of ``ids`` as outputs show it: special tokens skipped and spaces left as the tokens
+    spell them. A tokenizer's clean-up of spaces (``clean_up_tokenization_spaces``, on for SmolLM2's)
+    rewrites text already decoded once a later token arrives (a newline and a space before a comma
+    lose the space), so text streamed by position would drop or repeat characters."""
+    return tokenizer.decode(list(ids), skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
 
 def _stop_prefix(text: str, stops: Sequence[str]) -> int:

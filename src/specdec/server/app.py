@@ -42,7 +42,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import specdec
-from specdec.api import eos_token_ids_of
+from specdec.api import decode_text, eos_token_ids_of
 from specdec.datastore import MAX_MATCH
 from specdec.config import DecodeConfig
 from specdec.server import requests as rq
@@ -330,7 +330,7 @@ def _job(state: _State, gen: Generation) -> Job:
                               **gen.sampling, prompt_cache=state.options.prompt_cache, **extra)
 
     def decode(ids: list[int]) -> str:
-        return tokenizer.decode(ids, skip_special_tokens=True)
+        return decode_text(tokenizer, ids)
 
     def finish(ids: list[int], text: str, stats: Any, logprobs: list[Any] | None) -> dict[str, Any]:
         cached = stats.prompt_cached if stats is not None else 0

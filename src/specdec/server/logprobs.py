@@ -17,6 +17,8 @@ import functools
 import re
 from typing import Any, Sequence
 
+from specdec.api import decode_text
+
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
@@ -74,6 +76,6 @@ class TokenText:
         ids = list(before)
         out = []
         for token in tokens:
-            out.append(len(self.tokenizer.decode(ids, skip_special_tokens=True).rstrip("\ufffd")) if ids else 0)
+            out.append(len(decode_text(self.tokenizer, ids).rstrip("\ufffd")) if ids else 0)
             ids.append(token)
         return out
