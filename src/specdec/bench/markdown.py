@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Sequence
 
+from specdec.bench import schema_check
 from specdec.divergence import cause
 
 
@@ -76,6 +77,8 @@ def markdown(data: dict[str, Any]) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     lines += _set_lines(data) if llamacpp_ar else []
     lines += _divergence_lines(data)
+    shaped = schema_check.markdown({name: m for name, m in data["methods"].items() if m.get("schema_runs")})
+    lines += [f"\n{shaped}"] if shaped else []
     for name, why in data.get("skipped", {}).items():
         lines.append(f"\n`{name}` not run: {why}.")
     for name, error in data.get("failed", {}).items():

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from specdec.bench import schema_check
 from specdec.bench.environment import environment, llamacpp_info, model_info
 from specdec.bench.figures import summarize
 from specdec.bench.markdown import markdown, summary_markdown, title
@@ -45,13 +46,23 @@ def results(run: BenchRun, env: dict[str, Any], models: dict[str, Any]) -> dict[
                if s.endpoint == "chat" else {}),
         },
         "prompts": [p.to_dict() | {"tokens": n} for p, n in zip(run.prompts, run.prompt_tokens)],
-        "methods": summarize(run),
+        "methods": _with_schema_figures(summarize(run), run.samples),
         "skipped": run.skipped,
         "failed": run.failed,
         "wall_seconds": run.seconds,
         "resumed_samples": run.resumed,
         "samples": [x.to_dict() for x in run.samples],
     }
+
+
+def _with_schema_figures(methods: dict[str, Any], samples: list[Any]) -> dict[str, Any]:
+    """Each method's figures, with those of its outputs on prompts with a JSON schema
+    (:func:`specdec.bench.schema_check.method_figures`: the share that parse and follow their
+    schema, the share of tokens the grammar forced) where it has such runs."""
+    for name, values in schema_check.method_figures(samples).items():
+        if name in methods:
+            methods[name].update(values)
+    return methods
 
 
 def write_run(data: dict[str, Any], out_dir: str | Path) -> Path:

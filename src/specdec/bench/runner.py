@@ -33,7 +33,9 @@ from specdec.divergence import LogitsRecorder, batch_invariance, decisive_positi
 from specdec.bench.llamacpp_models import LlamaCppModels, context_needed
 from specdec.bench.methods import MethodSpec
 from specdec.bench.peers import run_peer
+from specdec.bench.schema_check import check_output
 from specdec.bench.servers import Servers, run_server
+from specdec.constraints import Constraints
 from specdec.prompts import Prompt
 from specdec.sampling import SamplingConfig
 from specdec.bench.sample import Sample, median as _median
@@ -161,13 +163,15 @@ def run_bench(
     failed: dict[str, str] = {}
 
     def attempt(method: MethodSpec, prompt_ids: list[int], max_new_tokens: int, seed: int,
-                messages: Sequence[dict[str, str]] = ()) -> Sample | None:
-        """One run; a method that raises is reported and left out from then on (ar may not fail)."""
+                messages: Sequence[dict[str, str]] = (), shape: Prompt | None = None) -> Sample | None:
+        """One run (``shape``: the prompt whose JSON schema the output follows, if it has one); a
+        method that raises is reported and left out from then on (ar may not fail)."""
         if method.name in failed:
             return None
         try:
             return run_method(method, pair, backends, prompt_ids, settings.temperature, max_new_tokens, eos, seed,
-                              messages=messages if settings.endpoint == "chat" else ())
+                              messages=messages if settings.endpoint == "chat" else (),
+                              schema=shape.schema if shape else None, schema_name=shape.schema_name if shape else "")
         except Exception as e:
             if method.kind == "ar":
                 raise
@@ -182,7 +186,7 @@ def run_bench(
             # prefill that prompt's timed run. Its warm-up prompt is one no timed prompt begins with.
             prompt = ids[0][-WARMUP_SERVER_TOKENS:][::-1] if method.is_server else ids[0]
             attempt(method, prompt, min(settings.warmup_tokens, settings.max_new_tokens), settings.seed,
-                    WARMUP_MESSAGES if prompts[0].chat else ())
+                    WARMUP_MESSAGES if prompts[0].chat else (), prompts[0])  # its schema, if any: warms the grammar
             bar.update()
     samples = []
     # Freeze what exists (models, libraries) out of the collector's sight, so the collection
@@ -197,7 +201,7 @@ def run_bench(
             bar.set_postfix_str(f"r{repeat} {prompts[p].id} {method.name}")
             seed = settings.seed + 7919 * repeat + p
             gc.collect()
-            sample = attempt(method, ids[p], settings.max_new_tokens, seed, prompts[p].messages)
+            sample = attempt(method, ids[p], settings.max_new_tokens, seed, prompts[p].messages, prompts[p])
             if sample is not None:
                 sample.prompt, sample.repeat, sample.order = p, repeat, place
                 samples.append(sample)
@@ -265,7 +269,8 @@ def find_divergences(pair: Pair, backends: BenchBackends, methods: Sequence[Meth
 
             try:
                 again = _run_project(method, pair, backends, ids[sample.prompt], settings.temperature,
-                                     len(sample.token_ids), eos, sample.seed, wrap=wrap)
+                                     len(sample.token_ids), eos, sample.seed, wrap=wrap,
+                                     schema=prompts[sample.prompt].schema)
                 recorded[method.name, sample.prompt] = (recorders[0], again.token_ids == sample.token_ids)
             except Exception as e:  # the explanation is a diagnosis: its failure must not stop the run
                 recorded[method.name, sample.prompt] = (None, f"{type(e).__name__}: {e}")
@@ -318,9 +323,12 @@ def check_models(pair: Pair, methods: Sequence[MethodSpec], backends: BenchBacke
 def run_method(
     method: MethodSpec, pair: Pair, backends: BenchBackends, prompt_ids: list[int], temperature: float,
     max_new_tokens: int, eos: list[int], seed: int, messages: Sequence[dict[str, str]] = (),
+    schema: dict[str, Any] | None = None, schema_name: str = "",
 ) -> Sample:
     """One timed generation; the returned sample's prompt/repeat/order are left at 0. messages: a
-    server method sends these to the chat endpoint instead of ``prompt_ids`` (bench/servers.py)."""
+    server method sends these to the chat endpoint instead of ``prompt_ids`` (bench/servers.py).
+    schema: the JSON schema the output follows (a server gets it with the request, the project's
+    methods as :class:`~specdec.constraints.Constraints`; a library peer cannot follow one)."""
     if method.is_server:
         if backends.servers is None:
             raise ValueError(f"{method.name} runs through a server; the run has none (BenchBackends.servers)")
@@ -328,10 +336,18 @@ def run_method(
         key = method.kind if method.is_peer else f"specdec:{method.backend}:{config}"
         return run_server(backends.servers, key, method.name, prompt_ids, temperature, max_new_tokens, eos, seed,
                           method=config, messages=messages,
-                          tokenize=lambda text: list(pair.tokenizer(text, add_special_tokens=False)["input_ids"]))
+                          tokenize=lambda text: list(pair.tokenizer(text, add_special_tokens=False)["input_ids"]),
+                          schema=schema, schema_name=schema_name or "output")
     if method.is_peer:
+        if schema is not None:
+            raise ValueError(f"{method.name} cannot constrain its output to a JSON schema")
         return run_peer(method, pair, backends.llamacpp, prompt_ids, temperature, max_new_tokens, eos, seed)
-    return _run_project(method, pair, backends, prompt_ids, temperature, max_new_tokens, eos, seed)
+    sample = _run_project(method, pair, backends, prompt_ids, temperature, max_new_tokens, eos, seed, schema=schema)
+    if schema is not None:  # after the timed run: the tokens' own text (no clean-up rewriting its spaces)
+        text = pair.tokenizer.decode(sample.token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        checked = check_output(text, schema)
+        sample.json_parsed, sample.schema_valid = checked.parsed, checked.valid
+    return sample
 
 
 # ------------------------------------------------------------------------------------------
@@ -339,9 +355,9 @@ def run_method(
 
 
 def _run_project(method, pair, backends, prompt_ids, temperature, max_new_tokens, eos, seed,
-                 wrap: Callable[[Any], Any] | None = None) -> Sample:
+                 wrap: Callable[[Any], Any] | None = None, schema: dict[str, Any] | None = None) -> Sample:
     """One run through :func:`specdec.stream`; ``wrap`` (untimed replays only) wraps the target's
-    backend before the drafter is built on it."""
+    backend before the drafter is built on it; ``schema``: the JSON schema the output follows."""
     config = method.config.replace(temperature=temperature, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
                                    seed=seed, eos_token_ids=eos, draft_weights=backends.draft_weights)
     start = time.perf_counter()
@@ -358,7 +374,8 @@ def _run_project(method, pair, backends, prompt_ids, temperature, max_new_tokens
     drafted, accepted, draft_s, verify_s = [], [], [], []
     stats = None
     first: tuple[float, int] | None = None  # (seconds, tokens) of the first step
-    for event in specdec.stream(target, prompt_ids, draft=draft, config=config):
+    shaped = {} if schema is None else {"constraints": Constraints(json_schema=schema), "tokenizer": pair.tokenizer}
+    for event in specdec.stream(target, prompt_ids, draft=draft, config=config, **shaped):
         if first is None:
             first = (time.perf_counter() - start, len(event.token_ids))
         stats = event.stats  # cumulative; the per-step figures are its increments
@@ -378,6 +395,7 @@ def _run_project(method, pair, backends, prompt_ids, temperature, max_new_tokens
         draft_seconds=sum(draft_s), verify_seconds=sum(verify_s),
         draft_token_seconds=_median(per_token), step_seconds=_median(verify_s[1:]),
         first_step_seconds=first[0] if first else None, first_step_tokens=first[1] if first else None,
+        forced_tokens=stats.forced_tokens if stats else 0,
     )
 
 

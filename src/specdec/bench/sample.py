@@ -18,6 +18,10 @@ class Sample:
     first_step_seconds / first_step_tokens: wall time from the start to the end of the first
     target forward (the prompt's prefill in every model, and the first step's drafting) and the
     tokens that step produced; the rest of the run is the decoding that speculation speeds up.
+    json_parsed / schema_valid: on a prompt with a JSON schema, whether the output parses as JSON
+    and follows the schema (:mod:`specdec.bench.schema_check`); None without a schema.
+    forced_tokens: the generated tokens a grammar forced (drafted at no model cost), where the
+    method reports them (specdec's own methods and servers); None where unknown.
     """
 
     method: str
@@ -38,6 +42,9 @@ class Sample:
     first_step_tokens: int | None = None
     drafted_total: int | None = None
     accepted_total: int | None = None
+    json_parsed: bool | None = None
+    schema_valid: bool | None = None
+    forced_tokens: int | None = None
 
     @property
     def new_tokens(self) -> int:

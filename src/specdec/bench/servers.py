@@ -18,6 +18,15 @@ chat template, and llama-server's stream carries text only, so its tokens are th
 tokenised again by the target's tokenizer (:func:`run_server`). Raw-text prompts always go as token
 ids to ``/v1/completions``: there is no chat to send.
 
+A prompt with a JSON schema (the ``extract`` set, :mod:`specdec.prompts`) sends it to both servers
+the same way: on the chat endpoint as OpenAI's ``response_format: {"type": "json_schema",
+"json_schema": {"name", "schema", "strict": true}}``, which llama-server turns into a grammar as
+specdec serve does (with llguidance); on ``/v1/completions`` as the top-level ``json_schema`` both
+servers take. Such a request never asks to ignore EOS: the output ends where its JSON value ends
+(with EOS banned, a grammar that allows only the end leaves llama-server nothing to sample).
+Each output is then checked against the schema (:mod:`specdec.bench.schema_check`), and specdec's
+final ``speculative`` summary gives ``forced_tokens``, the tokens the grammar forced.
+
 ``llama-server`` runs with its own defaults (one slot, its prompt cache on, as a user gets it)
 plus what a fair comparison needs: the thread count, the context, and for the speculative
 configurations ``-md DRAFT --spec-type draft-simple`` (its draft-model speculation, with its
@@ -45,6 +54,7 @@ from typing import Any, Callable, Sequence
 import httpx
 
 from specdec.bench.sample import Sample, median as _median
+from specdec.bench.schema_check import check_output
 from specdec.config import DecodeConfig
 
 BUILD_SCRIPT = "benchmarks/build_llama_server.sh"
@@ -271,10 +281,15 @@ class Completion:
 
 
 def request_body(prompt_ids: Sequence[int], temperature: float, max_new_tokens: int, seed: int,
-                 ignore_eos: bool, *, llama_server: bool, method: str | None = None) -> dict[str, Any]:
-    """The request both servers get: plain sampling (see the module docstring), streamed."""
+                 ignore_eos: bool, *, llama_server: bool, method: str | None = None,
+                 schema: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The request both servers get: plain sampling (see the module docstring), streamed;
+    ``schema``: the JSON schema the output must follow (``json_schema``; EOS then not ignored)."""
     body: dict[str, Any] = {"prompt": list(prompt_ids), "max_tokens": max_new_tokens, "temperature": temperature,
                             "top_p": 1.0, "top_k": 0, "seed": seed, "stream": True}
+    if schema is not None:
+        body["json_schema"] = schema
+        ignore_eos = False
     if llama_server:
         body |= {"min_p": 0.0, "typical_p": 1.0, "repeat_penalty": 1.0, "presence_penalty": 0.0,
                  "frequency_penalty": 0.0, "dry_multiplier": 0.0, "xtc_probability": 0.0, "mirostat": 0,
@@ -286,14 +301,20 @@ def request_body(prompt_ids: Sequence[int], temperature: float, max_new_tokens: 
 
 
 def chat_request_body(messages: Sequence[dict[str, str]], temperature: float, max_new_tokens: int, seed: int,
-                      ignore_eos: bool) -> dict[str, Any]:
+                      ignore_eos: bool, schema: dict[str, Any] | None = None,
+                      schema_name: str = "output") -> dict[str, Any]:
     """The chat request both servers get: what an OpenAI client sends by default (no sampler
     field but the temperature and seed; usage asked for at the stream's end), and
-    ``ignore_eos`` when the run makes every completion its full length."""
+    ``ignore_eos`` when the run makes every completion its full length. ``schema``: the JSON
+    schema the answer must follow, sent as an OpenAI client sends structured output
+    (``response_format``, strict; EOS then not ignored, see the module docstring)."""
     body: dict[str, Any] = {"messages": [dict(m) for m in messages], "max_tokens": max_new_tokens,
                             "temperature": temperature, "seed": seed, "stream": True,
                             "stream_options": {"include_usage": True}}
-    if ignore_eos:
+    if schema is not None:
+        body["response_format"] = {"type": "json_schema",
+                                   "json_schema": {"name": schema_name, "schema": schema, "strict": True}}
+    elif ignore_eos:
         body["ignore_eos"] = True
     return body
 
@@ -301,14 +322,17 @@ def chat_request_body(messages: Sequence[dict[str, str]], temperature: float, ma
 def run_server(servers: Servers, key: str, name: str, prompt_ids: list[int], temperature: float,
                max_new_tokens: int, eos: list[int], seed: int, method: str | None = None,
                messages: Sequence[dict[str, str]] | None = None,
-               tokenize: Callable[[str], list[int]] | None = None) -> Sample:
+               tokenize: Callable[[str], list[int]] | None = None, schema: dict[str, Any] | None = None,
+               schema_name: str = "output") -> Sample:
     """One timed completion through a server (``key``: see :meth:`Servers.server`) as a Sample.
 
     messages: send these to /v1/chat/completions (:func:`chat_request_body`) instead of
     ``prompt_ids`` to /v1/completions; a stream that carries no token ids (llama-server's chat
-    stream) then has its text tokenised by ``tokenize``."""
+    stream) then has its text tokenised by ``tokenize``. schema: the JSON schema the output must
+    follow, sent with the request; the text the client received is checked against it (the
+    sample's ``json_parsed`` and ``schema_valid``)."""
     if messages:
-        body = chat_request_body(messages, temperature, max_new_tokens, seed, not eos)
+        body = chat_request_body(messages, temperature, max_new_tokens, seed, not eos, schema, schema_name)
         done = servers.complete(key, body, "/v1/chat/completions")
         if not done.token_ids and done.text:
             if tokenize is None:
@@ -317,8 +341,9 @@ def run_server(servers: Servers, key: str, name: str, prompt_ids: list[int], tem
             done.arrivals = [(at, 1) for at in done.text_arrivals]  # llama-server streams a token a chunk
     else:
         body = request_body(prompt_ids, temperature, max_new_tokens, seed, not eos,
-                            llama_server=not key.startswith("specdec:"), method=method)
+                            llama_server=not key.startswith("specdec:"), method=method, schema=schema)
         done = servers.complete(key, body)
+    checked = check_output(done.text, schema) if schema is not None else None
     first = done.arrivals[0] if done.arrivals else (done.seconds, 0)
     gaps = [b[0] - a[0] for a, b in zip(done.arrivals, done.arrivals[1:])]
     timings = done.timings
@@ -334,4 +359,6 @@ def run_server(servers: Servers, key: str, name: str, prompt_ids: list[int], tem
         draft_seconds=float(spec.get("draft_seconds") or 0.0),
         verify_seconds=float(spec.get("verify_seconds") or 0.0),
         step_seconds=_median(gaps), first_step_seconds=first[0], first_step_tokens=first[1],
+        json_parsed=checked.parsed if checked else None, schema_valid=checked.valid if checked else None,
+        forced_tokens=int(spec["forced_tokens"]) if "forced_tokens" in spec else None,
     )

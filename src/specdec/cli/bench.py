@@ -107,8 +107,9 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_options(parser)  # --target, --draft (here 'none' goes without), --dtype, --cache-dir
     parser.add_argument("--prompts", default=DEFAULT_PROMPTS,
-                        help="prompt sets and counts: humaneval, edit (rewrite a HumanEval solution), mtbench, sharegpt "
-                             "or a .jsonl file, "
+                        help="prompt sets and counts: humaneval, edit (rewrite a HumanEval solution), mtbench, sharegpt, "
+                             "extract (JSON extraction, each answer constrained to its JSON schema; reports the "
+                             "outputs that parse and follow it) or a .jsonl file, "
                              f"e.g. humaneval:8,my.jsonl:4 (default: {DEFAULT_PROMPTS})")
     parser.add_argument("--methods", default=DEFAULT_METHODS,
                         help="comma-separated: ar, spec:[<drafter>:]<verifier>[:k=N][:policy=P][:option=V...] "
