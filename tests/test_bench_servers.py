@@ -109,7 +109,7 @@ def test_chat_streams_are_read_and_a_text_only_stream_is_tokenised():
                                                                        "draft_chars": 0, "drafted": 0}},
             {"choices": [{"delta": {}, "finish_reason": "length"}], "speculative": {"target_forwards": 2}}],
         "llama-server": [{"choices": [{"delta": {"content": "a"}}]}, {"choices": [{"delta": {"content": "b"}}]},
-                         {"choices": [], "usage": {"completion_tokens": 2}}],
+                         {"choices": [], "usage": {"completion_tokens": 3}}],
     }
     fake = _Streams(chunks)
     messages = ({"role": "user", "content": "Hi"},)
@@ -125,6 +125,9 @@ def test_chat_streams_are_read_and_a_text_only_stream_is_tokenised():
     assert fake.paths == ["/v1/chat/completions"] * 2
     assert ours.token_ids == [7, 8] and tokenised == ["ab"]  # ours carries its ids; theirs is text only
     assert theirs.token_ids == [97, 98] and theirs.first_step_seconds == pytest.approx(0.1)
+    # speed counts the tokens the server says it generated, not those its text tokenises to again
+    assert (theirs.new_tokens, theirs.reported_tokens, ours.new_tokens, ours.reported_tokens) == (3, 3, 2, None)
+    assert (theirs.target_forwards, ours.target_forwards) == (3, 2)  # a plain server: one forward a token
     run_server(fake, "specdec:llamacpp:ar", "ar", [1], 0.0, 2, [], 0, method="ar")  # no messages: token ids
     assert fake.paths[-1] == "/v1/completions"
 

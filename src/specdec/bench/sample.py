@@ -22,6 +22,9 @@ class Sample:
     and follows the schema (:mod:`specdec.bench.schema_check`); None without a schema.
     forced_tokens: the generated tokens a grammar forced (drafted at no model cost), where the
     method reports them (specdec's own methods and servers); None where unknown.
+    reported_tokens: where ``token_ids`` are the streamed text tokenised again (llama-server's chat
+    stream carries text only), how many tokens the server says it generated (its usage's
+    ``completion_tokens``): what speed counts, as the text can tokenise to fewer or more tokens.
     """
 
     method: str
@@ -45,10 +48,11 @@ class Sample:
     json_parsed: bool | None = None
     schema_valid: bool | None = None
     forced_tokens: int | None = None
+    reported_tokens: int | None = None
 
     @property
     def new_tokens(self) -> int:
-        return len(self.token_ids)
+        return self.reported_tokens if self.reported_tokens is not None else len(self.token_ids)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self) | {"new_tokens": self.new_tokens}
