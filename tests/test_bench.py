@@ -734,3 +734,16 @@ def test_llamacpp_methods_without_the_binding_or_a_gguf_fail_clearly(monkeypatch
         gguf_path(str(tmp_path), argparse.Namespace(cache_dir=None))
     (tmp_path / "m.gguf").write_bytes(b"GGUF")
     assert gguf_path(str(tmp_path / "m.gguf"), argparse.Namespace(cache_dir=None)) == tmp_path / "m.gguf"
+
+
+def test_every_drafter_that_drafts_with_the_draft_model_gets_it_in_the_bench():
+    """The bench hands the draft model to exactly the methods whose drafter drafts with it (a
+    cascade or retrieval+model method once failed: 'needs a draft model')."""
+    from specdec.bench.methods import parse_method
+    from specdec.drafters import MODEL_DRAFTERS
+
+    for name in ("model", "ngram+model", "retrieval+model", "cascade", "ngram", "retrieval", "lookahead"):
+        text = f"spec:{name}:tree" if name == "lookahead" else f"spec:{name}:block"
+        text += ":datastore=x.npz" if name.startswith("retrieval") else ""
+        assert parse_method(text).needs_draft_model == (name in MODEL_DRAFTERS), text
+    assert set(MODEL_DRAFTERS) == {"model", "ngram+model", "retrieval+model", "cascade"}

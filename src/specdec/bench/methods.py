@@ -123,8 +123,7 @@ class MethodSpec:
 
     @property
     def needs_draft_model(self) -> bool:
-        return self.kind in ("hf-assisted", "llama-server-md") or (
-            self.kind == "spec" and self.drafter in ("model", "ngram+model"))
+        return self.kind in ("hf-assisted", "llama-server-md") or (self.kind == "spec" and self.config.uses_draft_model)
 
     @property
     def peer(self) -> str | None:
