@@ -30,7 +30,7 @@ from specdec import packs
 from specdec.backends import gguf as native
 
 N_IN = 1536  # the default target's hidden size
-SIZES = {"cache-resident": 8 << 20, "streamed": 512 << 20}  # bytes of weights
+SIZES_MIB = {"cache-resident": 8, "streamed": 512}  # weights of each size, MiB
 ROWS = (1, 2, 4, 8, 16)
 TYPES = {"Q4_K": T.Q4_K, "Q6_K": T.Q6_K}
 
@@ -82,18 +82,23 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0, help="timing per type and size")
     parser.add_argument("--model", default=packs.DEFAULT_TARGET, help="a pack or .gguf: the weight count projected onto")
     parser.add_argument("--out", default=None, help="JSON file (default: gguf-compute-floor.json beside this script)")
+    parser.add_argument("--resident-mib", type=int, default=SIZES_MIB["cache-resident"],
+                        help="MiB of weights that stay in the last-level cache")
+    parser.add_argument("--streamed-mib", type=int, default=SIZES_MIB["streamed"],
+                        help="MiB of weights far larger than the cache")
     args = parser.parse_args()
     torch.set_num_threads(1)
     rng = np.random.default_rng(0)
     per_token = model_weights(args.model)
-    results: dict = {"threads": args.threads, "n_in": N_IN, "cpu": platform.processor() or platform.machine(),
+    results: dict = {"threads": args.threads, "n_in": N_IN,
+                     "sizes_mib": {"cache-resident": args.resident_mib, "streamed": args.streamed_mib}, "cpu": platform.processor() or platform.machine(),
                      "kernel_path": "AVX2" if native.uses_avx2() else "portable", "model": args.model,
                      "model_weights_per_token": per_token, "ms": {}, "extra_row_ms_projected": {}}
     print(f"| type | weights | n_out | " + " | ".join(f"{n} rows (ms)" for n in ROWS) + " | extra row, ns per 1k weights |")
     print("|---|---|---:|" + "---:|" * len(ROWS) + "---:|")
     for name, qtype in TYPES.items():
-        for size_name, size in SIZES.items():
-            n_out = max(1, size // native.row_bytes(int(qtype), N_IN))
+        for size_name, mib in (("cache-resident", args.resident_mib), ("streamed", args.streamed_mib)):
+            n_out = max(1, (mib << 20) // native.row_bytes(int(qtype), N_IN))
             best = time_rows(random_weight(qtype, n_out, rng), qtype, args.threads, args.seconds)
             extra = (best[ROWS[-1]] - best[1]) / (ROWS[-1] - 1)  # seconds per extra row
             per_weight = extra / (n_out * N_IN)

@@ -230,6 +230,21 @@ def test_freed_memory_runs(tmp_path):
     assert proc.stdout.splitlines()[:2][0].startswith("system ")  # round 0: glibc's defaults first
 
 
+def test_gguf_compute_floor_runs(tmp_path):
+    need_pack()
+    out = tmp_path / "floor.json"
+    ran(run_script("gguf_compute_floor.py", "--model", PACK, "--threads", THREADS, "--seconds", "0.05",
+                   "--resident-mib", "1", "--streamed-mib", "2", "--out", str(out)))
+    data = read_json(out)
+    assert data["sizes_mib"] == {"cache-resident": 1, "streamed": 2} and data["model_weights_per_token"] > 0
+    for name in ("Q4_K", "Q6_K"):
+        for size in ("cache-resident", "streamed"):
+            times = data["ms"][name][size]
+            assert list(times) == ["1", "2", "4", "8", "16"]
+            positive_numbers(times.values())
+            assert isinstance(data["extra_row_ms_projected"][name][size], float)
+
+
 @pytest.mark.slow
 def test_gguf_row_cost_runs(tmp_path):
     need_pack()
