@@ -380,9 +380,17 @@ def join(pack: Pack, dest_dir: str | Path, *, progress: bool = True) -> Path:
         tmp.unlink(missing_ok=True)
 
 
+_VERIFIED: dict[Path, tuple[int, int]] = {}  # files hashed by this process: (size, mtime_ns) when checked
+
+
 def verify_file(pack: Pack, *, progress: bool = True) -> Path:
-    """For a single-part pack: check the installed file's sha256 in place and return its path."""
+    """For a single-part pack: check the installed file's sha256 in place and return its path.
+    Checked once per process while its size and modification time stay as they were (choosing a
+    backend and loading the model both ask for the file)."""
     (path,) = locate_parts(pack)
+    stat = path.stat()
+    if _VERIFIED.get(path) == (stat.st_size, stat.st_mtime_ns):
+        return path
     digest = hashlib.sha256()
     with open(path, "rb") as f, _bytes_progress("checking sha256", pack.size, progress) as advance:
         while block := f.read(BUFFER):
@@ -390,6 +398,7 @@ def verify_file(pack: Pack, *, progress: bool = True) -> Path:
             advance(len(block))
     if digest.hexdigest() != pack.sha256:
         _raise_corrupt(pack, [path], digest.hexdigest())
+    _VERIFIED[path] = (stat.st_size, stat.st_mtime_ns)
     return path
 
 

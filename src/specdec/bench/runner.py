@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import specdec
-from specdec.api import eos_token_ids_of
+from specdec.api import decode_text, eos_token_ids_of
 from specdec import build as builder
 from specdec.divergence import LogitsRecorder, batch_invariance, decisive_position, explain
 from specdec.bench.llamacpp_models import LlamaCppModels, context_needed
@@ -344,8 +344,7 @@ def run_method(
         return run_peer(method, pair, backends.llamacpp, prompt_ids, temperature, max_new_tokens, eos, seed)
     sample = _run_project(method, pair, backends, prompt_ids, temperature, max_new_tokens, eos, seed, schema=schema)
     if schema is not None:  # after the timed run: the tokens' own text (no clean-up rewriting its spaces)
-        text = pair.tokenizer.decode(sample.token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-        checked = check_output(text, schema)
+        checked = check_output(decode_text(pair.tokenizer, sample.token_ids), schema)
         sample.json_parsed, sample.schema_valid = checked.parsed, checked.valid
     return sample
 

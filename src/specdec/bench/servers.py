@@ -340,7 +340,7 @@ def run_server(servers: Servers, key: str, name: str, prompt_ids: list[int], tem
                 raise ValueError(f"{key}'s chat stream carries no token ids; give run_server a tokenize function")
             done.token_ids = tokenize(done.text)
             done.arrivals = [(at, 1) for at in done.text_arrivals]  # llama-server streams a token a chunk
-            reported = done.usage.get("completion_tokens")
+            reported = int(done.usage["completion_tokens"]) if "completion_tokens" in done.usage else None
     else:
         body = request_body(prompt_ids, temperature, max_new_tokens, seed, not eos,
                             llama_server=not key.startswith("specdec:"), method=method, schema=schema)
@@ -356,7 +356,7 @@ def run_server(servers: Servers, key: str, name: str, prompt_ids: list[int], tem
     spec = done.speculative
     return Sample(
         method=name, prompt=0, repeat=0, order=0, seed=seed, token_ids=done.token_ids, seconds=done.seconds,
-        target_forwards=int(spec.get("target_forwards") or (len(done.token_ids) if reported is None else int(reported))
+        target_forwards=int(spec.get("target_forwards") or (len(done.token_ids) if reported is None else reported)
                             - sum(accepted) - (totals[1] or 0)),
         step_drafted=drafted, step_accepted=accepted, drafted_total=totals[0], accepted_total=totals[1],
         draft_seconds=float(spec.get("draft_seconds") or 0.0),
@@ -364,5 +364,5 @@ def run_server(servers: Servers, key: str, name: str, prompt_ids: list[int], tem
         step_seconds=_median(gaps), first_step_seconds=first[0], first_step_tokens=first[1],
         json_parsed=checked.parsed if checked else None, schema_valid=checked.valid if checked else None,
         forced_tokens=int(spec["forced_tokens"]) if "forced_tokens" in spec else None,
-        reported_tokens=int(reported) if reported is not None else None,
+        reported_tokens=reported,
     )
