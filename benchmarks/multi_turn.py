@@ -1,12 +1,17 @@
 """Multi-turn conversations against each server: every request re-sends the history.
 
 Conversations of 4 turns (MT-Bench's two turns and two follow-ups; the `edit` task and three
-follow-up edits: `specdec.prompts.load_conversations`) run on `specdec serve` (the default
-method, and `--draft none`), on llama.cpp's own `llama-server` (built by
-`benchmarks/build_llama_server.sh`) and on `llama-server --spec-default`, each its own process on
-the default pair's GGUFs with the same threads, called by one client
-(`specdec.bench.conversations`). Writes every turn's figures as JSON and prints per server the
-whole conversations' tokens per second and the turns' time to first token, against llama-server.
+follow-up edits: `specdec.prompts.load_conversations`) run on `specdec serve` (each method of
+``--methods`` on each backend of ``--backends``, one server each, with that method as its
+default; ``ar`` runs with ``--draft none``), on llama.cpp's own `llama-server` (built by
+`benchmarks/build_llama_server.sh`) and on `llama-server --spec-default` (``--peers``), each its
+own process on the default pair's GGUFs with the same threads, called by one client
+(`specdec.bench.conversations`). A server's retrieval datastore is fed by its own outputs
+(`specdec serve` without ``--datastore``), so a retrieval method sees the earlier turns and
+conversations it answered. Writes every turn's figures as JSON and prints per server the whole
+conversations' tokens per second against llama-server and against plain decoding on the same
+backend, the tokens per target pass, the turns' time to first token and, greedy, whether each
+answer equals plain decoding's on the same backend.
 
     python benchmarks/multi_turn.py --conversations mtbench:4,edit:4 --max-tokens 128 --threads 2 \\
         --out benchmarks/multi-turn.json
@@ -31,12 +36,17 @@ from specdec import packs
 from specdec.packs import DEFAULT_DRAFT, DEFAULT_TARGET
 from specdec.prompts import load_conversations
 
-SERVERS = {  # name in the report -> Servers key
-    "specdec serve": "specdec:llamacpp:spec",
-    "specdec serve --draft none": "specdec:llamacpp:ar",
-    "llama-server": "llama-server",
-    "llama-server --spec-default": "llama-server-spec-default",
-}
+PEERS = {"llama-server": "llama-server", "llama-server-spec-default": "llama-server --spec-default"}
+
+
+def server_names(methods: list[str], backends: list[str], peers: list[str]) -> dict[str, str]:
+    """Name in the report -> :class:`~specdec.bench.servers.Servers` key."""
+    names = {}
+    for backend in backends:
+        for method in methods:
+            words = "--draft none" if method == "ar" else f"--method {method}"
+            names[f"specdec serve --backend {backend} {words}"] = f"specdec:{backend}:{method}"
+    return {**names, **{PEERS[p]: p for p in peers}}
 
 
 def geomean(values):
@@ -52,6 +62,58 @@ def gguf_of(name: str) -> Path:
     return packs.gguf_file(name, progress=False) if name in packs.PACKS else Path(name).expanduser()
 
 
+def summarize(runs: list[dict], names: dict[str, str], temperature: float) -> dict[str, dict]:
+    """Per server (its name in the report): the figures the table prints, from the runs' records.
+    Answers are compared with plain decoding's on the same backend only when greedy: at T > 0 each
+    server draws its own samples (the multinomial sampler), equal in law, not token for token."""
+    by: dict[str, dict[str, dict]] = defaultdict(dict)
+    for r in runs:
+        by[r["server"]][r["conversation"]] = r
+
+    def rate(r):
+        return r["new_tokens"] / r["seconds"]
+
+    ref = by["llama-server"]
+    summary = {}
+    for name, key in names.items():
+        mine = by[key]
+        plain = by.get(f"specdec:{key.split(':')[1]}:ar") if key.startswith("specdec:") else None
+        speed = [rate(mine[c]) / rate(ref[c]) for c in mine]
+        turns = [t for c in mine for t in mine[c]["turns"]]
+        later = [t for c in mine for t in mine[c]["turns"][1:]]
+        summary[name] = {
+            "tokens_per_second": sum(r["new_tokens"] for r in mine.values()) / sum(r["seconds"] for r in mine.values()),
+            "vs_llama_server": geomean(speed), "worst_vs_llama_server": min(speed),
+            "vs_plain": geomean([rate(mine[c]) / rate(plain[c]) for c in mine]) if plain else None,
+            "tokens_per_pass": (sum(t["new_tokens"] for t in turns) / sum(t["new_tokens"] - t["accepted"] for t in turns)
+                                if key.startswith("specdec:") else None),
+            "answers_equal_plain": (sum(a == b for c in mine for a, b in zip(mine[c]["answers"], plain[c]["answers"])),
+                                    sum(len(mine[c]["answers"]) for c in mine)) if plain and temperature == 0 else None,
+            "second_turn_first_token_seconds": sum(mine[c]["turns"][1]["first_token_seconds"] for c in mine) / len(mine),
+            "later_turns_first_token_seconds": sum(t["first_token_seconds"] for t in later) / len(later),
+            "cached_share_later_turns": sum(t["cached_tokens"] or 0 for t in later) / sum(t["prompt_tokens"] for t in later),
+        }
+    return summary
+
+
+def table(summary: dict[str, dict]) -> str:
+    def fmt(value, form):
+        return "–" if value is None else form(value)
+
+    lines = ["| server | tokens/s over the conversations | vs llama-server (geomean per conversation) | worst | "
+             "vs plain, same backend | tokens per target pass | answers equal plain (greedy) | "
+             "2nd turn: time to first token (s) | turns 2-4: time to first token (s) | turns 2-4: prompt tokens reused |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, s in summary.items():
+        lines.append(f"| `{name}` | {s['tokens_per_second']:.1f} | {s['vs_llama_server']:.2f}x | "
+                     f"{s['worst_vs_llama_server']:.2f}x | {fmt(s['vs_plain'], lambda v: f'{v:.2f}x')} | "
+                     f"{fmt(s['tokens_per_pass'], lambda v: f'{v:.2f}')} | "
+                     f"{fmt(s['answers_equal_plain'], lambda v: f'{v[0]}/{v[1]}')} | "
+                     f"{s['second_turn_first_token_seconds']:.2f} | "
+                     f"{s['later_turns_first_token_seconds']:.2f} | {100 * s['cached_share_later_turns']:.0f}% |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", default=DEFAULT_TARGET, help="a pack name or a .gguf file (default: %(default)s)")
@@ -60,8 +122,31 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--methods", default="spec,ar",
+                        help="specdec serve's methods, one server each (default: %(default)s)")
+    parser.add_argument("--backends", default="llamacpp", help="their backends: llamacpp, gguf (default: %(default)s)")
+    parser.add_argument("--peers", default="llama-server,llama-server-spec-default",
+                        help=f"llama-server's configurations: {', '.join(PEERS)} (default: %(default)s)")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--report", default=None, metavar="JSON",
+                        help="print the table of a run this script saved (--out), and run nothing")
     args = parser.parse_args()
+    if args.report:
+        with open(args.report) as f:
+            saved = json.load(f)
+        print(table(summarize(saved["runs"], saved["servers"], saved["settings"]["temperature"])))
+        return 0
+    methods, backends = args.methods.split(","), args.backends.split(",")
+    peers = [p for p in args.peers.split(",") if p]
+    if "llama-server" not in peers or set(peers) - set(PEERS) or set(backends) - {"llamacpp", "gguf"}:
+        parser.error(f"--peers takes llama-server (the reference) and optionally the others of {', '.join(PEERS)}; "
+                     "--backends takes llamacpp and gguf")
+    from specdec.config import DecodeConfig
+    for method in methods:
+        try:
+            DecodeConfig.parse(method)
+        except ValueError as e:
+            parser.error(f"--methods: {method}: {e}")
     # Every argument is checked before any model, tokenizer or server loads.
     if args.max_tokens < 1 or args.threads < 1 or args.temperature < 0:
         parser.error("--max-tokens and --threads take positive integers, --temperature 0 (greedy) or more")
@@ -88,45 +173,23 @@ def main() -> int:
     tokenizer = models._gguf_tokenizer(target, target_gguf, None)  # the GGUF's own: no torch conversion needed
     servers = Servers(target_gguf, gguf_of(args.draft),
                       ["--target", args.target, "--draft", args.draft], n_threads=args.threads, n_ctx=DEFAULT_CTX)
-    keys = list(SERVERS.values())
+    names = server_names(methods, backends, peers)
+    keys = list(names.values())
     try:
         runs = run_all(servers, keys, conversations, tokenizer, max_tokens=args.max_tokens,
                        temperature=args.temperature,
                        on_run=lambda r: print(f"{r.conversation} {r.server}: {r.seconds:.2f} s, {r.new_tokens} tokens, "
                                               f"first token {[round(t.first_token_seconds, 2) for t in r.turns]} s, "
-                                              f"cached {[t.cached_tokens for t in r.turns]}", file=sys.stderr))
+                                              f"cached {[t.cached_tokens for t in r.turns]}", file=sys.stderr,
+                                              flush=True))
     finally:
         servers.close()
-    by = defaultdict(dict)
-    for r in runs:
-        by[r.server][r.conversation] = r
-    ref = by["llama-server"]
-    summary = {}
-    for name, key in SERVERS.items():
-        mine = by[key]
-        speed = [(mine[c].new_tokens / mine[c].seconds) / (ref[c].new_tokens / ref[c].seconds) for c in mine]
-        second = [mine[c].turns[1].first_token_seconds for c in mine]
-        later = [t.first_token_seconds for c in mine for t in mine[c].turns[1:]]
-        summary[name] = {
-            "tokens_per_second": sum(r.new_tokens for r in mine.values()) / sum(r.seconds for r in mine.values()),
-            "vs_llama_server": geomean(speed), "worst_vs_llama_server": min(speed),
-            "second_turn_first_token_seconds": sum(second) / len(second),
-            "later_turns_first_token_seconds": sum(later) / len(later),
-            "cached_share_later_turns": sum(t.cached_tokens or 0 for c in mine for t in mine[c].turns[1:])
-            / sum(t.prompt_tokens for c in mine for t in mine[c].turns[1:]),
-        }
-    lines = ["| server | tokens/s over the conversations | vs llama-server (geomean per conversation) | worst | "
-             "2nd turn: time to first token (s) | turns 2-4: time to first token (s) | turns 2-4: prompt tokens reused |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
-    for name, s in summary.items():
-        lines.append(f"| `{name}` | {s['tokens_per_second']:.1f} | {s['vs_llama_server']:.2f}x | "
-                     f"{s['worst_vs_llama_server']:.2f}x | {s['second_turn_first_token_seconds']:.2f} | "
-                     f"{s['later_turns_first_token_seconds']:.2f} | {100 * s['cached_share_later_turns']:.0f}% |")
-    print("\n".join(lines))
+    summary = summarize([r.to_dict() for r in runs], names, args.temperature)
+    print(table(summary))
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"command": shlex.join(["python", "benchmarks/multi_turn.py", *sys.argv[1:]]),
-                       "settings": vars(args), "servers": SERVERS, "summary": summary,
+                       "settings": vars(args), "servers": names, "summary": summary,
                        "runs": [r.to_dict() for r in runs]}, f, indent=1)
             f.write("\n")
     return 0

@@ -12,7 +12,7 @@ next server starts it.
 Per turn it records the prompt's tokens, how many the server reused (specdec's
 ``usage.prompt_tokens_details.cached_tokens``, llama-server's ``timings.cache_n``), the time to
 the first streamed token (the prompt's prefill and the first step: what the prompt cache saves),
-the whole turn's time and the answer's tokens.
+the whole turn's time, the answer's tokens and (specdec) the tokens drafted and kept.
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ class Turn:
     first_token_seconds: float
     seconds: float
     new_tokens: int
+    drafted: int = 0  # specdec: the tokens its steps drafted, and how many of them were kept
+    accepted: int = 0
 
 
 @dataclass
@@ -72,7 +74,8 @@ def run_conversation(servers: Servers, key: str, conversation: Conversation, tok
         cached = (done.usage.get("prompt_tokens_details", {}).get("cached_tokens") if done.usage
                   else done.timings.get("cache_n"))
         first = done.arrivals[0][0] if done.arrivals else done.seconds
-        run.turns.append(Turn(len(ids), cached, first, done.seconds, len(done.token_ids)))
+        run.turns.append(Turn(len(ids), cached, first, done.seconds, len(done.token_ids),
+                              sum(done.drafted), sum(done.accepted)))
         run.answers.append(done.text)
         messages.append({"role": "assistant", "content": done.text})
     return run
