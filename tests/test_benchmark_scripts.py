@@ -296,14 +296,20 @@ def test_multi_turn_runs(tmp_path):
     ran(run_script("multi_turn.py", "--target", PACK, "--draft", PACK, "--conversations", "mtbench:1",
                    "--max-tokens", "4", "--threads", THREADS, "--out", str(out), timeout=600))
     data = read_json(out)
-    assert list(data["summary"]) == ["specdec serve", "specdec serve --draft none", "llama-server",
-                                     "llama-server --spec-default"]
+    spec, plain = "specdec serve --backend llamacpp --method spec", "specdec serve --backend llamacpp --draft none"
+    assert list(data["summary"]) == [spec, plain, "llama-server", "llama-server --spec-default"]
     assert data["summary"]["llama-server"]["vs_llama_server"] == pytest.approx(1.0)
+    assert data["summary"][plain]["vs_plain"] == pytest.approx(1.0)
+    assert data["summary"][plain]["answers_equal_plain"] == [4, 4]  # greedy: each of the 4 turns against itself
     for figures in data["summary"].values():
         positive_numbers([figures["tokens_per_second"], figures["vs_llama_server"]])
         assert 0.0 <= figures["cached_share_later_turns"] <= 1.0
+    positive_numbers([data["summary"][spec]["vs_plain"], data["summary"][spec]["tokens_per_pass"]])
     assert len(data["runs"]) == 4 and all(len(r["turns"]) == 4 for r in data["runs"])
     assert data["settings"]["target"] == PACK
+    # the table is reprinted from the saved run, the same figures
+    again = ran(run_script("multi_turn.py", "--report", str(out)))
+    assert again.stdout.splitlines()[2].startswith(f"| `{spec}` | {data['summary'][spec]['tokens_per_second']:.1f} |")
 
 
 @pytest.mark.slow
