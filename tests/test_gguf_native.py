@@ -536,6 +536,49 @@ def test_smollm2_greedy_speculative_output_equals_its_own_autoregressive_output(
         assert spec.stats.target_forwards < len(ar.token_ids), kwargs
 
 
+SPECIFICATION_METHODS = {  # the methods of the specification added last, with their draft model (if any)
+    "lookahead": ("spec:lookahead:tree:window=4:ngram=3:candidates=2", False),
+    "sequoia": ("spec:model:tree:mode=sequoia:budget=12", True),
+    "cascade": ("spec:cascade:block:k=4:policy=static", True),
+    "retrieval": ("spec:retrieval:block:k=4:policy=static", False),
+    "retrieval-tree": ("spec:retrieval:tree", False),
+    "retrieval+model": ("spec:retrieval+model:block", True),
+}
+
+
+@pytest.mark.parametrize("name", SPECIFICATION_METHODS)
+def test_smollm2_lookahead_sequoia_cascade_and_retrieval_keep_plain_decodings_output(smol, name):
+    """On the kernel, whose rows have the bits of one-token steps: greedy output, and a seed's
+    output under the Gumbel-max sampler (T = 1, and T = 0.7 with top-k), equal plain decoding's,
+    token for token. The draft is an unsure copy of the model, so that drafts are also rejected;
+    the retrieval store holds an earlier greedy answer to the prompt."""
+    from helpers import _Unsure
+
+    from specdec import generate
+    from specdec.config import DecodeConfig
+    from specdec.datastore import Datastore, open_store, use_default
+
+    before = open_store()  # the process's store, given back at the end
+    method, uses_draft = SPECIFICATION_METHODS[name]
+    settings = [dict(), dict(temperature=1.0, sampler="gumbel", seed=3),
+                dict(temperature=0.7, top_k=20, sampler="gumbel", seed=4)]
+    for kw in settings:
+        smol.reset()
+        ar = generate(smol, PROMPT, max_new_tokens=24, eos_token_ids=[], **kw)
+        store = Datastore()
+        store.add(PROMPT + generate(smol, PROMPT, max_new_tokens=24, eos_token_ids=[]).token_ids)
+        use_default(store)
+        draft = _Unsure(smol.fork(), scale=2.0) if uses_draft else None
+        try:
+            spec = generate(smol, PROMPT, draft=draft, config=DecodeConfig.parse(method), max_new_tokens=24,
+                            eos_token_ids=[], **kw)
+        finally:
+            use_default(before)
+        assert spec.token_ids == ar.token_ids, (name, kw)
+        if not kw:  # greedy: the drafts were checked, and some kept
+            assert spec.stats.accepted_tokens > 0, name
+
+
 def test_smollm2_bad_inputs(smol):
     smol.reset()
     with pytest.raises(ValueError, match="at least one token"):
