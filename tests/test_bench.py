@@ -686,7 +686,7 @@ class VerifyBug(BatchRounding):
 def test_a_divergence_on_a_batch_invariant_backend_is_reported_as_a_defect_with_the_logit_gap(monkeypatch, prompts):
     from specdec.backends.lean import make_backend
     from specdec.bench import runner
-    from specdec.divergence import batch_invariance
+    from specdec.measurements import batch_invariance
 
     target = tiny_llama(0, vocab=VOCAB, sharpness=1.0)
     models = Pair(target, CharTokenizer(), copy.deepcopy(target))
@@ -705,7 +705,7 @@ def test_a_divergence_on_a_batch_invariant_backend_is_reported_as_a_defect_with_
 
 def test_batch_invariance_is_measured_once_then_read_from_the_cache(tmp_path):
     from specdec.backends.lean import make_backend
-    from specdec.divergence import INVARIANCE_ROWS, batch_invariance
+    from specdec.measurements import INVARIANCE_ROWS, batch_invariance
 
     wobbly = BatchRounding(make_backend(tiny_llama(0, vocab=VOCAB)), 0.05)
     first = batch_invariance(wobbly, cache_dir=tmp_path)
@@ -740,10 +740,11 @@ def test_every_drafter_that_drafts_with_the_draft_model_gets_it_in_the_bench():
     """The bench hands the draft model to exactly the methods whose drafter drafts with it (a
     cascade or retrieval+model method once failed: 'needs a draft model')."""
     from specdec.bench.methods import parse_method
-    from specdec.drafters import MODEL_DRAFTERS
+    from specdec.drafters import names, spec
 
+    model_drafters = [name for name in names() if spec(name).uses_draft_model]
     for name in ("model", "ngram+model", "retrieval+model", "cascade", "ngram", "retrieval", "lookahead"):
         text = f"spec:{name}:tree" if name == "lookahead" else f"spec:{name}:block"
         text += ":datastore=x.npz" if name.startswith("retrieval") else ""
-        assert parse_method(text).needs_draft_model == (name in MODEL_DRAFTERS), text
-    assert set(MODEL_DRAFTERS) == {"model", "ngram+model", "retrieval+model", "cascade"}
+        assert parse_method(text).needs_draft_model == (name in model_drafters), text
+    assert set(model_drafters) == {"model", "ngram+model", "retrieval+model", "cascade"}

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from specdec import cli, models
+from specdec.config import DecodeConfig
 from specdec.packs import Pack, Part
 from helpers import assert_one_line_error, run_main
 from helpers import tiny  # noqa: F401  (tiny: a fixture)
@@ -220,11 +221,57 @@ def test_draft_none_decodes_with_the_target_alone(tiny, capsys):
     assert report["token_ids"] == generate_json(tiny, capsys)["token_ids"]
 
 
+def test_draft_none_is_read_once_in_any_case():
+    """--draft none (any case) parses to None, which every command reads; another name stays as given."""
+    from specdec.cli import commands
+
+    parser = commands.build_parser()
+    for word in ("none", "None", "NONE"):
+        assert parser.parse_args(["generate", "x", "--draft", word]).draft is None
+        assert parser.parse_args(["serve", "--draft", word]).draft is None
+        assert parser.parse_args(["bench", "--draft", word, "--out", "o"]).draft is None
+    assert parser.parse_args(["generate", "x", "--draft", "nonesuch"]).draft == "nonesuch"
+    assert parser.parse_args(["train-heads", "--out", "o"]).draft is None  # it loads the target alone
+
+
+@pytest.mark.parametrize("extra, text, config", [
+    ([], "spec:ngram+model:block:k=4:policy=auto", DecodeConfig(drafter="ngram+model")),
+    (["--sampler", "gumbel", "--temperature", "1", "--seed", "3"], "spec:ngram+model:coupled:k=4:policy=auto",
+     DecodeConfig(drafter="ngram+model", verify="coupled")),
+    (["--verify", "tree", "--tree-budget", "6"], "spec:model:tree:budget=6",
+     DecodeConfig(drafter="model", verify="tree", tree={"budget": 6})),
+    (["--draft", "none"], "ar", DecodeConfig(drafter="none")),
+], ids=["chain", "coupled-chain", "tree", "ar"])
+def test_the_json_method_is_the_text_form_of_what_ran(tiny, capsys, extra, text, config):
+    """--json's "method" is the text form of the config that ran: the drafter named, a chain's rule
+    the one that verified (coupled under the Gumbel-max sampler), and DecodeConfig.parse reads it back."""
+    report = generate_json(tiny, capsys, *extra)
+    assert report["method"] == text and DecodeConfig.parse(report["method"]) == config
+    assert report["exact"] is True
+
+
+def test_the_method_in_words_names_the_shape_the_build_chose():
+    """A tree the options leave open (a lookahead window, a Sequoia budget) is put in words by the
+    shape the build chose; the draft model's other trees by their options."""
+    from specdec.cli.generate import method_label
+
+    lookahead = DecodeConfig(drafter="lookahead", verify="tree")
+    assert method_label(lookahead, "window=6:ngram=4:candidates=5") == \
+        "lookahead drafter, tree: window=6, ngram=4, candidates=5"
+    sequoia = DecodeConfig(drafter="model", verify="tree", tree={"mode": "sequoia"})
+    assert method_label(sequoia, "sequoia:budget=12") == "model drafter, tree: sequoia, budget=12"
+    assert method_label(DecodeConfig(drafter="model", verify="tree"), "threshold=0.8") == \
+        "model drafter, confident tree: threshold 0.8, width 2, depth up to 16, up to 16 nodes"
+    assert method_label(DecodeConfig(drafter="ngram", sampler="gumbel")) == "ngram drafter, coupled, k=4, policy auto"
+    assert method_label(DecodeConfig(drafter="model", verify="typical")) == \
+        "model drafter, typical, k=4, policy auto, LOSSY (not the target's distribution)"
+
+
 def test_the_planner_is_the_default_policy(tiny, capsys):
     """No --policy: the planner ('auto') picks the draft lengths, the label keeps the short form and
     the planner's summary follows; --policy names any other policy in the label."""
     report = generate_json(tiny, capsys, "--compare-ar")
-    assert report["stats"]["policy"]["name"] == "auto" and ":auto:" in report["method"]
+    assert report["stats"]["policy"]["name"] == "auto" and report["method"] == "spec:ngram+model:block:k=4:policy=auto"
     assert report["ar"]["identical"] is True
     base = ["generate", "hello", "--target", tiny["target"], "--draft", tiny["draft"], "--dtype", "float32",
             "--max-new-tokens", "12"]
@@ -285,7 +332,7 @@ def test_the_gumbel_sampler_keeps_the_sampled_output_of_plain_decoding(tiny, cap
     same seed (--compare-ar draws a seed for both runs when none is given)."""
     report = generate_json(tiny, capsys, "--compare-ar", "--sampler", "gumbel", "--temperature", "1", *extra)
     assert report["ar"]["identical"] is True, extra
-    assert "coupled" in report["method"]
+    assert ("coupled" in report["method"]) == ("tree" not in extra)  # a tree names no chain rule: its walk is coupled
     assert report["stats"]["gumbel_seed"] == (5 if "--seed" in extra else report["stats"]["gumbel_seed"])
     assert isinstance(report["stats"]["gumbel_seed"], int)
 

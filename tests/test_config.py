@@ -50,7 +50,7 @@ def test_overrides_apply_on_top_of_a_config(pair):
     config = DecodeConfig(verify="token", k=2, temperature=1.0, seed=5, max_new_tokens=10)
     over = generate(target, PROMPT, draft=draft, config=config, seed=6, k=3)
     assert over.token_ids == generate(target, PROMPT, draft=draft, config=dataclasses.replace(config, seed=6, k=3)).token_ids
-    assert over.method.endswith("k=3")
+    assert over.method == "spec:ngram+model:token:k=3:policy=auto"
     assert config.seed == 5  # the caller's config is not changed
 
 
@@ -82,7 +82,7 @@ def test_the_planner_is_the_default_policy(pair):
     ar = generate(target, PROMPT, max_new_tokens=12)
     assert ar.method == "ar" and ar.stats.policy == {}  # no draft: autoregressive, no policy at work
     spec = generate(target, PROMPT, draft=draft, max_new_tokens=12)
-    assert spec.stats.policy["name"] == "auto" and spec.method == "spec:ngram+model:block:auto:k=4"
+    assert spec.stats.policy["name"] == "auto" and spec.method == "spec:ngram+model:block:k=4:policy=auto"
     assert spec.token_ids == ar.token_ids
 
 

@@ -26,7 +26,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from specdec.backends.hf import HFCausalLM
 from specdec.backends.hf_layers import HFLayeredCausalLM
 from specdec.build import make_drafter
-from specdec.drafters import DRAFTERS
+from specdec.drafters import names as drafter_names
 from specdec import layer_skip_search as tuning
 from specdec.drafters.early_exit import EarlyExitDrafter
 from specdec.drafters.model import ModelDrafter
@@ -367,8 +367,8 @@ def test_ngram_sampled_engine_run_is_reproducible_and_in_vocabulary():
 
 def test_make_drafter_checks_names_and_options():
     backend = HFLayeredCausalLM(tiny_llama(12, vocab=16, layers=3))
-    assert set(DRAFTERS) == {"model", "ngram", "ngram+model", "early-exit", "layer-skip", "heads", "eagle",
-                             "retrieval", "retrieval+model", "lookahead", "cascade"}
+    assert set(drafter_names()) == {"model", "ngram", "ngram+model", "early-exit", "layer-skip", "heads", "eagle",
+                                    "retrieval", "retrieval+model", "lookahead", "cascade"}
     with pytest.raises(ValueError, match="unknown drafter"):
         make_drafter("medusa", backend)
     with pytest.raises(ValueError, match="needs a draft model"):

@@ -179,5 +179,5 @@ def test_lossy_rule_is_marked_in_the_result(pair) -> None:
     target, draft = pair
     exact = generate(target, PROMPT, draft=draft, verify="block", max_new_tokens=5)
     lossy = generate(target, PROMPT, draft=draft, verify="typical", temperature=1.0, seed=0, max_new_tokens=5)
-    assert exact.exact and "LOSSY" not in exact.method
-    assert not lossy.exact and "LOSSY" in lossy.method
+    assert exact.exact and exact.method == "spec:ngram+model:block:k=4:policy=auto"
+    assert not lossy.exact and lossy.method == "spec:ngram+model:typical:k=4:policy=auto"  # exact tells, not the name

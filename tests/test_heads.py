@@ -22,6 +22,7 @@ from helpers import PROMPT, SAMPLES, SIGNIFICANCE, chi_square_p_value, chi_squar
 from tiny import tiny_llama
 
 from specdec import generate
+from specdec.config import DecodeConfig
 from specdec.backends.hf import HFCausalLM
 from specdec.build import make_drafter, target_backend
 from specdec.drafters.heads import HeadsDrafter
@@ -78,7 +79,7 @@ def test_greedy_output_with_a_heads_tree_equals_autoregressive(choices) -> None:
     tree = {"choices": choices} if choices else None
     result = generate(backend, prompt, drafter=drafter, verify="tree", tree=tree, max_new_tokens=20, eos_token_ids=[])
     assert result.token_ids == expected
-    assert result.method == "spec:heads:tree:static"
+    assert result.method == str(DecodeConfig(drafter="heads", verify="tree", tree=tree)) and result.shape == "static"
     assert result.stats.drafted_tokens > 0
 
 

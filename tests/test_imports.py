@@ -1,14 +1,33 @@
-"""The package's import graph has no circle: every ``import`` of a specdec module, at module level
-or inside a function (but not under ``TYPE_CHECKING``), is an edge, read from the source."""
+"""The package's import graph: no module imports itself through others, and no layer imports a
+higher one. Every ``import`` of a specdec module is an edge, read from the source: at module level,
+inside a function, and under ``TYPE_CHECKING`` (a type-only import is a dependency too: the reader
+of one module must read the other).
+
+:data:`LAYERS` places each module of the package in a layer of the drawing in
+docs/architecture.md, which it mirrors (:func:`test_the_table_is_the_drawing`)."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import specdec
 
 ROOT = Path(specdec.__file__).parent
+DRAWING = Path(__file__).parent.parent / "docs" / "architecture.md"
+
+# The layers, highest first, each with the modules (``x`` for x.py) and packages (``x`` for x/) of
+# specdec in it; ``__init__`` is the package itself. A module may import its own layer and lower ones.
+LAYERS: dict[str, tuple[str, ...]] = {
+    "entry points": ("cli", "options", "__main__", "server", "bench", "training"),
+    "library API": ("__init__", "api", "config", "build", "models", "packs", "prompts", "layer_skip_search",
+                    "divergence"),
+    "decoding": ("engine", "stats", "verify", "drafters", "policies", "theory", "sequoia", "token_tree", "sampling",
+                 "constraints", "datastore"),
+    "backends": ("backends", "kernels", "memory"),
+    "measurements": ("measurements", "paths"),
+}
 
 
 def _modules() -> dict[str, Path]:
@@ -42,12 +61,10 @@ def _edges(modules: dict[str, Path]) -> dict[str, set[str]]:
 
 
 def _imports(tree: ast.AST):
-    for node in ast.iter_child_nodes(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            continue
+    """Every import statement in ``tree``, wherever it stands (under ``TYPE_CHECKING`` too)."""
+    for node in ast.walk(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             yield node
-        yield from _imports(node)
 
 
 def _cycle(edges: dict[str, set[str]]) -> list[str] | None:
@@ -73,12 +90,65 @@ def _cycle(edges: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+def _top(module: str) -> str:
+    """The name a module has in the table: its package under specdec, or itself (``__init__``: specdec)."""
+    return (module.split(".") + ["__init__"])[1]
+
+
+def _layer(module: str) -> int:
+    """The layer of a specdec module, 0 the highest (a StopIteration for a module the table lacks)."""
+    return next(i for i, names in enumerate(LAYERS.values()) if _top(module) in names)
+
+
+def _upward(edges: dict[str, set[str]]) -> list[str]:
+    """The edges from a lower layer to a higher one, as 'importer -> imported'."""
+    return [f"{a} -> {b}" for a in sorted(edges) for b in sorted(edges[a]) if _layer(b) < _layer(a)]
+
+
+def _drawn() -> dict[str, tuple[str, ...]]:
+    """The drawing's layers, highest first, each with the names its rows list: ``x.py`` and ``x/``
+    items separated by ' · ', what stands in parentheses being commentary."""
+    block = DRAWING.read_text("utf-8").split("```")[1]
+    layers: dict[str, list[str]] = {}
+    for line in block.strip("\n").splitlines():
+        labelled = re.match(r"(\S.*?)\s{2,}(.*)", line)  # a layer's first row: its name, then its items
+        if labelled:
+            layers[labelled[1]] = []
+        items = labelled[2] if labelled else line
+        for item in re.sub(r"\([^()]*\)", "", items).split("·"):
+            if item.strip():
+                layers[list(layers)[-1]].append(item.strip().removesuffix("/").removesuffix(".py"))
+    return {label: tuple(names) for label, names in layers.items()}
+
+
 def test_no_module_imports_itself_through_others():
     modules = _modules()
     assert {"specdec.api", "specdec.policies.auto", "specdec.backends.llamacpp"} <= set(modules)
-    assert _cycle(_edges(modules)) is None, " -> ".join(_cycle(_edges(modules)))
+    circle = _cycle(_edges(modules))
+    assert circle is None, " -> ".join(circle)
+
+
+def test_no_layer_imports_a_higher_one():
+    modules = _modules()
+    unplaced = sorted(m for m in modules if not any(_top(m) in names for names in LAYERS.values()))
+    assert not unplaced, f"place these modules in a layer of LAYERS and of docs/architecture.md: {unplaced}"
+    upward = _upward(_edges(modules))
+    assert not upward, "imports of a higher layer: " + "; ".join(upward)
+
+
+def test_the_table_is_the_drawing():
+    assert list(_drawn()) == list(LAYERS)
+    for label, names in LAYERS.items():
+        assert sorted(_drawn()[label]) == sorted(names), label
 
 
 def test_the_walk_finds_a_circle_where_there_is_one():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_the_walk_reads_type_only_imports_and_finds_an_upward_edge():
+    source = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from specdec.api import generate\n"
+    assert [node.module for node in _imports(ast.parse(source))] == ["typing", "specdec.api"]
+    assert _upward({"specdec.paths": {"specdec.api"}, "specdec.api": {"specdec.paths"}}) == [
+        "specdec.paths -> specdec.api"]

@@ -158,7 +158,7 @@ def test_the_command_lines_refuse_lookahead_without_tree_before_loading_a_model(
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["specdec: error: --drafter lookahead drafts a token tree each step, verified in one pass",
                    "hint: add --verify tree"]
-    args = argparse.Namespace(target="smollm2-135m", draft="none", backend="llamacpp", method="spec:lookahead")
+    args = argparse.Namespace(target="smollm2-135m", draft=None, backend="llamacpp", method="spec:lookahead")
     with pytest.raises(CLIError) as refused:
         default_method(args)
     assert refused.value.message == ("--method: lookahead decoding drafts a token tree each step, verified in one "

@@ -30,7 +30,7 @@ def test_every_front_end_resolves_the_default_to_the_same_config():
     # without a draft model the default is the target alone, on every front end
     no_draft = commands.build_parser().parse_args(["generate", "hello", "--draft", "none"])
     assert options.decode_config(no_draft) == DecodeConfig().resolve(has_draft=False) == DecodeConfig.parse("ar")
-    assert default_method(argparse.Namespace(**{**vars(serve_args), "draft": "none"})).is_ar
+    assert default_method(argparse.Namespace(**{**vars(serve_args), "draft": None})).is_ar  # --draft none
 
 
 # A value for each option of the text form (one that differs from its default), and the method it needs.

@@ -258,7 +258,7 @@ def test_greedy_sequoia_equals_autoregressive(pair, tree):
     spec = generate(target, PROMPT, draft=draft, verify="tree", tree=tree, max_new_tokens=40)
     assert spec.token_ids == ar.token_ids
     assert spec.stats.mean_accepted_per_forward > 1.0
-    assert "tree:sequoia" in spec.method
+    assert spec.method == str(DecodeConfig(drafter="model", verify="tree", tree=tree)) and spec.shape.startswith("sequoia")
 
 
 def test_the_text_form_says_a_sequoia_tree(pair):
@@ -266,7 +266,7 @@ def test_the_text_form_says_a_sequoia_tree(pair):
     config = DecodeConfig.parse("spec:tree:mode=sequoia:budget=8")
     assert config.tree == {"mode": "sequoia", "budget": 8} and str(config) == "spec:tree:budget=8:mode=sequoia"
     result = generate(target, PROMPT, draft=draft, config=config, max_new_tokens=20)
-    assert result.method == "spec:model:tree:sequoia:budget=8"
+    assert result.method == "spec:model:tree:budget=8:mode=sequoia" and result.shape == "sequoia:budget=8"
     for bad, message in (("threshold=0.5", "threshold shapes a confident tree"),
                          ("expand=2", "expand shapes the dynamic tree"),
                          ("choices=0|1", "choices fix a static tree")):

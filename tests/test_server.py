@@ -534,7 +534,7 @@ def test_methods_name_no_backend_the_server_runs_its_loaded_models():
     from specdec.server import requests as rq
     from specdec.cli.serve import default_method
 
-    args = argparse.Namespace(target="smollm2-135m", draft="none", backend="llamacpp", method="spec:ngram:block")
+    args = argparse.Namespace(target="smollm2-135m", draft=None, backend="llamacpp", method="spec:ngram:block")
     method = default_method(args)
     assert method.drafter == "ngram" and str(method) == "spec:ngram:block:k=4:policy=auto"
     with pytest.raises(CLIError, match="backend="):
@@ -544,3 +544,27 @@ def test_methods_name_no_backend_the_server_runs_its_loaded_models():
     body = rq.CompletionBody(prompt="x", speculative={"method": "spec:ngram:block:backend=torch"})
     with pytest.raises(rq.APIError, match="backend="):
         rq.choose_method(body, method, has_draft=False)
+
+
+@pytest.mark.parametrize("body, param, message", [
+    ({"speculative": {"method": "spec:model:greedy:k=4:policy=static"}, "temperature": 1.0}, "speculative.method",
+     'speculative.method: spec:model:greedy:k=4:policy=static: greedy verification (greedy) reproduces greedy '
+     'decoding only, but "temperature" is 1.0; use token or block to sample'),
+    ({"speculative": {"method": "spec:model:coupled"}, "sampler": "multinomial"}, "sampler",
+     'sampler: spec:model:coupled:k=4:policy=auto: coupled verification (coupled) verifies Gumbel-max draws, but '
+     '"sampler" is multinomial; drop "sampler" (coupled implies gumbel), or use block'),
+    ({"speculative": {"method": "spec:model:typical"}, "seed": 3}, "sampler",
+     'sampler: spec:model:typical:k=4:policy=auto: typical acceptance (typical) draws by its own lossy rule, but '
+     '"sampler": "gumbel" draws by Gumbel-max with public noise; use coupled, or "sampler": "multinomial" for '
+     'typical'),
+])
+def test_a_request_breaking_a_rule_of_the_config_gets_its_400(body, param, message):
+    """The rules that tie a method to the sampling are DecodeConfig's; the server names the field."""
+    from specdec.config import DecodeConfig
+    from specdec.server import requests as rq
+
+    with pytest.raises(rq.APIError) as refused:
+        rq.choose_method(rq.CompletionBody(prompt="x", **body), DecodeConfig.parse("spec"), has_draft=True)
+    assert (refused.value.status, refused.value.param, refused.value.message) == (400, param, message)
+    seeded = rq.CompletionBody(prompt="x", seed=3, speculative={"method": "spec:model:coupled"})
+    assert rq.choose_method(seeded, DecodeConfig.parse("spec"), True, seeded_sampler="multinomial").gumbel

@@ -342,9 +342,9 @@ def test_tree_output_follows_target_law(shape: str) -> None:
 def test_the_default_tree_is_the_confident_tree(pair) -> None:
     target, draft = pair
     default = generate(target, PROMPT, draft=draft, verify="tree", max_new_tokens=12)
-    assert default.method.endswith("tree:threshold=0.8")
+    assert default.method == "spec:model:tree" and default.shape == "threshold=0.8"
     dynamic = generate(target, PROMPT, draft=draft, verify="tree", tree={}, max_new_tokens=12)
-    assert dynamic.method.endswith("tree:budget=16")
+    assert dynamic.method == "spec:model:tree:mode=dynamic" and dynamic.shape == "budget=16"
     with pytest.raises(ValueError, match="threshold"):
         TreeDrafter(None, threshold=1.5)
     with pytest.raises(ValueError, match="fixed shape"):

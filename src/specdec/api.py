@@ -24,7 +24,10 @@ from specdec.stats import GenerationStats, Step
 
 @dataclass
 class GenerationResult:
-    """token_ids: the new tokens only; text: their decoding (None without a tokenizer)."""
+    """token_ids: the new tokens only; text: their decoding (None without a tokenizer). method: what
+    ran, in the text form (:meth:`DecodeConfig.parse` reads it back; a chain names the verifier that
+    ran, ``coupled`` under the Gumbel-max sampler); exact: False for a lossy verification rule;
+    shape: a token tree's shape as it was built (empty for a chain; see :class:`specdec.build.Built`)."""
 
     token_ids: list[int]
     text: str | None
@@ -32,6 +35,7 @@ class GenerationResult:
     method: str
     exact: bool = True
     logprobs: list[TokenLogprob] | None = None  # one per token of token_ids, where asked for
+    shape: str = ""
 
 
 @dataclass
@@ -103,7 +107,7 @@ def generate(
     (default) runs a llama/qwen2-style bf16 draft model on int8 copies of its weights (half the
     bytes per draft token; the output law is unchanged, only the draft's proposals shift
     slightly), ``bf16`` on its own weights. drafter: a :class:`Drafter`, or a name from
-    :data:`specdec.drafters.DRAFTERS` (``model`` uses ``draft``; ``ngram``, ``early-exit``,
+    :func:`specdec.drafters.names` (``model`` uses ``draft``; ``ngram``, ``early-exit``,
     ``layer-skip``, ``heads`` and ``eagle`` need no draft model) built with ``drafter_options``
     (e.g. ``{"exit_layer": 20}``, ``{"path": "heads/"}``). verify: ``greedy``, ``token``,
     ``block``, ``coupled`` (the Gumbel-max sampler's rule), or ``tree`` (the draft model builds a token tree; ``tree`` holds
@@ -161,6 +165,7 @@ class _Run:
     by_draft: list[bool] = field(default_factory=list)  # for decoded[:settled]: written by a draft token?
     finished: bool = False  # the text is complete (a stop string was hit, or the last step is in)
     logprobs: list[TokenLogprob] | None = None
+    shape: str = ""  # a token tree's shape as built (Built.shape)
 
     @classmethod
     def build(cls, target: Any, prompt: Any, *, draft: Any, tokenizer: Any, config: DecodeConfig,
@@ -203,7 +208,7 @@ class _Run:
             steps = tree_steps(backend, built.drafter, prompt_ids, **common)
         else:
             steps = speculative_steps(backend, built.drafter, built.verifier, built.policy, prompt_ids, **common)
-        run = cls(steps, tokenizer, config.stop, built.method, built.exact, policy=built.policy)
+        run = cls(steps, tokenizer, config.stop, built.method, built.exact, policy=built.policy, shape=built.shape)
         run.stats.truncated_to = room
         run.stats.prompt_cached = cached
         run.stats.gumbel_seed = sampling.gumbel_seed if sampling.coupled else None
@@ -275,7 +280,7 @@ class _Run:
 
     def result(self) -> GenerationResult:
         text = self.text if self.tokenizer is not None else None
-        return GenerationResult(self.token_ids, text, self.stats, self.method, self.exact, self.logprobs)
+        return GenerationResult(self.token_ids, text, self.stats, self.method, self.exact, self.logprobs, self.shape)
 
 
 def decode_text(tokenizer: Any, ids: Sequence[int]) -> str:

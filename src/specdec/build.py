@@ -23,16 +23,9 @@ from specdec.backends.base import HIDDEN_STATES, LAYERS, TREES, CausalLM, capabi
 from specdec.backends.hf_layers import HFLayeredCausalLM
 from specdec.backends.lean import make_backend
 from specdec.config import AR, DecodeConfig
-from specdec.datastore import open_store
-from specdec.drafters import DRAFTERS, MODEL_DRAFTERS, NEEDS, CascadeDrafter, ChoiceDrafter, ModelDrafter, NGramDrafter
+from specdec.drafters import registry
 from specdec.drafters.base import Drafter
-from specdec.drafters.eagle import EagleDrafter
-from specdec.drafters.early_exit import EarlyExitDrafter
-from specdec.drafters.heads import HeadsDrafter
-from specdec.drafters.layer_skip import LayerSkipDrafter
-from specdec.drafters.lookahead import LookaheadDrafter
-from specdec.drafters.retrieval import RetrievalChoice, RetrievalDrafter
-from specdec.drafters.tree import DEFAULT_TREE, TreeDrafter
+from specdec.drafters.tree import TreeDrafter
 from specdec.policies import DraftLengthPolicy, make_policy
 from specdec.verify import Verifier, make_verifier
 
@@ -40,15 +33,22 @@ from specdec.verify import Verifier, make_verifier
 @dataclass
 class Built:
     """What one generation runs. ``drafter`` None: the target decodes alone. ``tree``: the drafter
-    proposes token trees (its shape in ``shape``). ``method``: what runs, as reports name it."""
+    proposes token trees. ``shape``: the tree's shape as the build chose it (``threshold=0.8``,
+    ``window=6:ngram=4:candidates=5``; empty for a chain), which the config may leave open."""
 
-    config: DecodeConfig  # resolved: the drafter named
+    config: DecodeConfig  # resolved: the drafter named, a chain's verifier the one that runs (chain_verifier)
     target: CausalLM
     drafter: Any = None
     verifier: Verifier | None = None
     policy: DraftLengthPolicy | None = None
     tree: bool = False
-    method: str = "ar"
+    shape: str = ""
+
+    @property
+    def method(self) -> str:
+        """What runs, as reports name it: the config's text form (:meth:`DecodeConfig.parse` reads
+        it back), lossy or not told by :attr:`exact`."""
+        return str(self.config)
 
     @property
     def exact(self) -> bool:
@@ -65,10 +65,10 @@ def build(config: DecodeConfig, target: Any, draft: Any = None) -> Built:
         return Built(config, as_backend(target))
     if isinstance(config.drafter, str):
         name = config.drafter
-        if name not in MODEL_DRAFTERS and draft is not None:
+        if not config.uses_draft_model and draft is not None:
             raise ValueError(f"the {name} drafter uses no draft model; leave draft out")
         draft_backend = None
-        if name in MODEL_DRAFTERS:
+        if config.uses_draft_model:
             draft_backend = as_backend(draft, config.draft_weights)
             if not config.prompt_cache:
                 draft_backend.reset()
@@ -86,17 +86,13 @@ def build(config: DecodeConfig, target: Any, draft: Any = None) -> Built:
         tree_drafter, shape = _tree_drafter(drafter, config.tree)
         if isinstance(tree_drafter, TreeDrafter):
             tree_drafter.bind(backend)  # a Sequoia tree measures its cost curves (or reads them from the cache)
-        coupled = ":coupled" if config.gumbel else ""
-        return Built(config, backend, tree_drafter, tree=True, method=f"spec:{drafter.name}:tree:{shape}{coupled}")
+        return Built(config, backend, tree_drafter, tree=True, shape=shape)
     verifier = make_verifier(config.chain_verifier)
     policy = config.policy
     if isinstance(policy, str):
         policy = make_policy(policy, config.k, **(config.policy_options or {}))
     policy.bind(backend, drafter)  # the planner measures its models' costs (or reads them from its cache)
-    method = f"spec:{drafter.name}:{verifier.name}:{policy.name}:k={config.k}"
-    if not verifier.exact:
-        method += " (LOSSY)"
-    return Built(config, backend, drafter, verifier, policy, method=method)
+    return Built(config.replace(verify=config.chain_verifier), backend, drafter, verifier, policy)
 
 
 def as_backend(model: Any, weights: str = "bf16") -> CausalLM:
@@ -118,7 +114,7 @@ def target_backend(drafter: str, model: Any) -> CausalLM:
     """The backend of the target ``model`` that the drafter named ``drafter`` needs, with a fresh
     cache: a transformers model is wrapped with what the drafter reads (its layers, or the
     hidden states); a backend is checked for it."""
-    needs = NEEDS.get(drafter, frozenset())
+    needs = registry.needs(drafter)
     if is_backend(model):
         return _ready(drafter, model)
     if not isinstance(model, torch.nn.Module):
@@ -131,7 +127,7 @@ def target_backend(drafter: str, model: Any) -> CausalLM:
 def _ready(drafter: str, backend: CausalLM, keep: bool = False) -> CausalLM:
     """A target backend checked for what the drafter needs, its cache emptied (unless ``keep``:
     the prompt cache, trimmed to the prompt by the first forward)."""
-    for need in sorted(NEEDS.get(drafter, frozenset())):
+    for need in sorted(registry.needs(drafter)):
         _require(backend, need, f"the {drafter} drafter")
     if not keep:
         backend.reset()
@@ -139,52 +135,19 @@ def _ready(drafter: str, backend: CausalLM, keep: bool = False) -> CausalLM:
 
 
 def make_drafter(name: str, target: CausalLM, draft: CausalLM | None = None, **options: Any) -> Drafter:
-    """Build a drafter by name for the target's backend ``target`` (from :func:`target_backend`).
-
-    model: needs ``draft`` (a backend). ngram+model: needs ``draft``, options as ngram's (default
-    4 and 4). ngram: options ``max_ngram`` (3), ``min_ngram`` (1). early-exit: option
-    ``exit_layer`` (default: all layers but the top two). layer-skip: option ``skip`` (default: the
-    set saved for this model, see :mod:`specdec.drafters.layer_skip`). heads: option ``path`` (a
-    folder from ``specdec train-heads``; default: the heads shipped for this target). eagle:
-    option ``path`` (a folder from ``specdec train-heads --kind eagle``; default: the shipped one).
-    retrieval: options ``datastore`` (a name or path, :func:`specdec.datastore.open_store`;
-    default: the process's own store) and ``min_match`` (2); retrieval+model: needs ``draft``,
-    options as retrieval's and ngram's. lookahead: options ``window``, ``ngram``, ``candidates``
-    (default: from the target's measured row costs). cascade: needs ``draft``, options as ngram+model's
-    (the lookup offered beside the cascaded draft model, :mod:`specdec.drafters.cascade`).
-    Raises ``ValueError`` for an unknown name, a missing draft model or a bad option.
+    """Build the drafter named ``name`` for the target's backend ``target`` (from
+    :func:`target_backend`) and the draft model's backend ``draft``, as its declaration says
+    (:func:`specdec.drafters.spec`: the options it takes, whether it drafts with the draft model;
+    each drafter's class documents its options and their defaults).
+    Raises ``ValueError`` for an unknown name, a missing or unwanted draft model or a bad option.
     """
-    if name not in DRAFTERS:
-        raise ValueError(f"unknown drafter {name!r}; choose one of {', '.join(DRAFTERS)}")
-    if name not in MODEL_DRAFTERS and draft is not None:
+    declared = registry.spec(name)  # an unknown name: the error names the choices
+    if not declared.uses_draft_model and draft is not None:
         raise ValueError(f"the {name} drafter uses no draft model; leave the draft model out")
-    if name in MODEL_DRAFTERS and draft is None:
+    if declared.uses_draft_model and draft is None:
         raise ValueError(f"the {name} drafter needs a draft model")
     try:
-        if name == "model":
-            if options:
-                raise ValueError(f"the model drafter takes no options, got {', '.join(sorted(options))}")
-            return ModelDrafter(draft)
-        if name == "ngram+model":
-            return ChoiceDrafter.build(ModelDrafter(draft), **options)
-        if name == "cascade":
-            return CascadeDrafter(draft, **options)
-        if name == "ngram":
-            return NGramDrafter(target.vocab_size, **options)
-        if name in ("retrieval", "retrieval+model"):
-            store = open_store(options.pop("datastore", None))
-            if name == "retrieval+model":
-                return RetrievalChoice.build(ModelDrafter(draft), store, **options)
-            return RetrievalDrafter(target.vocab_size, store, **options)
-        if name == "lookahead":
-            return LookaheadDrafter(target, **options)
-        if name == "early-exit":
-            return EarlyExitDrafter(target, **options)
-        if name == "layer-skip":
-            return LayerSkipDrafter(target, **options)
-        if name == "heads":
-            return HeadsDrafter.load(target, **options)
-        return EagleDrafter.load(target, **options)
+        return declared.create(target, draft, **options)
     except TypeError as e:  # an option the drafter does not take
         raise ValueError(f"bad option for the {name} drafter: {e}") from None
 
@@ -217,24 +180,11 @@ def _check_vocabulary(drafter: Drafter, backend: CausalLM) -> None:
 
 
 def _tree_drafter(drafter: Drafter, tree: Any) -> tuple[Any, str]:
-    """(the drafter that proposes trees, a short description of the tree's shape)."""
-    if isinstance(drafter, ModelDrafter):
-        tree_drafter = TreeDrafter(drafter.model, **(DEFAULT_TREE if tree is None else tree))
-        shape = {"static": "static", "confident": f"threshold={tree_drafter.threshold}",
-                 "dynamic": f"budget={tree_drafter.budget}",
-                 "sequoia": "sequoia" + (f":budget={tree_drafter.fixed_budget}" if tree_drafter.fixed_budget else "")
-                 }[tree_drafter.mode]
-        return tree_drafter, shape
-    if isinstance(drafter, RetrievalDrafter):  # the most frequent continuations in the datastore
-        tree_drafter = drafter.with_tree(**dict(tree or {}))
-        return tree_drafter, f"budget={tree_drafter.budget}:depth={tree_drafter.depth}"
-    if isinstance(drafter, LookaheadDrafter):  # the Jacobi window and the pool's n-grams
-        return drafter, f"window={drafter.window}:ngram={drafter.ngram}:candidates={drafter.candidates}"
-    if isinstance(drafter, HeadsDrafter):  # a static Medusa tree
-        tree = dict(tree or {})
-        if tree.pop("mode", "static") != "static" or set(tree) - {"choices"}:
-            raise ValueError(f"the {drafter.name} drafter's tree is static and takes only 'choices'")
-        return (drafter.with_choices(tree["choices"]) if "choices" in tree else drafter), "static"
+    """(the drafter that proposes trees, a short description of the tree's shape): the ``tree``
+    function of the first registered drafter that proposes trees and describes ``drafter``."""
+    for declared in registry.specs():
+        if declared.tree is not None and declared.describes(drafter):
+            return declared.tree(drafter, tree)
     raise ValueError(f"tree verification needs a draft model or the heads drafter, not {drafter.name}")
 
 

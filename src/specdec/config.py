@@ -33,7 +33,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from specdec.drafters import DRAFTER_OPTIONS, DRAFTERS, MODEL_DRAFTERS, TREE_ONLY_DRAFTERS, Drafter
+from specdec.drafters import registry
+from specdec.drafters.base import Drafter
 from specdec.drafters.tree import DEFAULT_CHOICES, TREE_MODES, TreeDrafter, parse_choices
 from specdec.policies import POLICIES, DraftLengthPolicy, check_k, make_policy
 from specdec.policies.base import MAX_INT
@@ -46,7 +47,6 @@ CHAIN_VERIFIERS = tuple(sorted(VERIFIERS))
 DRAFT_WEIGHTS = ("bf16", "int8")  # specdec.backends.lean.WEIGHTS
 TREE_OPTIONS = ("mode", "choices", "threshold", "depth", "width", "expand", "budget")
 POLICY_OPTIONS = ("k_max", "threshold")
-TREE_DRAFTERS = ("model", "heads", "retrieval", "lookahead")  # the drafters that propose trees
 SEED_RANGE = 2**64  # torch.Generator.manual_seed takes 0 .. 2**64 - 1
 SAMPLERS = ("multinomial", "gumbel")  # specdec.sampling: inversion with a generator, Gumbel-max with public noise
 DEFAULT_K = 4
@@ -75,6 +75,12 @@ class ConfigError(ValueError):
             return f"{message}; {hint}" if hint else message
         return message, hint
 
+    @property
+    def options(self) -> list[tuple[str, str]]:
+        """The options the message names, as ``(group, name)`` in order: a front end that takes
+        options from several places points at the one that broke the rule."""
+        return [(m[1], m[2]) for m in _PLACEHOLDER.finditer(self.message)]
+
 
 class NothingToVerify(ConfigError):
     """The default drafter without a draft model leaves the target decoding alone, so option
@@ -99,9 +105,12 @@ def api_spelling(group: str, name: str, value: Any) -> str:
 
 
 def text_spelling(group: str, name: str, value: Any) -> str:
-    """``tree``, ``ngram+model``, ``k=2``: the text form's fields."""
+    """``tree``, ``ngram+model``, ``k=2``: the text form's fields; a sampling option, which comes
+    beside the text, as the API names it (``temperature``)."""
     if group == "method" and name in ("drafter", "verify"):
         return f"the {name if name == 'drafter' else 'verifier'}" if value is NAME_ONLY else str(value)
+    if group == "sampling":
+        return api_spelling(group, name, value)
     return f"{name}=" if value is NAME_ONLY else f"{name}={value}"
 
 
@@ -210,7 +219,7 @@ OPTIONS: tuple[Option, ...] = (
            "elsewhere (ngram+model; the policy picks each step), the draft model alone, n-gram lookup alone, "
            "the target's first layers, the target with layers skipped, trained Medusa heads, or a trained "
            "one-layer head (default: ngram+model with a draft model, model for a tree, the target alone "
-           "without a draft model)", "--drafter", lambda: DRAFTERS),
+           "without a draft model)", "--drafter", registry.names),
     Option("method", "verify", _name, "a verifier's name", "block",
            "verification rule; 'tree' drafts a token tree and verifies it in one pass (by default the "
            "confident tree, threshold 0.8); 'typical' is lossy (default: block)", "--verify", lambda: VERIFY),
@@ -313,7 +322,7 @@ class DecodeConfig:
     """How to decode: the method, the verifier, draft lengths, sampling and limits.
 
     drafter: None (the default: :meth:`resolve`), ``"none"`` (the target alone), a name from
-    :data:`specdec.drafters.DRAFTERS` built with ``drafter_options``, or a
+    :func:`specdec.drafters.names` (the registered drafters) built with ``drafter_options``, or a
     :class:`~specdec.drafters.base.Drafter`.
     draft_weights: ``int8`` (default) or ``bf16`` for a draft model (see :func:`specdec.generate`).
     verify: ``greedy``, ``token``, ``block``, ``typical`` (lossy) or ``tree``; ``tree`` holds
@@ -388,8 +397,8 @@ class DecodeConfig:
         if self.drafter is not None and not isinstance(self.drafter, (str, Drafter)):
             raise TypeError(f"drafter must be a drafter's name or a Drafter, got {type(self.drafter).__name__} "
                             "(a drafter of your own: subclass specdec.drafters.Drafter)")
-        if isinstance(self.drafter, str) and self.drafter not in (AR, *DRAFTERS):
-            raise ValueError(f"unknown drafter {self.drafter!r}; choose one of {', '.join(DRAFTERS)}")
+        if isinstance(self.drafter, str) and self.drafter != AR:
+            registry.spec(self.drafter)  # an unknown name: the error names the choices
         if self.draft_weights not in DRAFT_WEIGHTS:
             raise ValueError(f"draft_weights must be one of {', '.join(DRAFT_WEIGHTS)}, got {self.draft_weights!r}")
         if self.verify not in VERIFY:
@@ -436,10 +445,11 @@ class DecodeConfig:
         named = self.drafter if isinstance(self.drafter, str) else None
         if self.drafter_options and (named is None or named == AR) and self.drafter is not None:
             raise ValueError("drafter_options go with a drafter given by name")
-        takes = DRAFTER_OPTIONS.get(named or "ngram+model", ())  # None: the default drafter's
+        declared = registry.find(named or "ngram+model")  # None: the default drafter's
+        takes = declared.options if declared is not None else ()
         for key in self.drafter_options or ():
             if key not in takes:
-                owners = [d for d in DRAFTERS if key in DRAFTER_OPTIONS[d]]
+                owners = [s.name for s in registry.specs() if key in s.options]
                 if not owners:
                     raise ValueError(f"bad option for the {named or 'ngram+model'} drafter: no drafter takes {key!r}")
                 shown = named or "the default (ngram+model)"
@@ -447,7 +457,7 @@ class DecodeConfig:
                 raise ConfigError(f"{{drafter.{key}}} is an option of {{method.drafter={owners[0]}}}"
                                   f"{''.join(others)}, but {{method.drafter}} is {shown}",
                                   f"add {{method.drafter={owners[0]}}} or drop {{drafter.{key}}}")
-        if named in TREE_ONLY_DRAFTERS and self.verify != "tree":
+        if _trees(named) == "only" and self.verify != "tree":
             raise ConfigError(f"{{method.drafter={named}}} drafts a token tree each step, verified in one pass",
                               "add {method.verify=tree}")
         if self.verify == "tree":
@@ -498,7 +508,7 @@ class DecodeConfig:
                 if key in tree and (isinstance(tree[key], bool) or not isinstance(tree[key], int) or tree[key] < 1):
                     raise ConfigError(f"{{tree.{key}}} must be a positive integer, got {tree[key]!r}")
             return
-        if named is not None and named not in TREE_DRAFTERS:
+        if named is not None and _trees(named) == "no":
             raise ConfigError(f"{{method.verify=tree}} drafts its tree with the draft model or the heads, "
                               f"not {{method.drafter={named}}}", "drop {method.drafter}, or use {method.verify=block}")
         if named == "heads":
@@ -552,7 +562,8 @@ class DecodeConfig:
     @property
     def uses_draft_model(self) -> bool:
         """Whether the drafter named drafts with the draft model (``model``, ``ngram+model``, ...)."""
-        return isinstance(self.drafter, str) and self.drafter in MODEL_DRAFTERS
+        declared = registry.find(self.drafter)
+        return declared is not None and declared.uses_draft_model
 
     @property
     def exact(self) -> bool:
@@ -612,10 +623,11 @@ class DecodeConfig:
         for part in parts:
             key, eq, value = part.partition("=")
             if not eq:
-                slot = "drafter" if part in DRAFTERS else "verify" if part in VERIFY else None
+                slot = "drafter" if registry.find(part) is not None else "verify" if part in VERIFY else None
                 if slot is None:
+                    drafters = ", ".join(registry.names())
                     raise ValueError(f"unknown verifier {part!r} (nor is it a drafter); choose a verifier from "
-                                     f"{', '.join(VERIFY)} or a drafter from {', '.join(DRAFTERS)}")
+                                     f"{', '.join(VERIFY)} or a drafter from {drafters}")
                 key, value = slot, part
             elif key == "verify" or key not in ("drafter", "k", "policy") and not _keyed(key):
                 raise ValueError(f"unknown option {key}=; the options are k, policy, "
@@ -625,8 +637,8 @@ class DecodeConfig:
             keys[key] = value
         verify = keys.pop("verify", "block")
         drafter = keys.pop("drafter", None)
-        if drafter is not None and drafter not in DRAFTERS:
-            raise ValueError(f"unknown drafter {drafter!r}; choose one of {', '.join(DRAFTERS)}")
+        if drafter is not None:
+            registry.spec(drafter)  # an unknown name: the error names the choices
         _check_tree_only(drafter, verify, parts)
         values.update(drafter=drafter, verify=verify)
         for name in ("k", "policy"):
@@ -665,12 +677,20 @@ def _keyed(key: str) -> bool:
     return any(o.name == key and o.group in ("drafter", "policy", "tree") for o in OPTIONS)
 
 
+def _trees(drafter: Any) -> str:
+    """Whether the drafter named ``drafter`` proposes token trees: ``no``, ``also`` or ``only``
+    (its :class:`~specdec.drafters.registry.DrafterSpec`); ``no`` for anything not a registered
+    name (the default, the target alone, a drafter object)."""
+    declared = registry.find(drafter)
+    return declared.trees if declared is not None else "no"
+
+
 def _check_tree_only(drafter: str | None, verify: str, parts: Sequence[str]) -> None:
     """The text form of the rule that a tree-only drafter (lookahead decoding) is verified as a
     tree: the one-line error spells the method to write instead, the text's other fields kept
     (``spec:lookahead:window=6`` -> ``spec:lookahead:tree:window=6``). A config built from
     keywords meets the same rule in :meth:`DecodeConfig._check_combination`."""
-    if drafter not in TREE_ONLY_DRAFTERS or verify == "tree":
+    if _trees(drafter) != "only" or verify == "tree":
         return
     kept = [p for p in parts if p not in (drafter, verify) and p.partition("=")[0] != "drafter"]
     fixed = ":".join(["spec", drafter, "tree", *kept])

@@ -7,8 +7,8 @@ can flip a near-tie. For the first differing position the report gives both toke
 top-2 logit margin there as each pass computed it (``ar``'s one-token step, and the row of the
 method's own verification pass that chose the token), and the largest difference between those
 two rows' logits. Whether the backend's passes are batch invariant for this model is measured
-(:func:`batch_invariance`, cached): where they are, the two rows must be equal, and a divergence
-is reported as a defect, never as rounding.
+(:func:`specdec.measurements.batch_invariance`, cached): where they are, the two rows must be
+equal, and a divergence is reported as a defect, never as rounding.
 
 The rows come from replaying both runs untimed with a :class:`LogitsRecorder` around the
 target's backend (greedy runs are deterministic, so a replay makes the same passes).
@@ -17,18 +17,12 @@ target's backend (greedy runs are deterministic, so a replay makes the same pass
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any, Collection, Mapping, Sequence
 
 import numpy as np
 import torch
 
-from specdec.measurements import cache_file, cost_key
 from specdec.sampling import SamplingConfig, filtered_logits, gumbel_max, gumbel_noise
-from specdec.paths import load_measurement, save_measurement
-
-INVARIANCE_ROWS = (2, 4, 8, 16)  # pass lengths compared with one-token steps: a chain's verify passes
-INVARIANCE_FORMAT = 1
 
 
 @dataclass(frozen=True)
@@ -88,35 +82,6 @@ class LogitsRecorder:
         return self.full.get((position, token))
 
 
-def batch_invariance(model: Any, *, cache_dir: str | Path | None = None, refresh: bool = False) -> dict[str, Any]:
-    """Whether ``model`` computes in one pass of n tokens the very logits (bit for bit) of n
-    one-token steps, for each n in :data:`INVARIANCE_ROWS`: ``{"invariant": all of them,
-    "rows": {n: bool}, "source": "measured" | "cache"}``.
-
-    Measured on fixed token ids after an 8-token context, once per machine, model, backend and
-    threads (the planner's cost key), and cached beside the planner's cost curves. Leaves the
-    model's cache empty.
-    """
-    key = {**cost_key(model), "what": "batch invariance", "rows": list(INVARIANCE_ROWS)}
-    path = cache_file(key, cache_dir)
-    saved = None if refresh else load_measurement(path, key, INVARIANCE_FORMAT)
-    if saved is not None and isinstance(saved.get("rows"), dict):
-        rows = {int(n): bool(v) for n, v in saved["rows"].items()}
-        return {"invariant": all(rows.values()), "rows": rows, "source": "cache"}
-    longest = max(INVARIANCE_ROWS)
-    ids = [(17 + 7919 * i) % model.vocab_size for i in range(8 + longest)]
-    model.trim(0)
-    model.forward(ids[:8])
-    steps = torch.cat([model.forward([t]) for t in ids[8:]])  # [longest, V]
-    rows = {}
-    for n in INVARIANCE_ROWS:
-        model.trim(8)
-        rows[n] = bool(torch.equal(model.forward(ids[8 : 8 + n]), steps[:n]))
-    model.trim(0)
-    save_measurement(path, {"format": INVARIANCE_FORMAT, "key": key, "rows": rows})
-    return {"invariant": all(rows.values()), "rows": rows, "source": "measured"}
-
-
 def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
     """The first index where ``a`` and ``b`` differ (the shorter one's length if one is a prefix of
     the other), or None if they are equal."""
@@ -158,9 +123,9 @@ def explain(prompt: Sequence[int], tokens: Sequence[int], ar_tokens: Sequence[in
     """The first divergence of ``tokens`` from ``ar_tokens`` (new tokens after ``prompt``), with the
     margins each run's :class:`LogitsRecorder` saw at the input position whose row chose that
     token (None for a run not recorded), the largest logit difference between the two rows where
-    both recorders kept them whole, and ``invariance`` (:func:`batch_invariance`) of the target's
-    backend; None if the outputs are equal. ``gumbel``: two runs of the Gumbel-max sampler with
-    these settings, whose tokens are the argmax of the noised scores (logits / T plus the
+    both recorders kept them whole, and ``invariance`` (:func:`specdec.measurements.batch_invariance`)
+    of the target's backend; None if the outputs are equal. ``gumbel``: two runs of the Gumbel-max
+    sampler with these settings, whose tokens are the argmax of the noised scores (logits / T plus the
     position's noise): the margins and top-2 are then those scores', from the whole rows."""
     position = first_difference(tokens, ar_tokens)
     if position is None:

@@ -3,7 +3,7 @@
 Each thing specdec measures once and reuses -- the planner's row-cost curves
 (:func:`specdec.policies.auto.row_costs`), llama.cpp's prefill weight layout
 (:func:`specdec.backends.llamacpp.choose_prefill_layout`), a backend's batch invariance
-(:func:`specdec.divergence.batch_invariance`) -- is keyed by :func:`cost_key` (the machine, the
+(:func:`batch_invariance`) -- is keyed by :func:`cost_key` (the machine, the
 backend, the model and its dtype, the threads) and kept as JSON at :func:`cache_file` of that key,
 written atomically (:func:`specdec.paths.save_measurement`). This module sits below the backends
 and imports no other part of specdec but :mod:`specdec.paths`.
@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from specdec.paths import cache_root
+from specdec.paths import cache_root, load_measurement, save_measurement
 
 CACHE_ENV = "SPECDEC_PLANNER_CACHE"  # a folder for measurements alone (tests point it elsewhere)
 
@@ -91,3 +91,36 @@ def cache_file(key: dict[str, Any], cache_dir: str | Path | None = None) -> Path
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
     folder = os.environ.get(CACHE_ENV) if cache_dir is None else None
     return (Path(folder).expanduser() if folder else cache_root(cache_dir) / "planner") / f"{digest}.json"
+
+
+INVARIANCE_ROWS = (2, 4, 8, 16)  # pass lengths compared with one-token steps: a chain's verify passes
+INVARIANCE_FORMAT = 1
+
+
+def batch_invariance(model: Any, *, cache_dir: str | Path | None = None, refresh: bool = False) -> dict[str, Any]:
+    """Whether ``model`` computes in one pass of n tokens the very logits (bit for bit) of n
+    one-token steps, for each n in :data:`INVARIANCE_ROWS`: ``{"invariant": all of them,
+    "rows": {n: bool}, "source": "measured" | "cache"}``.
+
+    Measured on fixed token ids after an 8-token context, once per machine, model, backend and
+    threads (the planner's cost key), and cached beside the planner's cost curves. Leaves the
+    model's cache empty.
+    """
+    key = {**cost_key(model), "what": "batch invariance", "rows": list(INVARIANCE_ROWS)}
+    path = cache_file(key, cache_dir)
+    saved = None if refresh else load_measurement(path, key, INVARIANCE_FORMAT)
+    if saved is not None and isinstance(saved.get("rows"), dict):
+        rows = {int(n): bool(v) for n, v in saved["rows"].items()}
+        return {"invariant": all(rows.values()), "rows": rows, "source": "cache"}
+    longest = max(INVARIANCE_ROWS)
+    ids = [(17 + 7919 * i) % model.vocab_size for i in range(8 + longest)]
+    model.trim(0)
+    model.forward(ids[:8])
+    steps = torch.cat([model.forward([t]) for t in ids[8:]])  # [longest, V]
+    rows = {}
+    for n in INVARIANCE_ROWS:
+        model.trim(8)
+        rows[n] = bool(torch.equal(model.forward(ids[8 : 8 + n]), steps[:n]))
+    model.trim(0)
+    save_measurement(path, {"format": INVARIANCE_FORMAT, "key": key, "rows": rows})
+    return {"invariant": all(rows.values()), "rows": rows, "source": "measured"}

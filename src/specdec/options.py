@@ -71,6 +71,12 @@ probability = _number(float, lambda v: 0.0 < v <= 1.0, "a number in (0, 1]")
 seed_int = _number(int, lambda v: 0 <= v < 2**64, "an integer in [0, 2**64)")  # what torch.manual_seed takes
 
 
+def draft_name(text: str) -> str | None:
+    """--draft's type: None for ``none`` (any case: the target decodes alone), else the model's name.
+    The command line reads ``args.draft is None``, never the word."""
+    return None if text.lower() == "none" else text
+
+
 class Given(argparse.Action):
     """Store the value and remember that the option was given (so a default can be told apart)."""
 
@@ -96,7 +102,7 @@ def add_model_options(parser: argparse.ArgumentParser, *, draft: bool = True) ->
                        help=f"pack name ({pack_names}), local Hugging Face model directory or .gguf file "
                             f"(default: {models.DEFAULT_TARGET})")
     if draft:
-        group.add_argument("--draft", default=models.DEFAULT_DRAFT, metavar="MODEL", action=Given,
+        group.add_argument("--draft", default=models.DEFAULT_DRAFT, metavar="MODEL", type=draft_name, action=Given,
                            help=f"draft model, as for --target; must share the target's vocabulary; "
                                 f"'none' decodes with the target alone (default: {models.DEFAULT_DRAFT})")
         weights = option("sampling", "draft_weights")
@@ -235,7 +241,7 @@ def decode_config(args: argparse.Namespace) -> DecodeConfig:
             values[opt.name] = value
         else:
             values.setdefault(GROUP_FIELD[opt.group], {})[opt.name] = value
-    has_draft = str(getattr(args, "draft", None)).lower() != "none"
+    has_draft = getattr(args, "draft", None) is not None
     try:
         config = DecodeConfig(**values).resolve(has_draft, draft_flag="--draft")
     except NothingToVerify as err:
@@ -261,7 +267,7 @@ def decode_config(args: argparse.Namespace) -> DecodeConfig:
 def load_models(target: str, draft: str | None = None, *, backend: str = "torch", cache_dir: str | None = None,
                 dtype: str = "bfloat16", kernels: str = "auto", threads: int | None = None,
                 typed: Collection[str] = ()) -> models.Pair:
-    """The target and, unless ``draft`` is None or 'none', the draft, as a
+    """The target and, unless ``draft`` is None, the draft, as a
     :class:`~specdec.models.Pair` (:func:`specdec.models.load_pair`, which checks the two share a
     vocabulary); notes on stderr say what loads, and a pack error is a :class:`CLIError`.
 
@@ -269,7 +275,7 @@ def load_models(target: str, draft: str | None = None, *, backend: str = "torch"
     its default). typed: the options the user typed (``args.given``): a typed --dtype or --kernels
     is refused when every model runs on llama.cpp, where they do not apply."""
     names = [target] + ([draft] if draft is not None else [])
-    _check_torch_options([n for n in names if n.lower() != "none"], backend, typed)
+    _check_torch_options(names, backend, typed)
 
     runs = {"torch": dtype, "llamacpp": "GGUF via llama.cpp", "gguf": "GGUF on specdec kernels"}
 

@@ -52,8 +52,7 @@ import numpy as np
 import torch
 
 from specdec.backends.base import SNAPSHOTS, TREES, CacheSnapshot, ModelFacts
-from specdec.divergence import batch_invariance
-from specdec.measurements import cache_file, cost_key
+from specdec.measurements import batch_invariance, cache_file, cost_key
 from specdec.paths import load_measurement, save_measurement
 
 REQUIREMENT = "llama-cpp-python==0.3.36"
@@ -199,7 +198,7 @@ def load_gguf(
     (prompts) run on: ``"repacked"`` (the one decoding runs on), ``"file"`` (as stored in the
     GGUF) or ``"auto"``, whichever :func:`choose_prefill_layout` measures faster here (cached under
     ``cache_dir``, as the planner's cost curves are). A model whose short passes equal its one-token
-    steps (:func:`specdec.divergence.batch_invariance`, measured once and cached the same way) gets a
+    steps (:func:`specdec.measurements.batch_invariance`, measured once and cached the same way) gets a
     bf16 KV cache and the repacked layout for every pass (see :data:`KV_TYPES`); others an f16
     cache. Raises :class:`LlamaCppUnavailable` without
     the binding and ``ValueError`` naming the file when it is missing, not a GGUF or corrupt.

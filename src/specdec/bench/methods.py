@@ -48,7 +48,7 @@ from typing import Any, Sequence
 
 from specdec.backends.llamacpp import LlamaCppCausalLM
 from specdec.config import AR, ConfigError, DecodeConfig, text_spelling
-from specdec.drafters import NEEDS
+from specdec.drafters import registry as drafters
 
 PROMPT_LOOKUP_K = 10  # transformers' documented example value for prompt_lookup_num_tokens
 # Which peer a project drafter is measured against.
@@ -138,9 +138,14 @@ class MethodSpec:
         return MethodSpec("ar", backend=self.backend)
 
     def runs_at(self, temperature: float) -> str | None:
-        """None if the method can run at this temperature, else the reason it cannot."""
-        if self.kind == "spec" and self.verifier == "greedy" and temperature > 0:
-            return "greedy verification reproduces greedy decoding only"
+        """None if the method can run at this temperature, else the reason it cannot (the rule of
+        :class:`~specdec.config.DecodeConfig` it breaks there)."""
+        if self.kind != "spec":
+            return None
+        try:
+            self.config.replace(temperature=temperature)
+        except ConfigError as err:
+            return err.render(text_spelling, joined=True)
         return None
 
     def record(self) -> dict[str, Any]:
@@ -192,7 +197,7 @@ def parse_method(text: str, default_backend: str = "torch") -> MethodSpec:
         raise ValueError(f"method {text!r}: {err.render(text_spelling, joined=True)}") from None
     except ValueError as err:
         raise ValueError(f"method {text!r}: {err}") from None
-    if backend in GGUF_BACKENDS and NEEDS.get(config.drafter, frozenset()) - LlamaCppCausalLM.capabilities:
+    if backend in GGUF_BACKENDS and drafters.needs(config.drafter) - LlamaCppCausalLM.capabilities:
         raise ValueError(
             f"method {text!r}: the {config.drafter} drafter reads the transformers model's layers or hidden "
             f"states, so it runs on backend=torch only; on {backend} draft with model, ngram or ngram+model")

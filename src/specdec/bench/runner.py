@@ -29,7 +29,8 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import specdec
 from specdec.api import decode_text, eos_token_ids_of
 from specdec import build as builder
-from specdec.divergence import LogitsRecorder, batch_invariance, decisive_position, explain
+from specdec.divergence import LogitsRecorder, decisive_position, explain
+from specdec.measurements import batch_invariance
 from specdec.bench.llamacpp_models import LlamaCppModels, context_needed
 from specdec.bench.methods import MethodSpec
 from specdec.bench.peers import run_peer
@@ -226,7 +227,7 @@ def find_divergences(pair: Pair, backends: BenchBackends, methods: Sequence[Meth
     """For each (method, prompt) whose greedy output differs from its backend's ar (first such
     repeat), the :func:`~specdec.divergence.explain` record, after untimed replays of both
     runs with the target's logits recorded (a peer's own passes are not recorded), and whether
-    the target's backend is batch invariant (:func:`~specdec.divergence.batch_invariance`).
+    the target's backend is batch invariant (:func:`~specdec.measurements.batch_invariance`).
     ``replayed`` tells whether each replay reproduced the timed run's tokens (or why it failed).
     At a temperature above 0, the coupled methods (Gumbel-max sampler), whose text is a function
     of the seed: each against the first coupled method of its backend (``base``), with the

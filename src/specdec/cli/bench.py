@@ -236,7 +236,7 @@ def _plan(args: argparse.Namespace) -> tuple[list[MethodSpec], list[Any], list[A
                               endpoint=args.server_endpoint)
                 for t in dict.fromkeys(args.temperature)]
     drafted = [m.name for m in methods if m.needs_draft_model]
-    if drafted and str(args.draft).lower() == "none":
+    if drafted and args.draft is None:
         raise CLIError(f"{', '.join(drafted)} need{'s' if len(drafted) == 1 else ''} a draft model, but --draft is none",
                        "give --draft MODEL, or leave those methods out of --methods", code=2)
     return methods, prompts, settings
@@ -306,7 +306,7 @@ def load_models(args: argparse.Namespace, methods: Sequence[MethodSpec]) -> Pair
     """The transformers target, and the draft when a method on torch needs one, loaded as ``specdec
     generate`` loads them (the bench's --backend says where methods run, not how these load). The
     pair names the draft when a method on either backend drafts with it."""
-    has_draft = str(args.draft).lower() != "none"
+    has_draft = args.draft is not None
     wants_draft = has_draft and any(m.needs_draft_model and m.backend == "torch" for m in methods)
     pair = options.load_models(args.target, args.draft if wants_draft else None, backend="torch",
                                cache_dir=args.cache_dir, dtype=args.dtype, kernels=args.kernels, threads=args.threads)
@@ -330,7 +330,7 @@ def llamacpp_models(args: argparse.Namespace, methods: Sequence[MethodSpec]) -> 
         raise CLIError(f"{', '.join(m.name for m in on_llamacpp)} run on llama.cpp, which needs its binding",
                        f"install it ({llamacpp_backend.INSTALL}), or leave out the llama.cpp methods "
                        "(--backend torch, no llamacpp-ar)", code=2)
-    draft_gguf = str(args.draft).lower() != "none" and any(m.needs_draft_model for m in on_llamacpp)
+    draft_gguf = args.draft is not None and any(m.needs_draft_model for m in on_llamacpp)
     return LlamaCppModels(gguf_path(args.target, args), gguf_path(args.draft, args) if draft_gguf else None,
                           n_threads=args.threads or torch.get_num_threads())
 
@@ -343,7 +343,7 @@ def gguf_models(args: argparse.Namespace, methods: Sequence[MethodSpec]) -> Llam
     on_gguf = [m for m in methods if m.backend == "gguf" and not m.is_server]
     if not on_gguf:
         return None
-    draft_gguf = str(args.draft).lower() != "none" and any(m.needs_draft_model for m in on_gguf)
+    draft_gguf = args.draft is not None and any(m.needs_draft_model for m in on_gguf)
     return LlamaCppModels(gguf_path(args.target, args), gguf_path(args.draft, args) if draft_gguf else None,
                           n_threads=args.threads or torch.get_num_threads(), backend="gguf")
 
@@ -361,9 +361,9 @@ def bench_servers(args: argparse.Namespace, methods: Sequence[MethodSpec]) -> Se
         except ServerMissing as err:
             raise CLIError(str(err), "or leave out the llama-server peers", code=2) from None
     target = gguf_path(args.target, args) if any(m.backend in GGUF_BACKENDS for m in served) else None
-    draft = (gguf_path(args.draft, args) if str(args.draft).lower() != "none"
+    draft = (gguf_path(args.draft, args) if args.draft is not None
              and any(m.needs_draft_model for m in served) else None)
-    argv = ["--target", args.target, "--draft", args.draft, *(["--cache-dir", args.cache_dir] if args.cache_dir else [])]
+    argv = ["--target", args.target, "--draft", args.draft or "none", *(["--cache-dir", args.cache_dir] if args.cache_dir else [])]
     for dest in ("dtype", "kernels", "draft_weights"):  # only what was typed: the torch backend's options
         if options.given(args, dest):
             argv += [f"--{dest.replace('_', '-')}", str(getattr(args, dest))]
@@ -402,6 +402,8 @@ def _resolved_command(args: argparse.Namespace) -> str:
     parts = ["specdec", "bench"]
     for key in vars(options.parse_args([])):
         value = getattr(args, key)
+        if key == "draft" and value is None:  # --draft none: no draft model
+            value = "none"
         if value is None or value is False or key == "overwrite":  # rerun as recorded, it resumes
             continue
         flag = "--" + key.replace("_", "-")

@@ -16,8 +16,9 @@ from specdec import api
 from specdec.api import GenerationResult
 from specdec.build import as_backend
 from specdec.config import DecodeConfig
-from specdec.divergence import LogitsRecorder, batch_invariance, cause, decisive_position, explain, first_difference
+from specdec.divergence import LogitsRecorder, cause, decisive_position, explain, first_difference
 from specdec.drafters.tree import DEFAULT_TREE, TreeDrafter
+from specdec.measurements import batch_invariance
 from specdec.models import GGUF_BACKENDS, Pair
 from specdec.options import (
     CLIError, add_backend_option, add_constraint_options, add_decoding_options, add_model_options,
@@ -228,7 +229,8 @@ def _stream(events: Any, tokenizer: Any, args: argparse.Namespace, config: Decod
     else:
         screen.print()
     stats = last.stats if last is not None else GenerationStats()
-    return GenerationResult(ids, shown, stats, method="ar" if config.is_ar else str(config))
+    ran = config if config.is_ar else config.replace(verify=config.chain_verifier)  # as the build names it
+    return GenerationResult(ids, shown, stats, method=str(ran), exact=config.exact)
 
 
 def _print_text(args: argparse.Namespace, text: str | None) -> None:
@@ -283,7 +285,7 @@ def _print_summary(result: Any, ar: Any, args: argparse.Namespace, config: Decod
         lines = [f"autoregressive: {s.new_tokens} tokens in {s.seconds:.1f} s = {s.tokens_per_second:.2f} tokens/s"]
     else:
         lines = [
-            f"speculative ({method_label(config)}): {s.new_tokens} tokens in {s.seconds:.1f} s = "
+            f"speculative ({method_label(config, result.shape)}): {s.new_tokens} tokens in {s.seconds:.1f} s = "
             f"{s.tokens_per_second:.2f} tokens/s; {s.mean_accepted_per_forward:.2f} tokens per target "
             f"forward; {s.acceptance_rate:.0%} of draft tokens accepted"
         ]
@@ -307,19 +309,27 @@ def _print_summary(result: Any, ar: Any, args: argparse.Namespace, config: Decod
         print(line, file=sys.stderr)
 
 
-def method_label(config: DecodeConfig) -> str:
-    """How the run drafts and verifies, in words: 'ngram+model drafter, block, k=4, policy auto' or the tree's shape."""
+def method_label(config: DecodeConfig, shape: str = "") -> str:
+    """How the run drafts and verifies, in words, the one place a method is put in words: 'ngram+model
+    drafter, block, k=4, policy auto', or the tree: the draft model's by its options ('confident tree:
+    threshold 0.8, ...'), another's by ``shape``, the shape the build chose (:attr:`GenerationResult.shape`:
+    a lookahead window, a Sequoia budget), which the options may leave open."""
+    if config.is_ar:
+        return "the target alone"
     words = [f"{config.drafter} drafter"]
     if config.verify != "tree":
-        return ", ".join(words + [config.chain_verifier, f"k={config.k}", f"policy {config.policy}"])
-    tree = TreeDrafter(None, **(config.tree or DEFAULT_TREE))  # only its shape is read
-    if tree.choices is not None:
+        lossy = [] if config.exact else ["LOSSY (not the target's distribution)"]
+        return ", ".join(words + [config.chain_verifier, f"k={config.k}", f"policy {config.policy}", *lossy])
+    tree = TreeDrafter(None, **(config.tree or DEFAULT_TREE)) if config.drafter == "model" else None  # its shape only
+    if tree is not None and tree.mode == "static":
         words.append(f"static tree: {len(tree.choices)} nodes, depth {tree.depth}")
-    elif tree.threshold is not None:
+    elif tree is not None and tree.mode == "confident":
         words.append(f"confident tree: threshold {tree.threshold:g}, width {tree.width}, depth up to {tree.depth}, "
                      f"up to {tree.budget} nodes")
-    else:
+    elif tree is not None and tree.mode == "dynamic":
         words.append(f"dynamic tree: depth {tree.depth}, width {tree.width}, up to {tree.budget} nodes")
+    else:
+        words.append(f"tree: {shape.replace(':', ', ')}" if shape else "tree")
     if config.gumbel:
         words.append("coupled")  # the Gumbel-max sampler's walk
     return ", ".join(words)

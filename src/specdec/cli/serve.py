@@ -106,7 +106,7 @@ def _seconds(text: str) -> float:
 def default_method(args: argparse.Namespace) -> Any:
     """The server's default method (a :class:`~specdec.config.DecodeConfig`), checked before any
     model loads."""
-    no_draft = args.draft is None or args.draft.lower() == "none"
+    no_draft = args.draft is None
     try:
         return method_config(args.method or ("ar" if no_draft else DEFAULT_METHOD), not no_draft, request=False)
     except ValueError as err:

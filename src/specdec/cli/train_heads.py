@@ -45,7 +45,7 @@ def add_train_heads_parser(subparsers: Any) -> None:
     group.add_argument("--lr", type=positive_float, default=defaults.lr, help="learning rate (default: %(default)s)")
     group.add_argument("--seed", type=seed_int, default=defaults.seed, help="(default: %(default)s)")
     group.add_argument("--threads", type=positive_int, default=None, help="torch threads")
-    parser.set_defaults(func=run_train_heads, draft="none")
+    parser.set_defaults(func=run_train_heads, draft=None)  # no --draft: the target alone loads
 
 
 def run_train_heads(args: argparse.Namespace) -> int:

@@ -11,17 +11,22 @@
 - ``retrieval``: continuations found in a datastore, a chain or a tree (:class:`RetrievalDrafter`);
   ``retrieval+model``: the datastore, the n-gram lookup and a draft model, the planner choosing
   (:class:`RetrievalChoice`).
+- ``lookahead``: lookahead decoding's Jacobi window and n-gram pool, a tree (:class:`LookaheadDrafter`).
 - ``cascade``: a draft model whose drafting the n-gram lookup speeds up, and which the lookup
   continues where the planner stops it (cascade drafting, :class:`CascadeDrafter`).
-- ``lookahead``: lookahead decoding's Jacobi window and n-gram pool, a tree (:class:`LookaheadDrafter`).
 
-The registries below say what each drafter takes (:data:`DRAFTER_OPTIONS`) and needs of the
-target's backend (:data:`NEEDS`); :func:`specdec.build.make_drafter` builds one by name.
+Each drafter's module declares it once, beside its class, as a
+:class:`~specdec.drafters.registry.DrafterSpec` (``SPEC``): its name, options, what it needs of
+the target's backend, whether it drafts with the draft model or proposes token trees, and how
+it is built. This module registers them, in the order above (:func:`names`); everything that
+parses, checks or builds a method reads the registry when it runs (:func:`spec`). A new drafter
+is a module with its class and its ``SPEC``, and one ``register`` line below (its module named
+on the import line); a program may also :func:`register` one of its own.
 """
 
 from __future__ import annotations
 
-from specdec.backends.base import HIDDEN_STATES, LAYERS
+from specdec.drafters import cascade, choice, eagle, early_exit, heads, layer_skip, lookahead, model, ngram, retrieval
 from specdec.drafters.base import Draft, Drafter
 from specdec.drafters.cascade import CascadeDrafter
 from specdec.drafters.choice import ChoiceDrafter
@@ -32,34 +37,27 @@ from specdec.drafters.layer_skip import LayerSkipDrafter
 from specdec.drafters.lookahead import LookaheadDrafter
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import NGramDrafter
+from specdec.drafters.registry import DrafterSpec, find, names, needs, register, spec, specs, unregister
 from specdec.drafters.retrieval import RetrievalChoice, RetrievalDrafter
 
-DRAFTERS = ("model", "ngram", "ngram+model", "early-exit", "layer-skip", "heads", "eagle", "retrieval",
-            "retrieval+model", "lookahead", "cascade")
-MODEL_DRAFTERS = ("model", "ngram+model", "retrieval+model", "cascade")  # these draft with a draft model
-TREE_ONLY_DRAFTERS = ("lookahead",)  # these draft token trees only (verify="tree")
-# The options each drafter takes (their keyword arguments in specdec.build.make_drafter).
-DRAFTER_OPTIONS: dict[str, tuple[str, ...]] = {
-    "model": (), "ngram": ("max_ngram", "min_ngram"), "ngram+model": ("max_ngram", "min_ngram"),
-    "early-exit": ("exit_layer",), "layer-skip": ("skip",), "heads": ("path",), "eagle": ("path",),
-    "retrieval": ("datastore", "min_match"), "retrieval+model": ("datastore", "min_match", "max_ngram", "min_ngram"),
-    "lookahead": ("window", "ngram", "candidates"), "cascade": ("max_ngram", "min_ngram"),
-}
-# What each drafter reads of the target's backend beyond its logits (its capabilities).
-NEEDS: dict[str, frozenset[str]] = {
-    "early-exit": frozenset({LAYERS}), "layer-skip": frozenset({LAYERS}),
-    "heads": frozenset({HIDDEN_STATES}), "eagle": frozenset({HIDDEN_STATES}),
-}
+register(model.SPEC)
+register(ngram.SPEC)
+register(choice.SPEC)  # ngram+model
+register(early_exit.SPEC)
+register(layer_skip.SPEC)
+register(heads.SPEC)
+register(eagle.SPEC)
+register(retrieval.SPEC)
+register(retrieval.CHOICE_SPEC)  # retrieval+model
+register(lookahead.SPEC)
+register(cascade.SPEC)
 
 __all__ = [
-    "DRAFTERS",
-    "DRAFTER_OPTIONS",
-    "MODEL_DRAFTERS",
-    "NEEDS",
     "CascadeDrafter",
     "ChoiceDrafter",
     "Draft",
     "Drafter",
+    "DrafterSpec",
     "EagleDrafter",
     "EarlyExitDrafter",
     "HeadsDrafter",
@@ -69,5 +67,11 @@ __all__ = [
     "NGramDrafter",
     "RetrievalChoice",
     "RetrievalDrafter",
-    "TREE_ONLY_DRAFTERS",
+    "find",
+    "names",
+    "needs",
+    "register",
+    "spec",
+    "specs",
+    "unregister",
 ]

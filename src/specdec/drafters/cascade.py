@@ -39,7 +39,7 @@ the context repeats itself, with the ``ngram+model`` drafter's defaults), as it 
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -47,6 +47,7 @@ from specdec.backends.base import CausalLM, common_prefix_len, forward_after, ro
 from specdec.drafters.base import Draft, DraftCost, Drafter, KeepGoing, confidence
 from specdec.drafters.choice import LOOKUP_DEFAULTS
 from specdec.drafters.ngram import NGramDrafter, NGramIndex
+from specdec.drafters.registry import DrafterSpec
 from specdec.sampling import SamplingConfig, argmax, gumbel_token, logits_to_probs, sample
 
 INNER_NGRAM = 3  # the longest suffix the vertical cascade's lookup matches (down to one token)
@@ -206,3 +207,11 @@ def guess_rule(q: torch.Tensor, guess: int) -> tuple[float, torch.Tensor]:
     rest = q.clone()
     rest[guess] = 0.0
     return keep, (rest if float(rest.sum()) > 0.0 else q)
+
+
+def _create(target: Any, draft: CausalLM, **options: Any) -> CascadeDrafter:
+    return CascadeDrafter(draft, **options)
+
+
+SPEC = DrafterSpec(name="cascade", create=_create, options=("max_ngram", "min_ngram"), uses_draft_model=True,
+                   summary="the draft model, its drafting cascaded with the n-gram lookup")

@@ -15,12 +15,15 @@ verifier still sees a proposal q drawn as reported and the output keeps the targ
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
+from specdec.backends.base import CausalLM
 from specdec.drafters.base import Draft, DraftCost, Drafter, KeepGoing
+from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import NGramDrafter
+from specdec.drafters.registry import DrafterSpec
 from specdec.sampling import SamplingConfig
 
 # The lookup's default: only a suffix of 4 tokens seen before proposes. Shorter matches are right
@@ -102,3 +105,11 @@ class ChoiceDrafter(Drafter):
     def describe(self) -> dict:
         """The drafter's settings and how often each choice drafted, for reports."""
         return {"name": self.name, "ngram": self.choices["ngram"].describe(), "used": dict(self.used)}
+
+
+def _create(target: Any, draft: CausalLM, **options: Any) -> ChoiceDrafter:
+    return ChoiceDrafter.build(ModelDrafter(draft), **options)
+
+
+SPEC = DrafterSpec(name="ngram+model", create=_create, options=("max_ngram", "min_ngram"), uses_draft_model=True,
+                   summary="the n-gram lookup where the context repeats itself, else the draft model")

@@ -16,16 +16,17 @@ vocabulary q is zero.
 from __future__ import annotations
 
 import copy
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
 from specdec import kernels
-from specdec.backends.base import forward_after
+from specdec.backends.base import HIDDEN_STATES, forward_after
 from specdec.backends.hf import HFCausalLM
 from specdec.drafters.base import Draft, Drafter, KeepGoing, draft_chain
 from specdec.drafters.medusa import TrimmedLMHead, feature_target_head
 from specdec.drafters.eagle_head import EagleCache, EagleHead, load_eagle_for
+from specdec.drafters.registry import DrafterSpec
 from specdec.sampling import SamplingConfig
 
 
@@ -103,3 +104,11 @@ class EagleDrafter(Drafter):
     def describe(self) -> dict:
         c = self.head.config
         return {"name": self.name, "layers": 1, "kept_tokens": c.kept_tokens, "of": c.vocab_size}
+
+
+def _create(target: HFCausalLM, draft: None, **options: Any) -> EagleDrafter:
+    return EagleDrafter.load(target, **options)
+
+
+SPEC = DrafterSpec(name="eagle", create=_create, options=("path",), needs=frozenset({HIDDEN_STATES}),
+                   summary="a trained one-layer autoregressive head on the target's features")

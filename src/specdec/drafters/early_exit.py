@@ -20,13 +20,14 @@ two layers below the top, keeps most of the agreement. Tune ``exit_layer`` per m
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
-from specdec.backends.base import rollback
+from specdec.backends.base import LAYERS, rollback
 from specdec.backends.hf_layers import HFLayeredCausalLM
 from specdec.drafters.base import Draft, DraftCost, Drafter, KeepGoing, draft_chain
+from specdec.drafters.registry import DrafterSpec
 from specdec.sampling import SamplingConfig
 
 DEFAULT_EXIT_BELOW_TOP = 2  # the default exit: this many layers below the top
@@ -104,3 +105,11 @@ class EarlyExitDrafter(LayerSubsetDrafter):
 
     def describe(self) -> dict:
         return {**super().describe(), "exit_layer": self.exit_layer}
+
+
+def _create(target: HFLayeredCausalLM, draft: None, **options: Any) -> EarlyExitDrafter:
+    return EarlyExitDrafter(target, **options)
+
+
+SPEC = DrafterSpec(name="early-exit", create=_create, options=("exit_layer",), needs=frozenset({LAYERS}),
+                   summary="the target's first layers, final norm and LM head")

@@ -13,16 +13,17 @@ tokens, which the verifier's promise allows. Outside the trimmed vocabulary q is
 from __future__ import annotations
 
 import copy
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
 from specdec import kernels
-from specdec.backends.base import forward_after
+from specdec.backends.base import HIDDEN_STATES, forward_after
 from specdec.backends.hf import HFCausalLM
 from specdec.drafters.base import Draft, Drafter, KeepGoing, draft_chain
 from specdec.drafters.tree import DEFAULT_CHOICES
 from specdec.drafters.medusa import MedusaHeads, TrimmedLMHead, feature_target_head, load_heads_for
+from specdec.drafters.registry import DrafterSpec
 from specdec.sampling import SamplingConfig, logits_to_probs
 from specdec.token_tree import TokenTree, top_children
 
@@ -132,3 +133,19 @@ class HeadsDrafter(Drafter):
     def describe(self) -> dict:
         c = self.heads.config
         return {"name": self.name, "heads": c.num_heads, "kept_tokens": c.kept_tokens, "of": c.vocab_size}
+
+
+def _create(target: HFCausalLM, draft: None, **options: Any) -> HeadsDrafter:
+    return HeadsDrafter.load(target, **options)
+
+
+def _tree(drafter: HeadsDrafter, tree: Mapping[str, Any] | None) -> tuple[HeadsDrafter, str]:
+    """A static Medusa tree: the heads' default rank paths, or the ``choices`` given."""
+    tree = dict(tree or {})
+    if tree.pop("mode", "static") != "static" or set(tree) - {"choices"}:
+        raise ValueError(f"the {drafter.name} drafter's tree is static and takes only 'choices'")
+    return (drafter.with_choices(tree["choices"]) if "choices" in tree else drafter), "static"
+
+
+SPEC = DrafterSpec(name="heads", create=_create, options=("path",), needs=frozenset({HIDDEN_STATES}), trees="also",
+                   tree=_tree, cls=HeadsDrafter, summary="trained Medusa heads on the target's final hidden state")

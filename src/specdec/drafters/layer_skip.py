@@ -22,8 +22,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Sequence
 
+from specdec.backends.base import LAYERS
 from specdec.backends.hf_layers import HFLayeredCausalLM
 from specdec.drafters.early_exit import LayerSubsetDrafter
+from specdec.drafters.registry import DrafterSpec
 from specdec.paths import cache_root, model_key
 
 SHIPPED = "layer_skip.json"  # in specdec/data: {model key: {"skip": [...], ...}}
@@ -102,3 +104,11 @@ def _shipped() -> dict[str, Any]:
     except (FileNotFoundError, ModuleNotFoundError, OSError):
         return {}
     return json.loads(text)
+
+
+def _create(target: HFLayeredCausalLM, draft: None, **options: Any) -> LayerSkipDrafter:
+    return LayerSkipDrafter(target, **options)
+
+
+SPEC = DrafterSpec(name="layer-skip", create=_create, options=("skip",), needs=frozenset({LAYERS}),
+                   summary="the target with some layers skipped")

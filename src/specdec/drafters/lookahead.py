@@ -36,12 +36,13 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
 from specdec.backends.base import CausalLM
 from specdec.drafters.base import Drafter, KeepGoing
+from specdec.drafters.registry import DrafterSpec
 from specdec.sampling import SamplingConfig
 from specdec.token_tree import TokenTree, forward_tree
 
@@ -249,3 +250,18 @@ class LookaheadDrafter(Drafter):
     def describe(self) -> dict:
         return {"name": self.name, "window": self.window, "ngram": self.ngram, "candidates": self.candidates,
                 "pool": sum(len(v) for v in self.pool.values()), "steps": self.steps, "plain_steps": self.plain_steps}
+
+
+def _create(target: CausalLM, draft: None, **options: Any) -> LookaheadDrafter:
+    return LookaheadDrafter(target, **options)
+
+
+def _tree(drafter: LookaheadDrafter, tree: Mapping[str, Any] | None) -> tuple[LookaheadDrafter, str]:
+    """The Jacobi window and the pool's n-grams: the drafter proposes its trees itself, shaped by
+    its own options (the config refuses tree options for it)."""
+    return drafter, f"window={drafter.window}:ngram={drafter.ngram}:candidates={drafter.candidates}"
+
+
+SPEC = DrafterSpec(name="lookahead", create=_create, options=("window", "ngram", "candidates"), trees="only",
+                   tree=_tree, cls=LookaheadDrafter,
+                   summary="lookahead decoding's Jacobi window and n-gram pool, a tree")

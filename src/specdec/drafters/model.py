@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
 from specdec.backends.base import CausalLM, common_prefix_len, forward_after, rollback
 from specdec.drafters.base import Draft, DraftCost, Drafter, KeepGoing, draft_chain
+from specdec.drafters.registry import DrafterSpec
+from specdec.drafters.tree import DEFAULT_TREE, TreeDrafter
 from specdec.sampling import SamplingConfig
 
 
@@ -50,3 +52,24 @@ class ModelDrafter(Drafter):
         lag = len(context) - common_prefix_len(self.model.tokens, context) - 1
         return {self.name: lag} if lag > 0 else {}
 
+
+
+def _create(target: CausalLM, draft: CausalLM, **options: Any) -> ModelDrafter:
+    if options:
+        raise ValueError(f"the model drafter takes no options, got {', '.join(sorted(options))}")
+    return ModelDrafter(draft)
+
+
+def _tree(drafter: ModelDrafter, tree: Mapping[str, Any] | None) -> tuple[TreeDrafter, str]:
+    """The draft model's token tree (:class:`~specdec.drafters.tree.TreeDrafter`; None: the
+    confident tree, :data:`~specdec.drafters.tree.DEFAULT_TREE`), and its shape."""
+    tree_drafter = TreeDrafter(drafter.model, **(DEFAULT_TREE if tree is None else tree))
+    shape = {"static": "static", "confident": f"threshold={tree_drafter.threshold}",
+             "dynamic": f"budget={tree_drafter.budget}",
+             "sequoia": "sequoia" + (f":budget={tree_drafter.fixed_budget}" if tree_drafter.fixed_budget else "")
+             }[tree_drafter.mode]
+    return tree_drafter, shape
+
+
+SPEC = DrafterSpec(name="model", create=_create, uses_draft_model=True, trees="also", tree=_tree, cls=ModelDrafter,
+                   summary="a small causal LM sharing the target's vocabulary")

@@ -18,11 +18,12 @@ average. A draft-length policy sees it as the draft's confidence (:func:`lookup_
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
 from specdec.drafters.base import Draft, Drafter, KeepGoing, draft_chain
+from specdec.drafters.registry import DrafterSpec
 from specdec.sampling import SamplingConfig
 
 LONGEST_MATCH = 32  # how far back a match's length is counted
@@ -177,3 +178,11 @@ def _seeing(keep_going: KeepGoing, sure: float) -> KeepGoing:
     """``keep_going`` asked with the match's confidence for every token of a lookup draft."""
     seen = torch.tensor([sure])
     return lambda _point_mass: keep_going(seen)
+
+
+def _create(target: Any, draft: None, **options: Any) -> NGramDrafter:
+    return NGramDrafter(target.vocab_size, **options)
+
+
+SPEC = DrafterSpec(name="ngram", create=_create, options=("max_ngram", "min_ngram"),
+                   summary="prompt lookup: the continuation of the longest repeated suffix")

@@ -19,14 +19,17 @@ choosing each step, as it does for ``ngram+model``.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
-from specdec.datastore import MAX_MATCH, Datastore, Match, best_path, continuation_trie, top_nodes
+from specdec.backends.base import CausalLM
+from specdec.datastore import MAX_MATCH, Datastore, Match, best_path, continuation_trie, open_store, top_nodes
 from specdec.drafters.base import Draft, DraftCost, Drafter, KeepGoing, draft_chain
 from specdec.drafters.choice import LOOKUP_DEFAULTS, ChoiceDrafter
+from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import NGramDrafter, lookup_confidence
+from specdec.drafters.registry import DrafterSpec
 from specdec.sampling import SamplingConfig
 from specdec.token_tree import TokenTree
 
@@ -191,3 +194,26 @@ class RetrievalChoice(ChoiceDrafter):
     def describe(self) -> dict:
         return {"name": self.name, "ngram": self.choices["ngram"].describe(),
                 "retrieval": self.choices["retrieval"].describe(), "used": dict(self.used)}
+
+
+def _create(target: Any, draft: None, *, datastore: str | None = None, **options: Any) -> RetrievalDrafter:
+    """``datastore``: a store's name or path (:func:`~specdec.datastore.open_store`; None: the
+    process's own store)."""
+    return RetrievalDrafter(target.vocab_size, open_store(datastore), **options)
+
+
+def _tree(drafter: RetrievalDrafter, tree: Mapping[str, Any] | None) -> tuple[RetrievalDrafter, str]:
+    """The most frequent continuations in the datastore, ``budget`` nodes over ``depth`` levels."""
+    tree_drafter = drafter.with_tree(**dict(tree or {}))
+    return tree_drafter, f"budget={tree_drafter.budget}:depth={tree_drafter.depth}"
+
+
+def _create_choice(target: Any, draft: CausalLM, *, datastore: str | None = None, **options: Any) -> RetrievalChoice:
+    return RetrievalChoice.build(ModelDrafter(draft), open_store(datastore), **options)
+
+
+SPEC = DrafterSpec(name="retrieval", create=_create, options=("datastore", "min_match"), trees="also", tree=_tree,
+                   cls=RetrievalDrafter, summary="continuations found in a datastore, a chain or a tree")
+CHOICE_SPEC = DrafterSpec(name="retrieval+model", create=_create_choice,
+                          options=("datastore", "min_match", "max_ngram", "min_ngram"), uses_draft_model=True,
+                          summary="the datastore, the n-gram lookup and the draft model, the planner choosing")

@@ -48,7 +48,7 @@ from specdec.config import DecodeConfig
 from specdec.server import requests as rq
 from specdec.server.guard import LOOPBACK_HOSTS, MAX_BODY_BYTES, READ_TIMEOUT_SECONDS, Guard
 from specdec.build import as_backend, is_backend
-from specdec.drafters import NEEDS
+from specdec.drafters import registry as drafters
 from specdec.server.logprobs import TokenText
 from specdec.server.metrics import Metrics
 from specdec.server.tools import ToolCallParser
@@ -135,7 +135,7 @@ class _State:
         model is wrapped once and the wrapper kept, so its cache outlives the request; a drafter
         that reads the target's layers or hidden states gets a fresh wrapper of its own kind."""
         target, draft = self.models.target, self.models.draft
-        if not self.options.prompt_cache or is_backend(target) or NEEDS.get(method.drafter):
+        if not self.options.prompt_cache or is_backend(target) or drafters.needs(method.drafter):
             return target, draft
         if "target" not in self.held:
             self.held["target"] = as_backend(target)

@@ -32,7 +32,7 @@ from typing import Any, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from specdec.config import SEED_RANGE, ConfigError, DecodeConfig, text_spelling
+from specdec.config import NAME_ONLY, SEED_RANGE, ConfigError, DecodeConfig, text_spelling
 from specdec.server import tools
 
 MAX_STOP = 4  # as OpenAI's API
@@ -441,29 +441,36 @@ def method_config(text: str, has_draft: bool, *, request: bool = True) -> Decode
 def choose_method(body: _Body, default: DecodeConfig, has_draft: bool, seeded_sampler: str = "gumbel") -> DecodeConfig:
     """The request's method (``speculative.method``), checked against what this server can run,
     with its sampler: the request's ``sampler``; without one, ``seeded_sampler`` for a request
-    with a ``seed`` and ``multinomial`` for one without; ``gumbel`` for a coupled method. Under the
-    Gumbel-max sampler a chain's exact rule is ``coupled`` (:attr:`DecodeConfig.chain_verifier`),
-    and the method says so."""
+    with a ``seed`` and the config's default for one without (``multinomial``; ``gumbel`` for a
+    coupled method, whatever the seed). Under the Gumbel-max sampler a chain's exact rule is
+    ``coupled`` (:attr:`DecodeConfig.chain_verifier`), and the method says so. The rules that tie
+    the method to the sampling are :class:`DecodeConfig`'s; a broken one is a 400 naming
+    ``sampler`` where the sampler broke it, else ``speculative.method``."""
     method = default
     if body.speculative is not None:
         try:
             method = method_config(body.speculative.method, has_draft)
         except ValueError as err:
             raise APIError(400, f"speculative.method: {err}", param="speculative.method") from None
-    if method.verify == "greedy" and body.temperature > 0 and not method.is_ar:
-        raise APIError(400, f"speculative.method: {method} cannot sample at temperature {body.temperature}: "
-                            "greedy verification reproduces greedy decoding only", param="speculative.method")
-    sampler = body.sampler or (seeded_sampler if body.seed is not None else None)  # None: the config's default
-    if method.verify == "coupled":
-        if body.sampler == "multinomial":
-            raise APIError(400, f"sampler: {method} verifies Gumbel-max draws; drop sampler or name another "
-                                "method", param="sampler")
-        sampler = "gumbel"
-    if sampler == "gumbel" and method.verify == "typical":
-        raise APIError(400, f"sampler: {method} accepts by its own lossy rule, not by coupling; use "
-                            "\"sampler\": \"multinomial\" or an exact method", param="sampler")
+    sampler = body.sampler
+    if sampler is None and body.seed is not None and not method.replace(sampler=None).gumbel:
+        sampler = seeded_sampler  # a method that implies its sampler (coupled) keeps it
+    try:
+        method.replace(sampler=sampler, temperature=body.temperature)
+    except ConfigError as err:
+        param = "sampler" if ("sampling", "sampler") in err.options else "speculative.method"
+        raise APIError(400, f"{param}: {method}: {err.render(request_spelling, joined=True)}", param=param) from None
     method = method.replace(sampler=sampler)
     return method.replace(verify=method.chain_verifier) if not method.is_ar else method
+
+
+def request_spelling(group: str, name: str, value: Any) -> str:
+    """How a request names an option (:class:`~specdec.config.ConfigError`): the method's fields as
+    its text form spells them (``typical``), the sampling options as the request's JSON fields
+    (``"sampler": "gumbel"``)."""
+    if group != "sampling":
+        return text_spelling(group, name, value)
+    return f'"{name}"' if value is NAME_ONLY else f'"{name}": {json.dumps(value)}'
 
 
 def method_kwargs(method: DecodeConfig, draft: Any, draft_weights: str) -> dict[str, Any]:
