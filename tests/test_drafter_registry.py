@@ -55,7 +55,7 @@ def _create(target: Any, draft: None, **options: Any) -> RepeatDrafter:
     return RepeatDrafter(target.vocab_size, **options)
 
 
-SPEC = DrafterSpec(name=TOY, create=_create, summary="the last token, again")
+SPEC = DrafterSpec(name=TOY, create=_create)
 
 
 @pytest.fixture
@@ -85,7 +85,7 @@ def test_register_refuses_a_duplicate_and_unregister_forgets(toy):
     assert registry.names()[-1] == TOY and registry.spec(TOY) is toy
     with pytest.raises(ValueError, match="already registered"):
         register(DrafterSpec(name=TOY, create=_create))
-    other = DrafterSpec(name=TOY, create=_create, summary="another")
+    other = DrafterSpec(name=TOY, create=_create)
     assert register(other, replace=True) is other and registry.spec(TOY) is other
     register(SPEC, replace=True)
     unregister(TOY)

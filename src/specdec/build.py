@@ -36,7 +36,7 @@ class Built:
     proposes token trees. ``shape``: the tree's shape as the build chose it (``threshold=0.8``,
     ``window=6:ngram=4:candidates=5``; empty for a chain), which the config may leave open."""
 
-    config: DecodeConfig  # resolved: the drafter named, a chain's verifier the one that runs (chain_verifier)
+    config: DecodeConfig  # resolved: the drafter named, a chain's verifier the one that runs (DecodeConfig.as_run)
     target: CausalLM
     drafter: Any = None
     verifier: Verifier | None = None
@@ -92,7 +92,7 @@ def build(config: DecodeConfig, target: Any, draft: Any = None) -> Built:
     if isinstance(policy, str):
         policy = make_policy(policy, config.k, **(config.policy_options or {}))
     policy.bind(backend, drafter)  # the planner measures its models' costs (or reads them from its cache)
-    return Built(config.replace(verify=config.chain_verifier), backend, drafter, verifier, policy)
+    return Built(config.as_run, backend, drafter, verifier, policy)
 
 
 def as_backend(model: Any, weights: str = "bf16") -> CausalLM:
@@ -185,7 +185,8 @@ def _tree_drafter(drafter: Drafter, tree: Any) -> tuple[Any, str]:
     for declared in registry.specs():
         if declared.tree is not None and declared.describes(drafter):
             return declared.tree(drafter, tree)
-    raise ValueError(f"tree verification needs a draft model or the heads drafter, not {drafter.name}")
+    trees = ", ".join(d.name for d in registry.specs() if d.tree is not None)
+    raise ValueError(f"tree verification needs a drafter that proposes trees ({trees}), not {drafter.name}")
 
 
 __all__ = ["AR", "Built", "as_backend", "build", "is_backend", "make_drafter", "target_backend"]

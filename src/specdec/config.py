@@ -589,6 +589,14 @@ class DecodeConfig:
         return "coupled" if self.gumbel and self.verify in ("token", "block") else self.verify
 
     @property
+    def as_run(self) -> "DecodeConfig":
+        """This config as it runs and as reports name it: a chain's verifier the one that runs
+        (:attr:`chain_verifier`; ``coupled`` under the Gumbel-max sampler)."""
+        if self.is_ar or self.chain_verifier == self.verify:
+            return self
+        return self.replace(verify=self.chain_verifier)
+
+    @property
     def sampling(self) -> SamplingConfig:
         """The sampling settings. Under the Gumbel-max sampler ``gumbel_seed`` is the seed (None for
         an unseeded config: the caller draws one, :func:`specdec.generate` does)."""

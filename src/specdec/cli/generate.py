@@ -229,8 +229,7 @@ def _stream(events: Any, tokenizer: Any, args: argparse.Namespace, config: Decod
     else:
         screen.print()
     stats = last.stats if last is not None else GenerationStats()
-    ran = config if config.is_ar else config.replace(verify=config.chain_verifier)  # as the build names it
-    return GenerationResult(ids, shown, stats, method=str(ran), exact=config.exact)
+    return GenerationResult(ids, shown, stats, method=str(config.as_run), exact=config.exact)
 
 
 def _print_text(args: argparse.Namespace, text: str | None) -> None:

@@ -213,5 +213,4 @@ def _create(target: Any, draft: CausalLM, **options: Any) -> CascadeDrafter:
     return CascadeDrafter(draft, **options)
 
 
-SPEC = DrafterSpec(name="cascade", create=_create, options=("max_ngram", "min_ngram"), uses_draft_model=True,
-                   summary="the draft model, its drafting cascaded with the n-gram lookup")
+SPEC = DrafterSpec(name="cascade", create=_create, options=("max_ngram", "min_ngram"), uses_draft_model=True)

@@ -111,5 +111,4 @@ def _create(target: Any, draft: CausalLM, **options: Any) -> ChoiceDrafter:
     return ChoiceDrafter.build(ModelDrafter(draft), **options)
 
 
-SPEC = DrafterSpec(name="ngram+model", create=_create, options=("max_ngram", "min_ngram"), uses_draft_model=True,
-                   summary="the n-gram lookup where the context repeats itself, else the draft model")
+SPEC = DrafterSpec(name="ngram+model", create=_create, options=("max_ngram", "min_ngram"), uses_draft_model=True)

@@ -110,5 +110,4 @@ def _create(target: HFCausalLM, draft: None, **options: Any) -> EagleDrafter:
     return EagleDrafter.load(target, **options)
 
 
-SPEC = DrafterSpec(name="eagle", create=_create, options=("path",), needs=frozenset({HIDDEN_STATES}),
-                   summary="a trained one-layer autoregressive head on the target's features")
+SPEC = DrafterSpec(name="eagle", create=_create, options=("path",), needs=frozenset({HIDDEN_STATES}))

@@ -111,5 +111,4 @@ def _create(target: HFLayeredCausalLM, draft: None, **options: Any) -> EarlyExit
     return EarlyExitDrafter(target, **options)
 
 
-SPEC = DrafterSpec(name="early-exit", create=_create, options=("exit_layer",), needs=frozenset({LAYERS}),
-                   summary="the target's first layers, final norm and LM head")
+SPEC = DrafterSpec(name="early-exit", create=_create, options=("exit_layer",), needs=frozenset({LAYERS}))

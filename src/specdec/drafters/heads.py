@@ -148,4 +148,4 @@ def _tree(drafter: HeadsDrafter, tree: Mapping[str, Any] | None) -> tuple[HeadsD
 
 
 SPEC = DrafterSpec(name="heads", create=_create, options=("path",), needs=frozenset({HIDDEN_STATES}), trees="also",
-                   tree=_tree, cls=HeadsDrafter, summary="trained Medusa heads on the target's final hidden state")
+                   tree=_tree, cls=HeadsDrafter)

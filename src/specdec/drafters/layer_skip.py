@@ -110,5 +110,4 @@ def _create(target: HFLayeredCausalLM, draft: None, **options: Any) -> LayerSkip
     return LayerSkipDrafter(target, **options)
 
 
-SPEC = DrafterSpec(name="layer-skip", create=_create, options=("skip",), needs=frozenset({LAYERS}),
-                   summary="the target with some layers skipped")
+SPEC = DrafterSpec(name="layer-skip", create=_create, options=("skip",), needs=frozenset({LAYERS}))

@@ -263,5 +263,4 @@ def _tree(drafter: LookaheadDrafter, tree: Mapping[str, Any] | None) -> tuple[Lo
 
 
 SPEC = DrafterSpec(name="lookahead", create=_create, options=("window", "ngram", "candidates"), trees="only",
-                   tree=_tree, cls=LookaheadDrafter,
-                   summary="lookahead decoding's Jacobi window and n-gram pool, a tree")
+                   tree=_tree, cls=LookaheadDrafter)

@@ -71,5 +71,4 @@ def _tree(drafter: ModelDrafter, tree: Mapping[str, Any] | None) -> tuple[TreeDr
     return tree_drafter, shape
 
 
-SPEC = DrafterSpec(name="model", create=_create, uses_draft_model=True, trees="also", tree=_tree, cls=ModelDrafter,
-                   summary="a small causal LM sharing the target's vocabulary")
+SPEC = DrafterSpec(name="model", create=_create, uses_draft_model=True, trees="also", tree=_tree, cls=ModelDrafter)

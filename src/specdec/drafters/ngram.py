@@ -184,5 +184,4 @@ def _create(target: Any, draft: None, **options: Any) -> NGramDrafter:
     return NGramDrafter(target.vocab_size, **options)
 
 
-SPEC = DrafterSpec(name="ngram", create=_create, options=("max_ngram", "min_ngram"),
-                   summary="prompt lookup: the continuation of the longest repeated suffix")
+SPEC = DrafterSpec(name="ngram", create=_create, options=("max_ngram", "min_ngram"))

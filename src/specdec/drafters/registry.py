@@ -43,7 +43,7 @@ class DrafterSpec:
     ``verify="tree"``) or ``"only"`` (token trees only). tree: for a drafter that proposes trees,
     the drafter that proposes them and the tree's shape (:data:`Tree`). cls: the class ``create``
     builds, so that a drafter object given directly is known as this drafter (for its trees);
-    None: known by its ``name``. summary: one line for help texts.
+    None: known by its ``name``.
     """
 
     name: str
@@ -54,7 +54,6 @@ class DrafterSpec:
     trees: str = "no"
     tree: Tree | None = None
     cls: type | None = None
-    summary: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or any(c in self.name for c in ": =\t\n"):

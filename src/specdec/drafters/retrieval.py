@@ -213,7 +213,6 @@ def _create_choice(target: Any, draft: CausalLM, *, datastore: str | None = None
 
 
 SPEC = DrafterSpec(name="retrieval", create=_create, options=("datastore", "min_match"), trees="also", tree=_tree,
-                   cls=RetrievalDrafter, summary="continuations found in a datastore, a chain or a tree")
+                   cls=RetrievalDrafter)
 CHOICE_SPEC = DrafterSpec(name="retrieval+model", create=_create_choice,
-                          options=("datastore", "min_match", "max_ngram", "min_ngram"), uses_draft_model=True,
-                          summary="the datastore, the n-gram lookup and the draft model, the planner choosing")
+                          options=("datastore", "min_match", "max_ngram", "min_ngram"), uses_draft_model=True)

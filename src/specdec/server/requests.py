@@ -461,7 +461,7 @@ def choose_method(body: _Body, default: DecodeConfig, has_draft: bool, seeded_sa
         param = "sampler" if ("sampling", "sampler") in err.options else "speculative.method"
         raise APIError(400, f"{param}: {method}: {err.render(request_spelling, joined=True)}", param=param) from None
     method = method.replace(sampler=sampler)
-    return method.replace(verify=method.chain_verifier) if not method.is_ar else method
+    return method.as_run
 
 
 def request_spelling(group: str, name: str, value: Any) -> str:
