@@ -11,7 +11,7 @@ import pytest
 from specdec.bench import servers
 from specdec.bench.methods import method_of_record, parse_method, parse_methods
 from specdec.bench.servers import (
-    Completion, ServerMissing, chat_request_body, llama_server_binary, request_body, run_server,
+    Completion, ServerMissing, Servers, chat_request_body, llama_server_binary, request_body, run_server,
 )
 from specdec.server.requests import ChatBody, CompletionBody, sampling_kwargs
 from specdec.server.worker import ModelThread
@@ -244,3 +244,17 @@ def test_runs_that_report_only_totals_give_the_acceptance_rate_alone():
     assert figures["alpha"] is None and figures["mean_drafted_per_step"] is None  # per-step figures unknown
     stepped = _acceptance([run(None, None, step_drafted=[2, 2], step_accepted=[2, 0])])
     assert stepped["mean_drafted_per_step"] == 2 and stepped["alpha"] == 2 / 3
+
+
+def test_the_torch_backends_options_reach_only_servers_on_torch(tmp_path):
+    """`specdec bench --kernels auto ... --methods spec:via=serve --backend gguf` (or its recorded
+    command, which spells out every default): a GGUF server refuses --kernels, so only a server
+    whose method runs on torch gets the torch backend's options."""
+    servers = Servers(tmp_path / "t.gguf", None, ["--target", "t", "--draft", "d"],
+                      torch_argv=["--kernels", "auto", "--dtype", "bfloat16"])
+    on_gguf = servers._argv("specdec:gguf:spec")
+    on_torch = servers._argv("specdec:torch:spec")
+    assert "--kernels" not in on_gguf and "--dtype" not in on_gguf
+    assert on_torch[on_torch.index("--kernels") + 1] == "auto" and on_torch[on_torch.index("--dtype") + 1] == "bfloat16"
+    plain = servers._argv("specdec:gguf:ar")
+    assert plain[plain.index("--draft") + 1] == "none" and "--kernels" not in plain

@@ -10,7 +10,8 @@ read from a torch conversion that a llama.cpp user never makes). For every ``ben
   (converted into the user's cache on first use, as in tests/test_real_models.py) for draft_cost,
   forward_cost, freed_memory, prefill, tree_vs_chain and trimmed_head (with random heads made
   here, since heads ship only for the 1.5B target); its GGUF on llama.cpp for
-  coupled_acceptance, gguf_row_cost, prefill_layouts and request_path; no model for
+  coupled_acceptance, gguf_row_cost, prefill_layouts and request_path, and on specdec's GGUF
+  kernel for default_overhead; no model for
   sampler_cost and coupled_text (whose input, a bench run's saved samples, is written here by
   the bench's own writer). A new script without a run test here fails
   :func:`test_every_script_has_a_run_test`.
@@ -178,6 +179,23 @@ def test_datastore_lookup_runs():
     assert data["tokens"] == 20000
     positive_numbers([data["build_seconds"], *data["lookup_ms"].values(), *data["lookup_cpu_ms"].values()])
     assert data["lookup_ms"]["median"] <= data["lookup_ms"]["p99"] <= data["lookup_ms"]["max"]
+
+
+@pytest.mark.slow
+def test_default_overhead_runs(tmp_path):
+    need_pack()
+    out = tmp_path / "default-overhead.json"
+    proc = ran(run_script("default_overhead.py", "--target", PACK, "--draft", PACK, "--backend", "gguf",
+                          "--prompts", "humaneval:1,mtbench:1", "--pairs", "2", "--max-new-tokens", "6",
+                          "--threads", THREADS, "--out", str(out)))
+    data = read_json(out)
+    assert data["backend"] == "gguf" and [r["prompt"].split("/")[0] for r in data["rows"]] == ["HumanEval", "mtbench"]
+    for row in data["rows"]:
+        positive_numbers(row["wall_ratios"], 2)
+        positive_numbers(row["pass_ratios"], 2)
+        assert row["ar_forwards"] == 6 and 1 <= row["default_forwards"] <= 6
+        assert row["identical"] is True  # greedy: the default's text is plain decoding's
+    assert "default/ar wall" in proc.stdout
 
 
 @pytest.mark.slow

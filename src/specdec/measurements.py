@@ -1,7 +1,7 @@
 """Measurements of this machine, kept between runs: what a measurement is keyed by and where it lives.
 
 Each thing specdec measures once and reuses -- the planner's row-cost curves
-(:func:`specdec.policies.auto.row_costs`), llama.cpp's prefill weight layout
+(:func:`specdec.policies.costs.row_costs`), llama.cpp's prefill weight layout
 (:func:`specdec.backends.llamacpp.choose_prefill_layout`), a backend's batch invariance
 (:func:`batch_invariance`) -- is keyed by :func:`cost_key` (the machine, the
 backend, the model and its dtype, the threads) and kept as JSON at :func:`cache_file` of that key,
@@ -26,41 +26,59 @@ CACHE_ENV = "SPECDEC_PLANNER_CACHE"  # a folder for measurements alone (tests po
 
 
 def cost_key(model: Any) -> dict[str, Any]:
-    """What a cost curve depends on: machine, backend class, model, dtype and threads.
+    """What a cost curve depends on: the machine, the backend's class, and what the backend says
+    it runs (its :meth:`~specdec.backends.base.CausalLM.identity`: the model, its dtype, the threads).
 
-    A backend may describe itself with a ``cost_key()`` method returning a dict (model identity,
-    dtype, threads). Otherwise a backend that runs a weights file (llama.cpp's GGUF) is keyed by
-    the file (name, size, modification time; its quantisation is in it) and its ``n_threads``;
-    a transformers-backed one by its ``model``'s config and parameters and torch's thread count.
+    A CausalLM without ``identity()`` is described by :func:`probed_identity`.
     """
     key: dict[str, Any] = {
         "machine": machine(),
         "cores": os.cpu_count(),
         "backend": f"{type(model).__module__}.{type(model).__qualname__}",
     }
-    own = getattr(model, "cost_key", None)
-    if callable(own):
-        return {**key, **own()}
-    file = _model_file(model)
-    if file is not None:  # e.g. a GGUF file in llama.cpp: the file is the model and its dtype
-        stat = file.stat()
-        threads = getattr(model, "n_threads", None) or torch.get_num_threads()
-        return {**key, "model": file.name, "bytes": stat.st_size, "mtime": int(stat.st_mtime),
-                "dtype": "as stored in the file", "threads": threads, "batch": getattr(model, "n_batch", None),
-                "kv": getattr(model, "kv_type", None)}
-    inner = getattr(model, "model", None)
-    config = getattr(inner, "config", None)
+    identity = getattr(model, "identity", None)
+    return {**key, **(identity() if callable(identity) else probed_identity(model))}
+
+
+def file_identity(path: str | Path, threads: int, batch: int | None = None, kv: str | None = None) -> dict[str, Any]:
+    """The identity of a backend that runs a weights file (a GGUF): the file's name, size and
+    modification time (its quantisation is in it), the threads, and the backend's batch size and
+    KV cache type where it has them."""
+    stat = Path(path).stat()
+    return {"model": Path(path).name, "bytes": stat.st_size, "mtime": int(stat.st_mtime),
+            "dtype": "as stored in the file", "threads": threads, "batch": batch, "kv": kv}
+
+
+def torch_identity(model: Any, weights: Any = None) -> dict[str, Any]:
+    """The identity of a backend that runs a transformers ``model``: its name (or type), a hash of
+    its whole config, its parameters' dtype (followed by ``/<weights>`` for weights other than
+    ``None`` or ``"bf16"``, e.g. the lean backend's int8 copies) and torch's thread count."""
+    config = getattr(model, "config", None)
     described = config.to_json_string(use_diff=False) if hasattr(config, "to_json_string") else repr(config)
-    param = next(inner.parameters(), None) if hasattr(inner, "parameters") else None
+    param = next(model.parameters(), None) if hasattr(model, "parameters") else None
     dtype = str(param.dtype).removeprefix("torch.") if param is not None else "unknown"
-    weights = getattr(model, "weights", None)  # the lean backend's int8 copies
     return {
-        **key,
         "model": str(getattr(config, "_name_or_path", "") or getattr(config, "model_type", "unknown")),
         "config": hashlib.sha256(described.encode()).hexdigest()[:16],
         "dtype": dtype if weights in (None, "bf16") else f"{dtype}/{weights}",
         "threads": torch.get_num_threads(),
     }
+
+
+def probed_identity(model: Any) -> dict[str, Any]:
+    """The identity of a CausalLM that does not describe itself (no ``identity()``: a test double,
+    a backend written outside specdec), read from the attributes specdec's own backends have.
+
+    A backend that names a weights file (``weights.path`` or ``path``) is keyed by the file
+    (:func:`file_identity`) with its ``n_threads`` (else torch's thread count), ``n_batch`` and
+    ``kv_type``; any other by its ``model`` attribute as a transformers model and its ``weights``
+    (:func:`torch_identity`).
+    """
+    file = _model_file(model)
+    if file is not None:
+        threads = getattr(model, "n_threads", None) or torch.get_num_threads()
+        return file_identity(file, threads, getattr(model, "n_batch", None), getattr(model, "kv_type", None))
+    return torch_identity(getattr(model, "model", None), getattr(model, "weights", None))
 
 
 def _model_file(model: Any) -> Path | None:

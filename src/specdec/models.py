@@ -21,6 +21,7 @@ from typing import Any, Callable
 from specdec import kernels as fast
 from specdec import packs
 from specdec.backends import llamacpp  # imports the optional llama-cpp-python binding only when a model loads
+from specdec.backends import table as backend_table
 from specdec.packs import DEFAULT_DRAFT, DEFAULT_TARGET, PACKS, ModelPackError  # re-exported
 from specdec.paths import CACHE_ENV, cache_root
 
@@ -195,9 +196,9 @@ def load(
     return model.eval(), tokenizer
 
 
-BACKENDS = ("auto", "torch", "llamacpp", "gguf")
-GGUF_BACKENDS = ("llamacpp", "gguf")  # the backends that run a GGUF file's own quantized weights
-BACKEND_LABELS = {"torch": "torch", "llamacpp": "llama.cpp", "gguf": "specdec's GGUF kernel"}  # in messages
+BACKENDS = backend_table.CHOICES  # "auto" and each backend of specdec.backends.table
+GGUF_BACKENDS = backend_table.GGUF_NAMES  # the backends that run a GGUF file's own quantized weights
+BACKEND_LABELS = backend_table.LABELS  # in messages
 
 
 def _checked_name(name_or_path: Any) -> str:

@@ -24,6 +24,7 @@ from typing import Any, Callable, Collection, Iterator
 
 from specdec import models, packs
 from specdec.backends import llamacpp
+from specdec.backends import table as backend_table
 from specdec.config import (
     GROUP_FIELD, NAME_ONLY, OPTIONS, ConfigError, DecodeConfig, NothingToVerify, Option, option,
 )
@@ -119,7 +120,7 @@ def add_model_options(parser: argparse.ArgumentParser, *, draft: bool = True) ->
 
 def add_backend_option(parser: argparse.ArgumentParser) -> None:
     """--backend {auto,torch,llamacpp,gguf}, read by :func:`load_models_from` (bench has its own --backend)."""
-    parser.add_argument("--backend", default="auto", choices=list(models.BACKENDS),
+    parser.add_argument("--backend", default=backend_table.AUTO, choices=list(backend_table.CHOICES),
                         help="'llamacpp' runs a pack's or a .gguf file's quantised weights in llama.cpp (needs "
                              "llama-cpp-python); 'gguf' runs them on specdec's own batch-invariant kernel "
                              "(llama and qwen2 models; a verification pass of a few rows costs little more "
@@ -306,7 +307,7 @@ def load_models_from(args: argparse.Namespace, *, draft: bool = True) -> models.
 
 def _loaded_notes(name: str, model: Any, backend: str) -> None:
     """What a loaded model runs: a GGUF's weights on llama.cpp, and the prefill layout it chose."""
-    if backend in models.GGUF_BACKENDS:
+    if backend in backend_table.GGUF_NAMES:
         note(f"{name}: {gguf_weights(model)}")
     choice = getattr(model, "prefill_choice", None)
     if choice and choice.get("layout") == "file" and "seconds" in choice:
@@ -332,7 +333,7 @@ def _check_torch_options(names: list[str], backend: str, typed: Collection[str])
         raise CLIError(err.message, err.hint) from None
     if not names or backend == "torch" or not all(models.is_gguf_source(name) for name in names):
         return
-    where = models.BACKEND_LABELS[backend] if backend in models.GGUF_BACKENDS else "a GGUF backend"
+    where = backend_table.LABELS[backend] if backend in backend_table.GGUF_NAMES else "a GGUF backend"
     for flag, dest in (("--dtype", "dtype"), ("--kernels", "kernels")):
         if dest in typed:
             raise CLIError(f"{flag} is an option of the torch backend, but {names[0]} runs on "

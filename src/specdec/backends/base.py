@@ -47,6 +47,12 @@ class CausalLM(Protocol):
     ``capabilities`` (optional): a frozenset of :data:`TREES`, :data:`LAYERS`,
     :data:`HIDDEN_STATES`, :data:`SNAPSHOTS`, what the backend offers drafters, verifiers and the
     server beyond the methods below.
+
+    ``identity()`` (optional): a dict of JSON values saying what the backend runs (model, dtype,
+    threads; e.g. :func:`specdec.measurements.file_identity` for a weights file), which with the
+    machine and the backend's class keys what specdec measures of it once and caches
+    (:func:`specdec.measurements.cost_key`). A backend without it is described from its
+    attributes (:func:`specdec.measurements.probed_identity`).
     """
 
     @property

@@ -67,6 +67,7 @@ import torch
 
 from specdec import kernels
 from specdec.backends.base import SNAPSHOTS, TREES, CacheSnapshot, ModelFacts
+from specdec.measurements import file_identity
 
 SOURCE = "linear_gguf.c"
 FLAGS_NATIVE = ["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
@@ -503,6 +504,11 @@ class GGUFCausalLM(ModelFacts):
     @property
     def device(self) -> torch.device:
         return torch.device("cpu")
+
+    def identity(self) -> dict[str, Any]:
+        """What the planner's measurements of this backend are keyed by (with the machine and the
+        class; :func:`specdec.measurements.cost_key`): the GGUF file and the threads."""
+        return file_identity(self.weights.path, self.n_threads)
 
     @torch.inference_mode()
     def forward(

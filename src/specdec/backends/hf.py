@@ -7,6 +7,7 @@ from typing import Any, Sequence
 import torch
 
 from specdec.backends.base import HIDDEN_STATES, TREES, ModelFacts
+from specdec.measurements import torch_identity
 
 
 class HFCausalLM(ModelFacts):
@@ -39,6 +40,12 @@ class HFCausalLM(ModelFacts):
     @property
     def device(self) -> torch.device:
         return self.model.device
+
+    def identity(self) -> dict[str, Any]:
+        """What the planner's measurements of this backend are keyed by (with the machine and the
+        class; :func:`specdec.measurements.cost_key`): the transformers model's name, config and
+        dtype, and torch's thread count."""
+        return torch_identity(self.model)
 
     @torch.inference_mode()
     def forward(

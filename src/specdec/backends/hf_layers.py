@@ -27,6 +27,7 @@ from typing import Any, Iterable, Sequence
 import torch
 
 from specdec.backends.base import LAYERS, ModelFacts, common_prefix_len
+from specdec.measurements import torch_identity
 
 _SUPPORTED_ATTENTION = ("sdpa", "eager", "specdec")  # specdec: specdec.kernels.attention
 
@@ -57,6 +58,12 @@ class HFLayeredCausalLM(ModelFacts):
     @property
     def device(self) -> torch.device:
         return self.model.device
+
+    def identity(self) -> dict[str, Any]:
+        """What the planner's measurements of this backend are keyed by (with the machine and the
+        class; :func:`specdec.measurements.cost_key`): the transformers model's name, config and
+        dtype, and torch's thread count."""
+        return torch_identity(self.model)
 
     @property
     def tokens(self) -> list[int]:

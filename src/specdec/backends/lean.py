@@ -26,6 +26,7 @@ import torch
 from specdec import kernels
 from specdec.backends.base import HIDDEN_STATES, TREES, ModelFacts
 from specdec.backends.hf import HFCausalLM
+from specdec.measurements import torch_identity
 
 LEAN_MODEL_TYPES = ("llama", "qwen2", "mistral")
 _FIRST_CAPACITY = 256  # cached positions allocated at first; the cache doubles when full
@@ -165,6 +166,12 @@ class LeanCausalLM(ModelFacts):
     @property
     def device(self) -> torch.device:
         return torch.device("cpu")
+
+    def identity(self) -> dict[str, Any]:
+        """What the planner's measurements of this backend are keyed by (with the machine and the
+        class; :func:`specdec.measurements.cost_key`): the transformers model's name, config and
+        dtype (``<dtype>/int8`` on int8 weights), and torch's thread count."""
+        return torch_identity(self.model, self.weights)
 
     @torch.inference_mode()
     def forward(

@@ -52,7 +52,7 @@ import numpy as np
 import torch
 
 from specdec.backends.base import SNAPSHOTS, TREES, CacheSnapshot, ModelFacts
-from specdec.measurements import batch_invariance, cache_file, cost_key
+from specdec.measurements import batch_invariance, cache_file, cost_key, file_identity
 from specdec.paths import load_measurement, save_measurement
 
 REQUIREMENT = "llama-cpp-python==0.3.36"
@@ -357,6 +357,12 @@ class LlamaCppCausalLM(ModelFacts):
     @property
     def device(self) -> torch.device:
         return torch.device("cpu")
+
+    def identity(self) -> dict[str, Any]:
+        """What the planner's measurements of this backend are keyed by (with the machine and the
+        class; :func:`specdec.measurements.cost_key`): the GGUF file, the threads, the batch size
+        and the KV cache type."""
+        return file_identity(self.weights.path, self.n_threads, self.n_batch, self.kv_type)
 
     def forward(
         self,

@@ -7,21 +7,12 @@ alone being the default method that ``specdec generate`` runs), plus one key of 
 bench's ``--backend`` sets the default, and ``both`` runs each method on torch and llamacpp). Names are canonical: the drafter and policy are
 spelled out, so ``spec:block:k=2`` is reported as ``spec:ngram+model:block:k=2:policy=auto``.
 
-The peers are the bench's own names:
-
-    hf-assisted[:k=N]            transformers' assisted generation (assistant_model=); k sets
-                                 num_assistant_tokens (default: transformers' own, 20 with its
-                                 confidence stop)
-    hf-prompt-lookup[:k=N]       transformers' prompt lookup; k = prompt_lookup_num_tokens
-                                 (default 10)
-    hf-ar                        transformers' own generate without an assistant (a reference)
-    llamacpp-ar                  llama-cpp-python's own ``Llama.generate`` on the target's GGUF
-                                 (the backend's binding and build; see :mod:`specdec.bench.peers`):
-                                 llama.cpp's speed without specdec
-    llama-server                 llama.cpp's own server on the target's GGUF, plain decoding
-    llama-server-md              llama-server with the draft's GGUF (``-md``, ``--spec-type
-                                 draft-simple``, its defaults)
-    llama-server-spec-default    llama-server with ``--spec-default`` (its n-gram drafter)
+The peers are other tools' own generation, named by the bench: one row each of :data:`PEERS`
+(a :class:`Peer`: the tool that runs it, what it drafts with, the project drafter it is compared
+with, the keys it takes, llama-server's flags for a server peer, and what it is). They are
+transformers' ``generate`` (``hf-assisted[:k=N]``, ``hf-prompt-lookup[:k=N]``, ``hf-ar``),
+llama-cpp-python's own generation (``llamacpp-ar``, see :mod:`specdec.bench.peers`) and llama.cpp's
+own server (``llama-server``, ``llama-server-md``, ``llama-server-spec-default``).
 
 The server peers are called over HTTP by the same client as ``specdec serve``: a project method
 with ``via=serve`` runs through a ``specdec serve`` process of its own (started with that
@@ -44,22 +35,79 @@ through :func:`method_of_record`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence
 
+from specdec.backends import table as backend_table
 from specdec.backends.llamacpp import LlamaCppCausalLM
 from specdec.config import AR, ConfigError, DecodeConfig, text_spelling
 from specdec.drafters import registry as drafters
 
-PROMPT_LOOKUP_K = 10  # transformers' documented example value for prompt_lookup_num_tokens
-# Which peer a project drafter is measured against.
-PEER_OF_DRAFTER = {"model": "hf-assisted", "ngram": "hf-prompt-lookup"}
-HF_PEERS = ("hf-assisted", "hf-prompt-lookup", "hf-ar")
-SERVER_PEERS = ("llama-server", "llama-server-md", "llama-server-spec-default")
-LLAMACPP_PEERS = ("llamacpp-ar", *SERVER_PEERS)
-PEERS = HF_PEERS + LLAMACPP_PEERS
-_PEER_KEYS = {"hf-assisted": {"k"}, "hf-prompt-lookup": {"k"}} | {p: set() for p in ("hf-ar", *LLAMACPP_PEERS)}
-BACKENDS = ("torch", "llamacpp", "gguf")  # gguf: specdec's own GGUF kernel (specdec.backends.gguf)
-GGUF_BACKENDS = ("llamacpp", "gguf")  # the target's GGUF file, not transformers' weights
+
+@dataclass(frozen=True)
+class Peer:
+    """One peer: another tool's own generation, run by the bench on the same models and prompts.
+
+    ``tool``: what runs it -- ``transformers`` (its ``generate`` on the torch models),
+    ``llama-cpp-python`` (the llama.cpp binding, in the bench's process, on the target's GGUF) or
+    ``llama-server`` (llama.cpp's server on the target's GGUF, called over HTTP). ``description``:
+    what it is, in one line. ``drafter``: what it drafts with, named as the project's drafter of
+    the same sort (``model``: the draft model; ``ngram``: lookup in the context); None: plain
+    decoding. ``peer_of``: the project drafter whose methods the "vs peer" column compares with it
+    (:attr:`MethodSpec.peer`). ``keys``: the keys its method string takes (``k``: its draft
+    length). ``default_k``: its draft length when the method gives none (None: the tool's own
+    default). ``server_flags``: a server peer's llama-server flags beyond the shared ones
+    (``{draft}`` stands for the draft's GGUF)."""
+
+    name: str
+    tool: Literal["transformers", "llama-cpp-python", "llama-server"]
+    description: str
+    drafter: str | None = None
+    peer_of: str | None = None
+    keys: tuple[str, ...] = ()
+    default_k: int | None = None
+    server_flags: tuple[str, ...] = ()
+
+    @property
+    def backend(self) -> str:
+        """Where its target runs, as a method's ``backend``: transformers' on ``torch``, llama.cpp's
+        on the target's GGUF (``llamacpp``)."""
+        return "torch" if self.tool == "transformers" else "llamacpp"
+
+    @property
+    def is_server(self) -> bool:
+        return self.tool == "llama-server"
+
+    @property
+    def uses_draft_model(self) -> bool:
+        return self.drafter == "model"
+
+
+# The peers by name, in the order the bench lists them.
+PEERS: dict[str, Peer] = {peer.name: peer for peer in (
+    Peer("hf-assisted", "transformers",
+         "transformers' assisted generation (assistant_model=); k sets num_assistant_tokens (default: "
+         "transformers' own, 20 with its confidence stop)",
+         drafter="model", peer_of="model", keys=("k",)),
+    Peer("hf-prompt-lookup", "transformers",
+         "transformers' prompt lookup; k sets prompt_lookup_num_tokens (default 10, transformers' documented "
+         "example value)",
+         drafter="ngram", peer_of="ngram", keys=("k",), default_k=10),
+    Peer("hf-ar", "transformers", "transformers' own generate without an assistant (a reference)"),
+    Peer("llamacpp-ar", "llama-cpp-python",
+         "llama-cpp-python's own Llama.generate on the target's GGUF (the backend's binding and build): "
+         "llama.cpp's speed without specdec"),
+    Peer("llama-server", "llama-server", "llama.cpp's own server on the target's GGUF, plain decoding"),
+    # -md alone loads the draft but drafts nothing in this llama.cpp unless the GGUF names a
+    # speculative type; draft-simple is its classic draft-model speculation.
+    Peer("llama-server-md", "llama-server",
+         "llama-server with the draft's GGUF (-md, --spec-type draft-simple, its defaults)",
+         drafter="model", server_flags=("-md", "{draft}", "--spec-type", "draft-simple")),
+    Peer("llama-server-spec-default", "llama-server", "llama-server with --spec-default (its n-gram drafter)",
+         drafter="ngram", server_flags=("--spec-default",)),
+)}
+
+BACKENDS = backend_table.NAMES  # where a method's target runs (gguf: specdec's own GGUF kernel)
+GGUF_BACKENDS = backend_table.GGUF_NAMES  # the target's GGUF file, not transformers' weights
 VIAS = ("library", "serve")  # how a project method is called: specdec.stream, or a specdec serve process
 
 
@@ -68,7 +116,7 @@ class MethodSpec:
     """One method. ``kind`` is ``ar``, ``spec`` or a peer name. ``config``: an ``ar`` or ``spec``
     method's decoding method, its drafter named (:meth:`DecodeConfig.resolve`). ``k``: a peer's
     (None: the peer's default). ``backend``: where the target runs, ``torch``, ``llamacpp`` or ``gguf`` (a
-    peer's is fixed by its kind). ``via``: ``library`` or ``serve`` (see the module docstring)."""
+    peer's is its :attr:`Peer.backend`). ``via``: ``library`` or ``serve`` (see the module docstring)."""
 
     kind: str
     config: DecodeConfig | None = None
@@ -77,8 +125,8 @@ class MethodSpec:
     via: str = "library"
 
     def __post_init__(self) -> None:
-        if self.kind in PEERS:  # a peer runs where its library runs
-            object.__setattr__(self, "backend", "llamacpp" if self.kind in LLAMACPP_PEERS else "torch")
+        if self.kind in PEERS:  # a peer runs where its tool runs
+            object.__setattr__(self, "backend", PEERS[self.kind].backend)
         elif self.config is None:
             object.__setattr__(self, "config", DecodeConfig(drafter=AR))
 
@@ -119,18 +167,20 @@ class MethodSpec:
     @property
     def is_server(self) -> bool:
         """Called over HTTP: a llama-server peer, or a project method with ``via=serve``."""
-        return self.kind in SERVER_PEERS or self.via == "serve"
+        return (self.kind in PEERS and PEERS[self.kind].is_server) or self.via == "serve"
 
     @property
     def needs_draft_model(self) -> bool:
-        return self.kind in ("hf-assisted", "llama-server-md") or (self.kind == "spec" and self.config.uses_draft_model)
+        if self.kind in PEERS:
+            return PEERS[self.kind].uses_draft_model
+        return self.kind == "spec" and self.config.uses_draft_model
 
     @property
     def peer(self) -> str | None:
         """The peer a project method is measured against (by its drafter and backend), if any."""
         if self.kind != "spec" or self.backend == "llamacpp":  # the llama.cpp binding drafts nothing itself
             return None
-        return PEER_OF_DRAFTER.get(self.drafter)
+        return next((peer.name for peer in PEERS.values() if peer.peer_of == self.drafter), None)
 
     @property
     def ar(self) -> "MethodSpec":
@@ -210,8 +260,8 @@ def _parse_peer(text: str, kind: str, fields: list[str]) -> MethodSpec:
         key, eq, value = f.partition("=")
         if not eq:
             raise ValueError(f"method {text!r}: unexpected field {f!r}")
-        if key not in _PEER_KEYS[kind]:
-            allowed = ", ".join(sorted(_PEER_KEYS[kind])) or "none"
+        if key not in PEERS[kind].keys:
+            allowed = ", ".join(sorted(PEERS[kind].keys)) or "none"
             raise ValueError(f"method {text!r}: unknown key {key!r} (keys for {kind}: {allowed})")
         if k is not None:
             raise ValueError(f"method {text!r}: k= given twice")

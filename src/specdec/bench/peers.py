@@ -18,7 +18,7 @@ from typing import Any, Iterator
 import torch
 
 from specdec.bench.llamacpp_models import LlamaCppModels
-from specdec.bench.methods import PROMPT_LOOKUP_K, MethodSpec
+from specdec.bench.methods import PEERS, MethodSpec
 from specdec.bench.sample import Sample, median as _median
 from specdec.models import Pair
 
@@ -53,16 +53,17 @@ def _run_hf_peer(method, pair, prompt_ids, temperature, max_new_tokens, eos, see
         eos_token_id=eos or [_vocab_size(target)],
         pad_token_id=eos[0] if eos else _pad_id(pair),
     )
+    k = method.k or PEERS[method.kind].default_k  # None: transformers' own default
     kwargs: dict[str, Any] = {}
     assistant_config = None
     if method.kind == "hf-assisted":
         assistant = pair.draft
         assistant_config = GenerationConfig()  # transformers' defaults, fresh for every run
-        if method.k is not None:
-            assistant_config.num_assistant_tokens = method.k
+        if k is not None:
+            assistant_config.num_assistant_tokens = k
         kwargs["assistant_model"] = assistant
     elif method.kind == "hf-prompt-lookup":
-        kwargs["prompt_lookup_num_tokens"] = method.k or PROMPT_LOOKUP_K
+        kwargs["prompt_lookup_num_tokens"] = k
     input_ids = torch.tensor([prompt_ids], dtype=torch.long, device=target.device)
     target_calls: list[tuple[int, int, float]] = []
     draft_calls: list[tuple[int, int, float]] = []
@@ -76,7 +77,7 @@ def _run_hf_peer(method, pair, prompt_ids, temperature, max_new_tokens, eos, see
     tokens = out[0, len(prompt_ids):].tolist()
     drafted, accepted = _steps_from_forwards(target_calls, len(prompt_ids), len(tokens))
     tokens = tokens[:max_new_tokens]  # prompt lookup can overshoot by part of its last step
-    if method.kind == "hf-ar":
+    if PEERS[method.kind].drafter is None:  # plain decoding: no draft steps
         drafted, accepted = [], []
     target_times = [t for _, _, t in target_calls]
     return Sample(

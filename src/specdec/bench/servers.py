@@ -53,6 +53,7 @@ from typing import Any, Callable, Sequence
 
 import httpx
 
+from specdec.bench.methods import PEERS
 from specdec.bench.sample import Sample, median as _median
 from specdec.bench.schema_check import check_output
 from specdec.config import DecodeConfig
@@ -60,14 +61,8 @@ from specdec.config import DecodeConfig
 BUILD_SCRIPT = "benchmarks/build_llama_server.sh"
 LLAMA_SERVER_ENV = "SPECDEC_LLAMA_SERVER"
 DEFAULT_BINARY = Path.home() / ".cache" / "specdec" / "llama-server" / "bin" / "llama-server"
-# llama-server's configurations, by peer name: the flags beyond the shared ones.
-LLAMA_SERVER_FLAGS: dict[str, tuple[str, ...]] = {
-    "llama-server": (),
-    # -md alone loads the draft but drafts nothing in this llama.cpp unless the GGUF names a
-    # speculative type; draft-simple is its classic draft-model speculation.
-    "llama-server-md": ("-md", "{draft}", "--spec-type", "draft-simple"),
-    "llama-server-spec-default": ("--spec-default",),
-}
+# llama-server's configurations, by peer name: the flags beyond the shared ones (PEERS' server rows).
+LLAMA_SERVER_FLAGS: dict[str, tuple[str, ...]] = {name: p.server_flags for name, p in PEERS.items() if p.is_server}
 START_SECONDS = 300.0  # how long a server may take to load its models and answer /health
 REQUEST_SECONDS = 3600.0
 
@@ -160,8 +155,10 @@ class Servers:
 
     target_gguf / draft_gguf: the files llama-server loads. specdec_argv: ``specdec serve``'s
     model options (the bench's own ``--target``, ``--draft``, ``--cache-dir``, ...), to which the
-    backend, threads, port and context are added. n_threads: both servers' threads (None: each
-    server's default). n_ctx: the context both allocate.
+    backend, threads, port and context are added. torch_argv: the options of the torch backend
+    (``--dtype``, ``--kernels``, ``--draft-weights``), given only to a server whose method runs on
+    torch (a GGUF backend refuses them). n_threads: both servers' threads (None: each server's
+    default). n_ctx: the context both allocate.
     """
 
     target_gguf: Path | None
@@ -169,6 +166,7 @@ class Servers:
     specdec_argv: list[str]
     n_threads: int | None = None
     n_ctx: int = 4096
+    torch_argv: list[str] = field(default_factory=list)
     running: dict[str, ServerProcess] = field(default_factory=dict)
     # A new connection per request: llama-server may close a kept-alive one just as it is reused.
     client: httpx.Client = field(default_factory=lambda: httpx.Client(
@@ -190,7 +188,7 @@ class Servers:
         threads = [] if self.n_threads is None else [str(self.n_threads)]
         if key.startswith("specdec:"):
             _, backend, method = key.split(":", 2)
-            argv = list(self.specdec_argv)
+            argv = list(self.specdec_argv) + (self.torch_argv if backend == "torch" else [])
             if method == "ar" and "--draft" in argv:
                 argv[argv.index("--draft") + 1] = "none"
             return [sys.executable, "-m", "specdec", "serve", *argv, "--backend", backend, "--method", method,
@@ -198,7 +196,7 @@ class Servers:
                     *(["--threads", *threads] if threads else [])]
         if self.target_gguf is None:
             raise ValueError(f"{key} runs the target's GGUF; give a pack or a .gguf file as the target")
-        flags = list(LLAMA_SERVER_FLAGS[key])
+        flags = list(PEERS[key].server_flags)
         if "{draft}" in flags:
             if self.draft_gguf is None:
                 raise ValueError(f"{key} needs the draft's GGUF; give a draft pack or .gguf file (--draft)")
@@ -351,7 +349,7 @@ def run_server(servers: Servers, key: str, name: str, prompt_ids: list[int], tem
     timings = done.timings
     drafted, accepted = done.drafted, done.accepted
     totals = (None, None)
-    if key in ("llama-server-md", "llama-server-spec-default"):  # totals only, left out where it drafted none
+    if key in PEERS and PEERS[key].drafter is not None:  # totals only, left out where it drafted none
         totals = (int(timings.get("draft_n", 0)), int(timings.get("draft_n_accepted", 0)))
     spec = done.speculative
     return Sample(

@@ -23,7 +23,7 @@ from specdec import options, packs
 from specdec.backends import llamacpp as llamacpp_backend
 from specdec.bench import report, resume
 from specdec.bench.llamacpp_models import LlamaCppModels
-from specdec.bench.methods import GGUF_BACKENDS, MethodSpec, parse_methods
+from specdec.bench.methods import BACKENDS, GGUF_BACKENDS, MethodSpec, parse_methods
 from specdec.prompts import load_prompts
 from specdec.bench.runner import BenchBackends, BenchSettings, run_bench
 from specdec.bench.servers import (
@@ -43,8 +43,9 @@ DEFAULT_METHODS = (  # the default method (spec), fixed-length chains under each
     "spec:ngram:block:k=4:policy=static,hf-assisted,hf-prompt-lookup"
 )
 DEFAULT_PROMPTS = "humaneval:8,mtbench:8"
-BACKEND_CHOICES = {"torch": ("torch",), "llamacpp": ("llamacpp",), "gguf": ("gguf",), "both": ("torch", "llamacpp"),
-                   "gguf+llamacpp": ("gguf", "llamacpp")}
+# --backend: each of the bench's backends alone, or two of them (both: torch and llama.cpp)
+BACKEND_CHOICES = {name: (name,) for name in BACKENDS} | {"both": ("torch", "llamacpp"),
+                                                       "gguf+llamacpp": ("gguf", "llamacpp")}
 DESCRIPTION = (
     "Time the project's speculative methods against the target alone (ar) and against "
     "transformers' assisted generation and prompt lookup, on the same models, prompts and "
@@ -364,10 +365,12 @@ def bench_servers(args: argparse.Namespace, methods: Sequence[MethodSpec]) -> Se
     draft = (gguf_path(args.draft, args) if args.draft is not None
              and any(m.needs_draft_model for m in served) else None)
     argv = ["--target", args.target, "--draft", args.draft or "none", *(["--cache-dir", args.cache_dir] if args.cache_dir else [])]
-    for dest in ("dtype", "kernels", "draft_weights"):  # only what was typed: the torch backend's options
+    torch_argv = []  # only what was typed: the torch backend's options, for servers on torch
+    for dest in ("dtype", "kernels", "draft_weights"):
         if options.given(args, dest):
-            argv += [f"--{dest.replace('_', '-')}", str(getattr(args, dest))]
-    return Servers(target, draft, argv, n_threads=args.threads, n_ctx=llamacpp_backend.DEFAULT_CTX)
+            torch_argv += [f"--{dest.replace('_', '-')}", str(getattr(args, dest))]
+    return Servers(target, draft, argv, n_threads=args.threads, n_ctx=llamacpp_backend.DEFAULT_CTX,
+                   torch_argv=torch_argv)
 
 
 def gguf_path(name: str, args: argparse.Namespace) -> Path:

@@ -25,7 +25,7 @@ not move. Verification is the tree verifier's (the tree depends only on earlier 
 this step's draws, so it is exact under every sampling setting and under the Gumbel-max sampler).
 
 W, n and G are options (``window=``, ``ngram=``, ``candidates=``). Left out, they come from the
-target's measured row-cost curve (:func:`~specdec.policies.auto.row_costs`): the largest tree whose
+target's measured row-cost curve (:func:`~specdec.policies.costs.row_costs`): the largest tree whose
 pass costs at most :data:`ROW_SLACK` more than a two-row pass (the rows past the fixed cost of
 verifying anything that come nearly free), split between the window and the candidates; and the
 drafter stops drafting (plain steps, with a probe every :data:`BACKOFF` steps) while the tokens
@@ -222,7 +222,7 @@ class LookaheadDrafter(Drafter):
 
     def _curve(self) -> list[float]:
         if self._costs is None:
-            from specdec.policies.auto import row_costs  # measured once per machine and cached
+            from specdec.policies.costs import row_costs  # measured once per machine and cached
 
             self._costs = list(row_costs(self.target, MAX_ROWS)[0])
         return self._costs

@@ -25,7 +25,7 @@ from specdec.sequoia import DEFAULT_RANKS, PositionalAcceptance, sequoia_tree
 from specdec.token_tree import TokenTree, sample_children, top_children
 
 if TYPE_CHECKING:
-    from specdec.policies.auto import CostModel
+    from specdec.policies.costs import CostModel
 
 # The tree that --verify tree drafts unless told otherwise: the confident tree with the confidence
 # policy's threshold (the best tree measured on the default pair).
@@ -158,10 +158,11 @@ class TreeDrafter:
 
     def bind(self, target: CausalLM) -> None:
         """A Sequoia tree whose budget the cost curves choose: measure the target's and the draft's
-        passes of 1..32 rows (or read them from the planner's cache, :func:`~specdec.policies.auto.row_costs`)."""
+        passes of 1..32 rows (or read them from the planner's cache, :func:`~specdec.policies.costs.row_costs`)."""
         if self.mode != "sequoia" or self.fixed_budget is not None or self.costs is not None:
             return
-        from specdec.policies.auto import SEQUOIA_ROWS, CostModel, row_costs
+        from specdec.policies.auto import SEQUOIA_ROWS
+        from specdec.policies.costs import CostModel, row_costs
 
         target_curve, source = row_costs(target, SEQUOIA_ROWS)
         draft_curve, _ = row_costs(self.model, SEQUOIA_ROWS)
@@ -170,7 +171,8 @@ class TreeDrafter:
     def sequoia_choices(self) -> tuple[tuple[int, ...], ...]:
         """The Sequoia tree for the current positional acceptance vector (built again only once
         the vector has moved by :data:`REBUILD_CHANGE`)."""
-        from specdec.policies.auto import ASSUMED_ROW_COST, SEQUOIA_ROWS, CostModel, sequoia_budget
+        from specdec.policies.auto import ASSUMED_ROW_COST, SEQUOIA_ROWS, sequoia_budget
+        from specdec.policies.costs import CostModel
 
         p = self.acceptance.vector
         if self._built_for is None or max(abs(a - b) for a, b in zip(p, self._built_for)) > REBUILD_CHANGE:

@@ -1,79 +1,19 @@
 """The planner (``policy="auto"``): each step, draft the length -- 0 included -- that maximises
 expected tokens per second on this machine, with these weights and this pair.
 
-Whether speculation pays is a property of the machine: on a memory-bound backend (bf16 weights on
-two cores) five verified rows cost about 1.2x one, and a draft chain gains; on a compute-bound one
-(4-bit weights) every extra row costs about half a step, and a plain target step is fastest. So the
-planner measures, once per machine, backend, model, dtype and thread count (:func:`cost_key`;
-results cached as JSON under the cache directory), what a target forward of n new rows costs for
-n = 1..16 and what a drafted token costs, and weighs those costs against running acceptance
-estimates (:class:`~specdec.policies.AcceptanceEstimates`, shared with the ``theory`` policy).
-
-The model of a step that drafts k tokens (k = 0: a plain target step of one row):
-
-- cost T(k) = draft(k) + target(k + 1): k drafted tokens at the draft's per-token cost, then one
-  verify pass of k + 1 rows at the measured curve. A draft model's token is measured like a
-  target row; a drafter that runs some of the target's layers costs their share of a one-row
-  pass; other drafters (n-gram lookup, heads) are taken as free.
-- expected tokens E(k) = 1 + sum_{i=1..k} prod_{j<=i} a_j, where a_j is the measured chance that
-  draft position j is accepted given the ones before it were. That is token verification's
-  formula (Leviathan et al. 2023) with per-position rates. The rates are measured from the steps
-  actually verified, so under block verification (Sun et al. 2024) they already hold its gain at
-  the lengths drafted so far; block verification accepts at least what token verification does
-  for every draft, so for other lengths E(k) is a lower bound.
-
-Each step :meth:`AutoPolicy.plan` (through ``next_k``) takes the k in 0..k_max that maximises E(k)
-/ T(k) (ties to the shorter). If that is 0 the step is a plain target step. Otherwise it returns a
-cap (the longest draft that could pay if every token were as sure as the most confident calibration
-bin) and ``keep_going`` decides token by token: after drafting token i, whose calibrated chance
-(from the draft's own top probability) makes the whole draft so far survive with P_i, it drafts on
-iff for some m > i the expected extra tokens P_i (a + a^2 + ... + a^(m-i)) pay for the extra time
-T(m) - T(i) at the planned rate R* = E(k*) / T(k*) (the optimal-stopping rule for tokens per
-second; a = the chance of token i: the next tokens are expected to be as predictable as this one).
-With a cost curve that grows linearly that is the one-token test "P_i a >= R* (draft cost + one
-more verify row)".
-
-Where the draft's confidence is known before drafting -- the n-gram lookup's, from how far back
-its match reaches (:func:`~specdec.drafters.ngram.lookup_confidence`; a
-:class:`~specdec.drafters.choice.ChoiceDrafter` offers it with the lookup among its sources, and
-:meth:`AutoPolicy.choose` weighs each source) -- every
-a_j is that confidence's calibrated chance, the best k is the cap, and every token drafted is
-calibrated at it: a long repeated passage is copied in one long draft, a short match's
-continuation is drafted short or not at all.
-
-The choice depends only on the cost curves (fixed once measured: the cache holds the measured
-values) and on the outcomes of earlier steps, never on a step's own timing, so a seed still fixes
-the output. (``adapt_costs=True`` also learns the draft's cost and a scale of the target curve
-from the steps' timings -- closer to the truth as the context grows, but no longer reproducible.)
-
-A draft model is fed only when it drafts, so after plain steps or steps drafted by the lookup its
-cache lags behind the output (at its first draft, by the whole prompt): before its first draft
-token it must feed those tokens (:meth:`~specdec.drafters.base.Drafter.behind`), a pass the
-planner prices from the draft model's own cost curve. That catch-up serves every later step that
-drafts from it, so a step is charged the share its expected tokens take of the tokens left to
-generate: T(k) + C * E(k) / room. A draft model that does not pay per step is never caught up.
-
-The same curves size two other shapes. A Sequoia tree (Chen et al. 2024; ``mode=sequoia`` without
-a budget) holds the node budget n whose optimal tree (:mod:`specdec.sequoia`) has the most
-expected tokens per second, (1 + E(n)) / (draft(n) + target(n + 1 rows)) (:func:`sequoia_budget`,
-curves of up to :data:`SEQUOIA_ROWS` rows). The cascade drafter
-(:mod:`specdec.drafters.cascade`) offers the lookup and its cascaded draft model as two sources,
-weighed as for ``ngram+model``, its model tokens priced as full draft-model passes (an upper bound:
-the vertical cascade saves some); where :meth:`AutoPolicy.keep_going` stops the draft model, the
-lookup continues the chain for free (the horizontal cascade's switch position).
-
-When no draft would pay even if it were always accepted, the planner never drafts and the output
-is the target's own autoregressive chain. When a draft could pay but the estimates say it does
-not, it drafts one token -- a probe, so the estimates can recover when the text becomes
-predictable -- once the plain steps since the last probe have taken 1 / :data:`PROBE_SHARE` times
-what the probe costs beyond a plain step (its draft token, its verify row and any catch-up): the
-probes cost at most that share of the time. With a draft model that lags by a whole prompt, that
-is hundreds of steps.
+:meth:`AutoPolicy.plan` weighs expected tokens E(k) = 1 + sum_i prod_{j<=i} a_j (per-position
+acceptance rates, :class:`~specdec.policies.AcceptanceEstimates`) against the step's cost T(k) =
+draft(k) + target(k + 1 rows) on the curves :mod:`specdec.policies.costs` measures once per
+machine, backend, model, dtype and thread count; ``keep_going`` stops a draft token by token
+(optimal stopping at the planned rate); a draft model's catch-up is charged to the steps it
+serves; probes cost at most :data:`PROBE_SHARE` of the plain steps' time; the same curves size a
+Sequoia tree (:func:`sequoia_budget`) and weigh the cascade's two sources. The whole model of a
+step, and why each choice is exact (it never depends on a step's own timing), is in
+docs/theory.md, "The planner's model of a step".
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -81,61 +21,22 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from specdec.drafters.base import DraftCost, Drafter
-from specdec.measurements import cache_file, cost_key
-from specdec.paths import load_measurement, save_measurement
 from specdec.policies.base import DEFAULT_K_MAX, DraftLengthPolicy, Plan, check_k
+from specdec.policies.costs import MAX_ROWS, CostModel, row_costs
 from specdec.policies.estimates import AcceptanceEstimates
 from specdec.sequoia import optimal_trees
 from specdec.stats import Step
 
-MAX_ROWS = 16  # the longest verify pass measured (k_max drafts + 1)
-GRID = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16)  # row counts timed; the rest interpolated
-REPEATS = (3, 7)  # sweeps of the grid: 3, or up to 7 while within MEASURE_SECONDS (1 if one takes longer)
-MEASURE_SECONDS = 4.0
-DUMMY_CONTEXT = 32  # tokens prefilled before timing, so the rows attend to a context
-PROBE_SHARE = 0.03  # the most of the plain steps' time one-token probes may cost (see the module doc)
+PROBE_SHARE = 0.03  # the most of the plain steps' time one-token probes may cost (docs/theory.md, "The planner's model of a step")
 # Where the planner chooses between drafters, a free one (a lookup: its draft costs nothing, but it
 # can draft only where the context repeats) is explored: until its first token has been tested
 # EXPLORE_TESTS times, a step where it can draft and a full acceptance would pay drafts up to
 # EXPLORE_LENGTH tokens, whatever the prior says.
 EXPLORE_TESTS = 3
 EXPLORE_LENGTH = 2
-CACHE_FORMAT = 1  # bump when what is measured changes: older cache files are measured again
 # Before any measurement (a policy never bound to its models): a verify row is assumed to cost a
 # tenth of a one-row pass and drafting to be free; both are learnt from the steps' timings.
 ASSUMED_ROW_COST = 0.1
-
-
-@dataclass
-class CostModel:
-    """What a step costs. target[n - 1]: seconds for a target forward of n new rows (logits for
-    all n); draft: seconds per drafted token (None: not known yet); draft_rows[n - 1]: seconds for
-    a draft model's pass of n rows, what catching it up costs (None: no catch-up is priced).
-    source says where they came from."""
-
-    target: list[float]
-    draft: float | None = None
-    source: str = "injected"
-    draft_source: str = "injected"
-    draft_rows: list[float] | None = None
-
-    def __post_init__(self) -> None:
-        if not self.target or any(not t > 0 for t in self.target):
-            raise ValueError(f"the target cost curve must be positive seconds for 1..n rows, got {self.target!r}")
-        if self.draft is not None and not self.draft >= 0:
-            raise ValueError(f"the draft cost must be seconds >= 0 per token, got {self.draft!r}")
-
-    def target_cost(self, rows: int) -> float:
-        """Seconds for ``rows`` new rows; past the curve, extended along its last segment."""
-        t = self.target
-        if rows <= len(t):
-            return t[rows - 1]
-        slope = t[-1] - t[-2] if len(t) > 1 else t[-1]
-        return t[-1] + slope * (rows - len(t))
-
-    def relative(self, rows: int) -> float:
-        """A ``rows``-row pass in units of a one-row pass."""
-        return self.target_cost(rows) / self.target[0]
 
 
 @dataclass
@@ -147,88 +48,6 @@ class _Source:
     label: str = ""  # where that cost came from
     chosen: int = 0  # steps this drafter was planned to draft in
     rows: CostModel | None = None  # a draft model's passes of n rows: what catching it up costs
-
-
-# ------------------------------------------------------------------------------------------------
-# Measuring, and the cache
-
-
-def measure_rows(model: Any, max_rows: int = MAX_ROWS, *, repeats: tuple[int, int] = REPEATS) -> list[float]:
-    """Seconds of a forward pass of n new rows, logits for all n, for n = 1..max_rows.
-
-    Times the row counts of :data:`GRID` after a short dummy context in sweeps over the grid (so
-    drift hits every n alike; ``repeats[0]`` sweeps, more up to ``repeats[1]`` while within
-    :data:`MEASURE_SECONDS`, fewer (at least one) where a sweep takes a large part of it), keeps each count's fastest time (other work on the machine
-    only ever adds time, and a median of a few is still thrown by it: on a loaded 2-core machine
-    the medians of three were out by 10x), interpolates the other counts and makes the curve
-    non-decreasing. The cache is rolled back by absolute length: what ``model`` held before is
-    untouched, nothing after it is kept.
-    """
-    saved = len(model.tokens)
-    room = (model.max_context - saved) if model.max_context is not None else DUMMY_CONTEXT + max_rows
-    max_rows = max(1, min(max_rows, room - 1))
-    vocab = model.vocab_size
-    ids = [(17 + 7919 * i) % vocab for i in range(DUMMY_CONTEXT + max_rows)]
-    context, rows = ids[: max(0, min(DUMMY_CONTEXT, room - max_rows))], ids[DUMMY_CONTEXT:]
-    grid = sorted({n for n in GRID if n < max_rows} | {max_rows})
-    times: dict[int, list[float]] = {n: [] for n in grid}
-    try:
-        if context:
-            model.forward(context, num_logits=1)
-        base = saved + len(context)
-        model.forward(rows[:1], num_logits=1)  # warm-up
-        model.trim(base)
-        began = time.perf_counter()
-        for sweep in range(repeats[1]):
-            projected = (time.perf_counter() - began) * (sweep + 1) / max(sweep, 1)  # after one more sweep
-            if sweep > 0 and projected > (2 if sweep < repeats[0] else 1) * MEASURE_SECONDS:
-                break  # the first repeats[0] sweeps may take twice the budget, later ones only the budget
-            for n in grid:
-                t0 = time.perf_counter()
-                model.forward(rows[:n], num_logits=n)
-                times[n].append(time.perf_counter() - t0)
-                model.trim(base)
-    finally:
-        model.trim(saved)
-    fastest = [min(times[n]) for n in grid]
-    curve = [float(v) for v in torch.tensor(_interpolate(grid, fastest, max_rows)).cummax(0).values]
-    return [max(v, 1e-9) for v in curve]
-
-
-def _interpolate(xs: Sequence[int], ys: Sequence[float], n: int) -> list[float]:
-    """Piecewise-linear values at 1..n from points (xs ascending, xs[0] = 1, xs[-1] = n)."""
-    out = []
-    for x in range(1, n + 1):
-        j = next(i for i, v in enumerate(xs) if v >= x)
-        if xs[j] == x:
-            out.append(ys[j])
-        else:
-            w = (x - xs[j - 1]) / (xs[j] - xs[j - 1])
-            out.append(ys[j - 1] + w * (ys[j] - ys[j - 1]))
-    return out
-
-
-def row_costs(model: Any, max_rows: int = MAX_ROWS, *, cache_dir: str | Path | None = None,
-              refresh: bool = False) -> tuple[list[float], str]:
-    """``model``'s cost curve for 1..max_rows rows and where it came from (``cache`` or ``measured``).
-
-    Reads the cache file for :func:`cost_key` when it holds a curve at least that long (and
-    ``refresh`` is false); otherwise measures with :func:`measure_rows` and writes it (atomically;
-    an unwritable cache only costs the measurement next time).
-    """
-    key = cost_key(model)
-    path = cache_file(key, cache_dir)
-    saved = None if refresh else load_measurement(path, key, CACHE_FORMAT)
-    if saved is not None:
-        try:
-            curve = [float(v) for v in saved["seconds"]]
-            if len(curve) >= max_rows and all(v > 0 for v in curve):
-                return curve[:max_rows], "cache"
-        except (KeyError, TypeError, ValueError):
-            pass  # malformed: measure
-    curve = measure_rows(model, max_rows)
-    save_measurement(path, {"format": CACHE_FORMAT, "key": key, "seconds": curve})
-    return curve, "measured"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -290,7 +109,7 @@ def sequoia_budget(
 
 
 class AutoPolicy(DraftLengthPolicy):
-    """Draft the length (0 included) with the most expected tokens per second; see the module doc.
+    """Draft the length (0 included) with the most expected tokens per second; see docs/theory.md, "The planner's model of a step".
 
     costs: a :class:`CostModel` to use instead of measuring (tests inject curves). Without it,
     :meth:`bind` measures the target's rows and the draft model's token (or reads them from the
@@ -353,7 +172,7 @@ class AutoPolicy(DraftLengthPolicy):
     def bind(self, target: Any, drafter: Drafter) -> None:
         """Measure, or read from the cache, the target's cost per 1..16 rows and each of the
         drafter's sources' cost per token (:meth:`~specdec.drafters.base.Drafter.costs`; see the
-        module doc). Done once; injected costs stay. A drafter with several sources (a
+        planner's model in docs/theory.md). Done once; injected costs stay. A drafter with several sources (a
         :class:`~specdec.drafters.choice.ChoiceDrafter`) makes the planner choose the source as
         well as the length each step, each source with its own costs and estimates."""
         costs = drafter.costs()
@@ -423,7 +242,7 @@ class AutoPolicy(DraftLengthPolicy):
         return (curve[rows - 1] if rows <= len(curve) else curve[-1] * rows / len(curve)) - curve[0]
 
     def _charged(self, times: list[float], alphas: Sequence[float]) -> list[float]:
-        """T(k) plus the catch-up's share for k >= 1: C * E(k) / room (see the module doc)."""
+        """T(k) plus the catch-up's share for k >= 1: C * E(k) / room (docs/theory.md, "The planner's model of a step")."""
         catch_up = self.catch_up()
         if catch_up == 0.0:
             return times
@@ -439,7 +258,7 @@ class AutoPolicy(DraftLengthPolicy):
              room: int | None = None) -> Plan:
         """This step's source and length: with one source, :meth:`next_k`; with several,
         :meth:`choose` weighs every source offered now. ``behind`` and ``room`` price a draft
-        model's catch-up (see the module doc)."""
+        model's catch-up (docs/theory.md, "The planner's model of a step")."""
         self._behind, self._room = dict(behind or {}), room
         k = self.next_k()
         if self._choosing:

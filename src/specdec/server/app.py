@@ -12,12 +12,10 @@ event loop keeps serving) before it joins the queue, waits for the single worker
 with ``"stream": true``, as server-sent events ending with ``data: [DONE]``. The response is only
 started once the generation has produced its first tokens, so an error found when the generation
 is built (a prompt longer than the context, a drafter option the drafter refuses) still gets its
-4xx status. Every chunk carries a non-standard ``speculative`` object: the step's ``token_ids``,
-``from_draft`` (which of them were draft tokens the target accepted), ``draft_chars`` (how many
-characters of the chunk's text draft tokens wrote: its leading ones, unless text held back from an
-earlier step begins it) and ``drafted`` (draft tokens proposed). The chunks' text is
-:func:`specdec.stream`'s, which holds back text that may yet begin a stop string, so the streamed
-text never shows part of one and adds up to the non-streamed text.
+4xx status. The bodies, each chunk's non-standard ``speculative`` object among them, are built by
+:mod:`specdec.server.responses`; every error is answered as :mod:`specdec.server.errors` spells
+it. The chunks' text is :func:`specdec.stream`'s, which holds back text that may yet begin a stop
+string, so the streamed text never shows part of one and adds up to the non-streamed text.
 """
 
 from __future__ import annotations
@@ -28,10 +26,8 @@ import contextlib
 import hashlib
 import hmac
 import importlib.resources
-import json
 import re
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
@@ -45,18 +41,18 @@ import specdec
 from specdec.api import decode_text, eos_token_ids_of
 from specdec.datastore import MAX_MATCH
 from specdec.config import DecodeConfig
-from specdec.server import requests as rq
+from specdec.server import errors, requests as rq
+from specdec.server.errors import APIError
 from specdec.server.guard import LOOPBACK_HOSTS, MAX_BODY_BYTES, READ_TIMEOUT_SECONDS, Guard
 from specdec.build import as_backend, is_backend
 from specdec.drafters import registry as drafters
 from specdec.server.logprobs import TokenText
 from specdec.server.metrics import Metrics
-from specdec.server.tools import ToolCallParser
 from specdec.server.prompt_cache import DEFAULT_BUDGET_MIB, PromptCache
-from specdec.server.requests import APIError, ChatBody, CompletionBody, Generation
+from specdec.server.requests import ChatBody, CompletionBody, Generation
+from specdec.server.responses import Answer, sse, summary
 from specdec.server.worker import Job, ModelThread, QueueFull, Scheduler
 
-SYSTEM_FINGERPRINT = f"fp_specdec_{specdec.__version__}"  # OpenAI's field: which server build answered
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 GRACE_SECONDS = 0.5  # past a request's deadline, how long to wait for the worker to notice it
 POLL_SECONDS = 0.25  # how often a waiting non-streamed request checks that its client is still there
@@ -299,7 +295,7 @@ async def _serve(state: _State, request: Request, gen: Generation) -> Response:
         return Response(status_code=499)
     if first[0] == "error":
         raise first[1]
-    answer = _Answer(gen, state.models.name, state.token_text)
+    answer = Answer(gen, state.models.name, state.token_text)
     if gen.stream:
         return StreamingResponse(_events(state, job, first, answer, endpoint),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
@@ -339,7 +335,7 @@ def _job(state: _State, gen: Generation) -> Job:
         if state.options.datastore is not None and ids:  # the output, after the prompt's last tokens it followed
             tail = list(gen.prompt[-MAX_MATCH:]) if not isinstance(gen.prompt, str) else []
             state.options.datastore.add(tail + list(ids))
-        return {**_summary(gen, ids, text, stats, decode, state.eos), "logprobs": logprobs, "ids": ids}
+        return {**summary(gen, ids, text, stats, decode, state.eos), "logprobs": logprobs, "ids": ids}
 
     return Job(start, decode, finish, time.monotonic() + state.options.request_timeout, asyncio.get_running_loop())
 
@@ -365,8 +361,7 @@ async def _next(job: Job, watch: _Watch | None) -> tuple[str, Any] | None:
         left = job.deadline + GRACE_SECONDS - time.monotonic()
         if left <= 0:
             job.stop()
-            return "error", APIError(504, "the request ran past the server's --request-timeout",
-                                     code="timeout", type="timeout_error")
+            return "error", errors.timed_out()
         if watch is not None and await watch.gone():
             job.stop()
             return None
@@ -376,7 +371,7 @@ async def _next(job: Job, watch: _Watch | None) -> tuple[str, Any] | None:
             pass
 
 
-async def _events(state: _State, job: Job, first: tuple[str, Any], answer: "_Answer",
+async def _events(state: _State, job: Job, first: tuple[str, Any], answer: Answer,
                   endpoint: str) -> AsyncIterator[str]:
     """Server-sent events; if the client goes away, the server cancels this generator and the
     ``finally`` stops the job."""
@@ -386,166 +381,22 @@ async def _events(state: _State, job: Job, first: tuple[str, Any], answer: "_Ans
         while message is not None:
             kind, payload = message
             if kind == "step":
-                yield _sse(answer.chunk(payload))
+                yield sse(answer.chunk(payload))
             elif kind == "done":
                 for chunk in answer.last_chunks(*payload):
-                    yield _sse(chunk)
+                    yield sse(chunk)
                 yield "data: [DONE]\n\n"
                 outcome = "ok"
                 return
             else:
                 outcome = "timeout" if payload.status == 504 else "bad_request" if payload.status < 500 else "error"
-                yield _sse(payload.body())
+                yield sse(payload.body())
                 yield "data: [DONE]\n\n"
                 return
             message = await _next(job, None)
     finally:
         job.stop()
         state.metrics.outcome(endpoint, outcome)
-
-
-def _sse(obj: dict[str, Any]) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
-
-
-class _Answer:
-    """Builds the OpenAI-shaped response: chunks as steps arrive, or the whole at the end.
-
-    A chat whose tools may be called reads its text through a :class:`ToolCallParser`: content
-    goes out as ``delta.content``, a call as ``delta.tool_calls`` (first its ``index``, ``id``,
-    ``type`` and name, then pieces of its arguments), and the whole answer is the same
-    parser fed at once, so the deltas add up to ``message.tool_calls``.
-    """
-
-    def __init__(self, gen: Generation, model: str, token_text: TokenText) -> None:
-        self.gen, self.model, self.token_text = gen, model, token_text
-        chat = gen.kind == "chat"
-        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
-        self.created = int(time.time())
-        self.object = "chat.completion" if chat else "text_completion"
-        self.sent_role = False
-        self.parser = ToolCallParser() if gen.tool_calls else None
-        self.ids: list[int] = []  # the tokens streamed so far (for completions' text_offset)
-
-    def _head(self, chunk: bool) -> dict[str, Any]:
-        obj = self.object + (".chunk" if chunk and self.gen.kind == "chat" else "")
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
-                "system_fingerprint": SYSTEM_FINGERPRINT}
-
-    def _logprobs(self, logprobs: list[Any] | None, ids: list[int], before: list[int]) -> dict[str, Any] | None:
-        if logprobs is None:
-            return None
-        if self.gen.kind == "chat":
-            return {"content": self.token_text.chat(logprobs), "refusal": None}
-        return self.token_text.completion(logprobs, self.token_text.offsets(before, ids[:len(logprobs)]))
-
-    def _delta(self, text: str | None, final: bool) -> tuple[dict[str, Any], bool]:
-        """A chunk's delta for ``text`` (and, at the end, what the parser still held); whether a
-        tool call has been seen."""
-        delta: dict[str, Any] = {}
-        if self.parser is None:
-            if text is not None:
-                delta["content"] = text
-        else:
-            pieces = self.parser.feed(text or "") + (self.parser.finish() if final else [])
-            content = "".join(p[1] for p in pieces if p[0] == "content")
-            if content:
-                delta["content"] = content
-            calls: dict[int, dict[str, Any]] = {}
-            for piece in pieces:
-                if piece[0] == "call":
-                    call = self.parser.calls[piece[1]]
-                    calls[piece[1]] = {"index": piece[1], "id": call.id, "type": "function",
-                                       "function": {"name": call.name, "arguments": ""}}
-                elif piece[0] == "arguments":
-                    entry = calls.setdefault(piece[1], {"index": piece[1], "function": {"arguments": ""}})
-                    entry["function"]["arguments"] += piece[2]
-            if calls:
-                delta["tool_calls"] = list(calls.values())
-        if not self.sent_role:
-            delta = {"role": "assistant", **delta}
-            self.sent_role = True
-        return delta, self.parser is not None and bool(self.parser.calls)
-
-    def chunk(self, step: Any) -> dict[str, Any]:
-        before = list(self.ids)
-        self.ids += step.token_ids
-        logprobs = self._logprobs(step.logprobs, step.token_ids, before)
-        if self.gen.kind == "completion":
-            choice = {"index": 0, "text": step.text, "logprobs": logprobs, "finish_reason": None}
-        else:
-            choice = {"index": 0, "delta": self._delta(step.text, False)[0], "logprobs": logprobs,
-                      "finish_reason": None}
-        return {**self._head(True), "choices": [choice],
-                "speculative": {"token_ids": step.token_ids, "from_draft": step.from_draft,
-                                "draft_chars": step.draft_chars, "drafted": step.drafted}}
-
-    def last_chunks(self, rest: str, summary: dict[str, Any]) -> list[dict[str, Any]]:
-        """The chunk with finish_reason (and any held-back text), then usage if asked for."""
-        reason = summary["finish_reason"]
-        if self.gen.kind == "completion":
-            choice = {"index": 0, "text": rest, "logprobs": None, "finish_reason": reason}
-        else:
-            delta, called = self._delta(rest or None, True)
-            choice = {"index": 0, "delta": delta, "logprobs": None,
-                      "finish_reason": "tool_calls" if called and reason == "stop" else reason}
-        chunks = [{**self._head(True), "choices": [choice], "speculative": summary["speculative"]}]
-        if self.gen.include_usage:
-            chunks.append({**self._head(True), "choices": [], "usage": summary["usage"]})
-        return chunks
-
-    def whole(self, summary: dict[str, Any]) -> dict[str, Any]:
-        text, reason, ids = summary["text"], summary["finish_reason"], summary["ids"]
-        logprobs = self._logprobs(summary["logprobs"], ids, [])
-        if self.gen.kind == "completion":
-            choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": reason}
-        else:
-            message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
-            if self.parser is not None:
-                self.parser.feed(text)
-                self.parser.finish()
-                calls = self.parser.calls
-                message["content"] = self.parser.content if self.parser.content or not calls else None
-                if calls:
-                    message["tool_calls"] = [{"id": c.id, "type": "function",
-                                              "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
-                    reason = "tool_calls" if reason == "stop" else reason
-            choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": reason}
-        return {**self._head(False), "choices": [choice], "usage": summary["usage"],
-                "speculative": summary["speculative"]}
-
-
-def _summary(gen: Generation, ids: list[int], text: str, stats: Any, decode: Any, eos: set[int]) -> dict[str, Any]:
-    """The text, finish_reason, usage and the speculative figures of a finished generation."""
-    full = decode(ids)
-    ends = eos if gen.sampling.get("eos_token_ids") is None else set(gen.sampling["eos_token_ids"])
-    limit = gen.sampling["max_new_tokens"]
-    if stats is not None and stats.truncated_to is not None:  # the context left room for fewer
-        limit = stats.truncated_to
-    # short of the limit: an end token, a stop string, or a grammar that completed ended it
-    stopped = bool(ids and ids[-1] in ends) or any(s in full for s in gen.stop) or len(ids) < limit
-    method = gen.method
-    spec = {
-        "method": str(method), "exact": method.exact, "sampler": "gumbel" if method.gumbel else "multinomial",
-        "gumbel_seed": stats.gumbel_seed if stats is not None else None,
-        "policy": None if method.is_ar or method.verify == "tree" else method.policy,
-        "policy_state": stats.policy if stats is not None else {},
-        "target_forwards": stats.target_forwards if stats else 0,
-        "tokens_per_forward": stats.mean_accepted_per_forward if stats else 0.0,
-        "drafted_tokens": stats.drafted_tokens if stats else 0,
-        "accepted_tokens": stats.accepted_tokens if stats else 0,
-        "acceptance_rate": stats.acceptance_rate if stats else 0.0,
-        "draft_seconds": stats.draft_seconds if stats else 0.0,
-        "verify_seconds": stats.verify_seconds if stats else 0.0,
-        "seconds": stats.seconds if stats else 0.0,
-        "tokens_per_second": stats.tokens_per_second if stats else 0.0,
-    }
-    # tokens a grammar forced: drafted at no model cost where it allowed one continuation only
-    spec["forced_tokens"] = stats.forced_tokens if stats else 0
-    usage = {"prompt_tokens": gen.prompt_tokens, "completion_tokens": len(ids),
-             "total_tokens": gen.prompt_tokens + len(ids),
-             "prompt_tokens_details": {"cached_tokens": stats.prompt_cached if stats is not None else 0}}
-    return {"text": text, "finish_reason": "stop" if stopped else "length", "usage": usage, "speculative": spec}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -569,11 +420,11 @@ def _key_check(api_key: str | None, metrics: Metrics) -> Any:
 
 
 def _add_error_handlers(app: FastAPI, metrics: Metrics) -> None:
+    """Every error answered as OpenAI's JSON (:mod:`specdec.server.errors`), and counted by route."""
+
     def answer(request: Request, err: APIError) -> Response:
-        outcome = {401: "unauthorized", 404: "not_found", 429: "queue_full", 504: "timeout"}.get(
-            err.status, "bad_request" if err.status < 500 else "error")
         route = request.scope.get("route")
-        metrics.outcome(route.path if route is not None else "other", outcome)
+        metrics.outcome(route.path if route is not None else "other", errors.outcome(err))
         return Response(err.json(), status_code=err.status, media_type="application/json", headers=err.headers)
 
     @app.exception_handler(APIError)
@@ -582,39 +433,12 @@ def _add_error_handlers(app: FastAPI, metrics: Metrics) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, err: RequestValidationError) -> Response:
-        return answer(request, _validation_error(err))
+        return answer(request, errors.validation_error(err.errors()))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, err: StarletteHTTPException) -> Response:
-        message = {404: f"no such endpoint: {request.method} {request.url.path}",
-                   405: f"{request.method} is not allowed on {request.url.path}"}.get(err.status_code, str(err.detail))
-        return answer(request, APIError(err.status_code, message, code="not_found" if err.status_code == 404 else None))
+        return answer(request, errors.route_error(err.status_code, str(err.detail), request.method, request.url.path))
 
     @app.exception_handler(Exception)
     async def fault(request: Request, err: Exception) -> Response:
-        return answer(request, APIError(500, "the server failed on this request; see its log"))
-
-
-def _validation_error(err: RequestValidationError) -> APIError:
-    """The first problem (an unknown field first of all), as a 400 naming the field (``messages.0.role``)."""
-    errors = err.errors()
-    first = next((e for e in errors if e.get("type") == "extra_forbidden"), errors[0])
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    param = ".".join(loc) or None
-    kind, message = first.get("type", ""), str(first.get("msg", "invalid value"))
-    if kind == "json_invalid":
-        return APIError(400, "the request body is not valid JSON", param=None)
-    if kind == "missing" and not loc:
-        return APIError(400, "the request needs a JSON object body", param=None)
-    if kind == "string_unicode":  # a field name pydantic cannot read
-        return APIError(400, "a field name holds a lone surrogate: text must be valid Unicode (a UTF-16 surrogate "
-                             "needs its pair)", param=param)
-    if kind == "extra_forbidden":
-        return APIError(400, f"{param}: unknown field; this server does not support it", param=param,
-                        code="unsupported_field")
-    if not loc and kind.endswith("_type"):
-        return APIError(400, "the request body must be a JSON object", param=None)
-    if kind in ("model_type", "model_attributes_type"):
-        return APIError(400, f"{param} must be a JSON object", param=param)
-    message = message.removeprefix("Value error, ")
-    return APIError(400, message if param and message.startswith(param) else f"{param}: {message}", param=param)
+        return answer(request, errors.internal_error())

@@ -21,7 +21,7 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from specdec.server.requests import APIError
+from specdec.server.errors import APIError, too_large, too_slow
 
 MAX_BODY_BYTES = 4 << 20  # a context's worth of text, JSON-escaped, with room to spare
 MAX_HEADER_BYTES = 32 << 10  # the request line and headers together
@@ -65,16 +65,6 @@ def _is_loopback(bind: str) -> bool:
         return bind == "localhost" or ipaddress.ip_address(bind).is_loopback
     except ValueError:
         return False
-
-
-def too_large(limit: int) -> APIError:
-    return APIError(413, f"the request body is over this server's limit of {limit} bytes (its --max-body-bytes)",
-                    code="body_too_large")
-
-
-def too_slow(what: str, seconds: float) -> APIError:
-    return APIError(408, f"the request {what} did not arrive within {seconds:g} s (the server's --read-timeout)",
-                    code="timeout")
 
 
 class Guard:

@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from specdec.config import NAME_ONLY, SEED_RANGE, ConfigError, DecodeConfig, text_spelling
 from specdec.server import tools
+from specdec.server.errors import APIError
 
 MAX_STOP = 4  # as OpenAI's API
 FIM_TOKENS = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")
@@ -42,24 +43,6 @@ _NEUTRAL = {"echo": (False,), "best_of": (None, 1)}
 MAX_TOP_LOGPROBS = 20  # chat's top_logprobs, as OpenAI's API
 MAX_COMPLETION_LOGPROBS = 5  # completions' logprobs, as OpenAI's API
 _NAME = r"^[A-Za-z0-9_-]{1,64}$"  # a function's or a schema's name, as OpenAI's API
-
-
-class APIError(Exception):
-    """An error answered as OpenAI does: ``{"error": {"message", "type", "param", "code"}}``."""
-
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 type: str | None = None, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
-        self.type = type or ("invalid_request_error" if status < 500 else "server_error")
-        self.headers = headers or {}
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-    def json(self) -> bytes:
-        """The body as JSON in ASCII (a lone surrogate named in it stays an escape)."""
-        return json.dumps(self.body()).encode()
 
 
 class StreamOptions(BaseModel):

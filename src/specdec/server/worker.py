@@ -28,8 +28,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
+from specdec.server.errors import APIError, timed_out
 from specdec.server.metrics import Metrics
-from specdec.server.requests import APIError
 
 log = logging.getLogger("specdec.server")
 
@@ -192,7 +192,7 @@ class Scheduler:
             return
         if time.monotonic() > job.deadline:
             job.outcome = "timeout"
-            job.post("error", _timeout())
+            job.post("error", timed_out())
             return
         try:
             events = job.start()
@@ -248,12 +248,8 @@ class Scheduler:
                 return
             if now > job.deadline:
                 job.outcome = "timeout"
-                job.post("error", _timeout())
+                job.post("error", timed_out())
                 return
         self.metrics.request_seconds.observe(time.monotonic() - job.arrived)
         job.outcome = "ok"
         job.post("done", (rest, job.finish(ids, sent + rest, stats, logprobs)))
-
-
-def _timeout() -> APIError:
-    return APIError(504, "the request ran past the server's --request-timeout", code="timeout", type="timeout_error")

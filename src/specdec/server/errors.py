@@ -1,0 +1,96 @@
+"""The server's errors, answered as OpenAI's API answers them: ``{"error": {"message", "type", "param", "code"}}``.
+
+:class:`APIError` is the one error type: every check of a request raises it, with its HTTP status,
+and every handler answers it as its :meth:`~APIError.json` body. The functions below build the
+errors that more than one part of the server gives (a body over the size limit, a request past its
+deadline), and turn what the web framework refuses (a body pydantic could not read, an unknown
+route, an unexpected exception) into one. :func:`outcome` names an answered error for the
+``/metrics`` counters.
+
+This module imports no web framework: the handlers that call it are in :mod:`specdec.server.app`,
+the middleware in :mod:`specdec.server.guard`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Sequence
+
+
+class APIError(Exception):
+    """An error answered as OpenAI does: ``{"error": {"message", "type", "param", "code"}}``."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+                 type: str | None = None, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.type = type or ("invalid_request_error" if status < 500 else "server_error")
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def json(self) -> bytes:
+        """The body as JSON in ASCII (a lone surrogate named in it stays an escape)."""
+        return json.dumps(self.body()).encode()
+
+
+def outcome(err: APIError) -> str:
+    """The ``outcome`` label of an answered error in the server's request counter."""
+    return {401: "unauthorized", 404: "not_found", 429: "queue_full", 504: "timeout"}.get(
+        err.status, "bad_request" if err.status < 500 else "error")
+
+
+def too_large(limit: int) -> APIError:
+    """A request body over ``limit`` bytes (413)."""
+    return APIError(413, f"the request body is over this server's limit of {limit} bytes (its --max-body-bytes)",
+                    code="body_too_large")
+
+
+def too_slow(what: str, seconds: float) -> APIError:
+    """A request's ``what`` (``"headers"``, ``"body"``) that has not arrived within ``seconds`` (408)."""
+    return APIError(408, f"the request {what} did not arrive within {seconds:g} s (the server's --read-timeout)",
+                    code="timeout")
+
+
+def timed_out() -> APIError:
+    """A request that ran past its deadline, waiting or generating (504)."""
+    return APIError(504, "the request ran past the server's --request-timeout", code="timeout", type="timeout_error")
+
+
+def internal_error() -> APIError:
+    """An exception no check expected (500); what it was goes to the server's log, not the client."""
+    return APIError(500, "the server failed on this request; see its log")
+
+
+def route_error(status: int, detail: str, method: str, path: str) -> APIError:
+    """The framework's own HTTP error for ``method path``: no such route (404), a method the route
+    does not take (405), or another status with its ``detail``."""
+    message = {404: f"no such endpoint: {method} {path}",
+               405: f"{method} is not allowed on {path}"}.get(status, detail)
+    return APIError(status, message, code="not_found" if status == 404 else None)
+
+
+def validation_error(problems: Sequence[dict[str, Any]]) -> APIError:
+    """pydantic's problems with a request body (a ``RequestValidationError``'s ``errors()``, at least
+    one): the first (an unknown field first of all), as a 400 naming the field (``messages.0.role``)."""
+    first = next((e for e in problems if e.get("type") == "extra_forbidden"), problems[0])
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    param = ".".join(loc) or None
+    kind, message = first.get("type", ""), str(first.get("msg", "invalid value"))
+    if kind == "json_invalid":
+        return APIError(400, "the request body is not valid JSON", param=None)
+    if kind == "missing" and not loc:
+        return APIError(400, "the request needs a JSON object body", param=None)
+    if kind == "string_unicode":  # a field name pydantic cannot read
+        return APIError(400, "a field name holds a lone surrogate: text must be valid Unicode (a UTF-16 surrogate "
+                             "needs its pair)", param=param)
+    if kind == "extra_forbidden":
+        return APIError(400, f"{param}: unknown field; this server does not support it", param=param,
+                        code="unsupported_field")
+    if not loc and kind.endswith("_type"):
+        return APIError(400, "the request body must be a JSON object", param=None)
+    if kind in ("model_type", "model_attributes_type"):
+        return APIError(400, f"{param} must be a JSON object", param=param)
+    message = message.removeprefix("Value error, ")
+    return APIError(400, message if param and message.startswith(param) else f"{param}: {message}", param=param)
