@@ -57,11 +57,6 @@ def is_gguf(name: str) -> bool:
     return name in packs.PACKS or (Path(name).suffix.lower() == ".gguf" and Path(name).expanduser().is_file())
 
 
-def gguf_of(name: str) -> Path:
-    """The GGUF a pack name or .gguf path stands for (a pack's joined and hash-checked)."""
-    return packs.gguf_file(name, progress=False) if name in packs.PACKS else Path(name).expanduser()
-
-
 def summarize(runs: list[dict], names: dict[str, str], temperature: float) -> dict[str, dict]:
     """Per server (its name in the report): the figures the table prints, from the runs' records.
     Answers are compared with plain decoding's on the same backend only when greedy: at T > 0 each
@@ -168,10 +163,9 @@ def main() -> int:
         llama_server_binary()
     except ServerMissing as e:
         parser.error(f"{e} (this script compares specdec serve with llama-server)")
-    target = packs.PACKS.get(args.target)
-    target_gguf = gguf_of(args.target)
-    tokenizer = models._gguf_tokenizer(target, target_gguf, None)  # the GGUF's own: no torch conversion needed
-    servers = Servers(target_gguf, gguf_of(args.draft),
+    target_gguf = models.gguf_path(args.target, progress=False)
+    tokenizer = models.load_tokenizer(args.target)  # the GGUF's own: no torch conversion needed
+    servers = Servers(target_gguf, models.gguf_path(args.draft, progress=False),
                       ["--target", args.target, "--draft", args.draft], n_threads=args.threads, n_ctx=DEFAULT_CTX)
     names = server_names(methods, backends, peers)
     keys = list(names.values())

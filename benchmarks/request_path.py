@@ -31,18 +31,6 @@ from specdec.packs import DEFAULT_TARGET
 from specdec.prompts import load_prompts
 
 
-def gguf_of(name: str) -> Path:
-    """The GGUF a pack name or .gguf path stands for (a pack's joined and hash-checked)."""
-    return packs.gguf_file(name, progress=False) if name in packs.PACKS else Path(name).expanduser()
-
-
-def tokenizer_of(name: str, gguf: Path) -> object:
-    """The GGUF's tokenizer as the llama.cpp backend reads it (no torch-converted pack needed)."""
-    from specdec import models
-
-    return models._gguf_tokenizer(packs.PACKS.get(name), gguf, None)
-
-
 def timed(owner, name, totals):
     inner = getattr(owner, name)
 
@@ -115,15 +103,16 @@ def main() -> int:
     # torch and the models only now: --help and a wrong argument answer at once
     import torch
 
+    from specdec import models
     from specdec.backends import llamacpp
 
     torch.set_num_threads(args.threads)
-    gguf = gguf_of(args.model)
+    gguf = models.gguf_path(args.model, progress=False)
     if args.only_thread:  # the prompt's ids come from the parent: no tokenizer to read
         model = llamacpp.load_gguf(gguf, n_threads=args.threads, prefill_layout="repacked")
         print(json.dumps([on_thread(decode_ms, model, json.loads(args.only_thread), args.tokens) for _ in range(2)]))
         return 0
-    tokenizer = tokenizer_of(args.model, gguf)
+    tokenizer = models.load_tokenizer(args.model)  # the GGUF's own: no torch-converted pack needed
     prompt = load_prompts("humaneval:1")[0].token_ids(tokenizer)
     model = llamacpp.load_gguf(gguf, n_threads=args.threads, prefill_layout="repacked")
     decode_ms(model, prompt, 16)  # warm-up

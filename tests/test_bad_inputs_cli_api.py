@@ -16,7 +16,8 @@ import time
 import pytest
 import torch
 
-from specdec import cli, generate, models, options, packs
+from specdec import generate, models, packs
+from specdec.cli import common
 from specdec.cli import commands
 from specdec.backends import llamacpp
 
@@ -80,9 +81,9 @@ def test_tree_static_alone_and_by_name_is_the_default_shape():
 
     for extra in (["--tree-static"], ["--tree-static", "default"]):
         args = commands.build_parser().parse_args(["generate", "hi", "--verify", "tree", *extra])
-        assert options.decode_config(args).tree == {"choices": DEFAULT_CHOICES}
+        assert common.decode_config(args).tree == {"choices": DEFAULT_CHOICES}
     args = commands.build_parser().parse_args(["generate", "hi", "--verify", "tree", "--tree-static", "0|1|0.0"])
-    assert options.decode_config(args).tree == {"choices": ((0,), (1,), (0, 0))}
+    assert common.decode_config(args).tree == {"choices": ((0,), (1,), (0, 0))}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -102,7 +103,7 @@ def test_chain_options_under_a_tree_are_refused(extra, option, capsys, no_model_
 def test_chain_defaults_do_not_count_as_given():
     for argv in (["--verify", "tree"], ["--verify", "block", "-k", "2", "--policy", "static"]):
         args = commands.build_parser().parse_args(["generate", "hi", *argv])
-        options.decode_config(args)  # no error
+        common.decode_config(args)  # no error
 
 
 def test_num_heads_with_eagle_is_refused(tmp_path, capsys, no_model_work):

@@ -722,7 +722,7 @@ def _differs(run, prompt):
 def test_llamacpp_methods_without_the_binding_or_a_gguf_fail_clearly(monkeypatch, tmp_path, capsys):
 
     from specdec.cli.bench import gguf_path
-    from specdec.options import CLIError
+    from specdec.cli.common import CLIError
 
     from specdec.backends import llamacpp
 

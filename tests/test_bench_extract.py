@@ -185,9 +185,9 @@ def extract_run(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from specdec import options
+    from specdec.cli import common
 
-    return options.load_models(PACK, None, backend="torch").tokenizer
+    return common.load_models(PACK, None, backend="torch").tokenizer
 
 
 def _samples(data: dict, method: str) -> list[dict]:

@@ -92,7 +92,7 @@ def test_the_package_exports_the_config():
 
 def test_the_command_line_builds_the_same_config():
     from specdec.cli.commands import build_parser
-    from specdec.options import decode_config
+    from specdec.cli.common import decode_config
 
     args = build_parser().parse_args([
         "generate", "hi", "--verify", "token", "-k", "3", "--temperature", "0.7", "--top-k", "5",

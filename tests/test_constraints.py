@@ -361,7 +361,7 @@ def smollm():
         pytest.skip("pack smollm2-135m is not installed")
     gguf = packs.gguf_file("smollm2-135m", progress=False)
     model = llamacpp.load_gguf(gguf, n_threads=2, n_ctx=512, prefill_layout="repacked")
-    return model, models._gguf_tokenizer(pack, gguf, None)
+    return model, models.load_tokenizer("smollm2-135m")
 
 
 @pytest.mark.parametrize("setting", sorted(SETTINGS))

@@ -20,7 +20,7 @@ DRAWING = Path(__file__).parent.parent / "docs" / "architecture.md"
 # The layers, highest first, each with the modules (``x`` for x.py) and packages (``x`` for x/) of
 # specdec in it; ``__init__`` is the package itself. A module may import its own layer and lower ones.
 LAYERS: dict[str, tuple[str, ...]] = {
-    "entry points": ("cli", "options", "__main__", "server", "bench", "training"),
+    "entry points": ("cli", "__main__", "server", "bench", "training"),
     "library API": ("__init__", "api", "config", "build", "models", "packs", "prompts", "layer_skip_search",
                     "divergence"),
     "decoding": ("engine", "stats", "verify", "drafters", "policies", "theory", "sequoia", "token_tree", "sampling",

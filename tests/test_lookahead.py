@@ -152,7 +152,7 @@ def test_the_command_lines_refuse_lookahead_without_tree_before_loading_a_model(
 
     from specdec import cli
     from specdec.cli.serve import default_method
-    from specdec.options import CLIError
+    from specdec.cli.common import CLIError
 
     assert cli.main(["generate", "x", "--drafter", "lookahead"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

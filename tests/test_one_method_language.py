@@ -7,7 +7,7 @@ import argparse
 
 import pytest
 
-from specdec import cli, options
+from specdec.cli import common
 from specdec.cli import commands
 from specdec.config import OPTIONS, DecodeConfig
 from specdec.server import requests as rq
@@ -18,7 +18,7 @@ DEFAULT = "spec:ngram+model:block:k=4:policy=auto"
 
 def test_every_front_end_resolves_the_default_to_the_same_config():
     args = commands.build_parser().parse_args(["generate", "hello"])  # the command line with no options
-    from_cli = options.decode_config(args)
+    from_cli = common.decode_config(args)
     from_api = DecodeConfig().resolve(has_draft=True)
     from_text = DecodeConfig.parse("spec").resolve(has_draft=True)
     serve_args = argparse.Namespace(target="qwen2.5-coder-1.5b", draft="qwen2.5-coder-0.5b", method=None)
@@ -29,7 +29,7 @@ def test_every_front_end_resolves_the_default_to_the_same_config():
     assert str(from_cli) == DEFAULT and DEFAULT_METHOD == "spec"
     # without a draft model the default is the target alone, on every front end
     no_draft = commands.build_parser().parse_args(["generate", "hello", "--draft", "none"])
-    assert options.decode_config(no_draft) == DecodeConfig().resolve(has_draft=False) == DecodeConfig.parse("ar")
+    assert common.decode_config(no_draft) == DecodeConfig().resolve(has_draft=False) == DecodeConfig.parse("ar")
     assert default_method(argparse.Namespace(**{**vars(serve_args), "draft": None})).is_ar  # --draft none
 
 

@@ -530,7 +530,7 @@ def test_methods_name_no_backend_the_server_runs_its_loaded_models():
     backend= key is refused, at start for --method, with a 400 for a request)."""
     import argparse
 
-    from specdec.options import CLIError
+    from specdec.cli.common import CLIError
     from specdec.server import requests as rq
     from specdec.cli.serve import default_method
 

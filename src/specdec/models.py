@@ -27,7 +27,7 @@ from specdec.paths import CACHE_ENV, cache_root
 
 __all__ = [
     "BACKENDS", "CACHE_ENV", "DEFAULT_DRAFT", "DEFAULT_TARGET", "GGUF_BACKENDS", "PACKS", "ModelPackError", "Pair",
-    "backend_choice", "check_backend", "gguf_path", "is_gguf_source", "load", "load_pair", "logit_width", "resolve_backend",
+    "backend_choice", "check_backend", "gguf_path", "is_gguf_source", "load", "load_pair", "load_tokenizer", "logit_width", "resolve_backend",
     "resolve_dtype",
 ]
 
@@ -281,6 +281,23 @@ def _load_gguf(name_or_path: str, cache_dir: str | Path | None, progress: bool, 
     else:
         model = llamacpp.load_gguf(gguf, n_threads=n_threads, eos_token_ids=eos, cache_dir=cache_dir)
     return model, _gguf_tokenizer(pack, gguf, cache_dir)
+
+
+def load_tokenizer(name_or_path: str | os.PathLike, cache_dir: str | Path | None = None) -> Any:
+    """The tokenizer alone of a pack or a ``.gguf`` file (read from the GGUF, so no torch conversion
+    is made) or of a Hugging Face model directory; :class:`ModelPackError` for anything else."""
+    name = _checked_name(name_or_path)
+    path = Path(name).expanduser()
+    if is_gguf_source(name) and (name in PACKS or path.is_file()):
+        return _gguf_tokenizer(PACKS.get(name), gguf_path(name, cache_dir, progress=False), cache_dir)
+    if path.is_dir():
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    raise ModelPackError(
+        f"unknown model {name!r}: not a pack name and no such file or directory",
+        "choose a pack (" + ", ".join(PACKS) + "; see 'specdec models') or a local model directory or .gguf file",
+    )
 
 
 def _gguf_tokenizer(pack: packs.Pack | None, gguf: Path, cache_dir: str | Path | None) -> Any:

@@ -19,7 +19,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
-from specdec import options, packs
+from specdec import models, packs
+from specdec.cli import common
 from specdec.backends import llamacpp as llamacpp_backend
 from specdec.bench import report, resume
 from specdec.bench.llamacpp_models import LlamaCppModels
@@ -31,7 +32,7 @@ from specdec.bench.servers import (
 )
 from specdec.memory import keep_freed_memory
 from specdec.models import Pair
-from specdec.options import (
+from specdec.cli.common import (
     CLIError, Parser, add_model_options, check_threads, fail, non_negative_float, non_negative_int, positive_int,
     prepare_folder, seed_int,
 )
@@ -309,7 +310,7 @@ def load_models(args: argparse.Namespace, methods: Sequence[MethodSpec]) -> Pair
     pair names the draft when a method on either backend drafts with it."""
     has_draft = args.draft is not None
     wants_draft = has_draft and any(m.needs_draft_model and m.backend == "torch" for m in methods)
-    pair = options.load_models(args.target, args.draft if wants_draft else None, backend="torch",
+    pair = common.load_models(args.target, args.draft if wants_draft else None, backend="torch",
                                cache_dir=args.cache_dir, dtype=args.dtype, kernels=args.kernels, threads=args.threads)
     draft = pair.draft
     if draft is pair.target:  # the peers' forward hooks must tell the two apart
@@ -367,22 +368,20 @@ def bench_servers(args: argparse.Namespace, methods: Sequence[MethodSpec]) -> Se
     argv = ["--target", args.target, "--draft", args.draft or "none", *(["--cache-dir", args.cache_dir] if args.cache_dir else [])]
     torch_argv = []  # only what was typed: the torch backend's options, for servers on torch
     for dest in ("dtype", "kernels", "draft_weights"):
-        if options.given(args, dest):
+        if common.given(args, dest):
             torch_argv += [f"--{dest.replace('_', '-')}", str(getattr(args, dest))]
     return Servers(target, draft, argv, n_threads=args.threads, n_ctx=llamacpp_backend.DEFAULT_CTX,
                    torch_argv=torch_argv)
 
 
 def gguf_path(name: str, args: argparse.Namespace) -> Path:
-    """The GGUF a model name stands for on llama.cpp: a pack's (joined and hash-checked) or a local file."""
-    if name in packs.PACKS:
+    """The GGUF a model name stands for on llama.cpp (:func:`specdec.models.gguf_path`): a pack's
+    (joined and hash-checked) or a local file."""
+    if models.is_gguf_source(name) and (name in models.PACKS or Path(name).expanduser().is_file()):
         try:
-            return packs.gguf_file(name, args.cache_dir)
-        except packs.ModelPackError as err:
+            return models.gguf_path(name, args.cache_dir)
+        except models.ModelPackError as err:
             raise CLIError(err.message, err.hint) from None
-    path = Path(name).expanduser()
-    if path.is_file() and path.suffix.lower() == ".gguf":
-        return path
     raise CLIError(f"the llama.cpp backend runs GGUF files, and {name} is neither a model pack nor a .gguf file",
                    f"give a pack ({', '.join(packs.PACKS)}) or a .gguf file, or run the methods on "
                    "--backend torch", code=2)

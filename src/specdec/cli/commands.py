@@ -6,7 +6,7 @@ status. ``specdec generate`` (:mod:`specdec.cli.generate`), ``specdec models``
 (:mod:`specdec.cli.models`), ``specdec bench`` (:mod:`specdec.cli.bench`), ``specdec serve``
 (:mod:`specdec.cli.serve`), ``specdec train-heads`` (:mod:`specdec.cli.train_heads`) and ``specdec index``
 (:mod:`specdec.cli.index`). They share
-the option table and helpers of :mod:`specdec.options` and import the library, never each other.
+the option table and helpers of :mod:`specdec.cli.common` and import the library, never each other.
 
 Errors a user can fix (a bad option value, an unknown model, a missing pack, mismatched
 vocabularies) print one line and a hint on stderr, never a traceback: exit status 2 for bad
@@ -27,7 +27,7 @@ from specdec.cli.models import add_models_parser
 from specdec.cli.serve import add_serve_parser
 from specdec.cli.train_heads import add_train_heads_parser
 from specdec.memory import keep_freed_memory
-from specdec.options import CLIError, Parser, fail, one_line_warnings, quiet_libraries
+from specdec.cli.common import CLIError, Parser, fail, one_line_warnings, quiet_libraries
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -20,7 +20,7 @@ from specdec.divergence import LogitsRecorder, cause, decisive_position, explain
 from specdec.drafters.tree import DEFAULT_TREE, TreeDrafter
 from specdec.measurements import batch_invariance
 from specdec.models import GGUF_BACKENDS, Pair
-from specdec.options import (
+from specdec.cli.common import (
     CLIError, add_backend_option, add_constraint_options, add_decoding_options, add_model_options,
     check_threads, console, constraint_cli_error, constraints_from, decode_config, gguf_weights, load_models_from, note, positive_int,
 )

@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from specdec import models, packs
+from specdec import models
 from specdec.datastore import Datastore, store_path
-from specdec.options import CLIError, check_cache_dir, positive_int
+from specdec.cli.common import CLIError, check_cache_dir, positive_int
 
 MAX_FILE_BYTES = 8 << 20  # larger files are skipped (data, not text a model would repeat)
 
@@ -104,15 +104,7 @@ def _read_text(path: Path) -> str | None:
 
 def load_tokenizer(name_or_path: str, cache_dir: str | None) -> Any:
     """The tokenizer of a pack (read from its GGUF), a Hugging Face model directory or a .gguf file."""
-    from transformers import AutoTokenizer
-
-    pack = models.PACKS.get(name_or_path)
-    path = Path(name_or_path).expanduser()
-    if pack is not None:
-        return models._gguf_tokenizer(pack, packs.gguf_file(pack, cache_dir, progress=False), cache_dir)
-    if path.is_file() and path.suffix.lower() == ".gguf":
-        return models._gguf_tokenizer(None, path, cache_dir)
-    if path.is_dir():
-        return AutoTokenizer.from_pretrained(path, local_files_only=True)
-    raise CLIError(f"unknown model {name_or_path!r}: not a pack name and no such file or directory",
-                   f"choose a pack ({', '.join(models.PACKS)}) or a local model directory or .gguf file", 2)
+    try:
+        return models.load_tokenizer(name_or_path, cache_dir)
+    except models.ModelPackError as err:
+        raise CLIError(err.message, err.hint, 2) from None

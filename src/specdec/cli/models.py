@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from specdec import models, packs
-from specdec.options import check_cache_dir, console
+from specdec.cli.common import check_cache_dir, console
 
 
 def add_models_parser(subparsers: Any) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import specdec
-from specdec.options import (
+from specdec.cli.common import (
     CLIError, add_backend_option, add_model_options, check_threads, load_models_from, non_negative_float,
     non_negative_int, positive_int,
 )

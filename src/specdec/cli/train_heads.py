@@ -12,7 +12,7 @@ from typing import Any
 
 from specdec.training.heads import TrainConfig, collect, conversations, train, train_eagle, write_summary
 from specdec.models import logit_width
-from specdec.options import (
+from specdec.cli.common import (
     CLIError, Given, add_model_options, check_threads, given, load_models_from, note, positive_float, positive_int,
     prepare_folder, seed_int,
 )

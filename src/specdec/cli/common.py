@@ -8,7 +8,7 @@ number types argparse checks values with, :func:`decode_config` (the options to 
 the user can fix is a :class:`CLIError` (one line and a hint, :func:`fail`), a note or warning one
 ``specdec: ...`` line on stderr (:func:`note`, :func:`one_line_warnings`).
 
-This module imports only the library; the entry points import it and never each other.
+This module imports only the library; the sub-commands import it and never each other.
 """
 
 from __future__ import annotations
