@@ -23,7 +23,6 @@ from specdec.backends.hf import HFCausalLM
 from specdec.backends.hf_layers import HFLayeredCausalLM
 from specdec.backends.lean import LeanCausalLM
 from specdec.backends.llamacpp import GGUFWeights, LlamaCppCausalLM
-from specdec.bench import methods
 from specdec.cli import bench as bench_cli
 from specdec.divergence import LogitsRecorder
 from specdec.measurements import cost_key, machine
@@ -143,7 +142,7 @@ def test_the_backend_lists_come_from_the_one_table():
     assert models.BACKENDS == ("auto", "torch", "llamacpp", "gguf")
     assert models.GGUF_BACKENDS == ("llamacpp", "gguf")
     assert models.BACKEND_LABELS == {"torch": "torch", "llamacpp": "llama.cpp", "gguf": "specdec's GGUF kernel"}
-    assert methods.BACKENDS == ("torch", "llamacpp", "gguf") and methods.GGUF_BACKENDS == ("llamacpp", "gguf")
+    assert table.NAMES == ("torch", "llamacpp", "gguf") and table.GGUF_NAMES == ("llamacpp", "gguf")
     assert bench_cli.BACKEND_CHOICES == {"torch": ("torch",), "llamacpp": ("llamacpp",), "gguf": ("gguf",),
                                          "both": ("torch", "llamacpp"), "gguf+llamacpp": ("gguf", "llamacpp")}
     assert list(bench_cli.BACKEND_CHOICES) == ["torch", "llamacpp", "gguf", "both", "gguf+llamacpp"]

@@ -106,8 +106,6 @@ PEERS: dict[str, Peer] = {peer.name: peer for peer in (
          drafter="ngram", server_flags=("--spec-default",)),
 )}
 
-BACKENDS = backend_table.NAMES  # where a method's target runs (gguf: specdec's own GGUF kernel)
-GGUF_BACKENDS = backend_table.GGUF_NAMES  # the target's GGUF file, not transformers' weights
 VIAS = ("library", "serve")  # how a project method is called: specdec.stream, or a specdec serve process
 
 
@@ -231,8 +229,8 @@ def parse_method(text: str, default_backend: str = "torch") -> MethodSpec:
     if len(backends) > 1 or len(vias) > 1:
         raise ValueError(f"method {text!r}: {'backend' if len(backends) > 1 else 'via'}= given twice")
     backend = backends[0] if backends else default_backend
-    if backend not in BACKENDS:
-        raise ValueError(f"method {text!r}: unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if backend not in backend_table.NAMES:
+        raise ValueError(f"method {text!r}: unknown backend {backend!r}; choose one of {', '.join(backend_table.NAMES)}")
     via = vias[0] if vias else "library"
     if via not in VIAS:
         raise ValueError(f"method {text!r}: unknown via {via!r}; choose one of {', '.join(VIAS)}")
@@ -247,7 +245,7 @@ def parse_method(text: str, default_backend: str = "torch") -> MethodSpec:
         raise ValueError(f"method {text!r}: {err.render(text_spelling, joined=True)}") from None
     except ValueError as err:
         raise ValueError(f"method {text!r}: {err}") from None
-    if backend in GGUF_BACKENDS and drafters.needs(config.drafter) - LlamaCppCausalLM.capabilities:
+    if backend in backend_table.GGUF_NAMES and drafters.needs(config.drafter) - LlamaCppCausalLM.capabilities:
         raise ValueError(
             f"method {text!r}: the {config.drafter} drafter reads the transformers model's layers or hidden "
             f"states, so it runs on backend=torch only; on {backend} draft with model, ngram or ngram+model")
@@ -297,9 +295,9 @@ def parse_methods(text: str, backends: Sequence[str] = ("torch",)) -> list[Metho
     """A comma-separated list; duplicates are dropped. A method without ``backend=`` runs on each
     of ``backends`` in turn. ``ar`` comes first, once per backend the methods use (torch's at
     least when a method runs there or a transformers peer needs it)."""
-    unknown = [b for b in backends if b not in BACKENDS]
+    unknown = [b for b in backends if b not in backend_table.NAMES]
     if unknown or not backends:
-        raise ValueError(f"unknown backend {unknown[0] if unknown else ''!r}; choose from {', '.join(BACKENDS)}")
+        raise ValueError(f"unknown backend {unknown[0] if unknown else ''!r}; choose from {', '.join(backend_table.NAMES)}")
     parts = [part for part in text.split(",") if part.strip()]
     if not parts:
         raise ValueError(f"no methods in {text!r}; name at least one, e.g. spec:block:k=4 (ar always runs)")
@@ -309,7 +307,7 @@ def parse_methods(text: str, backends: Sequence[str] = ("torch",)) -> list[Metho
             spec = parse_method(part, default_backend=backend)
             if spec not in specs:
                 specs.append(spec)
-    used = [b for b in BACKENDS if any(s.backend == b for s in specs)] or list(backends[:1])
+    used = [b for b in backend_table.NAMES if any(s.backend == b for s in specs)] or list(backends[:1])
     ars = [MethodSpec("ar", backend=b) for b in used]
     return ars + [s for s in specs if s not in ars]
 

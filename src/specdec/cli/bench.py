@@ -22,9 +22,10 @@ from typing import Any, Sequence
 from specdec import models, packs
 from specdec.cli import common
 from specdec.backends import llamacpp as llamacpp_backend
+from specdec.backends import table as backend_table
 from specdec.bench import report, resume
 from specdec.bench.llamacpp_models import LlamaCppModels
-from specdec.bench.methods import BACKENDS, GGUF_BACKENDS, MethodSpec, parse_methods
+from specdec.bench.methods import MethodSpec, parse_methods
 from specdec.prompts import load_prompts
 from specdec.bench.runner import BenchBackends, BenchSettings, run_bench
 from specdec.bench.servers import (
@@ -45,7 +46,7 @@ DEFAULT_METHODS = (  # the default method (spec), fixed-length chains under each
 )
 DEFAULT_PROMPTS = "humaneval:8,mtbench:8"
 # --backend: each of the bench's backends alone, or two of them (both: torch and llama.cpp)
-BACKEND_CHOICES = {name: (name,) for name in BACKENDS} | {"both": ("torch", "llamacpp"),
+BACKEND_CHOICES = {name: (name,) for name in backend_table.NAMES} | {"both": ("torch", "llamacpp"),
                                                        "gguf+llamacpp": ("gguf", "llamacpp")}
 DESCRIPTION = (
     "Time the project's speculative methods against the target alone (ar) and against "
@@ -362,7 +363,7 @@ def bench_servers(args: argparse.Namespace, methods: Sequence[MethodSpec]) -> Se
             llama_server_binary()
         except ServerMissing as err:
             raise CLIError(str(err), "or leave out the llama-server peers", code=2) from None
-    target = gguf_path(args.target, args) if any(m.backend in GGUF_BACKENDS for m in served) else None
+    target = gguf_path(args.target, args) if any(m.backend in backend_table.GGUF_NAMES for m in served) else None
     draft = (gguf_path(args.draft, args) if args.draft is not None
              and any(m.needs_draft_model for m in served) else None)
     argv = ["--target", args.target, "--draft", args.draft or "none", *(["--cache-dir", args.cache_dir] if args.cache_dir else [])]

@@ -19,7 +19,8 @@ from specdec.config import DecodeConfig
 from specdec.divergence import LogitsRecorder, cause, decisive_position, explain, first_difference
 from specdec.drafters.tree import DEFAULT_TREE, TreeDrafter
 from specdec.measurements import batch_invariance
-from specdec.models import GGUF_BACKENDS, Pair
+from specdec.backends import table as backend_table
+from specdec.models import Pair
 from specdec.cli.common import (
     CLIError, add_backend_option, add_constraint_options, add_decoding_options, add_model_options,
     check_threads, console, constraint_cli_error, constraints_from, decode_config, gguf_weights, load_models_from, note, positive_int,
@@ -254,7 +255,7 @@ def _report(args: argparse.Namespace, pair: Pair, result: Any, ar: Any,
         "draft": args.draft,
         "draft_weights": args.draft_weights,
         "backend": {"name": pair.backend, "why": pair.backend_why},
-        **({"weights": gguf_weights(pair.target)} if pair.backend in GGUF_BACKENDS else {"dtype": args.dtype}),
+        **({"weights": gguf_weights(pair.target)} if pair.backend in backend_table.GGUF_NAMES else {"dtype": args.dtype}),
         "method": result.method,
         "exact": result.exact,
         "stats": result.stats.to_dict(),

@@ -389,7 +389,7 @@ async def _events(state: _State, job: Job, first: tuple[str, Any], answer: Answe
                 outcome = "ok"
                 return
             else:
-                outcome = "timeout" if payload.status == 504 else "bad_request" if payload.status < 500 else "error"
+                outcome = errors.outcome(payload)
                 yield sse(payload.body())
                 yield "data: [DONE]\n\n"
                 return
