@@ -76,7 +76,8 @@ def test_the_planner_takes_the_free_lookup_where_it_is_right_and_the_model_elsew
     steps = list(speculative_steps(backend, drafter, make_verifier("block"), policy, REPEATING,
                                    sampling=SamplingConfig(), max_new_tokens=40))
     state = policy.describe()
-    assert set(state["drafters"]) == {"ngram", "model"}
+    assert set(state["drafters"]) == {"ngram", "text", "model"}  # the text lookup drafts under a grammar only
+    assert drafter.used["text"] == 0
     assert state["drafters"]["ngram"]["draft_ms_per_token"] == 0.0  # a lookup costs nothing
     assert state["drafters"]["model"]["draft_ms_per_token"] == 300.0  # the injected draft cost
     assert drafter.used["ngram"] > 0 and drafter.used["model"] > 0  # both were chosen in one run
@@ -93,7 +94,7 @@ def test_no_draft_pays_so_every_step_is_plain_and_the_output_is_ar(pair):
     policy.bind(backend, drafter)  # as generate() does: the planner becomes the drafter's chooser
     steps = list(speculative_steps(backend, drafter, make_verifier("block"), policy, REPEATING,
                                    sampling=SamplingConfig(), max_new_tokens=20))
-    assert all(s.drafted == 0 for s in steps) and drafter.used == {"ngram": 0, "model": 0}
+    assert all(s.drafted == 0 for s in steps) and drafter.used == {"ngram": 0, "text": 0, "model": 0}
     assert [t for s in steps for t in s.tokens] == ar_tokens(target, REPEATING, 20)
     assert policy.describe()["reason"].endswith("even a draft accepted in full does not pay: a 2-row pass costs "
                                                 "2.00x a 1-row one and a draft token 0.00x")

@@ -200,6 +200,9 @@ class _Run:
                                                                  logprobs)
             if not processor.constraints.active and logprobs is None:
                 processor = None
+        read_text = getattr(built.drafter, "read_text", None)  # a lookup on the text drafts under a grammar only
+        if read_text is not None:
+            read_text(processor.vocabulary if processor is not None else None)
         common = dict(sampling=sampling, max_new_tokens=config.max_new_tokens, eos_ids=eos, generator=generator,
                       processor=processor)
         if built.drafter is None:

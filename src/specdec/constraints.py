@@ -190,7 +190,8 @@ class Constraints:
             matcher = LLMatcher(grammar_tokenizer(tokenizer, vocab_size, eos_ids), grammar, log_level=0)
             if matcher.is_error():
                 raise ConstraintError(self._grammar_field() or "grammar", f"does not compile: {_one_line(matcher.get_error())}")
-        return LogitProcessor(self, matcher, vocab_size, prompt, logprobs)
+        vocabulary = grammar_tokenizer(tokenizer, vocab_size, eos_ids) if matcher is not None else None
+        return LogitProcessor(self, matcher, vocab_size, prompt, logprobs, vocabulary)
 
 
 def check_logprobs(logprobs: int | None) -> None:
@@ -275,9 +276,10 @@ class LogitProcessor:
     :meth:`logprobs` for the tokens it appends, and :meth:`advance` with them."""
 
     def __init__(self, constraints: Constraints, matcher: Any, vocab_size: int, prompt: Sequence[int],
-                 logprobs: int | None = None) -> None:
+                 logprobs: int | None = None, vocabulary: Any = None) -> None:
         self.constraints = constraints
         self.matcher = matcher
+        self.vocabulary = vocabulary  # the grammar's tokenizer (tokens to bytes and back), with the matcher
         self.vocab_size = vocab_size
         self.top_logprobs = logprobs
         self.bias_ids = torch.tensor(sorted(constraints.bias(vocab_size)), dtype=torch.long)  # [B]

@@ -63,9 +63,9 @@ def speculative_steps(
         room = limit - produced - 1  # the step always appends one token of the target's
         t0 = time.perf_counter()
         forced = processor.forced(room) if processor is not None else []
-        plan = policy.plan(drafter.sources(context), drafter.behind(context), room - len(forced))  # which source, how far
-        k = min(plan.k, room - len(forced))
         after = context + forced if forced else context  # forced tokens come first, then the drafter's
+        plan = policy.plan(drafter.sources(after), drafter.behind(after), room - len(forced))  # which source, how far
+        k = min(plan.k, room - len(forced))
         draft = drafter.propose(after, k, sampling, generator, plan.keep_going, plan.source)
         proposed = len(draft)
         if processor is not None:

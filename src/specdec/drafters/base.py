@@ -185,3 +185,8 @@ class Drafter(Protocol):
         it would feed beyond the one every draft feeds (a draft model's cache lacks the tokens
         drafted or decoded since it last drafted); sources not named feed nothing."""
         return {}
+
+    def read_text(self, vocabulary: Any) -> None:
+        """Tokens' bytes and back (``decode_bytes``, ``tokenize_bytes``) for a drafter that can
+        match the context's text (:mod:`specdec.drafters.text_lookup`); given for a generation
+        under a grammar, None otherwise. Other drafters ignore it."""

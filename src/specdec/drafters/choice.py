@@ -2,9 +2,10 @@
 
 Prompt lookup (Saxena 2023) costs nothing and is often right where the output copies its input
 (editing code, quoting, refactoring); a draft model costs a forward pass per token and is right
-more often elsewhere. :class:`ChoiceDrafter` holds both as two sources and offers, each step, the
+more often elsewhere. :class:`ChoiceDrafter` holds both as sources and offers, each step, the
 ones that can draft (:meth:`ChoiceDrafter.sources`: the lookup only where the context's suffix
-occurred before). The draft-length policy picks one: a fixed-length policy the first offered (the
+occurred before). Under a grammar it holds a third: the lookup on the context's text
+(:mod:`specdec.drafters.text_lookup`), offered where the token lookup finds no match. The draft-length policy picks one: a fixed-length policy the first offered (the
 lookup where it matches, else the draft model); the planner (``policy="auto"``,
 :class:`specdec.policies.auto.AutoPolicy`) the one, and the length (0: a plain target step), with
 the most expected tokens per second from each one's measured cost and running acceptance estimates.
@@ -24,6 +25,7 @@ from specdec.drafters.base import Draft, DraftCost, Drafter, KeepGoing
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import NGramDrafter
 from specdec.drafters.registry import DrafterSpec
+from specdec.drafters.text_lookup import TextLookupDrafter, Vocabulary
 from specdec.sampling import SamplingConfig
 
 # The lookup's default: only a suffix of 4 tokens seen before proposes. Shorter matches are right
@@ -33,11 +35,12 @@ LOOKUP_DEFAULTS = {"max_ngram": 4, "min_ngram": 4}
 
 
 class ChoiceDrafter(Drafter):
-    """Two sources: the n-gram lookup where it finds a match, and the draft model.
+    """Sources: the n-gram lookup where it finds a match, the lookup on the text where that
+    finds none and a vocabulary was given (:meth:`read_text`), and the draft model.
 
-    choices: ``{"ngram": NGramDrafter, "model": ModelDrafter}`` as given. :meth:`propose` drafts
-    from the source it is given (the policy's pick), else from the first offered.
-    :attr:`used` counts the steps each drafter drafted.
+    choices: ``{"ngram": NGramDrafter, "text": TextLookupDrafter, "model": ModelDrafter}``.
+    :meth:`propose` drafts from the source it is given (the policy's pick), else from the first
+    offered. :attr:`used` counts the steps each drafter drafted.
     """
 
     name = "ngram+model"
@@ -47,7 +50,8 @@ class ChoiceDrafter(Drafter):
             raise ValueError(
                 f"the n-gram drafter's vocabulary ({lookup.vocab_size}) differs from the draft model's ({model.vocab_size})"
             )
-        self.choices: dict[str, Drafter] = {"ngram": lookup, "model": model}
+        self.text = TextLookupDrafter(model.vocab_size)
+        self.choices: dict[str, Drafter] = {"ngram": lookup, "text": self.text, "model": model}
         self.used: dict[str, int] = {name: 0 for name in self.choices}  # steps each drafter drafted
 
     @classmethod
@@ -70,12 +74,19 @@ class ChoiceDrafter(Drafter):
     def model(self) -> Drafter:
         return self.choices["model"]
 
+    def read_text(self, vocabulary: Vocabulary | None) -> None:
+        """Offer the lookup on the text, reading tokens' bytes from ``vocabulary`` (None: do not)."""
+        self.text.read_text(vocabulary)
+
     def sources(self, context: Sequence[int]) -> dict[str, float | None]:
-        """The drafters that can propose after ``context``, the lookup only where it matches, each
-        with the confidence its draft will have where that is known now (the lookup's
-        :func:`~specdec.drafters.ngram.lookup_confidence`; None for the draft model)."""
+        """The drafters that can propose after ``context``, each lookup only where it matches (the
+        text's only where the tokens' does not), each with the confidence its draft will have where
+        that is known now (a lookup's match; None for the draft model)."""
         sure = self.choices["ngram"].confidence(context)
-        return {"model": None} if sure is None else {"ngram": sure, "model": None}
+        if sure is not None:
+            return {"ngram": sure, "model": None}
+        on_text = self.text.confidence(context)
+        return {"model": None} if on_text is None else {"text": on_text, "model": None}
 
     def propose(
         self,
@@ -104,7 +115,8 @@ class ChoiceDrafter(Drafter):
 
     def describe(self) -> dict:
         """The drafter's settings and how often each choice drafted, for reports."""
-        return {"name": self.name, "ngram": self.choices["ngram"].describe(), "used": dict(self.used)}
+        return {"name": self.name, "ngram": self.choices["ngram"].describe(), "text": self.text.describe(),
+                "used": dict(self.used)}
 
 
 def _create(target: Any, draft: CausalLM, **options: Any) -> ChoiceDrafter:

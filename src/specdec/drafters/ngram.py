@@ -140,7 +140,7 @@ class NGramDrafter(Drafter):
         if k <= 0 or start is None:
             return Draft.empty(self._vocab)
         if keep_going is not None:
-            keep_going = _seeing(keep_going, lookup_confidence(self.index.match_length(start)))
+            keep_going = seeing(keep_going, lookup_confidence(self.index.match_length(start)))
         seq = self.index.seq
         end = len(seq)
         proposed: list[int] = []
@@ -174,7 +174,7 @@ class NGramDrafter(Drafter):
         return None
 
 
-def _seeing(keep_going: KeepGoing, sure: float) -> KeepGoing:
+def seeing(keep_going: KeepGoing, sure: float) -> KeepGoing:
     """``keep_going`` asked with the match's confidence for every token of a lookup draft."""
     seen = torch.tensor([sure])
     return lambda _point_mass: keep_going(seen)
