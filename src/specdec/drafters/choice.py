@@ -4,8 +4,9 @@ Prompt lookup (Saxena 2023) costs nothing and is often right where the output co
 (editing code, quoting, refactoring); a draft model costs a forward pass per token and is right
 more often elsewhere. :class:`ChoiceDrafter` holds both as sources and offers, each step, the
 ones that can draft (:meth:`ChoiceDrafter.sources`: the lookup only where the context's suffix
-occurred before). Under a grammar it holds a third: the lookup on the context's text
-(:mod:`specdec.drafters.text_lookup`), offered where the token lookup finds no match. The draft-length policy picks one: a fixed-length policy the first offered (the
+occurred before). Under a grammar it has a third: the lookup on the context's text
+(:mod:`specdec.drafters.text_lookup`), offered where the token lookup finds no match. The
+draft-length policy picks one: a fixed-length policy the first offered (the
 lookup where it matches, else the draft model); the planner (``policy="auto"``,
 :class:`specdec.policies.auto.AutoPolicy`) the one, and the length (0: a plain target step), with
 the most expected tokens per second from each one's measured cost and running acceptance estimates.

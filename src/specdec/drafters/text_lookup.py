@@ -10,9 +10,9 @@ occurred earlier is looked up, and the bytes that followed it are tokenized and 
 
 The drafter is deterministic (point-mass drafts, like every lookup), so verification keeps the
 target's law whatever it proposes. It drafts only once it is given a vocabulary that maps tokens to
-bytes and back (:meth:`TextLookupDrafter.read_text`); the engine gives it the grammar's under a
-constraint, where the grammar also cuts every proposed token it forbids before the target scores it
-(docs/drafters.md, "Lookup on the text").
+bytes and back (:meth:`TextLookupDrafter.read_text`); ``generate`` and ``stream`` give it the
+grammar's tokenizer under a grammar, which also cuts every proposed token it forbids before the
+target scores it (docs/drafters.md, "Lookup on the text").
 """
 
 from __future__ import annotations
