@@ -180,17 +180,17 @@ class Constraints:
         for model directories and GGUF files alike); its end-of-sequence tokens are ``eos_ids``."""
         self.check(vocab_size)
         check_logprobs(logprobs)
-        matcher = None
+        matcher = vocabulary = None
         grammar = self.grammar_text()
         if grammar is not None:
             if tokenizer is None:
                 raise ConstraintError(self._grammar_field() or "grammar", "a grammar needs the model's tokenizer; pass tokenizer=")
             from llguidance import LLMatcher
 
-            matcher = LLMatcher(grammar_tokenizer(tokenizer, vocab_size, eos_ids), grammar, log_level=0)
+            vocabulary = grammar_tokenizer(tokenizer, vocab_size, eos_ids)
+            matcher = LLMatcher(vocabulary, grammar, log_level=0)
             if matcher.is_error():
                 raise ConstraintError(self._grammar_field() or "grammar", f"does not compile: {_one_line(matcher.get_error())}")
-        vocabulary = grammar_tokenizer(tokenizer, vocab_size, eos_ids) if matcher is not None else None
         return LogitProcessor(self, matcher, vocab_size, prompt, logprobs, vocabulary)
 
 

@@ -17,10 +17,11 @@ target scores it (docs/drafters.md, "Lookup on the text").
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence
+from typing import Protocol, Sequence
 
 import torch
 
+from specdec.backends.base import common_prefix_len
 from specdec.drafters.base import Draft, Drafter, KeepGoing, draft_chain
 from specdec.drafters.ngram import seeing
 from specdec.sampling import SamplingConfig
@@ -53,36 +54,36 @@ class TextIndex:
         self.tokens: list[int] = []
         self.ends: list[int] = []  # ends[i]: the text's length after token i
         self.text = bytearray()
+        self._found: tuple[int, int] | None = None  # match() of the text as it is (valid while _matched)
+        self._matched = False
 
     def sync(self, context: Sequence[int]) -> None:
         """Make the index describe ``context``: cut back to the common prefix, then extend."""
-        tokens, n = self.tokens, len(self.tokens)
-        if len(context) >= n and (n == 0 or (context[n - 1] == tokens[-1] and list(context[:n]) == tokens)):
-            keep = n
-        else:
-            keep, limit = 0, min(n, len(context))
-            while keep < limit and tokens[keep] == context[keep]:
-                keep += 1
-        del tokens[keep:], self.ends[keep:]
+        keep = common_prefix_len(self.tokens, context)
+        if keep == len(self.tokens) == len(context):
+            return  # unchanged (the planner's look and the draft after it ask about the same context)
+        del self.tokens[keep:], self.ends[keep:]
         del self.text[self.ends[-1] if self.ends else 0:]
         for t in context[keep:]:
-            tokens.append(int(t))
+            self.tokens.append(int(t))
             self.text += self.vocabulary.decode_bytes([int(t)])
             self.ends.append(len(self.text))
+        self._matched = False
 
     def match(self) -> tuple[int, int] | None:
         """(where the continuation starts, the match's length in bytes) for the longest suffix of
         the text, :data:`MIN_BYTES` to :data:`LONGEST` bytes, that occurred earlier (its most recent
         earlier occurrence); None without one."""
-        text, end = bytes(self.text), len(self.text)
-        found = None
-        length = MIN_BYTES
-        while length <= min(LONGEST, end - 1):
-            at = text.rfind(text[end - length:], 0, end - 1)  # an occurrence ending before the end
-            if at < 0:
-                break
-            found, length = (at + length, length), length + 1
-        return found
+        if not self._matched:
+            text, end = bytes(self.text), len(self.text)
+            self._found, length = None, MIN_BYTES
+            while length <= min(LONGEST, end - 1):
+                at = text.rfind(text[end - length:], 0, end - 1)  # an occurrence ending before the end
+                if at < 0:
+                    break
+                self._found, length = (at + length, length), length + 1
+            self._matched = True
+        return self._found
 
     def continuation(self, start: int, k: int) -> list[int]:
         """At most ``k`` tokens of the text from byte ``start`` on, tokenized afresh."""
@@ -122,7 +123,9 @@ class TextLookupDrafter(Drafter):
             return Draft.empty(self._vocab)
         if keep_going is not None:
             keep_going = seeing(keep_going, text_confidence(found[1]))
-        return draft_chain(_reader(tokens), len(tokens), sampling, generator, keep_going, self._vocab, len(context))
+        rest = iter(tokens)
+        return draft_chain(lambda _previous: next(rest), len(tokens), sampling, generator, keep_going, self._vocab,
+                           len(context))
 
     def observe(self, context: Sequence[int]) -> None:
         if self.index is not None:
@@ -142,14 +145,3 @@ class TextLookupDrafter(Drafter):
         self.index.sync(context)
         return self.index.match()
 
-
-def _reader(tokens: list[int]) -> Any:
-    """``draft_chain``'s next token for a fixed list: token i after i - 1 drafted ones."""
-    drafted = [0]
-
-    def next_token(previous: int | None) -> int:
-        if previous is not None:
-            drafted[0] += 1
-        return tokens[drafted[0]]
-
-    return next_token
