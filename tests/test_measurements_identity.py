@@ -1,6 +1,7 @@
 """The keys of cached measurements: each backend's ``identity()`` gives, key for key, the dict that
 reading its attributes gives (:func:`_probed_key`, a fixed copy of that rule: the key of the
-measurements cached on this machine), so those measurements stay valid; and the one table of
+measurements cached on this machine), so those measurements stay valid (specdec's GGUF kernel adds
+the build of its library, whose speed is what was measured); and the one table of
 backend names gives the lists the library, the CLI and the bench read."""
 
 from __future__ import annotations
@@ -133,9 +134,14 @@ def test_smollm2_on_the_gguf_kernel_describes_itself_as_its_attributes_did():
         model = native.load_gguf_native(path, n_threads=1, n_ctx=64)
     except native.KernelUnavailable as err:
         pytest.skip(f"the kernel cannot be built here: {err}")
-    key = _same_key(model)
+    # the attributes' key, and the kernel library that runs it: measurements of another build of
+    # the kernel (a changed source or flags) are not this one's
+    key, probed = cost_key(model), _probed_key(model)
+    kernel = Path(native.library()._name).stem
+    assert key == {**probed, "kernel": kernel} and list(key) == [*probed, "kernel"]
+    assert kernel.startswith("linear_gguf-") and len(kernel.rsplit("-", 1)[1]) == 16  # the hash of source and flags
     assert key["model"] == path.name and (key["threads"], key["batch"], key["kv"]) == (1, None, None)
-    _same_key(model.fork())
+    assert cost_key(model.fork()) == key
 
 
 def test_the_backend_lists_come_from_the_one_table():

@@ -507,8 +507,10 @@ class GGUFCausalLM(ModelFacts):
 
     def identity(self) -> dict[str, Any]:
         """What the planner's measurements of this backend are keyed by (with the machine and the
-        class; :func:`specdec.measurements.cost_key`): the GGUF file and the threads."""
-        return file_identity(self.weights.path, self.n_threads)
+        class; :func:`specdec.measurements.cost_key`): the GGUF file, the threads and the kernel
+        library (its file name holds a hash of its source and flags: a changed kernel is measured
+        again)."""
+        return {**file_identity(self.weights.path, self.n_threads), "kernel": Path(self.lib._name).stem}
 
     @torch.inference_mode()
     def forward(

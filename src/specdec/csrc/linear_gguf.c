@@ -546,12 +546,96 @@ static void q6k_one(const Seg *s, int64_t j0, int64_t j1, int64_t r, const Out *
     }
 }
 
-/* Q4_K: d, dmin (fp16), 12 bytes of six-bit scales and mins, 128 bytes of nibbles. */
-static void q4k_avx2(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t nr, const Out *o) {
-    if (nr == 1) {
-        q4k_one(s, j0, j1, r0, o);
-        return;
+/* Two or three rows (a verification pass): as the one-row kernels, the whole block decoded once and
+ * applied to each row in turn, each row's integer sums and accumulator in registers (NR <= 4; with
+ * four, the registers spill and the tiled kernel below is faster). */
+static inline __attribute__((always_inline)) void q4k_few(const Seg *s, int64_t j0, int64_t j1, int64_t r0, const int NR,
+                                                           const Out *o) {
+    const Acts *A = o->a;
+    const int64_t n_in = A->n_in, nb = n_in / 256;
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    for (int64_t j = j0; j < j1; j++) {
+        const uint8_t *row = s->w + j * s->row_bytes;
+        __m256 acc[4];
+        for (int t = 0; t < NR; t++) acc[t] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *blk = row + b * 144;
+            prefetch_block(blk, 144);
+            uint32_t dd2;
+            memcpy(&dd2, blk, 4);
+            const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dd2));
+            __m256i scales, mins, sum[4];
+            q4k_scale_vectors(blk, &scales, &mins);
+            for (int t = 0; t < NR; t++) sum[t] = _mm256_setzero_si256();
+            for (int k = 0; k < 4; k++) {
+                const __m256i bits = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * k));
+                const __m256i lo = _mm256_and_si256(bits, m4), hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+                const __m256i sl = _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * k))));
+                const __m256i sh = _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * k + 1))));
+                for (int t = 0; t < NR; t++) {
+                    const int8_t *x = A->qk + (r0 + t) * n_in + b * 256 + 64 * k;
+                    const __m256i pl = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)x)), sl);
+                    const __m256i ph = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(x + 32))), sh);
+                    sum[t] = _mm256_add_epi32(sum[t], _mm256_add_epi32(pl, ph));
+                }
+            }
+            const __m256 dv = _mm256_broadcastss_ps(dm), mv = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
+            for (int t = 0; t < NR; t++) {
+                const int64_t r = r0 + t;
+                const __m256i adj = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)(A->bk + r * (n_in / 16) + b * 16)));
+                const __m256 dx = _mm256_broadcast_ss(A->dk + r * nb + b);
+                acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dv, dx), _mm256_cvtepi32_ps(sum[t]), acc[t]);
+                acc[t] = _mm256_fnmadd_ps(_mm256_mul_ps(mv, dx), _mm256_cvtepi32_ps(adj), acc[t]);
+            }
+        }
+        for (int t = 0; t < NR; t++)
+            store(o->y + (r0 + t) * o->ldy + s->col + j, tree8v(acc[t]), s->bias, j, o->accumulate);
     }
+}
+
+static inline __attribute__((always_inline)) void q6k_few(const Seg *s, int64_t j0, int64_t j1, int64_t r0, const int NR,
+                                                           const Out *o) {
+    const Acts *A = o->a;
+    const int64_t n_in = A->n_in, nb = n_in / 256;
+    for (int64_t j = j0; j < j1; j++) {
+        const uint8_t *row = s->w + j * s->row_bytes;
+        __m256 acc[4];
+        for (int t = 0; t < NR; t++) acc[t] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *blk = row + b * 210;
+            prefetch_block(blk, 210);
+            const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
+            __m256i sum[4];
+            for (int t = 0; t < NR; t++) sum[t] = _mm256_setzero_si256();
+            for (int h = 0; h < 2; h++) {
+                __m256i qv[4];
+                q6k_vectors(blk, h, qv);
+                const __m256i sh = _mm256_broadcastsi128_si256(h ? _mm256_extracti128_si256(sc16, 1) : _mm256_castsi256_si128(sc16));
+                for (int v = 0; v < 4; v++) {
+                    const __m256i sv = _mm256_shuffle_epi8(sh, _mm256_set_m128i(_mm_set1_epi16((short)(0x0100 + 0x0202 * (2 * v + 1))),
+                                                                                _mm_set1_epi16((short)(0x0100 + 0x0202 * (2 * v)))));
+                    for (int t = 0; t < NR; t++) {
+                        const int8_t *x = A->qk + (r0 + t) * n_in + b * 256 + 128 * h + 32 * v;
+                        sum[t] = _mm256_add_epi32(sum[t], _mm256_madd_epi16(_mm256_maddubs_epi16(qv[v], _mm256_loadu_si256((const __m256i *)x)), sv));
+                    }
+                }
+            }
+            const __m256 dv = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(blk[208] | (blk[209] << 8))));
+            for (int t = 0; t < NR; t++) {
+                const int64_t r = r0 + t;
+                const __m256i adj = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)(A->bk + r * (n_in / 16) + b * 16)));
+                const __m256i st = _mm256_sub_epi32(sum[t], _mm256_slli_epi32(adj, 5));
+                acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dv, _mm256_broadcast_ss(A->dk + r * nb + b)), _mm256_cvtepi32_ps(st), acc[t]);
+            }
+        }
+        for (int t = 0; t < NR; t++)
+            store(o->y + (r0 + t) * o->ldy + s->col + j, tree8v(acc[t]), s->bias, j, o->accumulate);
+    }
+}
+
+/* Q4_K: d, dmin (fp16), 12 bytes of six-bit scales and mins, 128 bytes of nibbles. */
+static inline __attribute__((always_inline)) void q4k_tile(const Seg *s, int64_t j0, int64_t j1, int64_t r0, const int64_t nr,
+                                                            const Out *o) {
     const Acts *A = o->a;
     const int64_t n_in = A->n_in, nb = n_in / 256;
     const __m256i m4 = _mm256_set1_epi8(0x0F);
@@ -597,12 +681,19 @@ static void q4k_avx2(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t n
     }
 }
 
-/* Q6_K: ql[128], qh[64], int8 scales[16], d (fp16). Half h is ql[64h .. 64h + 63] and qh[32h ..]. */
-static void q6k_avx2(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t nr, const Out *o) {
-    if (nr == 1) {
-        q6k_one(s, j0, j1, r0, o);
-        return;
+static void q4k_avx2(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t nr, const Out *o) {
+    switch (nr) { /* a few rows (a verification pass): the tile's loops unrolled, its accumulators in registers */
+    case 1: q4k_one(s, j0, j1, r0, o); break;
+    case 2: q4k_few(s, j0, j1, r0, 2, o); break;
+    case 3: q4k_few(s, j0, j1, r0, 3, o); break;
+    case 4: q4k_tile(s, j0, j1, r0, 4, o); break;
+    default: q4k_tile(s, j0, j1, r0, nr, o);
     }
+}
+
+/* Q6_K: ql[128], qh[64], int8 scales[16], d (fp16). Half h is ql[64h .. 64h + 63] and qh[32h ..]. */
+static inline __attribute__((always_inline)) void q6k_tile(const Seg *s, int64_t j0, int64_t j1, int64_t r0, const int64_t nr,
+                                                            const Out *o) {
     const Acts *A = o->a;
     const int64_t n_in = A->n_in, nb = n_in / 256;
     __m256i part[RT];
@@ -642,6 +733,16 @@ static void q6k_avx2(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t n
         }
         for (int64_t t = 0; t < nr; t++)
             store(o->y + (r0 + t) * o->ldy + s->col + j, tree8v(acc[t]), s->bias, j, o->accumulate);
+    }
+}
+
+static void q6k_avx2(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t nr, const Out *o) {
+    switch (nr) { /* a few rows (a verification pass): the tile's loops unrolled, its accumulators in registers */
+    case 1: q6k_one(s, j0, j1, r0, o); break;
+    case 2: q6k_few(s, j0, j1, r0, 2, o); break;
+    case 3: q6k_few(s, j0, j1, r0, 3, o); break;
+    case 4: q6k_tile(s, j0, j1, r0, 4, o); break;
+    default: q6k_tile(s, j0, j1, r0, nr, o);
     }
 }
 
