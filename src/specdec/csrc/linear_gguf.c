@@ -448,17 +448,19 @@ static inline __attribute__((always_inline)) __m256i q4k_half(const __m256i *qv,
 /* Q4_K's scales and mins of one block as s16 vectors: `scales` holds sc[0..7] in both 128-bit
  * halves, `mins` holds m[0], m[0], m[1], m[1], ..., m[7], m[7]. */
 static inline __attribute__((always_inline)) void q4k_scale_vectors(const uint8_t *blk, __m256i *scales, __m256i *mins) {
-    uint32_t u[3];
-    memcpy(u, blk + 4, 12);
-    /* bytes sc[0..7] into v0, v1 and m[0..7] into v2, v3 (ggml's get_scale_min_k4) */
-    const uint32_t v3 = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);
-    const uint32_t v2 = u[1] & 0x3f3f3f3fu;
-    const uint32_t v1 = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);
-    const uint32_t v0 = u[0] & 0x3f3f3f3fu;
-    const __m256i sm = _mm256_cvtepu8_epi16(_mm_set_epi32((int)v3, (int)v2, (int)v1, (int)v0));
-    *scales = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(sm));
-    const __m128i m128 = _mm256_extracti128_si256(sm, 1);
-    *mins = _mm256_set_m128i(_mm_unpackhi_epi16(m128, m128), _mm_unpacklo_epi16(m128, m128));
+    /* ggml's get_scale_min_k4 on the 12 bytes as 32-bit words u0, u1, u2 (the load's 4 more bytes
+     * are the block's first nibbles, unused): sc[0..3] = u0 & 0x3f.., sc[4..7] = (u2 & 0x0f..) |
+     * (top two bits of u0's bytes) << 4, m[0..3] = u1 & 0x3f.., m[4..7] = (u2 >> 4 & 0x0f..) |
+     * (top two bits of u1's bytes) << 4 */
+    const __m128i u = _mm_loadu_si128((const __m128i *)(blk + 4));
+    const __m128i a = _mm_shuffle_epi32(u, _MM_SHUFFLE(2, 1, 2, 0)); /* u0, u2, u1, u2 */
+    const __m128i b = _mm_shuffle_epi32(u, _MM_SHUFFLE(1, 1, 0, 0)); /* u0, u0, u1, u1 */
+    const __m128i low = _mm_and_si128(_mm_srlv_epi32(a, _mm_set_epi32(4, 0, 0, 0)),
+                                      _mm_set_epi32(0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f));
+    const __m128i high = _mm_and_si128(_mm_srli_epi32(b, 2), _mm_set_epi32(0x30303030, 0, 0x30303030, 0));
+    const __m128i v = _mm_or_si128(low, high); /* bytes sc[0..7], m[0..7] */
+    *scales = _mm256_cvtepu8_epi16(_mm_unpacklo_epi64(v, v));
+    *mins = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(v, v));
 }
 
 /* One row (a decoding step): the block's vectors never leave the registers and the accumulator
