@@ -2,8 +2,8 @@
  * llama/qwen2 forward pass needs around them (specdec.backends.gguf).
  *
  * y[r, j] = sum_i W[j, i] * x[r, i] for a pass of n_rows rows of x. Each weight block is read from
- * memory once per pass and applied to every row, so a pass of a few rows costs about what one row
- * costs (the product is memory bound). Each output element is computed by exactly the same
+ * memory once per pass and applied to every row, so a pass costs one row's memory time plus each
+ * row's arithmetic (docs/kernels.md, "Row cost"). Each output element is computed by exactly the same
  * sequence of floating-point operations whatever n_rows is and wherever the row sits in the pass:
  *
  *   - the activation row is quantized on its own (a per-row operation): to 8-bit blocks of 256 with
