@@ -550,7 +550,7 @@ static void q6k_one(const Seg *s, int64_t j0, int64_t j1, int64_t r, const Out *
 
 /* Two or three rows (a verification pass): as the one-row kernels, the whole block decoded once and
  * applied to each row in turn, each row's integer sums and accumulator in registers (NR <= 4; with
- * four, the registers spill and the tiled kernel below is faster). */
+ * four the registers spill, and the tiled kernel below is as fast: it takes four rows and more). */
 static inline __attribute__((always_inline)) void q4k_few(const Seg *s, int64_t j0, int64_t j1, int64_t r0, const int NR,
                                                            const Out *o) {
     const Acts *A = o->a;
