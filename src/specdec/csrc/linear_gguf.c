@@ -433,9 +433,10 @@ static inline __attribute__((always_inline)) void prefetch_block(const uint8_t *
     for (int i = 0; i < bytes; i += 64) _mm_prefetch((const char *)(p + PF_AHEAD + i), _MM_HINT_T0);
 }
 
-/* The K-type kernels take a block in two halves of 128 weights (4 vectors of 32 and their 4 scale
- * vectors held in registers) and run each half over the rows; a row's integer lanes from the first
- * half wait in `part` (exact). One row at a time, the whole block stays in registers instead. */
+/* The tiled K-type kernels (four rows and more) take a block in two halves of 128 weights (4 vectors
+ * of 32 and their 4 scale vectors held in registers) and run each half over the rows; a row's
+ * integer lanes from the first half wait in `part` (exact). For one to three rows the whole block
+ * stays in registers instead (q4k_few, q6k_few). */
 
 static inline __attribute__((always_inline)) __m256i q4k_half(const __m256i *qv, const __m256i *sv, const int8_t *x) {
     const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(qv[0], _mm256_loadu_si256((const __m256i *)x)), sv[0]);
@@ -463,46 +464,6 @@ static inline __attribute__((always_inline)) void q4k_scale_vectors(const uint8_
     *mins = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(v, v));
 }
 
-/* One row (a decoding step): the block's vectors never leave the registers and the accumulator
- * is a register. The same operations per output as the kernels below. */
-static void q4k_one(const Seg *s, int64_t j0, int64_t j1, int64_t r, const Out *o) {
-    const Acts *A = o->a;
-    const int64_t n_in = A->n_in, nb = n_in / 256;
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
-    const int8_t *xr = A->qk + r * n_in;
-    const int16_t *br = A->bk + r * (n_in / 16);
-    const float *dr = A->dk + r * nb;
-    for (int64_t j = j0; j < j1; j++) {
-        const uint8_t *row = s->w + j * s->row_bytes;
-        __m256 acc = _mm256_setzero_ps();
-        for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *blk = row + b * 144;
-            prefetch_block(blk, 144);
-            const int8_t *x = xr + b * 256;
-            uint32_t dd2;
-            memcpy(&dd2, blk, 4);
-            const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dd2));
-            __m256i scales, mins;
-            q4k_scale_vectors(blk, &scales, &mins);
-            __m256i sum = _mm256_setzero_si256();
-            for (int k = 0; k < 4; k++) {
-                const __m256i bits = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * k));
-                const __m256i lo = _mm256_and_si256(bits, m4), hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
-                const __m256i sl = _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * k))));
-                const __m256i sh = _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * k + 1))));
-                const __m256i pl = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(x + 64 * k))), sl);
-                const __m256i ph = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(x + 64 * k + 32))), sh);
-                sum = _mm256_add_epi32(sum, _mm256_add_epi32(pl, ph));
-            }
-            const __m256i adj = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)(br + b * 16)));
-            const __m256 dx = _mm256_broadcast_ss(dr + b);
-            acc = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_broadcastss_ps(dm), dx), _mm256_cvtepi32_ps(sum), acc);
-            acc = _mm256_fnmadd_ps(_mm256_mul_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dm)), dx), _mm256_cvtepi32_ps(adj), acc);
-        }
-        store(o->y + r * o->ldy + s->col + j, tree8v(acc), s->bias, j, o->accumulate);
-    }
-}
-
 static inline __attribute__((always_inline)) void q6k_vectors(const uint8_t *blk, int h, __m256i *qv) {
     const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
     const __m256i l0 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h));
@@ -514,43 +475,10 @@ static inline __attribute__((always_inline)) void q6k_vectors(const uint8_t *blk
     qv[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30));
 }
 
-static void q6k_one(const Seg *s, int64_t j0, int64_t j1, int64_t r, const Out *o) {
-    const Acts *A = o->a;
-    const int64_t n_in = A->n_in, nb = n_in / 256;
-    const int8_t *xr = A->qk + r * n_in;
-    const int16_t *br = A->bk + r * (n_in / 16);
-    const float *dr = A->dk + r * nb;
-    for (int64_t j = j0; j < j1; j++) {
-        const uint8_t *row = s->w + j * s->row_bytes;
-        __m256 acc = _mm256_setzero_ps();
-        for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *blk = row + b * 210;
-            prefetch_block(blk, 210);
-            const int8_t *x = xr + b * 256;
-            const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
-            __m256i sum = _mm256_setzero_si256();
-            for (int h = 0; h < 2; h++) {
-                __m256i qv[4];
-                q6k_vectors(blk, h, qv);
-                const __m256i sh = _mm256_broadcastsi128_si256(h ? _mm256_extracti128_si256(sc16, 1) : _mm256_castsi256_si128(sc16));
-                for (int v = 0; v < 4; v++) {
-                    const __m256i sv = _mm256_shuffle_epi8(sh, _mm256_set_m128i(_mm_set1_epi16((short)(0x0100 + 0x0202 * (2 * v + 1))),
-                                                                                _mm_set1_epi16((short)(0x0100 + 0x0202 * (2 * v)))));
-                    sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(qv[v], _mm256_loadu_si256((const __m256i *)(x + 128 * h + 32 * v))), sv));
-                }
-            }
-            const __m256i adj = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)(br + b * 16)));
-            sum = _mm256_sub_epi32(sum, _mm256_slli_epi32(adj, 5));
-            const __m256 dv = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(blk[208] | (blk[209] << 8))));
-            acc = _mm256_fmadd_ps(_mm256_mul_ps(dv, _mm256_broadcast_ss(dr + b)), _mm256_cvtepi32_ps(sum), acc);
-        }
-        store(o->y + r * o->ldy + s->col + j, tree8v(acc), s->bias, j, o->accumulate);
-    }
-}
-
-/* Two or three rows (a verification pass): as the one-row kernels, the whole block decoded once and
- * applied to each row in turn, each row's integer sums and accumulator in registers (NR <= 4; with
- * four the registers spill, and the tiled kernel below is as fast: it takes four rows and more). */
+/* One to three rows (a decoding step, a verification pass): the whole block decoded once into
+ * registers and applied to each row in turn, each row's integer sums and accumulator in registers
+ * (NR <= 4; with four the registers spill, and the tiled kernel below is as fast: it takes four
+ * rows and more). */
 static inline __attribute__((always_inline)) void q4k_few(const Seg *s, int64_t j0, int64_t j1, int64_t r0, const int NR,
                                                            const Out *o) {
     const Acts *A = o->a;
@@ -684,11 +612,10 @@ static inline __attribute__((always_inline)) void q4k_tile(const Seg *s, int64_t
 }
 
 static void q4k_avx2(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t nr, const Out *o) {
-    switch (nr) { /* a few rows (a verification pass): the tile's loops unrolled, its accumulators in registers */
-    case 1: q4k_one(s, j0, j1, r0, o); break;
+    switch (nr) { /* the register kernel, its loops over the rows unrolled, for up to three rows */
+    case 1: q4k_few(s, j0, j1, r0, 1, o); break;
     case 2: q4k_few(s, j0, j1, r0, 2, o); break;
     case 3: q4k_few(s, j0, j1, r0, 3, o); break;
-    case 4: q4k_tile(s, j0, j1, r0, 4, o); break;
     default: q4k_tile(s, j0, j1, r0, nr, o);
     }
 }
@@ -739,11 +666,10 @@ static inline __attribute__((always_inline)) void q6k_tile(const Seg *s, int64_t
 }
 
 static void q6k_avx2(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t nr, const Out *o) {
-    switch (nr) { /* a few rows (a verification pass): the tile's loops unrolled, its accumulators in registers */
-    case 1: q6k_one(s, j0, j1, r0, o); break;
+    switch (nr) { /* the register kernel, its loops over the rows unrolled, for up to three rows */
+    case 1: q6k_few(s, j0, j1, r0, 1, o); break;
     case 2: q6k_few(s, j0, j1, r0, 2, o); break;
     case 3: q6k_few(s, j0, j1, r0, 3, o); break;
-    case 4: q6k_tile(s, j0, j1, r0, 4, o); break;
     default: q6k_tile(s, j0, j1, r0, nr, o);
     }
 }
