@@ -11,6 +11,7 @@ and imports no other part of specdec but :mod:`specdec.paths`.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -92,14 +93,48 @@ def _model_file(model: Any) -> Path | None:
 
 def machine() -> str:
     """The CPU's model name (from /proc/cpuinfo where there is one), else what platform says."""
+    return _cpuinfo_field(_cpuinfo(), "model name") or platform.processor() or platform.machine() or "unknown"
+
+
+# The vector features that set a CPU's matrix-product speed (the names /proc/cpuinfo gives them)
+# and how a report names them: the GGUF kernel's AVX2 path needs the first three, llama.cpp's
+# native build also uses the AVX-512 and VNNI ones.
+CPU_FEATURES = {"avx2": "AVX2", "fma": "FMA", "f16c": "F16C", "avx512f": "AVX-512F", "avx512bw": "AVX-512BW",
+                "avx512vl": "AVX-512VL", "avx512_vnni": "AVX512-VNNI", "avx_vnni": "AVX-VNNI",
+                "avx512_bf16": "AVX512-BF16"}
+
+
+def cpu_flags(cpuinfo: str | None = None) -> frozenset[str]:
+    """The instruction-set flags of the CPU (the first ``flags`` line of ``cpuinfo``, by default
+    /proc/cpuinfo's); empty where there is none (another OS, an ARM CPU). The one place specdec
+    reads which vector instructions this CPU has."""
+    text = _cpuinfo() if cpuinfo is None else cpuinfo
+    return frozenset((_cpuinfo_field(text, "flags") or "").split())
+
+
+def cpu_features(cpuinfo: str | None = None) -> dict[str, bool] | None:
+    """Each of :data:`CPU_FEATURES` (by its /proc/cpuinfo name): whether the CPU has it; None where
+    no flags are known (no /proc/cpuinfo, or a CPU that lists none)."""
+    flags = cpu_flags(cpuinfo)
+    return {name: name in flags for name in CPU_FEATURES} if flags else None
+
+
+@functools.lru_cache(maxsize=1)
+def _cpuinfo() -> str:
+    """/proc/cpuinfo's text, read once ("" where there is none)."""
     try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+        return Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
     except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
+        return ""
+
+
+def _cpuinfo_field(text: str, name: str) -> str | None:
+    """The value of the first ``name : value`` line of /proc/cpuinfo's ``text``, None if none."""
+    for line in text.splitlines():
+        key, colon, value = line.partition(":")
+        if colon and key.strip().lower() == name:
+            return value.strip()
+    return None
 
 
 def cache_file(key: dict[str, Any], cache_dir: str | Path | None = None) -> Path:

@@ -67,7 +67,7 @@ import torch
 
 from specdec import kernels
 from specdec.backends.base import SNAPSHOTS, TREES, CacheSnapshot, ModelFacts
-from specdec.measurements import file_identity
+from specdec.measurements import cpu_flags, file_identity
 
 SOURCE = "linear_gguf.c"
 FLAGS_NATIVE = ["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
@@ -96,12 +96,7 @@ class KernelUnavailable(RuntimeError):
 def _cpu_has_avx2() -> bool:
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return False
-    try:
-        flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
-    except OSError:
-        return False
-    have = set(flags.split(":", 1)[-1].split())
-    return {"avx2", "fma", "f16c"} <= have
+    return {"avx2", "fma", "f16c"} <= cpu_flags()
 
 
 def library(variant: str = "native") -> ctypes.CDLL:

@@ -1,5 +1,5 @@
 """A benchmark run's results (:func:`specdec.bench.report.results`) as Markdown: a line saying what
-ran, one table row per method, the per-set speed-ups, and a line per divergent output."""
+ran, a line saying on what machine, one table row per method, the per-set speed-ups, and a line per divergent output."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ from collections import Counter
 from typing import Any, Sequence
 
 from specdec.bench import schema_check
+from specdec.bench.machine import BACKENDS
 from specdec.divergence import cause
+from specdec.measurements import CPU_FEATURES
 
 
 def title(data: dict[str, Any]) -> str:
@@ -20,6 +22,39 @@ def title(data: dict[str, Any]) -> str:
     weights = env.get("weights") or env.get("dtype")  # "weights" where a method ran on llama.cpp
     return (f"target {m['target']['name']}{draft}, {weights}, {mode}, "
             f"{s['max_new_tokens']} new tokens, {prompts} prompts, {s['repeats']} repeat(s)")
+
+
+def machine_line(record: dict[str, Any] | None) -> str | None:
+    """The machine a run was measured on (:func:`specdec.bench.machine.machine_record`) in one line:
+    its CPU and vector features, its memory read speed and each GGUF backend's one-token step."""
+    if not record:
+        return None
+    features = record.get("features")
+    if features is None:
+        vectors = "vector features unknown"
+    else:
+        has = [label for flag, label in CPU_FEATURES.items() if features.get(flag)]
+        lacks = [label for flag, label in CPU_FEATURES.items() if not features.get(flag)]
+        vectors = ", ".join(has) or "none of " + ", ".join(CPU_FEATURES.values())
+        vectors += f" (not {', '.join(lacks)})" if has and lacks else ""
+    read = record.get("memory_read") or {}
+    memory = (f"memory read {read['gb_per_s']:.1f} GB/s ({_threads(read['threads'])})" if "gb_per_s" in read
+              else f"memory read speed not measured ({read.get('skipped', 'not recorded')})")
+    return f"Machine: {record.get('cpu', 'unknown CPU')}; {vectors}; {memory}; {_steps(record.get('one_row_step') or {})}."
+
+
+def _steps(steps: dict[str, Any]) -> str:
+    """Each GGUF backend's one-token step, or why it was not timed."""
+    if "ms" not in steps:
+        return f"one-token step not timed ({steps.get('skipped', 'not recorded')})"
+    timed = [f"{BACKENDS.get(name, name)} {ms:.1f} ms" for name, ms in steps["ms"].items()]
+    untimed = [f"{BACKENDS.get(name, name)} not timed ({why})" for name, why in (steps.get("skipped") or {}).items()]
+    return (f"one-token step on {steps['model']} after {steps['context']} tokens ({_threads(steps['threads'])}): "
+            + ", ".join(timed + untimed))
+
+
+def _threads(n: int) -> str:
+    return f"{n} thread{'s' * (n != 1)}"
 
 
 COLUMNS = [
@@ -49,9 +84,11 @@ def markdown(data: dict[str, Any]) -> str:
     """The summary table, one row per method, under a line saying what was run."""
     llamacpp_ar = any(m.get("speedup_vs_llamacpp_ar") is not None for m in data["methods"].values())
     columns = [(c, key) for c, key in COLUMNS if llamacpp_ar or "vs_llamacpp_ar" not in (key or "")]
+    machine = machine_line(data["environment"].get("machine"))
     lines = [
         f"**{title(data)}**",
         "",
+        *([machine, ""] if machine else []),
         "| " + " | ".join(c for c, _ in columns) + " |",
         "|" + "|".join("---" if c == "method" else "---:" for c, _ in columns) + "|",
     ]

@@ -3,8 +3,9 @@ and the plots.
 
 Each piece has its own module, and what the command line and the tests use is re-exported here:
 the figures per method and their definitions (:mod:`specdec.bench.figures`), the environment
-(:mod:`specdec.bench.environment`), the weights' description (:mod:`specdec.bench.weights`), the
-Markdown table (:mod:`specdec.bench.markdown`) and the plots (:mod:`specdec.bench.plots`).
+(:mod:`specdec.bench.environment`), the machine's speeds (:mod:`specdec.bench.machine`), the
+weights' description (:mod:`specdec.bench.weights`), the Markdown table
+(:mod:`specdec.bench.markdown`) and the plots (:mod:`specdec.bench.plots`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 from specdec.bench import schema_check
 from specdec.bench.environment import environment, llamacpp_info, model_info
 from specdec.bench.figures import summarize
+from specdec.bench.machine import machine_record
 from specdec.bench.markdown import markdown, summary_markdown, title
 from specdec.bench.plots import PLOTS, plot
 from specdec.bench.runner import BenchRun
@@ -23,8 +25,8 @@ from specdec.bench.weights import gguf_weights, run_weights
 from specdec.paths import write_atomic
 
 __all__ = [
-    "PLOTS", "environment", "gguf_weights", "llamacpp_info", "markdown", "model_info", "plot", "results",
-    "run_weights", "summarize", "summary_markdown", "title", "write_run",
+    "PLOTS", "environment", "gguf_weights", "llamacpp_info", "machine_record", "markdown", "model_info", "plot",
+    "results", "run_weights", "summarize", "summary_markdown", "title", "write_run",
 ]
 
 

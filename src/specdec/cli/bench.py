@@ -190,6 +190,8 @@ def _run(args: argparse.Namespace, argv: Sequence[str] | None, out: Path, method
     backends = BenchBackends(args.draft_weights, llamacpp=llamacpp_models(args, methods),
                              servers=bench_servers(args, methods), gguf=gguf_models(args, methods))
     try:
+        env["machine"] = report.machine_record(args.threads or torch.get_num_threads(), _target_gguf(backends),
+                                               why_no_target="no method runs a GGUF")
         return _run_all(args, command, env, out, methods, prompts, saved, backends)
     finally:
         if backends.servers is not None:
@@ -373,6 +375,13 @@ def bench_servers(args: argparse.Namespace, methods: Sequence[MethodSpec]) -> Se
             torch_argv += [f"--{dest.replace('_', '-')}", str(getattr(args, dest))]
     return Servers(target, draft, argv, n_threads=args.threads, n_ctx=llamacpp_backend.DEFAULT_CTX,
                    torch_argv=torch_argv)
+
+
+def _target_gguf(backends: BenchBackends) -> Path | None:
+    """The target's GGUF where a method runs one (on llama.cpp, the GGUF kernel or a server)."""
+    paths = [getattr(backends.gguf, "target_path", None), getattr(backends.llamacpp, "target_path", None),
+             getattr(backends.servers, "target_gguf", None)]
+    return next((path for path in paths if path is not None), None)
 
 
 def gguf_path(name: str, args: argparse.Namespace) -> Path:
