@@ -703,6 +703,38 @@ def test_a_divergence_on_a_batch_invariant_backend_is_reported_as_a_defect_with_
     assert "verification pass's logits there differ from the one-token step's by up to" in table
 
 
+def test_a_peer_that_leaves_ar_on_a_batch_invariant_backend_is_not_called_a_specdec_defect(monkeypatch, prompts):
+    """A peer's output is its own library's: where it leaves ar (here one token changed in
+    transformers' plain generate), the report says where and ar's margin, and that the difference is
+    the peer's, even though specdec's own backend measures batch invariant."""
+    from specdec.backends.lean import make_backend
+    from specdec.bench import runner
+
+    target = tiny_llama(0, vocab=VOCAB, sharpness=1.0)
+    models = Pair(target, CharTokenizer(), copy.deepcopy(target))
+    monkeypatch.setattr(builder, "target_backend", lambda drafter, model: OneByOne(make_backend(model)))
+    run_peer = runner.run_peer
+
+    def flipped(*args, **kwargs):  # the peer's third new token replaced by the next id
+        sample = run_peer(*args, **kwargs)
+        sample.token_ids = sample.token_ids[:2] + [(sample.token_ids[2] + 1) % VOCAB] + sample.token_ids[3:]
+        return sample
+
+    monkeypatch.setattr(runner, "run_peer", flipped)
+    settings = BenchSettings(max_new_tokens=8, temperature=0.0, warmup_tokens=0)
+    run = run_bench(models, parse_methods("hf-ar"), prompts, settings, progress=False)
+    assert [d["method"] for d in run.divergences] == ["hf-ar"] * len(prompts)
+    assert all(d["position"] == 2 and d["batch_invariant"] is True and d["margin"] is None for d in run.divergences)
+    table = report.markdown(report.results(run, report.environment("x", "float32"), {"target": None, "draft": None})
+                            | {"models": {"target": {"name": "tiny"}, "draft": None}})
+    lines = [line for line in table.splitlines() if line.startswith("`hf-ar` leaves `ar`")]
+    assert len(lines) == len(prompts)
+    for line in lines:
+        assert "at new token 2" in line and "in `ar`'s pass" in line
+        assert "the difference is the peer's, not specdec's" in line
+    assert "defect" not in table and "please report" not in table
+
+
 def test_batch_invariance_is_measured_once_then_read_from_the_cache(tmp_path):
     from specdec.backends.lean import make_backend
     from specdec.measurements import INVARIANCE_ROWS, batch_invariance

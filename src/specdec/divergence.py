@@ -8,7 +8,8 @@ top-2 logit margin there as each pass computed it (``ar``'s one-token step, and 
 method's own verification pass that chose the token), and the largest difference between those
 two rows' logits. Whether the backend's passes are batch invariant for this model is measured
 (:func:`specdec.measurements.batch_invariance`, cached): where they are, the two rows must be
-equal, and a divergence is reported as a defect, never as rounding.
+equal, and a divergence of specdec's own method is reported as a defect, never as rounding. A
+peer's (another tool's generation in the bench) is the peer's own: its passes are not specdec's.
 
 The rows come from replaying both runs untimed with a :class:`LogitsRecorder` around the
 target's backend (greedy runs are deterministic, so a replay makes the same passes).
@@ -158,8 +159,14 @@ def _noised_row(logits: torch.Tensor, token: int, sampling: SamplingConfig, posi
     return Row(token, (top[0], top[1]), (float(noised[0]), float(noised[1])))
 
 
-def cause(d: Mapping[str, Any]) -> str:
-    """What a divergence record (:meth:`Divergence.to_dict`) says about why, from what was measured."""
+def cause(d: Mapping[str, Any], *, peer: bool = False) -> str:
+    """What a divergence record (:meth:`Divergence.to_dict`) says about why, from what was measured.
+    ``peer``: the output is another tool's (a bench peer), whose passes specdec neither ran nor
+    recorded: its difference is its own, whatever the batch invariance of specdec's backend."""
+    if peer:
+        return ("the peer's own passes (its library's, not recorded) need not be batch invariant: its multi-token "
+                "rows can round differently from plain decoding's one-token steps, which can flip a near-tie "
+                "(a margin near 0); the difference is the peer's, not specdec's")
     gap = d.get("logit_gap")
     differ = (f"the verification pass's logits there differ from the one-token step's by up to {gap:.3g}"
               if gap is not None else None)

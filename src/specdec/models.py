@@ -46,7 +46,7 @@ class Pair:
     target_name: str = "target"
     draft_name: str | None = None
     backend: str = "torch"  # "torch", "llamacpp" or "gguf": where the target runs
-    backend_why: str = "asked for"  # why there (backend="auto" measures; see backend_choice)
+    backend_why: str = "asked for"  # why there, and what may differ from plain decoding there (see backend_choice)
     draft_backend: str | None = None  # where the draft model runs (None: no draft model)
 
 
@@ -199,6 +199,7 @@ def load(
 BACKENDS = backend_table.CHOICES  # "auto" and each backend of specdec.backends.table
 GGUF_BACKENDS = backend_table.GGUF_NAMES  # the backends that run a GGUF file's own quantized weights
 BACKEND_LABELS = backend_table.LABELS  # in messages
+BACKENDS_BY_NAME = backend_table.BY_NAME  # each backend's row: its label, what may differ from plain decoding
 
 
 def _checked_name(name_or_path: Any) -> str:
@@ -224,18 +225,20 @@ def backend_choice(name_or_path: str, backend: str, *, cache_dir: str | Path | N
                    n_threads: int | None = None) -> dict[str, Any]:
     """Where ``name_or_path`` runs under ``backend``, and why: ``{"backend", "why", "source"}``.
 
-    A named backend is used as named. ``"auto"``: a pack or a ``.gguf`` file runs on whichever GGUF
-    backend :func:`specdec.backends.choice.choose_gguf_backend` measures faster here (a pack's GGUF
-    is made ready first; the choice is cached per machine, file and threads), on transformers only
-    where neither can run it; anything else on transformers."""
+    A named backend is used as named (its reason says what may differ from plain decoding there).
+    ``"auto"``: a pack or a ``.gguf`` file runs on specdec's batch-invariant GGUF kernel wherever it
+    runs the file, else on llama.cpp (:func:`specdec.backends.choice.choose_gguf_backend`; a pack's
+    GGUF is made ready first), on transformers only where neither can run it; anything else on
+    transformers. n_threads does not enter the choice."""
     is_gguf = check_backend(name_or_path, backend)
     if backend != "auto":
-        return {"backend": backend, "why": "asked for", "source": "asked for"}
+        caveat = BACKENDS_BY_NAME[backend].caveat
+        return {"backend": backend, "why": "asked for" + (f"; {caveat}" if caveat else ""), "source": "asked for"}
     if not is_gguf:
         return {"backend": "torch", "why": "not a GGUF file: transformers runs it", "source": "rule"}
     from specdec.backends.choice import choose_gguf_backend
 
-    choice = choose_gguf_backend(gguf_path(name_or_path, cache_dir), n_threads=n_threads, cache_dir=cache_dir)
+    choice = choose_gguf_backend(gguf_path(name_or_path, cache_dir))
     if choice["backend"] is None:
         return {**choice, "backend": "torch", "why": f"torch: {choice['why']}"}
     return choice

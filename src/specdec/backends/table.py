@@ -1,7 +1,7 @@
 """The backends a model can be loaded on, by name: the one table every list of backend names reads.
 
-A :class:`Backend` row names a backend, says how messages call it and whether it runs a GGUF
-file's own quantized weights. ``auto`` is a choice, not a backend: it picks one of these when a
+A :class:`Backend` row names a backend, says how messages call it, whether it runs a GGUF file's
+own quantized weights and what its output may not share with plain decoding. ``auto`` is a choice, not a backend: it picks one of these when a
 model loads (:func:`specdec.models.resolve_backend`). This module names the backends; it imports
 none of them (:func:`specdec.models.load` does).
 """
@@ -16,16 +16,27 @@ class Backend:
     """One backend: ``name`` (what ``backend=`` and ``--backend`` take), ``label`` (what messages
     call it) and ``runs_gguf`` (whether it runs a GGUF file's own quantized weights, so that a
     GGUF, a pack or a ``.gguf`` file, is the only model it takes and ``dtype`` and ``kernels`` do not
-    apply to it)."""
+    apply to it). ``caveat``: what may differ from plain decoding on it, where its rows are not
+    batch-invariant (a verification row, or a prompt row the prompt cache computed in another
+    pass, may round differently from a one-token step); None where every row equals a one-token
+    step's bit for bit, so greedy and seeded output is plain decoding's token for token."""
 
     name: str
     label: str
     runs_gguf: bool
+    caveat: str | None = None
+
+    @property
+    def token_identical(self) -> bool:
+        """Whether greedy and seeded speculative output is plain decoding's token for token here."""
+        return self.caveat is None
 
 
 TABLE: tuple[Backend, ...] = (
     Backend("torch", "torch", runs_gguf=False),  # a transformers model (a GGUF converted to bf16)
-    Backend("llamacpp", "llama.cpp", runs_gguf=True),  # specdec.backends.llamacpp
+    Backend("llamacpp", "llama.cpp", runs_gguf=True, caveat=(
+        "llama.cpp's rows are not batch-invariant for every file: greedy and seeded output may differ from "
+        "plain decoding at near-ties, and a cached prompt may change an answer")),  # specdec.backends.llamacpp
     Backend("gguf", "specdec's GGUF kernel", runs_gguf=True),  # specdec.backends.gguf
 )
 AUTO = "auto"  # the choice that picks a backend per model when it loads
@@ -34,3 +45,4 @@ NAMES: tuple[str, ...] = tuple(b.name for b in TABLE)  # the backends themselves
 CHOICES: tuple[str, ...] = (AUTO, *NAMES)  # what a model's backend may be asked as
 GGUF_NAMES: tuple[str, ...] = tuple(b.name for b in TABLE if b.runs_gguf)
 LABELS: dict[str, str] = {b.name: b.label for b in TABLE}
+BY_NAME: dict[str, Backend] = {b.name: b for b in TABLE}

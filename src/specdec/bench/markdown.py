@@ -170,7 +170,7 @@ def _divergence_lines(data: dict[str, Any]) -> list[str]:
             lines.append(
                 f"\n`{name}` leaves `{base}` on {d['prompt_id']} (repeat {d['repeat']}) at new token "
                 f"{d['position']}: {_token(d, 'token')} instead of {_token(d, 'ar_token')}"
-                + (f"; {what} there: {margins}" if margins else "") + f"; {cause(d)}."
+                + (f"; {what} there: {margins}" if margins else "") + f"; {cause(d, peer=m.get('kind') == 'peer')}."
             )
     return lines
 

@@ -124,10 +124,10 @@ def add_backend_option(parser: argparse.ArgumentParser) -> None:
                         help="'llamacpp' runs a pack's or a .gguf file's quantised weights in llama.cpp (needs "
                              "llama-cpp-python); 'gguf' runs them on specdec's own batch-invariant kernel "
                              "(llama and qwen2 models; a verification pass of a few rows costs little more "
-                             "than one row); 'torch' converts them to bf16 for transformers; 'auto' runs a GGUF on "
-                             "whichever of the two GGUF backends a one-time measurement on this machine finds "
-                             "faster (the kernel where it is no slower for one row and for four), and says "
-                             "which and why (default: auto)")
+                             "than one row, and every row is computed as a one-token step computes it, so greedy and seeded "
+                             "output is plain decoding's token for token); 'torch' converts them to bf16 for "
+                             "transformers; 'auto' runs a GGUF on the kernel wherever it runs the file, else on "
+                             "llama.cpp, and says which and why (default: auto)")
 
 
 def add_decoding_options(parser: argparse.ArgumentParser) -> None:
@@ -290,6 +290,8 @@ def load_models(target: str, draft: str | None = None, *, backend: str = "torch"
         raise CLIError(err.message, err.hint) from None
     if backend == "auto" and pair.backend != "torch":
         note(f"{pair.target_name} runs on {pair.backend_why}")
+    elif pair.backend_why != "asked for":  # a named backend whose output may differ from plain decoding
+        note(f"{pair.target_name} runs on {backend_table.LABELS[pair.backend]} ({pair.backend_why})")
     _loaded_notes(pair.target_name, pair.target, pair.backend)
     if pair.draft_name is not None and pair.draft_name != pair.target_name:  # the same name: the target's weights
         _loaded_notes(pair.draft_name, pair.draft, pair.draft_backend)
@@ -342,7 +344,7 @@ def _check_torch_options(names: list[str], backend: str, typed: Collection[str])
 
 
 def gguf_weights(model: Any) -> str:
-    """What a model loaded from a GGUF runs: 'llama 256M Q4_1 GGUF via llama.cpp' (as llama.cpp
+    """What a model loaded from a GGUF runs: 'llama 135M Q4_1 GGUF via llama.cpp' (as llama.cpp
     describes it), or 'llama 30x576 (Q4_1/Q6_K) GGUF on specdec kernels'."""
     where = "via llama.cpp" if type(model).__module__.endswith("llamacpp") else "on specdec kernels"
     return f"{model.weights.description} GGUF {where}"

@@ -257,12 +257,13 @@ def _report(args: argparse.Namespace, pair: Pair, result: Any, ar: Any,
         "backend": {"name": pair.backend, "why": pair.backend_why},
         **({"weights": gguf_weights(pair.target)} if pair.backend in backend_table.GGUF_NAMES else {"dtype": args.dtype}),
         "method": result.method,
-        "exact": result.exact,
+        "exact": result.exact,  # the verification rule keeps the target's law (docs/exactness.md)
+        # greedy and seeded output is plain decoding's token for token on this backend (else its caveat is in backend.why)
+        "token_identical": backend_table.BY_NAME[pair.backend].token_identical,
         "stats": result.stats.to_dict(),
     }
     if result.logprobs is not None:
-        report["logprobs"] = [{"token": lp.token, "logprob": lp.logprob, "top": [list(t) for t in lp.top]}
-                              for lp in result.logprobs]
+        report["logprobs"] = _logprobs(result.logprobs, pair.tokenizer)
     if ar is not None:
         report["ar"] = {
             "text": ar.text,
@@ -276,6 +277,15 @@ def _report(args: argparse.Namespace, pair: Pair, result: Any, ar: Any,
             "speedup": _speedup(result, ar),
         }
     return report
+
+
+def _logprobs(logprobs: Sequence[Any], tokenizer: Any) -> list[dict[str, Any]]:
+    """Each token's id, text and log-probability, and its ``top`` as [id, logprob, text] lists."""
+    def text(token: int) -> str:
+        return tokenizer.decode([token])
+
+    return [{"token": lp.token, "text": text(lp.token), "logprob": lp.logprob,
+             "top": [[t, logprob, text(t)] for t, logprob in lp.top]} for lp in logprobs]
 
 
 def _print_summary(result: Any, ar: Any, args: argparse.Namespace, config: DecodeConfig,
