@@ -10,15 +10,16 @@ whatever the memory does. Prints a table and writes JSON.
 
     python benchmarks/gguf_compute_floor.py --threads 2 [--model PACK_OR_GGUF] [--out FILE]
 
-``--model`` (default: the default target) only supplies the weight count to project onto. Run it
-on an idle machine.
+``--model`` (default: the default target) supplies the weight count to project onto, and the file
+whose one-token step the JSON's ``machine`` records (:func:`specdec.bench.machine.machine_record`:
+the CPU's vector features, the memory's read speed, each GGUF backend's one-token step), measured
+first. Run it on an idle machine.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from gguf import GGMLQuantizationType as T
 
 from specdec import packs
 from specdec.backends import gguf as native
+from specdec.bench.machine import READ_MIB, machine_record
 
 N_IN = 1536  # the default target's hidden size
 SIZES_MIB = {"cache-resident": 8, "streamed": 512}  # weights of each size, MiB
@@ -66,10 +68,13 @@ def time_rows(weight: np.ndarray, qtype: T, threads: int, seconds: float) -> dic
     return best
 
 
-def model_weights(model: str) -> int:
+def model_file(model: str) -> Path:
+    return packs.gguf_file(model, progress=False) if model in packs.PACKS else Path(model).expanduser()
+
+
+def model_weights(path: Path) -> int:
     """Weights a token's forward multiplies: every 2-D tensor but the embedding, plus the head
     (the embedding again where the model ties them)."""
-    path = packs.gguf_file(model, progress=False) if model in packs.PACKS else Path(model).expanduser()
     w = native.GGUFWeights(path)
     names = {t.name: int(np.prod(t.shape)) for t in w.reader.tensors if len(t.shape) > 1}
     layers = sum(v for k, v in names.items() if k.startswith("blk."))
@@ -86,12 +91,15 @@ def main() -> None:
                         help="MiB of weights that stay in the last-level cache")
     parser.add_argument("--streamed-mib", type=int, default=SIZES_MIB["streamed"],
                         help="MiB of weights far larger than the cache")
+    parser.add_argument("--read-mib", type=int, default=READ_MIB, help="MiB read to measure the memory's read speed")
     args = parser.parse_args()
     torch.set_num_threads(1)
     rng = np.random.default_rng(0)
-    per_token = model_weights(args.model)
-    results: dict = {"threads": args.threads, "n_in": N_IN,
-                     "sizes_mib": {"cache-resident": args.resident_mib, "streamed": args.streamed_mib}, "cpu": platform.processor() or platform.machine(),
+    path = model_file(args.model)
+    per_token = model_weights(path)
+    machine = machine_record(args.threads, path, read_mib=args.read_mib)
+    results: dict = {"threads": args.threads, "n_in": N_IN, "machine": machine,
+                     "sizes_mib": {"cache-resident": args.resident_mib, "streamed": args.streamed_mib},
                      "kernel_path": "AVX2" if native.uses_avx2() else "portable", "model": args.model,
                      "model_weights_per_token": per_token, "ms": {}, "extra_row_ms_projected": {}}
     print(f"| type | weights | n_out | " + " | ".join(f"{n} rows (ms)" for n in ROWS) + " | extra row, ns per 1k weights |")

@@ -11,14 +11,15 @@ which other work on a shared machine can only slow down), and writes JSON with b
 
 ``--model`` takes a .gguf file or a pack name (default: the default target,
 qwen2.5-coder-1.5b, whose joined GGUF is prepared in the cache on first use). ``--no-llamacpp``
-times specdec's backend alone. Run it on an idle machine.
+times specdec's backend alone. The JSON's ``machine`` is the machine the figures were measured on
+(:func:`specdec.bench.machine.machine_record`: the CPU's vector features, the memory's read speed,
+each backend's one-token step), measured first. Run it on an idle machine.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -27,6 +28,7 @@ import torch
 
 from specdec import packs
 from specdec.backends import gguf as native
+from specdec.bench.machine import READ_MIB, machine_record
 
 
 def resolve(model: str) -> Path:
@@ -45,10 +47,12 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="JSON file (default: gguf-row-cost.json beside this script)")
     parser.add_argument("--no-llamacpp", action="store_true", help="time specdec's backend only")
     parser.add_argument("--stat", choices=("median", "min"), default="median", help="what the table shows")
+    parser.add_argument("--read-mib", type=int, default=READ_MIB, help="MiB read to measure the memory's read speed")
     args = parser.parse_args()
     path = resolve(args.model)
     sizes = sorted({1, *(int(v) for v in args.rows.split(","))})  # ratios are to the one-row pass
     torch.set_num_threads(args.threads)
+    machine = machine_record(args.threads, path, read_mib=args.read_mib)
 
     backends = {"specdec": native.load_gguf_native(path, n_threads=args.threads, n_ctx=1024)}
     if not args.no_llamacpp:
@@ -89,7 +93,7 @@ def main() -> None:
         "model": str(path), "threads": args.threads, "repeats": args.repeats, "context": args.context,
         "median_ms": medians, "min_ms": minima, "table_stat": args.stat,
         "ratio_to_one_row": {k: {n: v[n] / v[1] for n in v} for k, v in med.items()},
-        "kernel_path": "avx2" if native.uses_avx2() else "portable", "machine": platform.processor() or platform.machine(),
+        "kernel_path": "avx2" if native.uses_avx2() else "portable", "machine": machine,
         "command": f"python benchmarks/gguf_row_cost.py --model {args.model} --threads {args.threads} "
                    f"--repeats {args.repeats} --stat {args.stat}",
         "table": table,

@@ -77,6 +77,17 @@ def positive_numbers(values, count: int | None = None) -> None:
         assert len(values) == count, values
 
 
+def machine_recorded(record: dict) -> None:
+    """The machine a GGUF script measured on (:func:`specdec.bench.machine.machine_record`): the
+    CPU, its vector features, the memory read speed and the kernel's one-token step on the pack."""
+    assert set(record) == {"cpu", "features", "memory_read", "one_row_step"} and record["cpu"]
+    assert record["memory_read"]["mib"] == 16 and record["memory_read"]["threads"] == int(THREADS)
+    positive_numbers([record["memory_read"]["gb_per_s"]])
+    steps = record["one_row_step"]
+    assert steps["model"].endswith(".gguf") and steps["threads"] == int(THREADS) and "gguf" in steps["ms"]
+    positive_numbers(steps["ms"].values())
+
+
 def need_pack() -> None:
     missing = packs.missing_parts(packs.PACKS[PACK])
     if missing:
@@ -252,8 +263,9 @@ def test_gguf_compute_floor_runs(tmp_path):
     need_pack()
     out = tmp_path / "floor.json"
     ran(run_script("gguf_compute_floor.py", "--model", PACK, "--threads", THREADS, "--seconds", "0.05",
-                   "--resident-mib", "1", "--streamed-mib", "2", "--out", str(out)))
+                   "--resident-mib", "1", "--streamed-mib", "2", "--read-mib", "16", "--out", str(out)))
     data = read_json(out)
+    machine_recorded(data["machine"])
     assert data["sizes_mib"] == {"cache-resident": 1, "streamed": 2} and data["model_weights_per_token"] > 0
     for name in ("Q4_K", "Q6_K"):
         for size in ("cache-resident", "streamed"):
@@ -269,8 +281,10 @@ def test_gguf_row_cost_runs(tmp_path):
     out = tmp_path / "gguf-row-cost.json"
     with_llamacpp = llamacpp.available()
     ran(run_script("gguf_row_cost.py", "--model", PACK, "--rows", "1,2", "--repeats", "1", "--context", "8",
-                   "--threads", THREADS, "--out", str(out), *([] if with_llamacpp else ["--no-llamacpp"])))
+                   "--threads", THREADS, "--read-mib", "16", "--out", str(out),
+                   *([] if with_llamacpp else ["--no-llamacpp"])))
     data = read_json(out)
+    machine_recorded(data["machine"])
     backends = ["specdec", "llama.cpp"] if with_llamacpp else ["specdec"]
     assert list(data["median_ms"]) == backends and data["model"].endswith(".gguf")
     for name in backends:
