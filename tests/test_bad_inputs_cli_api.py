@@ -135,10 +135,10 @@ def test_llamacpp_run_says_what_runs(tmp_path, capsys):
     assert code == 0, err
     lines = err.splitlines()
     assert "specdec: loading smollm2-135m (GGUF via llama.cpp)" in lines
-    assert "specdec: smollm2-135m: llama 256M Q4_1 GGUF via llama.cpp" in lines  # as llama.cpp describes it
+    assert "specdec: smollm2-135m: llama 135M Q4_1 GGUF via llama.cpp" in lines  # llama.cpp's words, with the parameter count of its tensors
     assert "float16" not in err
     report = json.loads(out)
-    assert report["weights"] == "llama 256M Q4_1 GGUF via llama.cpp" and "dtype" not in report
+    assert report["weights"] == "llama 135M Q4_1 GGUF via llama.cpp" and "dtype" not in report
 
 
 @pytest.mark.parametrize("extra, option", [(["--dtype", "float32"], "--dtype"), (["--kernels", "torch"], "--kernels")])

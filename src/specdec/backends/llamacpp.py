@@ -153,7 +153,8 @@ class GGUFWeights:
         self.n_ctx_train = int(api.llama_model_n_ctx_train(self._ptr))
         desc = ctypes.create_string_buffer(256)
         api.llama_model_desc(self._ptr, desc, len(desc))
-        self.description = desc.value.decode("utf-8", "replace")  # e.g. 'qwen2 1.5B Q4_K - Medium'
+        self.n_params = int(api.llama_model_n_params(self._ptr))  # counted from the file's tensors
+        self.description = describe(desc.value.decode("utf-8", "replace"), self.n_params)
 
     @property
     def pointer(self) -> int:
@@ -168,6 +169,19 @@ class GGUFWeights:
         ptr, self._ptr = getattr(self, "_ptr", None), None
         if ptr:
             self._api.llama_model_free(ptr)
+
+
+def describe(desc: str, n_params: int) -> str:
+    """llama.cpp's description of a model (``'qwen2 1B Q4_K - Medium'``: architecture, a size class
+    of its own, file type) with the size class replaced by the parameter count of the file's
+    tensors: ``'qwen2 494M Q4_K - Medium'``."""
+    arch, _size_class, file_type = (desc.split(" ", 2) + ["", ""])[:3]
+    return " ".join(part for part in (arch, params_label(n_params), file_type) if part)
+
+
+def params_label(n_params: int) -> str:
+    """A parameter count as people write it: 134515008 -> '135M', 1543714304 -> '1.5B'."""
+    return f"{n_params / 1e6:.0f}M" if n_params < 999_500_000 else f"{n_params / 1e9:.1f}B"
 
 
 def _check_gguf_file(path: Path) -> None:
