@@ -215,6 +215,47 @@ def test_readme_commands_and_ci_agree():
     assert "set -euo pipefail" in ci
 
 
+def _readme_schema_command() -> list[str]:
+    """The README's --json-schema example, as arguments after ``specdec``."""
+    import shlex
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    (line,) = [line for line in readme.splitlines() if line.startswith("specdec ") and "--json-schema" in line]
+    return shlex.split(line.split("#")[0])[1:]
+
+
+def test_the_readme_json_schema_example_ships_and_constrains_the_output(tiny, capsys, monkeypatch):
+    """The schema file the README's command names is in the repository (the path is relative to its
+    root), is a JSON Schema, and the command as written constrains a model's output to it (greedy,
+    on the tiny models, with whitespace between JSON tokens biased away so that the output ends
+    within the token limit)."""
+    from specdec.constraints import Constraints
+
+    root = Path(__file__).resolve().parents[1]
+    args = _readme_schema_command()
+    path = args[args.index("--json-schema") + 1]
+    schema = json.loads((root / path).read_text())
+    assert schema["type"] == "object" and set(schema["required"]) == set(schema["properties"]) == {"name", "age"}
+    Constraints(json_schema=schema).check(vocab_size=1 << 31)
+    monkeypatch.chdir(root)
+    no_whitespace = [f"--logit-bias={token}=-100" for token in (197, 198, 201, 220)]  # \t \n \r and space
+    code, out, err = run_main([*args, "--target", tiny["target"], "--draft", tiny["draft"], "--dtype", "float32",
+                               "--max-new-tokens", "120", *no_whitespace], capsys)
+    assert code == 0, err
+    report = json.loads(out)
+    person = json.loads(report["text"])
+    assert set(person) == {"name", "age"} and isinstance(person["name"], str) and len(person["name"]) <= 40
+    assert isinstance(person["age"], int) and 0 <= person["age"] <= 150
+    assert len(report["logprobs"]) == len(report["token_ids"]) < 120
+
+
+def test_an_unreadable_json_schema_file_is_named_with_what_it_must_hold(capsys, tmp_path):
+    code, out, err = run_main(["generate", "x", "--json-schema", str(tmp_path / "person.json")], capsys)
+    assert code == 2 and out == ""
+    assert_one_line_error(err, contains=f"--json-schema {tmp_path / 'person.json'}: cannot read it")
+    assert "a JSON Schema file" in err.strip().splitlines()[1]
+
+
 def test_draft_none_decodes_with_the_target_alone(tiny, capsys):
     report = generate_json(tiny, capsys, "--draft", "none")
     assert report["method"] == "ar" and report["stats"]["drafted_tokens"] == 0

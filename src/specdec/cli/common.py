@@ -185,16 +185,17 @@ def constraints_from(args: argparse.Namespace) -> tuple[Constraints | None, int 
         except ValueError:
             raise CLIError(f"--logit-bias {item!r} is not ID=BIAS", "write a token id and a number, e.g. --logit-bias 42=-100",
                            code=2) from None
-    def read(path: str | None, flag: str) -> str | None:
+    def read(path: str | None, flag: str, what: str) -> str | None:
         if path is None:
             return None
         try:
             return Path(path).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as err:
-            raise CLIError(f"{flag} {path}: cannot read it ({err})", f"give the path of a UTF-8 text file to {flag}",
+            raise CLIError(f"{flag} {path}: cannot read it ({err})", f"give {flag} the path of {what} (UTF-8 text)",
                            code=2) from None
-    constraints = Constraints(json_schema=read(args.json_schema, "--json-schema"), regex=args.regex,
-                              grammar=read(args.grammar, "--grammar"), logit_bias=bias,
+    schema = read(args.json_schema, "--json-schema", "a JSON Schema file, e.g. examples/person.json in specdec's repository")
+    constraints = Constraints(json_schema=schema, regex=args.regex,
+                              grammar=read(args.grammar, "--grammar", "an llguidance Lark grammar file"), logit_bias=bias,
                               presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
                               repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n)
     try:
