@@ -150,3 +150,14 @@ def test_the_gumbel_candidate_filter_finds_the_whole_vocabularys_largest_keys():
     spread = rng.standard_normal(vocab) * 3.0
     candidates = sampling._candidates(spread, 5, 123, 1)
     assert candidates is not None and 1 <= len(candidates) < vocab // 100  # exact keys for a few tokens only
+
+
+@pytest.mark.parametrize("vocab", [64, 151936])  # every key computed; the candidate filter (vocab >= 4096)
+def test_gumbel_max_draws_no_token_where_none_is_asked_for(vocab):
+    """A dynamic tree asks a node with no room left for zero children: the answer is no token (on a
+    large vocabulary this once reached the candidate filter, which failed on a zero count)."""
+    from specdec import sampling
+
+    scores = np.random.default_rng(3).standard_normal(vocab)
+    assert sampling.gumbel_max(scores, 2, 40, count=0) == []
+    assert len(sampling.gumbel_max(scores, 2, 40, count=3)) == 3

@@ -116,6 +116,29 @@ def test_draft_chars_of_steps_that_keep_part_of_the_draft(pair):
         assert e.draft_chars == sum(len(PIECES[t]) for t, d in zip(e.token_ids, e.from_draft) if d)
 
 
+
+@pytest.mark.parametrize("sampling", SETTINGS, ids=lambda s: f"T={s['temperature']},seed={s.get('seed')}")
+def test_a_stop_inside_a_kept_draft_ends_the_tokens_where_plain_decoding_does(pair, sampling):
+    """Plain decoding ends at the token that completes a stop string; a kept draft that ran past it
+    leaves none of its later tokens in the ids, the counts, the events or the logprobs."""
+    target, _ = pair
+    settings = dict(tokenizer=PieceTokenizer(), max_new_tokens=40, sampler="gumbel", **sampling)
+    free = generate(target, PROMPT, **settings)
+    text = free.text
+    # a stop string completed by a token in the middle of the output, first seen there
+    stop = next(text[at - 2 : at] for at in range(6, len(text) - 6) if text.find(text[at - 2 : at]) == at - 2)
+    ar = generate(target, PROMPT, stop=stop, **settings)
+    assert len(ar.token_ids) < len(free.token_ids)
+    for k in (3, 8):  # the target drafting for itself: every draft is kept, so the stop falls inside one
+        options = dict(draft=target, k=k, policy="static", stop=stop, logprobs=0, **settings)
+        spec = generate(target, PROMPT, **options)
+        assert spec.token_ids == ar.token_ids and spec.text == ar.text
+        assert spec.stats.new_tokens == len(ar.token_ids) and len(spec.logprobs) == len(ar.token_ids)
+        events = list(stream(target, PROMPT, **options))
+        assert [t for e in events for t in e.token_ids] == ar.token_ids
+        assert max(len(e.token_ids) for e in events) > 1
+
+
 # -- the server: the library's text, streamed or whole ---------------------------------------------
 
 

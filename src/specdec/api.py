@@ -222,11 +222,12 @@ class _Run:
     def events(self) -> Iterator[StreamEvent]:
         start = time.perf_counter()
         for step in self.steps:
-            self.stats.add(step)
             self.token_ids += step.tokens
+            delta, draft_chars = self._advance_text(step)
+            step = self._through_stop(step)
+            self.stats.add(step)
             if self.logprobs is not None:
                 self.logprobs += step.logprobs or []
-            delta, draft_chars = self._advance_text(step)
             self.stats.seconds = time.perf_counter() - start
             yield StreamEvent(step.tokens, delta, step.from_draft, draft_chars, self.stats, step.logprobs)
             if self.finished:
@@ -256,6 +257,23 @@ class _Run:
             self.finished = True
             return self._release(cut if cut >= 0 else self.settled)
         return self._release(self.settled - _stop_prefix(self.decoded[: self.settled], self.stop))
+
+    def _through_stop(self, step: Step) -> Step:
+        """The step's tokens through the one that completed a stop string, and no further: plain
+        decoding ends at that token, so a kept draft that ran past the stop leaves no token after it
+        (in ``token_ids``, the counts or the logprobs)."""
+        if not (self.finished and self.stop and any(s in self.decoded for s in self.stop)):
+            return step
+        start = len(self.token_ids) - len(step.tokens)
+        for n in range(start + 1, len(self.token_ids)):
+            text = self._decode(self.token_ids[:n])
+            if any(s in text for s in self.stop):
+                del self.token_ids[n:]
+                kept = n - start
+                logprobs = step.logprobs[:kept] if step.logprobs is not None else None
+                return dataclasses.replace(step, tokens=step.tokens[:kept], accepted=min(step.accepted, kept),
+                                           logprobs=logprobs, forced=min(step.forced, kept))
+        return step
 
     def _credit(self, step: Step, start: int) -> None:
         """Credit the characters this step settled (``decoded[start:settled]``) to the draft or the

@@ -240,6 +240,8 @@ def gumbel_max(scores: torch.Tensor | np.ndarray, seed: int, position: int, coun
     if support == 0:
         raise ValueError("cannot sample from a distribution with no positive mass")
     count = min(count, support)
+    if count <= 0:  # a tree node with no room for children asks for none
+        return []
     if support * 8 <= vocab:  # a top-k / top-p support: noise for its tokens only
         ids = np.flatnonzero(finite)
     else:
