@@ -150,6 +150,43 @@ def test_the_seeded_sampler_is_the_servers_choice(pair):
         assert bad.status_code == 400 and "sampler" in bad.text
 
 
+def test_the_answer_names_the_sampler_that_chose_its_tokens(client):
+    """Greedy is the argmax, whatever the method's sampler: not a multinomial draw."""
+    def sampler(**settings: Any) -> str:
+        return client.completions.create(model="tiny", prompt="import os", max_tokens=4, **settings).speculative["sampler"]
+
+    assert sampler(temperature=0) == "greedy"
+    assert sampler(temperature=0, seed=7) == "greedy"  # a seed changes nothing at temperature 0
+    assert sampler(temperature=1.0) == "multinomial"
+    assert sampler(temperature=1.0, seed=7) == "gumbel"
+
+
+def test_the_answer_says_whether_its_tokens_are_plain_decodings_on_the_backend(pair, client):
+    """``exact``: the rule keeps the target's law; ``token_identical``: greedy and seeded output is
+    also plain decoding's token for token on the target's backend, which is not so on llama.cpp,
+    whose ``caveat`` says what may differ."""
+    from specdec.backends.table import BY_NAME
+    from specdec.config import DecodeConfig
+    from specdec.server.responses import speculative_stats
+
+    spec = client.completions.create(model="tiny", prompt="import os", max_tokens=4, temperature=0).speculative
+    assert (spec["exact"], spec["token_identical"], spec["caveat"]) == (True, True, None)
+    method = DecodeConfig.parse("spec")
+    on_llamacpp = speculative_stats(method, None, temperature=0, backend="llamacpp")
+    assert (on_llamacpp["exact"], on_llamacpp["token_identical"]) == (True, False)
+    assert on_llamacpp["caveat"] == BY_NAME["llamacpp"].caveat
+    assert "near-ties" in on_llamacpp["caveat"] and "cached prompt" in on_llamacpp["caveat"]
+    on_kernel = speculative_stats(method, None, temperature=0, backend="gguf")
+    assert (on_kernel["token_identical"], on_kernel["caveat"]) == (True, None)
+    lossy = speculative_stats(DecodeConfig.parse("spec:typical"), None, temperature=0, backend="gguf")
+    assert (lossy["exact"], lossy["token_identical"]) == (False, False)
+    target, draft, tokenizer = pair
+    served = ServedModels(target, tokenizer, draft, name="tiny", draft_name="tiny-draft", backend="llamacpp")
+    with Server(create_app(served, ServerOptions(method_config("ar", True)))) as running:
+        got = running.client().completions.create(model="tiny", prompt="import os", max_tokens=4, temperature=0)
+    assert (got.speculative["token_identical"], got.speculative["caveat"]) == (False, BY_NAME["llamacpp"].caveat)
+
+
 def test_chat_equals_generate_on_the_chat_template(pair, client):
     target, draft, tokenizer = pair
     messages = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "Sort a list."}]

@@ -155,7 +155,7 @@ def run_serve(args: argparse.Namespace) -> int:
     thread = ModelThread()  # every call into the models, loading included, runs on it (specdec.server.worker)
     pair = thread.call(load_models_from, args)
     models = ServedModels(pair.target, pair.tokenizer, pair.draft, name=args.target, draft_name=pair.draft_name,
-                          draft_weights=args.draft_weights)
+                          draft_weights=args.draft_weights, backend=pair.backend)
     options = ServerOptions(method, max_queue=args.max_queue, request_timeout=args.request_timeout,
                             api_key=key, max_tokens=args.max_tokens,
                             allowed_hosts=allowed_hosts(args.host, args.allowed_hosts),

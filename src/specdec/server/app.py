@@ -68,6 +68,7 @@ class ServedModels:
     name: str = "specdec"
     draft_name: str | None = None
     draft_weights: str = "int8"
+    backend: str = "torch"  # where the target runs: a name of specdec.backends.table (what the answers say of it)
 
 
 @dataclass
@@ -335,7 +336,7 @@ def _job(state: _State, gen: Generation) -> Job:
         if state.options.datastore is not None and ids:  # the output, after the prompt's last tokens it followed
             tail = list(gen.prompt[-MAX_MATCH:]) if not isinstance(gen.prompt, str) else []
             state.options.datastore.add(tail + list(ids))
-        return {**summary(gen, ids, text, stats, decode, state.eos), "logprobs": logprobs, "ids": ids}
+        return {**summary(gen, ids, text, stats, decode, state.eos, models.backend), "logprobs": logprobs, "ids": ids}
 
     return Job(start, decode, finish, time.monotonic() + state.options.request_timeout, asyncio.get_running_loop())
 

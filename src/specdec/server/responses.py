@@ -10,8 +10,12 @@ Every answer carries a non-standard ``speculative`` object. In a chunk it is the
 ``token_ids``, ``from_draft`` (which of them were draft tokens the target accepted),
 ``draft_chars`` (how many characters of the chunk's text draft tokens wrote: its leading ones,
 unless text held back from an earlier step begins it) and ``drafted`` (draft tokens proposed); in
-the last chunk and the whole answer, the run's figures: its method, sampler, target forwards,
-acceptance and timings.
+the last chunk and the whole answer, the run's figures: its method, whether its rule is exact
+(``exact``: the output keeps the target's law, docs/exactness.md), whether greedy and seeded output
+is plain decoding's token for token on the backend that ran it (``token_identical``; where not,
+``caveat`` says what may differ: on llama.cpp a near-tie, and a cached prompt, may change the
+answer), the sampler (``greedy`` at temperature 0, else ``gumbel`` or ``multinomial``), target
+forwards, acceptance and timings.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import uuid
 from typing import Any, Callable
 
 import specdec
+from specdec.backends.table import BY_NAME
 from specdec.config import DecodeConfig
 from specdec.server.logprobs import TokenText
 from specdec.server.requests import Generation
@@ -143,10 +148,11 @@ class Answer:
 
 
 def summary(gen: Generation, ids: list[int], text: str, stats: Any, decode: Callable[[list[int]], str],
-            eos: set[int]) -> dict[str, Any]:
+            eos: set[int], backend: str = "torch") -> dict[str, Any]:
     """The text, finish_reason, usage and the speculative figures of a finished generation: its
     output ``ids`` (their ``text``, ``decode`` turning ids into text), the run's ``stats`` (None for
-    a generation that ran no step) and the model's end tokens ``eos``."""
+    a generation that ran no step), the model's end tokens ``eos`` and the ``backend`` the target
+    runs on (a name of :mod:`specdec.backends.table`)."""
     full = decode(ids)
     ends = eos if gen.sampling.get("eos_token_ids") is None else set(gen.sampling["eos_token_ids"])
     limit = gen.sampling["max_new_tokens"]
@@ -156,7 +162,8 @@ def summary(gen: Generation, ids: list[int], text: str, stats: Any, decode: Call
     stopped = bool(ids and ids[-1] in ends) or any(s in full for s in gen.stop) or len(ids) < limit
     return {"text": text, "finish_reason": "stop" if stopped else "length",
             "usage": usage(gen.prompt_tokens, len(ids), stats.prompt_cached if stats is not None else 0),
-            "speculative": speculative_stats(gen.method, stats)}
+            "speculative": speculative_stats(gen.method, stats, temperature=gen.sampling["temperature"],
+                                             backend=backend)}
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
@@ -166,11 +173,16 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dic
             "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
-def speculative_stats(method: DecodeConfig, stats: Any) -> dict[str, Any]:
+def speculative_stats(method: DecodeConfig, stats: Any, *, temperature: float = 1.0,
+                      backend: str = "torch") -> dict[str, Any]:
     """The non-standard ``speculative`` object of a whole answer and of the last chunk: how
-    ``method`` ran, from the run's ``stats`` (a :class:`specdec.stats.GenerationStats`; None: no step ran)."""
+    ``method`` ran at ``temperature`` on the target's ``backend``, from the run's ``stats`` (a
+    :class:`specdec.stats.GenerationStats`; None: no step ran)."""
+    caveat = BY_NAME[backend].caveat
     return {
-        "method": str(method), "exact": method.exact, "sampler": "gumbel" if method.gumbel else "multinomial",
+        "method": str(method), "exact": method.exact, "token_identical": method.exact and caveat is None,
+        "caveat": caveat,
+        "sampler": sampler_name(method, temperature),
         "gumbel_seed": stats.gumbel_seed if stats is not None else None,
         "policy": None if method.is_ar or method.verify == "tree" else method.policy,
         "policy_state": stats.policy if stats is not None else {},
@@ -186,3 +198,11 @@ def speculative_stats(method: DecodeConfig, stats: Any) -> dict[str, Any]:
         # tokens a grammar forced: drafted at no model cost where it allowed one continuation only
         "forced_tokens": stats.forced_tokens if stats else 0,
     }
+
+
+def sampler_name(method: DecodeConfig, temperature: float) -> str:
+    """How the answer's tokens were chosen: ``greedy`` (the argmax, at temperature 0 whatever the
+    method's sampler), else ``gumbel`` (Gumbel-max with public noise) or ``multinomial``."""
+    if temperature == 0:
+        return "greedy"
+    return "gumbel" if method.gumbel else "multinomial"
