@@ -55,7 +55,7 @@ def test_an_installed_single_file_pack_runs_its_installed_file(capsys, tmp_path)
     assert row["prepared"]["gguf"] == str(pack.parts[0].locate()) and Path(row["prepared"]["gguf"]).is_file()
 
 
-@pytest.mark.parametrize("count, label", [(134_515_008, "135M"), (494_032_768, "494M"), (999_400_000, "999M"),
+@pytest.mark.parametrize("count, label", [(27_072, "27K"), (999_400, "999K"), (999_600, "1M"), (134_515_008, "135M"), (494_032_768, "494M"), (999_400_000, "999M"),
                                           (999_600_000, "1.0B"), (1_543_714_304, "1.5B"), (7_615_616_512, "7.6B")])
 def test_a_parameter_count_is_written_as_people_write_it(count, label):
     assert llamacpp.params_label(count) == label

@@ -180,7 +180,9 @@ def describe(desc: str, n_params: int) -> str:
 
 
 def params_label(n_params: int) -> str:
-    """A parameter count as people write it: 134515008 -> '135M', 1543714304 -> '1.5B'."""
+    """A parameter count as people write it: 27072 -> '27K', 134515008 -> '135M', 1543714304 -> '1.5B'."""
+    if n_params < 999_500:
+        return f"{n_params / 1e3:.0f}K"
     return f"{n_params / 1e6:.0f}M" if n_params < 999_500_000 else f"{n_params / 1e9:.1f}B"
 
 
