@@ -228,10 +228,64 @@ def test_stop_strings_end_the_text_as_generate_does(pair, client):
 def test_fill_in_the_middle_wraps_prompt_and_suffix_in_fim_tokens(pair, client):
     prompt, suffix = "def add(a, b):\n    ", "\n    return c\n"
     want = reference(pair, f"<|fim_prefix|>{prompt}<|fim_suffix|>{suffix}<|fim_middle|>", max_new_tokens=12,
-                     temperature=0)
+                     temperature=0, stop=["\n    return c"])  # the middle ends where the suffix's line is written
     got = client.completions.create(model="tiny", prompt=prompt, suffix=suffix, max_tokens=12, temperature=0)
     assert got.choices[0].text == want.text
     assert got.usage.prompt_tokens == len(prompt) + len(suffix) + 3  # bytes and the three FIM tokens
+
+
+@pytest.mark.parametrize("suffix, lead", [
+    ("\n    return c\n", "\n    return c"),  # the suffix's one line with text, after its line break
+    (")\n    print(x)\n\nmain()\n", ")\n    print(x)"),  # its first two lines with text
+    ("\n\n", ""), ("", ""),
+])
+def test_a_middle_ends_at_the_suffixs_first_lines(suffix, lead):
+    from specdec.server import requests as rq
+
+    assert rq._suffix_lead(suffix) == lead
+
+
+def test_a_middle_ends_at_fim_end_tokens_and_the_suffix_unless_eos_is_ignored():
+    from specdec.server import requests as rq
+
+    vocab = {"<|endoftext|>": 7, "<|fim_pad|>": 9, "<|file_sep|>": 11, "<|im_end|>": 4}
+
+    class Vocab:
+        def get_vocab(self):
+            return vocab
+
+    def body(**fields):
+        return rq.CompletionBody.model_validate({"prompt": "def add(a, b):\n    ", **fields})
+
+    gen = rq.Generation("completion", [1, 2], 2, None, {"max_new_tokens": 8, "stop": ["END"]}, stop=["END"])
+    ended = rq.infill_ends(gen, body(suffix="\n    return c\n", stop="END"), Vocab(), {4})
+    assert ended.sampling["eos_token_ids"] == [4, 7, 9, 11]
+    assert ended.stop == ended.sampling["stop"] == ["END", "\n    return c"]
+    assert rq.infill_ends(gen, body(suffix=")"), Vocab(), {4}).stop == ["END"]  # no whole line: no stop string
+    assert rq.infill_ends(gen, body(), Vocab(), {4}) is gen  # no suffix
+    assert rq.infill_ends(gen, body(suffix="x\ny", ignore_eos=True), Vocab(), {4}) is gen
+
+
+@pytest.mark.slow
+def test_the_default_targets_middle_ends_before_the_suffix():
+    """Qwen2.5-Coder-Instruct writes past the middle, through the suffix and into a next function;
+    the server's answer is the middle alone, as the docs' example shows."""
+    from specdec.server import requests as rq
+
+    pack = packs.PACKS[models.DEFAULT_TARGET]
+    if packs.missing_parts(pack):
+        pytest.skip(f"pack {pack.name} is not installed")
+    pair = models.load_pair(pack.name, None, backend="gguf", n_threads=2)
+    body = rq.CompletionBody.model_validate({"prompt": "def add(a, b):\n    ", "suffix": "\n    return c\n",
+                                             "max_tokens": 32, "temperature": 0})
+    ids = rq.completion_prompt(body, pair.tokenizer, fim=True)
+    gen = rq.infill_ends(rq.Generation("completion", ids, len(ids), None, rq.sampling_kwargs(body, 32)), body,
+                         pair.tokenizer, set(pair.target.generation_config.eos_token_id or []))
+    free = generate(pair.target, ids, tokenizer=pair.tokenizer, max_new_tokens=32, temperature=0, eos_token_ids=[])
+    assert "return c\n\ndef" in free.text  # on its own it runs on past the middle
+    kwargs = {k: v for k, v in gen.sampling.items() if k not in ("max_new_tokens",)}
+    middle = generate(pair.target, ids, tokenizer=pair.tokenizer, max_new_tokens=32, **kwargs)
+    assert middle.text == "c = a + b"
 
 
 def test_fill_in_the_middle_without_fim_tokens_is_a_400():

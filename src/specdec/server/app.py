@@ -184,10 +184,13 @@ def _private_routes(state: _State) -> APIRouter:
         constraints = await run_in_threadpool(_constraints, state, body)
         ids = await run_in_threadpool(rq.completion_ids, body, models.tokenizer, state.fim)
         state.limits.check_ids(ids, "prompt")
-        return await _serve(state, request, _generation("completion", ids, body, method, max_tokens, constraints))
+        gen = rq.infill_ends(_generation("completion", ids, body, method, max_tokens, constraints), body,
+                             models.tokenizer, state.eos)
+        return await _serve(state, request, gen)
 
     @router.post("/v1/chat/completions")
-    async def chat(body: ChatBody, request: Request) -> Response:
+    async def chat(request: Request) -> Response:
+        body = await _body(request, ChatBody)
         _check_model(body.model, models.name)
         method = rq.choose_method(body, options.method, models.draft is not None, options.seeded_sampler)
         if body.max_tokens is not None and body.max_completion_tokens is not None:

@@ -26,6 +26,7 @@ model: its length in characters before tokenizing (a bound no tokenizer can beat
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from typing import Any, Literal, Sequence
@@ -579,6 +580,42 @@ def completion_prompt(body: CompletionBody, tokenizer: Any, fim: bool) -> str | 
         return tokenizer(piece, add_special_tokens=False)["input_ids"]
 
     return [*start, prefix, *text(body.prompt), suffix, *text(body.suffix), middle]
+
+
+# Tokens a code model ends a middle with (llama.cpp counts them among a vocabulary's end-of-generation
+# tokens): the padding and file markers of Qwen2.5-Coder's repository format, and the plain end of text.
+FIM_END_TOKENS = ("<|endoftext|>", "<|fim_pad|>", "<|file_sep|>", "<|repo_name|>")
+INFILL_STOP_LINES = 2  # the suffix's first lines with text: the middle is done once the model writes them
+
+
+def infill_ends(gen: Generation, body: CompletionBody, tokenizer: Any, eos: set[int]) -> Generation:
+    """A fill-in-the-middle generation that ends where the middle does: at the model's end tokens
+    and the FIM end tokens (:data:`FIM_END_TOKENS`), or where the text reaches the suffix's first
+    lines (an instruct model often writes on past the middle, through the suffix and beyond; the
+    text is cut before them, as at a stop string). Unchanged without ``suffix`` or with ``ignore_eos``."""
+    if body.suffix is None or body.ignore_eos:
+        return gen
+    vocab = tokenizer.get_vocab()
+    ends = sorted(set(eos) | {vocab[t] for t in FIM_END_TOKENS if t in vocab})
+    stops = list(gen.stop)
+    lead = _suffix_lead(body.suffix)
+    if "\n" in lead and lead not in stops:  # a whole line of the suffix: never a piece a middle may hold
+        stops.append(lead)
+    sampling = {**gen.sampling, "eos_token_ids": ends, "stop": stops}
+    return dataclasses.replace(gen, sampling=sampling, stop=stops)
+
+
+def _suffix_lead(suffix: str) -> str:
+    """The suffix from its start through its first :data:`INFILL_STOP_LINES` lines with text
+    (trailing blanks dropped); empty for a suffix of blanks. Where the model writes it, the middle
+    has ended."""
+    lines = suffix.split("\n")
+    seen = 0
+    for n, line in enumerate(lines):
+        seen += bool(line.strip())
+        if seen == INFILL_STOP_LINES:
+            return "\n".join(lines[: n + 1]).rstrip()
+    return suffix.rstrip() if seen else ""
 
 
 def chat_prompt(body: ChatBody, tokenizer: Any) -> list[int]:
