@@ -189,8 +189,7 @@ def _private_routes(state: _State) -> APIRouter:
         return await _serve(state, request, gen)
 
     @router.post("/v1/chat/completions")
-    async def chat(request: Request) -> Response:
-        body = await _body(request, ChatBody)
+    async def chat(body: ChatBody, request: Request) -> Response:
         _check_model(body.model, models.name)
         method = rq.choose_method(body, options.method, models.draft is not None, options.seeded_sampler)
         if body.max_tokens is not None and body.max_completion_tokens is not None:
