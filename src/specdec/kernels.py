@@ -26,6 +26,7 @@ import ctypes
 import hashlib
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import types
@@ -35,13 +36,14 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from specdec.paths import cache_root
+from specdec.paths import cache_root, write_atomic
 
 SOURCE = "linear_bf16.c"
 FLAGS = ["-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
 
 _library: ctypes.CDLL | None = None
 _unavailable: str | None = None  # why the kernel cannot be used, once known
+_cache_dir: str | Path | None = None  # the cache the compiled kernels live in (None: the default; see use_cache_dir)
 
 # -- the prompt's prefill ----------------------------------------------------------------------
 #
@@ -311,38 +313,108 @@ class _Unavailable(Exception):
     pass
 
 
+def use_cache_dir(cache_dir: str | Path | None) -> None:
+    """Keep the compiled kernels in ``cache_dir``'s ``kernels`` folder from now on (None: the
+    default cache, :func:`specdec.paths.cache_root`). Loading a model sets it to the cache the model
+    is loaded from, so ``--cache-dir`` holds the kernels too; a library this process has already
+    loaded stays loaded."""
+    global _cache_dir
+    _cache_dir = cache_dir
+
+
+def kernels_dir() -> Path:
+    """The folder the compiled kernels are built into and loaded from (see :func:`use_cache_dir`)."""
+    return cache_root(_cache_dir) / "kernels"
+
+
 def build_library(source: str, flags: Sequence[str], *, name: str, libs: Sequence[str] = (),
                   error: type[Exception] = RuntimeError, serial_fallback: bool = False) -> ctypes.CDLL:
-    """Compile ``csrc/<source>`` with ``flags`` (then ``libs``) once into the cache's ``kernels``
-    folder, named ``<name>-<hash of source and flags>.so``, and load it. ``serial_fallback``: retry
+    """Compile ``csrc/<source>`` with ``flags`` (then ``libs``) once into :func:`kernels_dir`,
+    named ``<name>-<hash of source and flags>.so``, and load it. ``serial_fallback``: retry
     without ``-fopenmp`` when the compiler lacks it. Raises ``error`` with the reason (no compiler,
-    an unwritable cache, a failed build or load)."""
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        raise error("no C compiler found (install gcc, or set CC)")
+    an unwritable cache, a failed build or load).
+
+    Beside the library a stamp (``<library>.sha256``) holds its size and hash, written once the
+    library is complete. A library that does not match its stamp (cut short, changed, or built
+    before stamps) or that fails to load is built again, once: a damaged file is never loaded,
+    since a truncated library loads and then kills the process with SIGBUS when its code runs."""
     code = resources.files("specdec").joinpath("csrc", source).read_bytes()
     digest = hashlib.sha256(code + " ".join([*flags, *libs]).encode()).hexdigest()[:16]
-    target = cache_root() / "kernels" / f"{name}-{digest}.so"
-    if not target.is_file():
-        src = target.with_suffix(".c")
-        try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            src.write_bytes(code)
-        except OSError as err:
-            raise error(f"cannot write into {target.parent} (the cache directory; set $SPECDEC_CACHE): "
-                        f"{err.strerror or err}") from None
-        partial = target.with_name(f"{target.name}.{os.getpid()}.tmp")
-        done = subprocess.run([compiler, *flags, "-o", str(partial), str(src), *libs], capture_output=True, text=True)
-        if done.returncode != 0 and serial_fallback:  # a compiler without OpenMP (e.g. Apple's clang): one thread
-            serial = [f for f in flags if f != "-fopenmp"]
-            done = subprocess.run([compiler, *serial, "-o", str(partial), str(src), *libs], capture_output=True, text=True)
-        if done.returncode != 0:
-            raise error(f"compiling {src} failed: {done.stderr.strip()[-400:]}")
-        os.replace(partial, target)  # atomic: a concurrent build never sees half a file
+    target = kernels_dir() / f"{name}-{digest}.so"
+    if _intact(target):
+        with contextlib.suppress(OSError):  # matches its stamp yet does not load: built again below
+            return ctypes.CDLL(str(target))
+    _compile(code, target, flags, libs, error=error, serial_fallback=serial_fallback)
     try:
         return ctypes.CDLL(str(target))
     except OSError as err:
         raise error(f"loading {target} failed: {err}") from None
+
+
+def _stamp(library: Path) -> Path:
+    return library.with_name(f"{library.name}.sha256")
+
+
+def _fingerprint(path: Path) -> str:
+    """'<size> <sha256>' of the file at ``path``."""
+    data = path.read_bytes()
+    return f"{len(data)} {hashlib.sha256(data).hexdigest()}"
+
+
+def _intact(library: Path) -> bool:
+    """Whether ``library`` is there and has the size and hash its stamp records."""
+    try:
+        return _stamp(library).read_text().strip() == _fingerprint(library)
+    except OSError:
+        return False
+
+
+def _compiler(error: type[Exception]) -> list[str]:
+    """The C compiler's command: ``$CC`` (split as a shell would, e.g. ``ccache gcc``), else cc or gcc."""
+    chosen = os.environ.get("CC")
+    if chosen and chosen.strip():
+        return shlex.split(chosen)
+    found = shutil.which("cc") or shutil.which("gcc")
+    if found is None:
+        raise error("no C compiler found (install gcc, or set CC)")
+    return [found]
+
+
+def _compile(code: bytes, target: Path, flags: Sequence[str], libs: Sequence[str], *,
+             error: type[Exception], serial_fallback: bool) -> None:
+    """Build ``code`` into ``target`` (renamed into place whole, so a concurrent load never sees
+    half a file), then write its stamp."""
+    compiler = _compiler(error)
+    src = target.with_suffix(".c")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(src, code.decode())
+    except OSError as err:
+        raise error(f"cannot write into {target.parent} (the cache directory; set --cache-dir or $SPECDEC_CACHE): "
+                    f"{err.strerror or err}") from None
+    partial = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+    try:
+        done = _run(compiler, flags, partial, src, libs, error)
+        if done.returncode != 0 and serial_fallback:  # a compiler without OpenMP (e.g. Apple's clang): one thread
+            done = _run(compiler, [f for f in flags if f != "-fopenmp"], partial, src, libs, error)
+        if done.returncode != 0:
+            raise error(f"compiling {src} failed: {done.stderr.strip()[-400:]}")
+        stamp = _fingerprint(partial)
+        os.replace(partial, target)  # a new file: a process that has the old one loaded keeps it
+        write_atomic(_stamp(target), stamp + "\n")
+    except OSError as err:
+        raise error(f"building {target} failed: {err}") from None
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def _run(compiler: list[str], flags: Sequence[str], out: Path, src: Path, libs: Sequence[str],
+         error: type[Exception]) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run([*compiler, *flags, "-o", str(out), str(src), *libs], capture_output=True, text=True)
+    except OSError as err:  # $CC names no program that runs
+        raise error(f"cannot run the C compiler {' '.join(compiler)}: {err.strerror or err} "
+                    "(install gcc, or set CC to a compiler that runs)") from None
 
 
 def _build_and_open() -> ctypes.CDLL:

@@ -76,8 +76,8 @@ def load_pair(
     ``on_load(name, backend)`` just before each model loads (the CLI prints its "loading ..." line).
 
     Raises :class:`ModelPackError` for a missing or corrupt pack, an unusable cache directory, an
-    unknown model, or a draft whose logit width differs from the target's (they must share a
-    vocabulary).
+    unknown model, a GGUF kernel that cannot be compiled (backend ``"gguf"``), or a draft whose
+    logit width differs from the target's (they must share a vocabulary).
     """
     target = _checked_name(target)
     draft = None if draft is None else _checked_name(draft)
@@ -86,6 +86,7 @@ def load_pair(
     names = [target] + ([draft] if draft is not None else [])
     for name in names:
         check_backend(name, backend)  # before any work
+    fast.use_cache_dir(cache_dir)  # the compiled kernels live in the models' cache
     if any(name in PACKS for name in names):
         packs.check_cache_dir(cache_dir, create=True)  # before loading anything
     for name in dict.fromkeys(n for n in names if n in PACKS):
@@ -159,10 +160,12 @@ def load(
     :class:`~specdec.backends.gguf.GGUFCausalLM`) or ``"auto"`` (see :func:`resolve_backend`). On
     the two GGUF backends ``dtype`` and ``kernels`` do not apply and are refused.
 
-    Raises :class:`ModelPackError` for an unknown name or a missing or corrupt pack, ``TypeError``
-    for a ``name_or_path`` that is not text or a path.
+    Raises :class:`ModelPackError` for an unknown name, a missing or corrupt pack, or (backend
+    ``"gguf"``) a kernel that cannot be compiled, ``TypeError`` for a ``name_or_path`` that is not
+    text or a path. The compiled kernels are kept in ``cache_dir`` (:func:`specdec.kernels.use_cache_dir`).
     """
     name_or_path = _checked_name(name_or_path)
+    fast.use_cache_dir(cache_dir)  # the compiled kernels live in the model's cache
     where = resolve_backend(name_or_path, backend, cache_dir=cache_dir, n_threads=n_threads)
     if where in GGUF_BACKENDS:
         for name, value in (("dtype", dtype), ("kernels", kernels)):
@@ -275,12 +278,14 @@ def _load_gguf(name_or_path: str, cache_dir: str | Path | None, progress: bool, 
     gguf = gguf_path(name_or_path, cache_dir, progress=progress)
     eos = (pack.eos_token_ids or None) if pack else None
     if backend == "gguf":
-        from specdec.backends.gguf import LLAMACPP_HINT, load_gguf_native
+        from specdec.backends.gguf import LLAMACPP_HINT, KernelUnavailable, load_gguf_native
 
         try:
             model = load_gguf_native(gguf, n_threads=n_threads, eos_token_ids=eos)
         except ValueError as err:  # a file or a model this kernel does not run
             raise ModelPackError(str(err).replace(f"; {LLAMACPP_HINT}", ""), LLAMACPP_HINT) from None
+        except KernelUnavailable as err:  # no C compiler, an unwritable cache, a failed build
+            raise ModelPackError(f"specdec's GGUF kernel could not be built: {err}", LLAMACPP_HINT) from None
     else:
         model = llamacpp.load_gguf(gguf, n_threads=n_threads, eos_token_ids=eos, cache_dir=cache_dir)
     return model, _gguf_tokenizer(pack, gguf, cache_dir)

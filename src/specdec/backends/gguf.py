@@ -102,7 +102,7 @@ def _cpu_has_avx2() -> bool:
 def library(variant: str = "native") -> ctypes.CDLL:
     """The compiled ``linear_gguf.c``: ``"native"`` (with AVX2/FMA/F16C where this CPU has them,
     else the portable build) or ``"portable"`` (no instruction-set flags). Built once per source
-    and flags into ``cache_root()/kernels``. Raises :class:`KernelUnavailable`."""
+    and flags into :func:`specdec.kernels.kernels_dir` (rebuilt where damaged). Raises :class:`KernelUnavailable`."""
     if variant == "native" and not _cpu_has_avx2():
         variant = "portable"
     if variant not in ("native", "portable"):

@@ -115,7 +115,8 @@ def add_model_options(parser: argparse.ArgumentParser, *, draft: bool = True) ->
                             "the CPU and a C compiler allow (a k-token forward then costs little more than "
                             "a 1-token one); 'torch' keeps PyTorch's (default: auto)")
     group.add_argument("--cache-dir", default=None, metavar="DIR",
-                       help=f"where converted packs live (default: ${models.CACHE_ENV} or ~/.cache/specdec)")
+                       help="where converted packs and the compiled kernels live "
+                            f"(default: ${models.CACHE_ENV} or ~/.cache/specdec)")
 
 
 def add_backend_option(parser: argparse.ArgumentParser) -> None:
