@@ -127,3 +127,18 @@ def test_sampling_runs_on_both_backends(bench_run):
     assert not t1["failed"], t1["failed"]
     assert all(s["new_tokens"] == NEW_TOKENS for s in t1["samples"])
     assert all(m["identical_to_ar_fraction"] is None and not m["divergences"] for m in t1["methods"].values())
+
+
+def test_the_run_records_the_machine_and_each_gguf_backends_one_row_step(bench_run):
+    """Both backends' one-token step on the run's target, the memory read speed and the CPU's
+    vector features are stored with the run and printed under the report's title."""
+    record = bench_run["greedy"]["environment"]["machine"]
+    assert record == bench_run["t1"]["environment"]["machine"]  # measured once per invocation
+    assert set(record) == {"cpu", "features", "memory_read", "one_row_step"} and record["cpu"]
+    steps = record["one_row_step"]
+    assert steps["model"] == packs.gguf_file(PACK, progress=False).name and steps["threads"] == 1
+    assert set(steps["ms"]) | set(steps["skipped"]) == {"gguf", "llamacpp"} and "llamacpp" in steps["ms"]
+    assert all(ms > 0 for ms in steps["ms"].values())
+    assert record["memory_read"].get("gb_per_s", 1) > 0 and record["memory_read"].get("threads", 1) == 1
+    table = (bench_run["out"] / "greedy" / "results.md").read_text().splitlines()
+    assert table[2].startswith(f"Machine: {record['cpu']}; ") and "one-token step on " in table[2]
