@@ -36,7 +36,7 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from specdec.paths import cache_root, write_atomic
+from specdec.paths import cache_root
 
 SOURCE = "linear_bf16.c"
 FLAGS = ["-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
@@ -388,7 +388,7 @@ def _compile(code: bytes, target: Path, flags: Sequence[str], libs: Sequence[str
     src = target.with_suffix(".c")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(src, code.decode())
+        _write_whole(src, code)
     except OSError as err:
         raise error(f"cannot write into {target.parent} (the cache directory; set --cache-dir or $SPECDEC_CACHE): "
                     f"{err.strerror or err}") from None
@@ -401,9 +401,20 @@ def _compile(code: bytes, target: Path, flags: Sequence[str], libs: Sequence[str
             raise error(f"compiling {src} failed: {done.stderr.strip()[-400:]}")
         stamp = _fingerprint(partial)
         os.replace(partial, target)  # a new file: a process that has the old one loaded keeps it
-        write_atomic(_stamp(target), stamp + "\n")
+        _write_whole(_stamp(target), f"{stamp}\n".encode())
     except OSError as err:
         raise error(f"building {target} failed: {err}") from None
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def _write_whole(path: Path, data: bytes) -> None:
+    """Write ``path`` through a file of this process renamed over it (a reader sees all of it or none),
+    readable as the umask allows, like the library, so that a shared cache serves every user."""
+    partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        partial.write_bytes(data)
+        os.replace(partial, path)
     finally:
         partial.unlink(missing_ok=True)
 
