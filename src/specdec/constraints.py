@@ -49,10 +49,17 @@ if TYPE_CHECKING:
 MAX_BIAS = 100.0
 MAX_PENALTY = 2.0
 MAX_TOP_LOGPROBS = 20
-# Whitespace a JSON schema allows between tokens: at most 20 characters at a time. llguidance's
-# default allows any run, and a model that keeps emitting whitespace then fills the whole token budget
-# (llama.cpp's JSON grammars bound it too). A schema's own "x-guidance" options override it.
-JSON_WHITESPACE = r"[\x20\x0A\x0D\x09]{0,20}"
+# Whitespace a JSON schema allows between two tokens of the JSON text: nothing, one space, or one
+# line break and an indent of at most 20 spaces or tabs (llama.cpp's JSON grammars allow the same).
+# llguidance's default allows any run of whitespace, blank lines included: a model that drifts into
+# them can loop ("\n  \n  ,\n  {" ...) until it runs out of tokens, where one line break per place
+# keeps it to the layout JSON is written in. A schema's own "x-guidance" options override it.
+JSON_WHITESPACE = r"(?: |\n[ \t]{0,20})"
+JSON_LAYOUT = {"whitespace_pattern": JSON_WHITESPACE}
+# How many of the tokens allowed first (after the forced ones) a check with the model's tokenizer
+# tries, each on its own copy of the grammar's matcher, so that a grammar too large for llguidance's
+# limits is refused before generating rather than failing at its first steps.
+PROBE_TOKENS = 32
 
 
 class ConstraintError(ValueError):
@@ -97,9 +104,11 @@ class Constraints:
     repeat_penalty: float = 1.0
     repeat_last_n: int = 64
 
-    def check(self, vocab_size: int) -> None:
+    def check(self, vocab_size: int, tokenizer: Any = None, eos_ids: Sequence[int] = ()) -> None:
         """Raise :class:`ConstraintError` naming the field for a bad value, a grammar that does not
-        compile, or a logit_bias id outside the vocabulary (0 .. vocab_size - 1)."""
+        compile, or a logit_bias id outside the vocabulary (0 .. vocab_size - 1). With the model's
+        ``tokenizer`` (and its end-of-sequence ``eos_ids``), also a grammar that no output can
+        complete or that is too large for llguidance's limits (:func:`try_grammar`)."""
         for name, limit in (("presence_penalty", MAX_PENALTY), ("frequency_penalty", MAX_PENALTY)):
             value = getattr(self, name)
             if not _is_number(value) or not -limit <= value <= limit:
@@ -117,6 +126,8 @@ class Constraints:
             failed, messages = LLMatcher.validate_grammar_with_warnings(grammar)
             if failed:
                 raise ConstraintError(self._grammar_field(), f"does not compile: {_one_line(messages[0])}")
+            if tokenizer is not None:
+                self._try(grammar, grammar_tokenizer(tokenizer, vocab_size, eos_ids))
 
     @property
     def active(self) -> bool:
@@ -166,7 +177,7 @@ class Constraints:
             if not isinstance(value, (dict, bool)):
                 raise ConstraintError("json_schema", f"must be a JSON object (a schema), got {type(value).__name__}")
             try:
-                return LLMatcher.grammar_from_json_schema(value, defaults={"whitespace_pattern": JSON_WHITESPACE})
+                return LLMatcher.grammar_from_json_schema(value, defaults=JSON_LAYOUT)
             except (ValueError, TypeError) as err:
                 raise ConstraintError("json_schema", str(err)) from None
         if not isinstance(value, str) or not value:
@@ -188,10 +199,95 @@ class Constraints:
             from llguidance import LLMatcher
 
             vocabulary = grammar_tokenizer(tokenizer, vocab_size, eos_ids)
+            self._try(grammar, vocabulary)
             matcher = LLMatcher(vocabulary, grammar, log_level=0)
-            if matcher.is_error():
-                raise ConstraintError(self._grammar_field() or "grammar", f"does not compile: {_one_line(matcher.get_error())}")
         return LogitProcessor(self, matcher, vocab_size, prompt, logprobs, vocabulary)
+
+    def _try(self, grammar: str, vocabulary: Any) -> None:
+        """:func:`try_grammar` on the grammar, and on each regular expression of a JSON schema's
+        ``pattern`` and ``patternProperties`` alone (a string's pattern is only reached after the
+        tokens before it, beyond what the first tokens try)."""
+        from llguidance import LLMatcher
+
+        field_name = self._grammar_field() or "grammar"
+        try_grammar(grammar, vocabulary, field_name, schema=field_name == "json_schema")
+        if field_name == "json_schema":
+            schema = json.loads(self.json_schema) if isinstance(self.json_schema, str) else self.json_schema
+            for pattern in sorted(set(schema_patterns(schema))):
+                try_grammar(LLMatcher.grammar_from_regex(pattern), vocabulary, field_name, pattern=pattern)
+
+
+def try_grammar(grammar: str, vocabulary: Any, field: str, schema: bool = False, pattern: str | None = None) -> None:
+    """Build the grammar's matcher over the model's ``vocabulary`` (an ``llguidance.LLTokenizer``)
+    and take its first steps: the first mask, the forced tokens, and each of up to
+    :data:`PROBE_TOKENS` tokens allowed after them (spread over the allowed ones), each on a copy,
+    with the mask after it. llguidance builds its lexer and parser states lazily, so a grammar that
+    compiles may still exceed its limits at the first token (``"a"{1000000}`` in Lark, the
+    pattern ``(a|aa)*(b|bb){1000}``); and a grammar whose every derivation goes on forever (a JSON
+    schema ``{"$ref": "#"}``) allows nothing at all, not even the end. Raise
+    :class:`ConstraintError` on ``field`` for these (``pattern``: the regular expression tried,
+    named in the message; one that does not compile alone is left to the schema's grammar);
+    ``schema``: the grammar is a JSON schema's."""
+    from llguidance import LLMatcher
+
+    what = f"its pattern {pattern!r}" if pattern is not None else "it"
+
+    def fail(matcher: Any) -> ConstraintError:
+        error = _one_line(matcher.get_error())
+        if error.startswith("NoExtensionBias"):  # no token, not even the end, can follow the empty output
+            return ConstraintError(field, "admits no finite JSON value (every value it describes goes on forever, "
+                                          "as in a $ref that leads back to itself); give each recursive "
+                                          "definition a case that ends" if schema else
+                                   "matches no finite text (every rule goes on forever); give each recursive "
+                                   "rule a case that ends")
+        return ConstraintError(field, f"is too large for the grammar engine: {what} exceeds llguidance's limits at "
+                                      f"the first tokens ({error}); make it smaller (fewer repetitions or alternatives)")
+
+    matcher = LLMatcher(vocabulary, grammar, log_level=0)
+    if matcher.is_error() and pattern is not None:
+        return
+    if matcher.is_error():
+        raise ConstraintError(field, f"does not compile: {_one_line(matcher.get_error())}")
+    _mask(matcher)
+    if matcher.is_error():
+        raise fail(matcher)
+    if matcher.is_stopped() and pattern is None:
+        raise ConstraintError(field, "allows only an empty output; it must admit some text")
+    forced = matcher.compute_ff_tokens()
+    if matcher.is_error() or (forced and not matcher.consume_tokens(forced)):
+        raise fail(matcher)
+    allowed = [t for t in np.flatnonzero(_mask(matcher)) if t != vocabulary.eos_token]
+    if matcher.is_error():
+        raise fail(matcher)
+    for token in allowed[::max(1, len(allowed) // PROBE_TOKENS)][:PROBE_TOKENS]:
+        branch = matcher.deep_copy()
+        if branch.consume_token(int(token)):
+            _mask(branch)
+        if branch.is_error():
+            raise fail(branch)
+
+
+def schema_patterns(schema: Any) -> list[str]:
+    """The regular expressions of a JSON schema: each ``pattern`` and ``patternProperties`` key,
+    outside ``enum``, ``const``, ``default`` and ``examples`` (values, not schemas)."""
+    found: list[str] = []
+    if isinstance(schema, list):
+        for item in schema:
+            found += schema_patterns(item)
+    elif isinstance(schema, dict):
+        for key, value in schema.items():
+            if key == "pattern" and isinstance(value, str):
+                found.append(value)
+            elif key == "patternProperties" and isinstance(value, dict):
+                found += [k for k in value if isinstance(k, str)]
+            if key not in ("enum", "const", "default", "examples"):
+                found += schema_patterns(value)
+    return found
+
+
+def _mask(matcher: Any) -> np.ndarray:
+    """The matcher's mask in its current state: [V'] bool (V' the vocabulary rounded up to 32)."""
+    return np.unpackbits(np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8), bitorder="little").astype(bool)
 
 
 def check_logprobs(logprobs: int | None) -> None:
@@ -298,8 +394,8 @@ class LogitProcessor:
         if self.matcher is None or room <= 0 or self.finished:
             return []
         forced = list(self.matcher.compute_ff_tokens())[:room]
-        if forced and not self.matcher.consume_tokens(forced):
-            raise RuntimeError(f"the grammar refused its own forced tokens: {self.matcher.get_error()}")
+        if forced and not self.matcher.consume_tokens(forced) or self.matcher.is_error():
+            raise self._engine_error("computing the tokens it forces")
         while len(forced) < room and not self.matcher.is_stopped():
             allowed = torch.nonzero(self._allowed()).flatten()
             if len(allowed) != 1 or self.matcher.is_accepting():
@@ -396,11 +492,22 @@ class LogitProcessor:
 
     def _allowed(self) -> torch.Tensor:
         """The grammar's mask in its current state: [V] bool."""
-        bits = np.unpackbits(np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8), bitorder="little")
+        bits = _mask(self.matcher)
+        if self.matcher.is_error():
+            raise self._engine_error("computing the tokens it allows")
         allowed = np.zeros(self.vocab_size, dtype=bool)
         width = min(self.vocab_size, bits.shape[0])
-        allowed[:width] = bits[:width].astype(bool)
+        allowed[:width] = bits[:width]
         return torch.from_numpy(allowed)
+
+    def _engine_error(self, doing: str) -> "ConstraintError":
+        """The matcher stopped on one of llguidance's limits while ``doing`` something (in a grammar
+        whose first steps, which the check takes, stayed within them): a :class:`ConstraintError` on
+        the grammar's field."""
+        return ConstraintError(self.constraints._grammar_field() or "grammar",
+                               f"is too large for the grammar engine: after {sum(self.counts.values())} output "
+                               f"tokens, {doing} exceeded llguidance's limits ({_one_line(self.matcher.get_error())}); "
+                               "make it smaller (fewer repetitions or alternatives)")
 
     def logprobs(self, rows: torch.Tensor, tokens: Sequence[int]) -> list[TokenLogprob]:
         """The log-probabilities of ``tokens[i]`` under processed row ``rows[i]`` ([n, V]) and the
@@ -424,9 +531,8 @@ class LogitProcessor:
         keep = len(tokens)
         if self.matcher is not None:
             for i, token in enumerate(tokens):
-                if not self.matcher.consume_token(int(token)):
-                    raise RuntimeError(f"the grammar refused token {token} that its own mask allowed: "
-                                       f"{self.matcher.get_error()}")
+                if not self.matcher.consume_token(int(token)):  # a token its mask allowed: a limit
+                    raise self._engine_error(f"reading token {token}")
                 if self.matcher.is_stopped():
                     self.finished, keep = True, i + 1
                     break
