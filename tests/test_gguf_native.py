@@ -187,6 +187,106 @@ def test_the_portable_path_gives_the_avx2_paths_bits(lib, qtype):
     assert torch.equal(native.matmul(weight, int(qtype), n_in, x, threads=2, lib=portable), fast)
 
 
+SCALE_BYTES = {T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q8_0: (0,), T.Q4_K: (0, 2), T.Q6_K: (208,)}
+
+
+def any_blocks(qtype: T, n_out: int, n_in: int, rng: np.random.Generator) -> np.ndarray:
+    """Blocks of random bytes with finite fp16 scales: every weight value a type can hold, the
+    extremes included (Q8_0's -128, which no quantizer writes), for the paths' integer products."""
+    if qtype in FLOAT_TYPES:
+        return make_weight(qtype, n_out, n_in, rng)
+    block, size = quants.GGML_QUANT_SIZES[qtype]
+    raw = rng.integers(0, 256, size=(n_out, n_in // block, size), dtype=np.uint8)
+    for at in SCALE_BYTES[qtype]:
+        halves = rng.uniform(-2e-3, 2e-3, raw.shape[:2]).astype(np.float16)
+        raw[..., at : at + 2] = halves.view(np.uint8).reshape(*raw.shape[:2], 2)
+    return raw.reshape(n_out, -1)
+
+
+def path_outputs(lib, path: str, weight: np.ndarray, qtype: T, n_in: int, x: torch.Tensor) -> list[torch.Tensor]:
+    """Passes of 1, 2, 3, 4, 5, 16 and 17 rows of ``x`` (every kernel shape: the register kernels,
+    the tile, and more rows than one tile) on ``path``, 2 threads."""
+    with native.running_path(path, lib):
+        return [native.matmul(weight, int(qtype), n_in, x[:n], threads=2, lib=lib) for n in (1, 2, 3, 4, 5, 16, 17)]
+
+
+@pytest.mark.parametrize("path", native.PATHS[1:])
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_every_path_this_cpu_has_gives_the_portable_paths_bits(lib, path, qtype):
+    if path not in native.available_paths(lib):
+        pytest.skip(f"this CPU lacks the {path} path (it runs {', '.join(native.available_paths(lib))}); "
+                    "the emulated build checks the VNNI code")
+    rng = np.random.default_rng(350 + int(qtype))
+    n_out, n_in = shape_of(qtype)
+    weight = any_blocks(qtype, n_out, n_in, rng)
+    x = torch.from_numpy(activations(17, n_in, rng))
+    for fast, scalar in zip(path_outputs(lib, path, weight, qtype, n_in, x),
+                            path_outputs(lib, "portable", weight, qtype, n_in, x)):
+        assert torch.equal(fast, scalar)
+
+
+@pytest.fixture(scope="module")
+def emulated(lib):
+    """The test build whose avx512vnni path runs here, its VNNI instructions emulated (SIMDe)."""
+    from pathlib import Path
+
+    if not Path("/usr/include/simde/x86/avx512/dpwssd.h").is_file():
+        pytest.skip("the SIMDe headers (Debian's libsimde-dev) are not installed: the VNNI code is not checked here")
+    if "avx2" not in native.available_paths(lib):
+        pytest.skip("this CPU lacks AVX2: the emulated VNNI build needs it")
+    return native.library("emulated-vnni")
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_the_vnni_path_gives_the_portable_paths_bits(lib, emulated, qtype):
+    """The VNNI path's code (vpdpwssd and vpdpbusd where the AVX2 path uses maddubs, madd and add),
+    its two instructions emulated: the same bits as the portable path and the AVX2 path, for every
+    type and kernel shape."""
+    assert native.available_paths(emulated) == ["portable", "avx2", "avx512vnni"]
+    rng = np.random.default_rng(400 + int(qtype))
+    n_out, n_in = shape_of(qtype)
+    weight = any_blocks(qtype, n_out, n_in, rng)
+    x = torch.from_numpy(activations(17, n_in, rng))
+    vnni = path_outputs(emulated, "avx512vnni", weight, qtype, n_in, x)
+    for got, scalar, avx2 in zip(vnni, path_outputs(emulated, "portable", weight, qtype, n_in, x),
+                                 path_outputs(lib, "avx2", weight, qtype, n_in, x)):
+        assert torch.equal(got, scalar) and torch.equal(got, avx2)
+
+
+def test_a_model_pass_on_the_vnni_path_has_the_bits_of_the_other_paths(lib, emulated, tmp_path):
+    """A whole forward of a tiny model of every quantized type (Q4_K, Q6_K head) on each path."""
+    path = tmp_path / "tiny-qwen2.gguf"
+    write_tiny_gguf(path, "qwen2", head_type=T.Q6_K)
+    model = native.load_gguf_native(path, n_threads=2, n_ctx=256)
+    tokens = [1, 17, 200, 3, 3, 99, 250, 14, 8, 301, 42, 5]
+    logits = {}
+    for name, library in (("portable", lib), ("avx2", lib), ("avx512vnni", emulated)):
+        model.lib = library
+        with native.running_path(name, library):
+            model.reset()
+            logits[name] = model.forward(tokens)
+    assert torch.equal(logits["avx512vnni"], logits["portable"]) and torch.equal(logits["avx2"], logits["portable"])
+
+
+def test_the_path_is_chosen_once_and_named(lib):
+    """The best path the CPU has runs unless $SPECDEC_GGUF_PATH names another; the planner's cost
+    key names the path."""
+    import os
+    import subprocess
+    import sys
+
+    paths = native.available_paths(lib)
+    assert native.kernel_path(lib) == ("avx512vnni" if "avx512vnni" in paths else paths[-1])
+    code = "from specdec.backends import gguf; print(gguf.kernel_path())"
+    for asked in paths:
+        env = {**os.environ, native.PATH_ENV: asked}
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+        assert done.stdout.strip() == asked, done.stderr
+    with pytest.raises(ValueError, match="no 'sse9' path"):
+        with native.running_path("sse9", lib):
+            pass
+
+
 def test_the_avx2_path_runs_where_the_cpu_has_it(lib):
     if not native._cpu_has_avx2():
         pytest.skip("this CPU lacks AVX2/FMA/F16C: only the portable path runs")

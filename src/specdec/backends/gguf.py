@@ -74,6 +74,13 @@ FLAGS_NATIVE = ["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopen
 FLAGS_PORTABLE = ["-O2", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
 LIBS = ["-lm"]  # after the source file
 PORTABLE_ENV = "SPECDEC_GGUF_PORTABLE"  # "1": run the portable C path even where AVX2 is available
+PATH_ENV = "SPECDEC_GGUF_PATH"  # a name of PATHS: run that path (where this CPU has it) instead of the best
+# The kernel's paths (csrc/linear_gguf.c), by the id the library gives them; each gives the same bits.
+PATHS = ("portable", "avx2", "avx512vnni", "avxvnni")
+# A test build whose avx512vnni path runs on any AVX2 CPU, its two VNNI instructions emulated by
+# SIMDe's portable definitions (Debian's libsimde-dev): what the path computes, checked where no
+# CPU at hand has VNNI.
+FLAGS_EMULATED_VNNI = [*FLAGS_NATIVE, "-DGG_EMULATE_VNNI"]
 
 # ggml type ids this backend's kernel multiplies.
 TYPE_NAMES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 8: "Q8_0", 12: "Q4_K", 14: "Q6_K", 30: "BF16"}
@@ -105,14 +112,54 @@ def library(variant: str = "native") -> ctypes.CDLL:
     and flags into :func:`specdec.kernels.kernels_dir` (rebuilt where damaged). Raises :class:`KernelUnavailable`."""
     if variant == "native" and not _cpu_has_avx2():
         variant = "portable"
-    if variant not in ("native", "portable"):
-        raise ValueError(f"variant must be 'native' or 'portable', got {variant!r}")
+    flags = {"native": FLAGS_NATIVE, "portable": FLAGS_PORTABLE, "emulated-vnni": FLAGS_EMULATED_VNNI}
+    if variant not in flags:
+        raise ValueError(f"variant must be one of {', '.join(flags)}, got {variant!r}")
     lib = _libraries.get(variant)
     if lib is None:
-        lib = _libraries[variant] = _build_and_open(FLAGS_NATIVE if variant == "native" else FLAGS_PORTABLE, variant)
-        if variant == "native" and os.environ.get(PORTABLE_ENV, "") not in ("", "0"):
-            lib.gguf_set_portable(1)
+        lib = _libraries[variant] = _build_and_open(flags[variant], variant)
+        if variant == "native":
+            _choose_path(lib)
     return lib
+
+
+def _choose_path(lib: ctypes.CDLL) -> None:
+    """The best path this CPU has, unless $SPECDEC_GGUF_PATH names another (or $SPECDEC_GGUF_PORTABLE is set)."""
+    asked = os.environ.get(PATH_ENV, "").strip().lower()
+    if os.environ.get(PORTABLE_ENV, "") not in ("", "0"):
+        asked = "portable"
+    if not asked:
+        return
+    if asked not in PATHS:
+        raise KernelUnavailable(f"${PATH_ENV}={asked!r} names no path of the GGUF kernel; choose one of {', '.join(PATHS)}")
+    if lib.gguf_set_path(PATHS.index(asked)) != 0:
+        raise KernelUnavailable(f"${PATH_ENV}={asked}: this CPU (or this build) cannot run that path; it has "
+                                f"{', '.join(available_paths(lib))}")
+
+
+def available_paths(lib: ctypes.CDLL | None = None) -> list[str]:
+    """The kernel's paths this CPU runs (and the library carries), portable first."""
+    mask = (lib or library()).gguf_cpu_paths()
+    return [name for i, name in enumerate(PATHS) if (mask >> i) & 1]
+
+
+def kernel_path(lib: ctypes.CDLL | None = None) -> str:
+    """The path the kernels run now: a name of :data:`PATHS`."""
+    return PATHS[(lib or library()).gguf_path()]
+
+
+@contextlib.contextmanager
+def running_path(name: str, lib: ctypes.CDLL | None = None) -> Iterator[None]:
+    """Within the block, the library runs path ``name`` (for tests and measurements); ValueError
+    where this CPU or the build lacks it."""
+    lib = lib or library()
+    was = lib.gguf_path()
+    if name not in PATHS or lib.gguf_set_path(PATHS.index(name)) != 0:
+        raise ValueError(f"the GGUF kernel has no {name!r} path on this CPU; it has {', '.join(available_paths(lib))}")
+    try:
+        yield
+    finally:
+        lib.gguf_set_path(was)
 
 
 def _build_and_open(flags: list[str], variant: str) -> ctypes.CDLL:
@@ -133,6 +180,9 @@ def _build_and_open(flags: list[str], variant: str) -> ctypes.CDLL:
         "gguf_forward": ([p, i64, i64, i64, i64, i64, i64, i32, i64, ctypes.c_float, ctypes.c_float, p, i64, p, p, p, p,
                           p, i64, p, i32], i32),
         "gguf_set_portable": ([i32], None),
+        "gguf_cpu_paths": ([], i32),
+        "gguf_set_path": ([i32], i32),
+        "gguf_path": ([], i32),
         "gguf_uses_avx2": ([], i32),
         "gguf_avx2_compiled": ([], i32),
         "gguf_avx2_available": ([], i32),
@@ -148,16 +198,9 @@ def set_portable(on: bool) -> None:
     library().gguf_set_portable(int(bool(on)))
 
 
-@contextlib.contextmanager
-def portable_path() -> Iterator[None]:
+def portable_path() -> contextlib.AbstractContextManager[None]:
     """Within the block, the native library runs its portable C path (for tests)."""
-    lib = library()
-    was = not lib.gguf_uses_avx2()
-    lib.gguf_set_portable(1)
-    try:
-        yield
-    finally:
-        lib.gguf_set_portable(int(was))
+    return running_path("portable")
 
 
 def uses_avx2() -> bool:
@@ -504,8 +547,9 @@ class GGUFCausalLM(ModelFacts):
         """What the planner's measurements of this backend are keyed by (with the machine and the
         class; :func:`specdec.measurements.cost_key`): the GGUF file, the threads and the kernel
         library (its file name holds a hash of its source and flags: a changed kernel is measured
-        again)."""
-        return {**file_identity(self.weights.path, self.n_threads), "kernel": Path(self.lib._name).stem}
+        again) and the path it runs (each path's rows cost their own)."""
+        return {**file_identity(self.weights.path, self.n_threads), "kernel": Path(self.lib._name).stem,
+                "path": kernel_path(self.lib)}
 
     @torch.inference_mode()
     def forward(

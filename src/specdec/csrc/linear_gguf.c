@@ -40,6 +40,7 @@
  *        32s + i (s = 0..3) has low bits from ql[64h + 32(s & 1) + i] (low nibble for s < 2, else
  *        high) and two high bits (qh[32h + i] >> 2s) & 3; w = d * scales[e / 16] * (q - 32)
  */
+#ifndef GG_KERNEL_BODY /* the file; the kernel body (included once per path) is at its end */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -61,10 +62,57 @@ enum { T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q8_0 = 8, T_Q
 /* ---------------------------------------------------------------------------------------------- */
 /* dispatch */
 
-static int g_portable = 0;
-#ifdef GG_AVX2
-static int g_cpu = -1; /* 1: this CPU runs the AVX2 + FMA + F16C path */
+/* The paths, chosen at run time by what the CPU reports (gguf_cpu_paths, the one detection) unless
+ * set (gguf_set_path): the portable C; AVX2 + FMA + F16C; and the same with the integer products of
+ * the quantized types done by VNNI instructions, in their AVX512-VNNI form (256-bit, with AVX512VL)
+ * or their AVX-VNNI form. Every path gives the same bits: a VNNI instruction forms the same exact
+ * integer lanes as the AVX2 instructions it replaces, and the float operations are the AVX2 path's. */
+enum { P_PORTABLE = 0, P_AVX2 = 1, P_AVX512VNNI = 2, P_AVXVNNI = 3, N_PATHS = 4 };
+
+#if defined(GG_AVX2) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11 && !defined(GG_NO_VNNI) && !defined(GG_EMULATE_VNNI)
+#define GG_VNNI 1 /* the VNNI kernels are compiled (per function, with GCC's target pragmas) */
 #endif
+
+static int g_path = -1; /* the path the kernels run; -1: not chosen yet (the best this CPU has) */
+
+/* Bit p set: this build has path p and this CPU can run it. */
+int gguf_cpu_paths(void) {
+    int paths = 1 << P_PORTABLE;
+#if defined(GG_AVX2) && (defined(__x86_64__) || defined(__i386__))
+    __builtin_cpu_init();
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    const int f16c = __get_cpuid(1, &a, &b, &c, &d) && ((c >> 29) & 1);
+    if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c)) return paths;
+    paths |= 1 << P_AVX2;
+#ifdef GG_VNNI
+    if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw"))
+        paths |= 1 << P_AVX512VNNI;
+    if (__builtin_cpu_supports("avxvnni")) paths |= 1 << P_AVXVNNI;
+#endif
+#endif
+#ifdef GG_EMULATE_VNNI
+    paths |= 1 << P_AVX512VNNI; /* a test build: the VNNI instructions emulated (SIMDe), any AVX2 CPU runs it */
+#endif
+    return paths;
+}
+
+/* Run path p from now on (-1: the best this CPU has). Returns 0, or -1 where the CPU or the build lacks it. */
+int gguf_set_path(int p) {
+    const int paths = gguf_cpu_paths();
+    if (p < 0) {
+        p = P_PORTABLE;
+        for (int q = P_AVX2; q < N_PATHS; q++) /* the VNNI forms are alike: the 512-bit one where both */
+            if ((paths >> q) & 1 && !(q == P_AVXVNNI && ((paths >> P_AVX512VNNI) & 1))) p = q;
+    }
+    if (p >= N_PATHS || !((paths >> p) & 1)) return -1;
+    g_path = p;
+    return 0;
+}
+
+int gguf_path(void) {
+    if (g_path < 0) gguf_set_path(-1);
+    return g_path;
+}
 
 int gguf_avx2_compiled(void) {
 #ifdef GG_AVX2
@@ -74,23 +122,12 @@ int gguf_avx2_compiled(void) {
 #endif
 }
 
-int gguf_avx2_available(void) {
-#if defined(GG_AVX2) && (defined(__x86_64__) || defined(__i386__))
-    if (g_cpu < 0) {
-        __builtin_cpu_init();
-        unsigned a = 0, b = 0, c = 0, d = 0;
-        const int f16c = __get_cpuid(1, &a, &b, &c, &d) && ((c >> 29) & 1);
-        g_cpu = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
-    }
-    return g_cpu;
-#else
-    return 0;
-#endif
-}
+int gguf_avx2_available(void) { return (gguf_cpu_paths() >> P_AVX2) & 1; }
 
-void gguf_set_portable(int on) { g_portable = on; }
+/* 1: the portable path; 0: the best path this CPU has. */
+void gguf_set_portable(int on) { gguf_set_path(on ? P_PORTABLE : -1); }
 
-static int vec(void) { return !g_portable && gguf_avx2_available(); }
+static int vec(void) { return gguf_path() != P_PORTABLE; } /* every vector path runs the AVX2 code outside the products */
 
 int gguf_uses_avx2(void) { return vec(); }
 
@@ -433,19 +470,6 @@ static inline __attribute__((always_inline)) void prefetch_block(const uint8_t *
     for (int i = 0; i < bytes; i += 64) _mm_prefetch((const char *)(p + PF_AHEAD + i), _MM_HINT_T0);
 }
 
-/* The tiled K-type kernels (four rows and more) take a block in two halves of 128 weights (4 vectors
- * of 32 and their 4 scale vectors held in registers) and run each half over the rows; a row's
- * integer lanes from the first half wait in `part` (exact). For one to three rows the whole block
- * stays in registers instead (q4k_few, q6k_few). */
-
-static inline __attribute__((always_inline)) __m256i q4k_half(const __m256i *qv, const __m256i *sv, const int8_t *x) {
-    const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(qv[0], _mm256_loadu_si256((const __m256i *)x)), sv[0]);
-    const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(qv[1], _mm256_loadu_si256((const __m256i *)(x + 32))), sv[1]);
-    const __m256i p2 = _mm256_madd_epi16(_mm256_maddubs_epi16(qv[2], _mm256_loadu_si256((const __m256i *)(x + 64))), sv[2]);
-    const __m256i p3 = _mm256_madd_epi16(_mm256_maddubs_epi16(qv[3], _mm256_loadu_si256((const __m256i *)(x + 96))), sv[3]);
-    return _mm256_add_epi32(_mm256_add_epi32(p0, p1), _mm256_add_epi32(p2, p3));
-}
-
 /* Q4_K's scales and mins of one block as s16 vectors: `scales` holds sc[0..7] in both 128-bit
  * halves, `mins` holds m[0], m[0], m[1], m[1], ..., m[7], m[7]. */
 static inline __attribute__((always_inline)) void q4k_scale_vectors(const uint8_t *blk, __m256i *scales, __m256i *mins) {
@@ -475,277 +499,58 @@ static inline __attribute__((always_inline)) void q6k_vectors(const uint8_t *blk
     qv[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30));
 }
 
-/* One to three rows (a decoding step, a verification pass): the whole block decoded once into
- * registers and applied to each row in turn, each row's integer sums and accumulator in registers
- * (NR <= 4; with four the registers spill, and the tiled kernel below is as fast: it takes four
- * rows and more). */
-static inline __attribute__((always_inline)) void q4k_few(const Seg *s, int64_t j0, int64_t j1, int64_t r0, const int NR,
-                                                           const Out *o) {
-    const Acts *A = o->a;
-    const int64_t n_in = A->n_in, nb = n_in / 256;
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
-    for (int64_t j = j0; j < j1; j++) {
-        const uint8_t *row = s->w + j * s->row_bytes;
-        __m256 acc[4];
-        for (int t = 0; t < NR; t++) acc[t] = _mm256_setzero_ps();
-        for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *blk = row + b * 144;
-            prefetch_block(blk, 144);
-            uint32_t dd2;
-            memcpy(&dd2, blk, 4);
-            const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dd2));
-            __m256i scales, mins, sum[4];
-            q4k_scale_vectors(blk, &scales, &mins);
-            for (int t = 0; t < NR; t++) sum[t] = _mm256_setzero_si256();
-            for (int k = 0; k < 4; k++) {
-                const __m256i bits = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * k));
-                const __m256i lo = _mm256_and_si256(bits, m4), hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
-                const __m256i sl = _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * k))));
-                const __m256i sh = _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * k + 1))));
-                for (int t = 0; t < NR; t++) {
-                    const int8_t *x = A->qk + (r0 + t) * n_in + b * 256 + 64 * k;
-                    const __m256i pl = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)x)), sl);
-                    const __m256i ph = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(x + 32))), sh);
-                    sum[t] = _mm256_add_epi32(sum[t], _mm256_add_epi32(pl, ph));
-                }
-            }
-            const __m256 dv = _mm256_broadcastss_ps(dm), mv = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
-            for (int t = 0; t < NR; t++) {
-                const int64_t r = r0 + t;
-                const __m256i adj = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)(A->bk + r * (n_in / 16) + b * 16)));
-                const __m256 dx = _mm256_broadcast_ss(A->dk + r * nb + b);
-                acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dv, dx), _mm256_cvtepi32_ps(sum[t]), acc[t]);
-                acc[t] = _mm256_fnmadd_ps(_mm256_mul_ps(mv, dx), _mm256_cvtepi32_ps(adj), acc[t]);
-            }
-        }
-        for (int t = 0; t < NR; t++)
-            store(o->y + (r0 + t) * o->ldy + s->col + j, tree8v(acc[t]), s->bias, j, o->accumulate);
-    }
-}
-
-static inline __attribute__((always_inline)) void q6k_few(const Seg *s, int64_t j0, int64_t j1, int64_t r0, const int NR,
-                                                           const Out *o) {
-    const Acts *A = o->a;
-    const int64_t n_in = A->n_in, nb = n_in / 256;
-    for (int64_t j = j0; j < j1; j++) {
-        const uint8_t *row = s->w + j * s->row_bytes;
-        __m256 acc[4];
-        for (int t = 0; t < NR; t++) acc[t] = _mm256_setzero_ps();
-        for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *blk = row + b * 210;
-            prefetch_block(blk, 210);
-            const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
-            __m256i sum[4];
-            for (int t = 0; t < NR; t++) sum[t] = _mm256_setzero_si256();
-            for (int h = 0; h < 2; h++) {
-                __m256i qv[4];
-                q6k_vectors(blk, h, qv);
-                const __m256i sh = _mm256_broadcastsi128_si256(h ? _mm256_extracti128_si256(sc16, 1) : _mm256_castsi256_si128(sc16));
-                for (int v = 0; v < 4; v++) {
-                    const __m256i sv = _mm256_shuffle_epi8(sh, _mm256_set_m128i(_mm_set1_epi16((short)(0x0100 + 0x0202 * (2 * v + 1))),
-                                                                                _mm_set1_epi16((short)(0x0100 + 0x0202 * (2 * v)))));
-                    for (int t = 0; t < NR; t++) {
-                        const int8_t *x = A->qk + (r0 + t) * n_in + b * 256 + 128 * h + 32 * v;
-                        sum[t] = _mm256_add_epi32(sum[t], _mm256_madd_epi16(_mm256_maddubs_epi16(qv[v], _mm256_loadu_si256((const __m256i *)x)), sv));
-                    }
-                }
-            }
-            const __m256 dv = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(blk[208] | (blk[209] << 8))));
-            for (int t = 0; t < NR; t++) {
-                const int64_t r = r0 + t;
-                const __m256i adj = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)(A->bk + r * (n_in / 16) + b * 16)));
-                const __m256i st = _mm256_sub_epi32(sum[t], _mm256_slli_epi32(adj, 5));
-                acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dv, _mm256_broadcast_ss(A->dk + r * nb + b)), _mm256_cvtepi32_ps(st), acc[t]);
-            }
-        }
-        for (int t = 0; t < NR; t++)
-            store(o->y + (r0 + t) * o->ldy + s->col + j, tree8v(acc[t]), s->bias, j, o->accumulate);
-    }
-}
-
-/* Q4_K: d, dmin (fp16), 12 bytes of six-bit scales and mins, 128 bytes of nibbles. */
-static inline __attribute__((always_inline)) void q4k_tile(const Seg *s, int64_t j0, int64_t j1, int64_t r0, const int64_t nr,
-                                                            const Out *o) {
-    const Acts *A = o->a;
-    const int64_t n_in = A->n_in, nb = n_in / 256;
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
-    __m256i part[RT];
-    for (int64_t j = j0; j < j1; j++) {
-        const uint8_t *row = s->w + j * s->row_bytes;
-        __m256 acc[RT];
-        for (int t = 0; t < nr; t++) acc[t] = _mm256_setzero_ps();
-        for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *blk = row + b * 144;
-            prefetch_block(blk, 144);
-            uint32_t dd2;
-            memcpy(&dd2, blk, 4);
-            const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dd2)); /* d, dmin: exact, as f16() */
-            __m256i scales, mins;
-            q4k_scale_vectors(blk, &scales, &mins);
-            const __m256 dv = _mm256_broadcastss_ps(dm), mv = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
-            for (int h = 0; h < 2; h++) {
-                /* sub-blocks 4h .. 4h + 3: the low and high nibbles of qs[64h ..], then of qs[64h + 32 ..] */
-                const __m256i b0 = _mm256_loadu_si256((const __m256i *)(blk + 16 + 64 * h));
-                const __m256i b1 = _mm256_loadu_si256((const __m256i *)(blk + 48 + 64 * h));
-                const __m256i qv[4] = {_mm256_and_si256(b0, m4), _mm256_and_si256(_mm256_srli_epi16(b0, 4), m4),
-                                       _mm256_and_si256(b1, m4), _mm256_and_si256(_mm256_srli_epi16(b1, 4), m4)};
-                __m256i sv[4];
-                for (int v = 0; v < 4; v++) sv[v] = _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (4 * h + v))));
-                for (int64_t t = 0; t < nr; t++) {
-                    const int64_t r = r0 + t;
-                    const __m256i half = q4k_half(qv, sv, A->qk + r * n_in + b * 256 + 128 * h);
-                    if (h == 0) {
-                        part[t] = half;
-                        continue;
-                    }
-                    const __m256i sum = _mm256_add_epi32(part[t], half);
-                    const __m256i adj = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)(A->bk + r * (n_in / 16) + b * 16)));
-                    const __m256 dx = _mm256_set1_ps(A->dk[r * nb + b]);
-                    acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dv, dx), _mm256_cvtepi32_ps(sum), acc[t]);
-                    acc[t] = _mm256_fnmadd_ps(_mm256_mul_ps(mv, dx), _mm256_cvtepi32_ps(adj), acc[t]);
-                }
-            }
-        }
-        for (int64_t t = 0; t < nr; t++)
-            store(o->y + (r0 + t) * o->ldy + s->col + j, tree8v(acc[t]), s->bias, j, o->accumulate);
-    }
-}
-
-static void q4k_avx2(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t nr, const Out *o) {
-    switch (nr) { /* the register kernel, its loops over the rows unrolled, for up to three rows */
-    case 1: q4k_few(s, j0, j1, r0, 1, o); break;
-    case 2: q4k_few(s, j0, j1, r0, 2, o); break;
-    case 3: q4k_few(s, j0, j1, r0, 3, o); break;
-    default: q4k_tile(s, j0, j1, r0, nr, o);
-    }
-}
-
-/* Q6_K: ql[128], qh[64], int8 scales[16], d (fp16). Half h is ql[64h .. 64h + 63] and qh[32h ..]. */
-static inline __attribute__((always_inline)) void q6k_tile(const Seg *s, int64_t j0, int64_t j1, int64_t r0, const int64_t nr,
-                                                            const Out *o) {
-    const Acts *A = o->a;
-    const int64_t n_in = A->n_in, nb = n_in / 256;
-    __m256i part[RT];
-    for (int64_t j = j0; j < j1; j++) {
-        const uint8_t *row = s->w + j * s->row_bytes;
-        __m256 acc[RT];
-        for (int t = 0; t < nr; t++) acc[t] = _mm256_setzero_ps();
-        for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *blk = row + b * 210;
-            prefetch_block(blk, 210);
-            const __m256 dv = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(blk[208] | (blk[209] << 8))));
-            const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
-            for (int h = 0; h < 2; h++) {
-                __m256i qv[4];
-                q6k_vectors(blk, h, qv);
-                /* vector v (elements 32v .. 32v + 31 of the half) has sub-blocks 8h + 2v (low 128 bits)
-                 * and 8h + 2v + 1 (high): their scales are s16 lanes 2v, 2v + 1 of sc16's half h */
-                const __m256i sh = _mm256_broadcastsi128_si256(h ? _mm256_extracti128_si256(sc16, 1) : _mm256_castsi256_si128(sc16));
-                __m256i sv[4];
-                for (int v = 0; v < 4; v++)
-                    sv[v] = _mm256_shuffle_epi8(sh, _mm256_set_m128i(_mm_set1_epi16((short)(0x0100 + 0x0202 * (2 * v + 1))),
-                                                                     _mm_set1_epi16((short)(0x0100 + 0x0202 * (2 * v)))));
-                for (int64_t t = 0; t < nr; t++) {
-                    const int64_t r = r0 + t;
-                    const __m256i half = q4k_half(qv, sv, A->qk + r * n_in + b * 256 + 128 * h);
-                    if (h == 0) {
-                        part[t] = half;
-                        continue;
-                    }
-                    __m256i sum = _mm256_add_epi32(part[t], half);
-                    const __m256i adj = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)(A->bk + r * (n_in / 16) + b * 16)));
-                    sum = _mm256_sub_epi32(sum, _mm256_slli_epi32(adj, 5));
-                    const __m256 dx = _mm256_set1_ps(A->dk[r * nb + b]);
-                    acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dv, dx), _mm256_cvtepi32_ps(sum), acc[t]);
-                }
-            }
-        }
-        for (int64_t t = 0; t < nr; t++)
-            store(o->y + (r0 + t) * o->ldy + s->col + j, tree8v(acc[t]), s->bias, j, o->accumulate);
-    }
-}
-
-static void q6k_avx2(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t nr, const Out *o) {
-    switch (nr) { /* the register kernel, its loops over the rows unrolled, for up to three rows */
-    case 1: q6k_few(s, j0, j1, r0, 1, o); break;
-    case 2: q6k_few(s, j0, j1, r0, 2, o); break;
-    case 3: q6k_few(s, j0, j1, r0, 3, o); break;
-    default: q6k_tile(s, j0, j1, r0, nr, o);
-    }
-}
-
-/* Q4_0, Q4_1, Q8_0 against G (1..4) rows whose accumulators stay in registers: the weight row is
- * decoded again for each group of rows (cheap for these types; the row is in L1). */
-static inline __attribute__((always_inline)) void k32_group(const Seg *s, const uint8_t *row, int64_t j, int64_t r0,
-                                                            const int G, const Out *o) {
-    const Acts *A = o->a;
-    const int64_t n_in = A->n_in, nb = n_in / 32;
-    const int bb = block_bytes(s->type), type = s->type;
-    const __m128i m4 = _mm_set1_epi8(0x0F);
-    const __m256i ones = _mm256_set1_epi16(1), eight = _mm256_set1_epi8(8);
-    __m256 acc[4];
-    float accm[4];
-    for (int t = 0; t < G; t++) acc[t] = _mm256_setzero_ps(), accm[t] = 0.0f;
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *blk = row + b * bb;
-        if (((uintptr_t)blk & 63) < (uintptr_t)bb) prefetch_block(blk, 1); /* once per 64-byte line */
-        uint32_t dm2;
-        memcpy(&dm2, blk, 4);
-        const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dm2)); /* d (and Q4_1's m): exact, as f16() */
-        const __m256 dv = _mm256_broadcastss_ps(dm);
-        float m = 0.0f;
-        __m256i w;
-        if (type == T_Q8_0) {
-            w = _mm256_loadu_si256((const __m256i *)(blk + 2));
-        } else if (type == T_Q5_0) {
-            const __m128i bits = _mm_loadu_si128((const __m128i *)(blk + 6));
-            uint32_t qh;
-            memcpy(&qh, blk + 2, 4);
-            /* byte i of `high` is 0x10 where bit i of qh is set (each byte reads its own bit) */
-            const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh),
-                _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL, 0x0101010101010101LL, 0));
-            const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-            const __m256i high = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
-            w = _mm256_or_si256(_mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(bits, 4), m4), _mm_and_si128(bits, m4)), high);
-            w = _mm256_sub_epi8(w, _mm256_set1_epi8(16));
-        } else {
-            const __m128i bits = _mm_loadu_si128((const __m128i *)(blk + (type == T_Q4_1 ? 4 : 2)));
-            w = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(bits, 4), m4), _mm_and_si128(bits, m4));
-            if (type == T_Q4_0) w = _mm256_sub_epi8(w, eight);
-            else m = _mm_cvtss_f32(_mm_movehdup_ps(dm));
-        }
-        /* signed weights: |w| times x with w's sign (exact); Q4_1's are unsigned already */
-        const __m256i aw = type == T_Q4_1 ? w : _mm256_sign_epi8(w, w);
-        for (int t = 0; t < G; t++) {
-            const int64_t r = r0 + t;
-            __m256i x = _mm256_loadu_si256((const __m256i *)(A->q0 + r * n_in + b * 32));
-            if (type != T_Q4_1) x = _mm256_sign_epi8(x, w);
-            const __m256i sum = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, x), ones);
-            const float dxs = A->d0[r * nb + b];
-            acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dv, _mm256_set1_ps(dxs)), _mm256_cvtepi32_ps(sum), acc[t]);
-            if (type == T_Q4_1) accm[t] = fmaf(m * dxs, (float)A->s0[r * nb + b], accm[t]);
-        }
-    }
-    for (int t = 0; t < G; t++) {
-        float v = tree8v(acc[t]);
-        if (type == T_Q4_1) v = v + accm[t];
-        store(o->y + (r0 + t) * o->ldy + s->col + j, v, s->bias, j, o->accumulate);
-    }
-}
-
-static void k32_avx2(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t nr, const Out *o) {
-    for (int64_t j = j0; j < j1; j++) {
-        const uint8_t *row = s->w + j * s->row_bytes;
-        int64_t t = 0;
-        for (; t + 4 <= nr; t += 4) k32_group(s, row, j, r0 + t, 4, o);
-        switch (nr - t) {
-        case 3: k32_group(s, row, j, r0 + t, 3, o); break;
-        case 2: k32_group(s, row, j, r0 + t, 2, o); break;
-        case 1: k32_group(s, row, j, r0 + t, 1, o); break;
-        default: break;
-        }
-    }
-}
+/* The quantized types' integer products, once per vector path (the body at the end of this file,
+ * included with the path's operations): DOT_FIRST(p, w) and DOT_ADD(acc, p, w) multiply s16 pairs
+ * p * w and add each pair into an int32 lane (then into acc); DOT_BYTES(u, s) sums four u8 * s8
+ * products into each int32 lane. The AVX2 forms use madd (and maddubs); the VNNI forms are one
+ * vpdpwssd / vpdpbusd each. No sum overflows or saturates (weights below 2^7 in magnitude times
+ * activations clamped to +-127, pairs below 2^15), so every form gives the same integers. */
+#define GG_KERNEL_BODY 1
+#define KN(name) name##_avx2
+#define DOT_FIRST(p, w) _mm256_madd_epi16((p), (w))
+#define DOT_ADD(acc, p, w) _mm256_add_epi32((acc), _mm256_madd_epi16((p), (w)))
+#define DOT_BYTES(u, s) _mm256_madd_epi16(_mm256_maddubs_epi16((u), (s)), _mm256_set1_epi16(1))
+#include __FILE__
+#undef KN
+#undef DOT_ADD
+#undef DOT_BYTES
+#if defined(GG_VNNI)
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512vl,avx512bw,avx512vnni")
+#define KN(name) name##_vnni512
+#define DOT_ADD(acc, p, w) _mm256_dpwssd_epi32((acc), (p), (w))
+#define DOT_BYTES(u, s) _mm256_dpbusd_epi32(_mm256_setzero_si256(), (u), (s))
+#include __FILE__
+#pragma GCC pop_options
+#undef KN
+#undef DOT_ADD
+#undef DOT_BYTES
+#pragma GCC push_options
+#pragma GCC target("avxvnni")
+#define KN(name) name##_avxvnni
+#define DOT_ADD(acc, p, w) _mm256_dpwssd_avx_epi32((acc), (p), (w))
+#define DOT_BYTES(u, s) _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), (u), (s))
+#include __FILE__
+#pragma GCC pop_options
+#undef KN
+#undef DOT_ADD
+#undef DOT_BYTES
+#elif defined(GG_EMULATE_VNNI)
+/* A test build for CPUs without VNNI: the 512-bit VNNI path's code with its two instructions
+ * emulated by SIMDe (their definition, in portable code), so that what the path computes can be
+ * compared with the other paths on any AVX2 machine. */
+#include <simde/x86/avx512/dpbusd.h>
+#include <simde/x86/avx512/dpwssd.h>
+#define KN(name) name##_vnni512
+#define DOT_ADD(acc, p, w) simde_mm256_dpwssd_epi32((acc), (p), (w))
+#define DOT_BYTES(u, s) simde_mm256_dpbusd_epi32(_mm256_setzero_si256(), (u), (s))
+#include __FILE__
+#undef KN
+#undef DOT_ADD
+#undef DOT_BYTES
+#endif
+#undef DOT_FIRST
+#undef GG_KERNEL_BODY
 
 /* F32, F16, BF16 against G (1..4) rows, accumulators in registers. */
 static inline __attribute__((always_inline)) void kf_group(const Seg *s, const uint8_t *row, int64_t j, int64_t r0,
@@ -791,7 +596,7 @@ static void run_seg(const Seg *s, int64_t j0, int64_t j1, int64_t n_rows, const 
      * tiles). Whatever the tiling, each output element sees the same operations: the tiles only
      * decide how often a block is decoded. */
     kernel_fn k;
-    const int v = vec();
+    const int path = gguf_path();
     switch (s->type) {
     case T_Q4_K: k = kq_scalar; break;
     case T_Q6_K: k = kq_scalar; break;
@@ -799,16 +604,23 @@ static void run_seg(const Seg *s, int64_t j0, int64_t j1, int64_t n_rows, const 
     default: k = kf_scalar; break;
     }
 #ifdef GG_AVX2
-    if (v) {
-        switch (s->type) {
-        case T_Q4_K: k = q4k_avx2; break;
-        case T_Q6_K: k = q6k_avx2; break;
-        case T_Q4_0: case T_Q4_1: case T_Q5_0: case T_Q8_0: k = k32_avx2; break;
-        default: k = kf_avx2; break;
-        }
+#define PATH_KERNELS(SUFFIX)                                                          \
+    switch (s->type) {                                                                \
+    case T_Q4_K: k = q4k_##SUFFIX; break;                                             \
+    case T_Q6_K: k = q6k_##SUFFIX; break;                                             \
+    case T_Q4_0: case T_Q4_1: case T_Q5_0: case T_Q8_0: k = k32_##SUFFIX; break;      \
+    default: k = kf_avx2; break;                                                      \
     }
+    if (path == P_AVX2) { PATH_KERNELS(avx2) }
+#if defined(GG_VNNI) || defined(GG_EMULATE_VNNI)
+    if (path == P_AVX512VNNI) { PATH_KERNELS(vnni512) }
 #endif
-    (void)v;
+#ifdef GG_VNNI
+    if (path == P_AVXVNNI) { PATH_KERNELS(avxvnni) }
+#endif
+#undef PATH_KERNELS
+#endif
+    (void)path;
     if (n_rows <= RT) {
         k(s, j0, j1, 0, n_rows, o);
         return;
@@ -1223,3 +1035,290 @@ int gguf_forward(const int64_t *layers, int64_t n_layers, int64_t hidden, int64_
     }
     return 0;
 }
+
+#else /* GG_KERNEL_BODY: one vector path's kernels for the quantized types (see above) */
+
+/* The tiled K-type kernels (four rows and more) take a block in two halves of 128 weights (4 vectors
+ * of 32 and their 4 scale vectors held in registers) and run each half over the rows; a row's
+ * integer lanes from the first half wait in `part` (exact). For one to three rows the whole block
+ * stays in registers instead (the register kernels). */
+
+static inline __attribute__((always_inline)) __m256i KN(q4k_half)(const __m256i *qv, const __m256i *sv, const int8_t *x) {
+    __m256i sum = DOT_FIRST(_mm256_maddubs_epi16(qv[0], _mm256_loadu_si256((const __m256i *)x)), sv[0]);
+    sum = DOT_ADD(sum, _mm256_maddubs_epi16(qv[1], _mm256_loadu_si256((const __m256i *)(x + 32))), sv[1]);
+    sum = DOT_ADD(sum, _mm256_maddubs_epi16(qv[2], _mm256_loadu_si256((const __m256i *)(x + 64))), sv[2]);
+    return DOT_ADD(sum, _mm256_maddubs_epi16(qv[3], _mm256_loadu_si256((const __m256i *)(x + 96))), sv[3]);
+}
+
+/* One to three rows (a decoding step, a verification pass): the whole block decoded once into
+ * registers and applied to each row in turn, each row's integer sums and accumulator in registers
+ * (NR <= 4; with four the registers spill, and the tiled kernel below is as fast: it takes four
+ * rows and more). */
+static inline __attribute__((always_inline)) void KN(q4k_few)(const Seg *s, int64_t j0, int64_t j1, int64_t r0, const int NR,
+                                                           const Out *o) {
+    const Acts *A = o->a;
+    const int64_t n_in = A->n_in, nb = n_in / 256;
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    for (int64_t j = j0; j < j1; j++) {
+        const uint8_t *row = s->w + j * s->row_bytes;
+        __m256 acc[4];
+        for (int t = 0; t < NR; t++) acc[t] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *blk = row + b * 144;
+            prefetch_block(blk, 144);
+            uint32_t dd2;
+            memcpy(&dd2, blk, 4);
+            const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dd2));
+            __m256i scales, mins, sum[4];
+            q4k_scale_vectors(blk, &scales, &mins);
+            for (int t = 0; t < NR; t++) sum[t] = _mm256_setzero_si256();
+            for (int k = 0; k < 4; k++) {
+                const __m256i bits = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * k));
+                const __m256i lo = _mm256_and_si256(bits, m4), hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+                const __m256i sl = _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * k))));
+                const __m256i sh = _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * k + 1))));
+                for (int t = 0; t < NR; t++) {
+                    const int8_t *x = A->qk + (r0 + t) * n_in + b * 256 + 64 * k;
+                    sum[t] = DOT_ADD(sum[t], _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)x)), sl);
+                    sum[t] = DOT_ADD(sum[t], _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(x + 32))), sh);
+                }
+            }
+            const __m256 dv = _mm256_broadcastss_ps(dm), mv = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
+            for (int t = 0; t < NR; t++) {
+                const int64_t r = r0 + t;
+                const __m256i adj = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)(A->bk + r * (n_in / 16) + b * 16)));
+                const __m256 dx = _mm256_broadcast_ss(A->dk + r * nb + b);
+                acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dv, dx), _mm256_cvtepi32_ps(sum[t]), acc[t]);
+                acc[t] = _mm256_fnmadd_ps(_mm256_mul_ps(mv, dx), _mm256_cvtepi32_ps(adj), acc[t]);
+            }
+        }
+        for (int t = 0; t < NR; t++)
+            store(o->y + (r0 + t) * o->ldy + s->col + j, tree8v(acc[t]), s->bias, j, o->accumulate);
+    }
+}
+
+static inline __attribute__((always_inline)) void KN(q6k_few)(const Seg *s, int64_t j0, int64_t j1, int64_t r0, const int NR,
+                                                           const Out *o) {
+    const Acts *A = o->a;
+    const int64_t n_in = A->n_in, nb = n_in / 256;
+    for (int64_t j = j0; j < j1; j++) {
+        const uint8_t *row = s->w + j * s->row_bytes;
+        __m256 acc[4];
+        for (int t = 0; t < NR; t++) acc[t] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *blk = row + b * 210;
+            prefetch_block(blk, 210);
+            const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
+            __m256i sum[4];
+            for (int t = 0; t < NR; t++) sum[t] = _mm256_setzero_si256();
+            for (int h = 0; h < 2; h++) {
+                __m256i qv[4];
+                q6k_vectors(blk, h, qv);
+                const __m256i sh = _mm256_broadcastsi128_si256(h ? _mm256_extracti128_si256(sc16, 1) : _mm256_castsi256_si128(sc16));
+                for (int v = 0; v < 4; v++) {
+                    const __m256i sv = _mm256_shuffle_epi8(sh, _mm256_set_m128i(_mm_set1_epi16((short)(0x0100 + 0x0202 * (2 * v + 1))),
+                                                                                _mm_set1_epi16((short)(0x0100 + 0x0202 * (2 * v)))));
+                    for (int t = 0; t < NR; t++) {
+                        const int8_t *x = A->qk + (r0 + t) * n_in + b * 256 + 128 * h + 32 * v;
+                        sum[t] = DOT_ADD(sum[t], _mm256_maddubs_epi16(qv[v], _mm256_loadu_si256((const __m256i *)x)), sv);
+                    }
+                }
+            }
+            const __m256 dv = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(blk[208] | (blk[209] << 8))));
+            for (int t = 0; t < NR; t++) {
+                const int64_t r = r0 + t;
+                const __m256i adj = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)(A->bk + r * (n_in / 16) + b * 16)));
+                const __m256i st = _mm256_sub_epi32(sum[t], _mm256_slli_epi32(adj, 5));
+                acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dv, _mm256_broadcast_ss(A->dk + r * nb + b)), _mm256_cvtepi32_ps(st), acc[t]);
+            }
+        }
+        for (int t = 0; t < NR; t++)
+            store(o->y + (r0 + t) * o->ldy + s->col + j, tree8v(acc[t]), s->bias, j, o->accumulate);
+    }
+}
+
+/* Q4_K: d, dmin (fp16), 12 bytes of six-bit scales and mins, 128 bytes of nibbles. */
+static inline __attribute__((always_inline)) void KN(q4k_tile)(const Seg *s, int64_t j0, int64_t j1, int64_t r0, const int64_t nr,
+                                                            const Out *o) {
+    const Acts *A = o->a;
+    const int64_t n_in = A->n_in, nb = n_in / 256;
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m256i part[RT];
+    for (int64_t j = j0; j < j1; j++) {
+        const uint8_t *row = s->w + j * s->row_bytes;
+        __m256 acc[RT];
+        for (int t = 0; t < nr; t++) acc[t] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *blk = row + b * 144;
+            prefetch_block(blk, 144);
+            uint32_t dd2;
+            memcpy(&dd2, blk, 4);
+            const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dd2)); /* d, dmin: exact, as f16() */
+            __m256i scales, mins;
+            q4k_scale_vectors(blk, &scales, &mins);
+            const __m256 dv = _mm256_broadcastss_ps(dm), mv = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
+            for (int h = 0; h < 2; h++) {
+                /* sub-blocks 4h .. 4h + 3: the low and high nibbles of qs[64h ..], then of qs[64h + 32 ..] */
+                const __m256i b0 = _mm256_loadu_si256((const __m256i *)(blk + 16 + 64 * h));
+                const __m256i b1 = _mm256_loadu_si256((const __m256i *)(blk + 48 + 64 * h));
+                const __m256i qv[4] = {_mm256_and_si256(b0, m4), _mm256_and_si256(_mm256_srli_epi16(b0, 4), m4),
+                                       _mm256_and_si256(b1, m4), _mm256_and_si256(_mm256_srli_epi16(b1, 4), m4)};
+                __m256i sv[4];
+                for (int v = 0; v < 4; v++) sv[v] = _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (4 * h + v))));
+                for (int64_t t = 0; t < nr; t++) {
+                    const int64_t r = r0 + t;
+                    const __m256i half = KN(q4k_half)(qv, sv, A->qk + r * n_in + b * 256 + 128 * h);
+                    if (h == 0) {
+                        part[t] = half;
+                        continue;
+                    }
+                    const __m256i sum = _mm256_add_epi32(part[t], half);
+                    const __m256i adj = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)(A->bk + r * (n_in / 16) + b * 16)));
+                    const __m256 dx = _mm256_set1_ps(A->dk[r * nb + b]);
+                    acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dv, dx), _mm256_cvtepi32_ps(sum), acc[t]);
+                    acc[t] = _mm256_fnmadd_ps(_mm256_mul_ps(mv, dx), _mm256_cvtepi32_ps(adj), acc[t]);
+                }
+            }
+        }
+        for (int64_t t = 0; t < nr; t++)
+            store(o->y + (r0 + t) * o->ldy + s->col + j, tree8v(acc[t]), s->bias, j, o->accumulate);
+    }
+}
+
+static void KN(q4k)(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t nr, const Out *o) {
+    switch (nr) { /* the register kernel, its loops over the rows unrolled, for up to three rows */
+    case 1: KN(q4k_few)(s, j0, j1, r0, 1, o); break;
+    case 2: KN(q4k_few)(s, j0, j1, r0, 2, o); break;
+    case 3: KN(q4k_few)(s, j0, j1, r0, 3, o); break;
+    default: KN(q4k_tile)(s, j0, j1, r0, nr, o);
+    }
+}
+
+/* Q6_K: ql[128], qh[64], int8 scales[16], d (fp16). Half h is ql[64h .. 64h + 63] and qh[32h ..]. */
+static inline __attribute__((always_inline)) void KN(q6k_tile)(const Seg *s, int64_t j0, int64_t j1, int64_t r0, const int64_t nr,
+                                                            const Out *o) {
+    const Acts *A = o->a;
+    const int64_t n_in = A->n_in, nb = n_in / 256;
+    __m256i part[RT];
+    for (int64_t j = j0; j < j1; j++) {
+        const uint8_t *row = s->w + j * s->row_bytes;
+        __m256 acc[RT];
+        for (int t = 0; t < nr; t++) acc[t] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *blk = row + b * 210;
+            prefetch_block(blk, 210);
+            const __m256 dv = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(blk[208] | (blk[209] << 8))));
+            const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
+            for (int h = 0; h < 2; h++) {
+                __m256i qv[4];
+                q6k_vectors(blk, h, qv);
+                /* vector v (elements 32v .. 32v + 31 of the half) has sub-blocks 8h + 2v (low 128 bits)
+                 * and 8h + 2v + 1 (high): their scales are s16 lanes 2v, 2v + 1 of sc16's half h */
+                const __m256i sh = _mm256_broadcastsi128_si256(h ? _mm256_extracti128_si256(sc16, 1) : _mm256_castsi256_si128(sc16));
+                __m256i sv[4];
+                for (int v = 0; v < 4; v++)
+                    sv[v] = _mm256_shuffle_epi8(sh, _mm256_set_m128i(_mm_set1_epi16((short)(0x0100 + 0x0202 * (2 * v + 1))),
+                                                                     _mm_set1_epi16((short)(0x0100 + 0x0202 * (2 * v)))));
+                for (int64_t t = 0; t < nr; t++) {
+                    const int64_t r = r0 + t;
+                    const __m256i half = KN(q4k_half)(qv, sv, A->qk + r * n_in + b * 256 + 128 * h);
+                    if (h == 0) {
+                        part[t] = half;
+                        continue;
+                    }
+                    __m256i sum = _mm256_add_epi32(part[t], half);
+                    const __m256i adj = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)(A->bk + r * (n_in / 16) + b * 16)));
+                    sum = _mm256_sub_epi32(sum, _mm256_slli_epi32(adj, 5));
+                    const __m256 dx = _mm256_set1_ps(A->dk[r * nb + b]);
+                    acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dv, dx), _mm256_cvtepi32_ps(sum), acc[t]);
+                }
+            }
+        }
+        for (int64_t t = 0; t < nr; t++)
+            store(o->y + (r0 + t) * o->ldy + s->col + j, tree8v(acc[t]), s->bias, j, o->accumulate);
+    }
+}
+
+static void KN(q6k)(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t nr, const Out *o) {
+    switch (nr) { /* the register kernel, its loops over the rows unrolled, for up to three rows */
+    case 1: KN(q6k_few)(s, j0, j1, r0, 1, o); break;
+    case 2: KN(q6k_few)(s, j0, j1, r0, 2, o); break;
+    case 3: KN(q6k_few)(s, j0, j1, r0, 3, o); break;
+    default: KN(q6k_tile)(s, j0, j1, r0, nr, o);
+    }
+}
+
+/* Q4_0, Q4_1, Q8_0 against G (1..4) rows whose accumulators stay in registers: the weight row is
+ * decoded again for each group of rows (cheap for these types; the row is in L1). */
+static inline __attribute__((always_inline)) void KN(k32_group)(const Seg *s, const uint8_t *row, int64_t j, int64_t r0,
+                                                            const int G, const Out *o) {
+    const Acts *A = o->a;
+    const int64_t n_in = A->n_in, nb = n_in / 32;
+    const int bb = block_bytes(s->type), type = s->type;
+    const __m128i m4 = _mm_set1_epi8(0x0F);
+    const __m256i eight = _mm256_set1_epi8(8);
+    __m256 acc[4];
+    float accm[4];
+    for (int t = 0; t < G; t++) acc[t] = _mm256_setzero_ps(), accm[t] = 0.0f;
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = row + b * bb;
+        if (((uintptr_t)blk & 63) < (uintptr_t)bb) prefetch_block(blk, 1); /* once per 64-byte line */
+        uint32_t dm2;
+        memcpy(&dm2, blk, 4);
+        const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dm2)); /* d (and Q4_1's m): exact, as f16() */
+        const __m256 dv = _mm256_broadcastss_ps(dm);
+        float m = 0.0f;
+        __m256i w;
+        if (type == T_Q8_0) {
+            w = _mm256_loadu_si256((const __m256i *)(blk + 2));
+        } else if (type == T_Q5_0) {
+            const __m128i bits = _mm_loadu_si128((const __m128i *)(blk + 6));
+            uint32_t qh;
+            memcpy(&qh, blk + 2, 4);
+            /* byte i of `high` is 0x10 where bit i of qh is set (each byte reads its own bit) */
+            const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh),
+                _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL, 0x0101010101010101LL, 0));
+            const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+            const __m256i high = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
+            w = _mm256_or_si256(_mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(bits, 4), m4), _mm_and_si128(bits, m4)), high);
+            w = _mm256_sub_epi8(w, _mm256_set1_epi8(16));
+        } else {
+            const __m128i bits = _mm_loadu_si128((const __m128i *)(blk + (type == T_Q4_1 ? 4 : 2)));
+            w = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(bits, 4), m4), _mm_and_si128(bits, m4));
+            if (type == T_Q4_0) w = _mm256_sub_epi8(w, eight);
+            else m = _mm_cvtss_f32(_mm_movehdup_ps(dm));
+        }
+        /* signed weights: |w| times x with w's sign (exact); Q4_1's are unsigned already */
+        const __m256i aw = type == T_Q4_1 ? w : _mm256_sign_epi8(w, w);
+        for (int t = 0; t < G; t++) {
+            const int64_t r = r0 + t;
+            __m256i x = _mm256_loadu_si256((const __m256i *)(A->q0 + r * n_in + b * 32));
+            if (type != T_Q4_1) x = _mm256_sign_epi8(x, w);
+            const __m256i sum = DOT_BYTES(aw, x);
+            const float dxs = A->d0[r * nb + b];
+            acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dv, _mm256_set1_ps(dxs)), _mm256_cvtepi32_ps(sum), acc[t]);
+            if (type == T_Q4_1) accm[t] = fmaf(m * dxs, (float)A->s0[r * nb + b], accm[t]);
+        }
+    }
+    for (int t = 0; t < G; t++) {
+        float v = tree8v(acc[t]);
+        if (type == T_Q4_1) v = v + accm[t];
+        store(o->y + (r0 + t) * o->ldy + s->col + j, v, s->bias, j, o->accumulate);
+    }
+}
+
+static void KN(k32)(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t nr, const Out *o) {
+    for (int64_t j = j0; j < j1; j++) {
+        const uint8_t *row = s->w + j * s->row_bytes;
+        int64_t t = 0;
+        for (; t + 4 <= nr; t += 4) KN(k32_group)(s, row, j, r0 + t, 4, o);
+        switch (nr - t) {
+        case 3: KN(k32_group)(s, row, j, r0 + t, 3, o); break;
+        case 2: KN(k32_group)(s, row, j, r0 + t, 2, o); break;
+        case 1: KN(k32_group)(s, row, j, r0 + t, 1, o); break;
+        default: break;
+        }
+    }
+}
+
+#endif /* GG_KERNEL_BODY */
