@@ -100,7 +100,7 @@ def main() -> None:
     machine = machine_record(args.threads, path, read_mib=args.read_mib)
     results: dict = {"threads": args.threads, "n_in": N_IN, "machine": machine,
                      "sizes_mib": {"cache-resident": args.resident_mib, "streamed": args.streamed_mib},
-                     "kernel_path": "AVX2" if native.uses_avx2() else "portable", "model": args.model,
+                     "kernel_path": native.kernel_path(), "model": args.model,
                      "model_weights_per_token": per_token, "ms": {}, "extra_row_ms_projected": {}}
     print(f"| type | weights | n_out | " + " | ".join(f"{n} rows (ms)" for n in ROWS) + " | extra row, ns per 1k weights |")
     print("|---|---|---:|" + "---:|" * len(ROWS) + "---:|")

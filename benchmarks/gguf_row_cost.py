@@ -93,7 +93,7 @@ def main() -> None:
         "model": str(path), "threads": args.threads, "repeats": args.repeats, "context": args.context,
         "median_ms": medians, "min_ms": minima, "table_stat": args.stat,
         "ratio_to_one_row": {k: {n: v[n] / v[1] for n in v} for k, v in med.items()},
-        "kernel_path": "avx2" if native.uses_avx2() else "portable", "machine": machine,
+        "kernel_path": native.kernel_path(), "machine": machine,
         "command": f"python benchmarks/gguf_row_cost.py --model {args.model} --threads {args.threads} "
                    f"--repeats {args.repeats} --stat {args.stat}",
         "table": table,

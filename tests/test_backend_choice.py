@@ -121,9 +121,9 @@ def test_generate_says_where_and_why(llamacpp_faster, capsys):
     assert code == 0, err
     assert f"specdec: {PACK} runs on {choice.KERNEL_WHY}" in err.splitlines()
     report = json.loads(out)
-    assert report["backend"] == {"name": "gguf", "why": choice.KERNEL_WHY}
+    assert report["backend"] == {"name": "gguf", "why": choice.KERNEL_WHY, "kernel_path": native.kernel_path()}
     assert report["exact"] and report["token_identical"] is True
-    assert report["weights"].endswith("GGUF on specdec kernels")
+    assert report["weights"].endswith(f"GGUF on specdec kernels ({report['backend']['kernel_path']} path)")
 
 
 def test_generate_on_llamacpp_says_output_may_differ_from_plain_decoding(capsys):

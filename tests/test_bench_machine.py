@@ -106,7 +106,7 @@ def test_the_machine_record_has_its_fields_without_a_target(monkeypatch):
     monkeypatch.setattr(bench_machine, "read_speed", lambda threads, mib: {
         "gb_per_s": 12.5, "threads": threads, "mib": mib, "repeats": 3})
     record = report.machine_record(2, None, why_no_target="no method runs a GGUF", read_mib=8)
-    assert set(record) == {"cpu", "features", "memory_read", "one_row_step"}
+    assert set(record) == {"cpu", "features", "memory_read", "one_row_step", "gguf_kernel_path"}
     assert record["cpu"] == measurements.machine() and record["features"] == cpu_features()
     assert record["memory_read"] == {"gb_per_s": 12.5, "threads": 2, "mib": 8, "repeats": 3}
     assert record["one_row_step"] == {"skipped": "no method runs a GGUF"}
@@ -119,6 +119,9 @@ def test_a_read_speed_that_cannot_be_measured_is_skipped_with_its_reason(monkeyp
     monkeypatch.setattr(bench_machine, "read_speed", unavailable)
     record = bench_machine.machine_record(1, None)
     assert record["memory_read"] == {"skipped": "no C compiler found (install gcc, or set CC)"}
+    from specdec.backends import gguf
+
+    assert record["gguf_kernel_path"] in gguf.PATHS or record["gguf_kernel_path"].startswith("none (")
 
 
 RECORD = {
@@ -135,6 +138,8 @@ def test_the_machine_line_says_the_features_the_read_speed_and_each_backends_ste
         "Machine: Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz; AVX2, FMA, F16C, AVX-512F, AVX-512BW, AVX-512VL, "
         "AVX512-VNNI, AVX512-BF16 (not AVX-VNNI); memory read 31.0 GB/s (2 threads); one-token step on "
         "qwen2.5-coder-1.5b.gguf after 32 tokens (2 threads): specdec's GGUF kernel 35.0 ms, llama.cpp 36.0 ms.")
+    assert machine_line({**RECORD, "gguf_kernel_path": "avx512vnni"}).endswith(
+        "llama.cpp 36.0 ms; specdec's GGUF kernel on its avx512vnni path.")
 
 
 def test_the_machine_line_says_what_was_not_measured():

@@ -291,7 +291,7 @@ def test_gguf_row_cost_runs(tmp_path):
         assert list(data["median_ms"][name]) == ["1", "2"]
         positive_numbers(data["median_ms"][name].values())
         assert data["ratio_to_one_row"][name]["1"] == 1.0
-    assert data["kernel_path"] in ("avx2", "portable")
+    assert data["kernel_path"] in ("portable", "avx2", "avx512vnni", "avxvnni")  # specdec.backends.gguf.PATHS
 
 
 def test_multi_turn_stops_at_its_arguments_without_llama_server(tmp_path):

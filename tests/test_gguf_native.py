@@ -749,7 +749,7 @@ def test_specdec_generate_runs_on_the_gguf_backend(capsys):
     out, err = capsys.readouterr()
     assert code == 0, err
     report = json.loads(out)
-    assert report["weights"].endswith("GGUF on specdec kernels")
+    assert report["weights"].endswith(f"GGUF on specdec kernels ({report['backend']['kernel_path']} path)")
     assert report["exact"] and report["ar"]["token_ids"] == report["token_ids"]
     assert "GGUF on specdec kernels" in err
     code = cli.main(["generate", "x", "--target", PACK, "--draft", "none", "--backend", "gguf", "--dtype", "float32"])

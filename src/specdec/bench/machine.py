@@ -47,7 +47,18 @@ def machine_record(threads: int, target: str | Path | None, *, why_no_target: st
     except (ReadSpeedUnavailable, MemoryError) as err:
         read = {"skipped": str(err) or type(err).__name__}
     steps = one_row_steps(target, threads) if target is not None else {"skipped": why_no_target}
-    return {"cpu": machine(), "features": cpu_features(), "memory_read": read, "one_row_step": steps}
+    return {"cpu": machine(), "features": cpu_features(), "memory_read": read, "one_row_step": steps,
+            "gguf_kernel_path": gguf_kernel_path()}
+
+
+def gguf_kernel_path() -> str:
+    """The path specdec's GGUF kernel runs here (:data:`specdec.backends.gguf.PATHS`), or why it has none."""
+    from specdec.backends import gguf  # the kernel's library is built on first use: only where a record is made
+
+    try:
+        return gguf.kernel_path()
+    except gguf.KernelUnavailable as err:
+        return f"none ({err})"
 
 
 def read_speed(threads: int, *, mib: int = READ_MIB, seconds: float = READ_SECONDS) -> dict[str, Any]:

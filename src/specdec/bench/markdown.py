@@ -40,7 +40,9 @@ def machine_line(record: dict[str, Any] | None) -> str | None:
     read = record.get("memory_read") or {}
     memory = (f"memory read {read['gb_per_s']:.1f} GB/s ({_threads(read['threads'])})" if "gb_per_s" in read
               else f"memory read speed not measured ({read.get('skipped', 'not recorded')})")
-    return f"Machine: {record.get('cpu', 'unknown CPU')}; {vectors}; {memory}; {_steps(record.get('one_row_step') or {})}."
+    path = f"; specdec's GGUF kernel on its {record['gguf_kernel_path']} path" if record.get("gguf_kernel_path") else ""
+    return (f"Machine: {record.get('cpu', 'unknown CPU')}; {vectors}; {memory}; "
+            f"{_steps(record.get('one_row_step') or {})}{path}.")
 
 
 def _steps(steps: dict[str, Any]) -> str:

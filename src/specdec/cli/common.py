@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Collection, Iterator
 
 from specdec import models, packs
-from specdec.backends import llamacpp
+from specdec.backends import gguf, llamacpp
 from specdec.backends import table as backend_table
 from specdec.config import (
     GROUP_FIELD, NAME_ONLY, OPTIONS, ConfigError, DecodeConfig, NothingToVerify, Option, option,
@@ -347,9 +347,11 @@ def _check_torch_options(names: list[str], backend: str, typed: Collection[str])
 
 def gguf_weights(model: Any) -> str:
     """What a model loaded from a GGUF runs: 'llama 135M Q4_1 GGUF via llama.cpp' (as llama.cpp
-    describes it), or 'llama 30x576 (Q4_1/Q6_K) GGUF on specdec kernels'."""
-    where = "via llama.cpp" if type(model).__module__.endswith("llamacpp") else "on specdec kernels"
-    return f"{model.weights.description} GGUF {where}"
+    describes it), or 'llama 30x576 (Q4_1/Q6_K) GGUF on specdec kernels (avx2 path)': the kernel's
+    path, the instructions its products run on here (:data:`specdec.backends.gguf.PATHS`)."""
+    if type(model).__module__.endswith("llamacpp"):
+        return f"{model.weights.description} GGUF via llama.cpp"
+    return f"{model.weights.description} GGUF on specdec kernels ({gguf.kernel_path(model.lib)} path)"
 
 
 def check_threads(threads: int | None) -> None:

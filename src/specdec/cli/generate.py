@@ -19,6 +19,7 @@ from specdec.config import DecodeConfig
 from specdec.divergence import LogitsRecorder, cause, decisive_position, explain, first_difference
 from specdec.drafters.tree import DEFAULT_TREE, TreeDrafter
 from specdec.measurements import batch_invariance
+from specdec.backends import gguf
 from specdec.backends import table as backend_table
 from specdec.models import Pair
 from specdec.cli.common import (
@@ -254,7 +255,8 @@ def _report(args: argparse.Namespace, pair: Pair, result: Any, ar: Any,
         "target": args.target,
         "draft": args.draft,
         "draft_weights": args.draft_weights,
-        "backend": {"name": pair.backend, "why": pair.backend_why},
+        "backend": {"name": pair.backend, "why": pair.backend_why,
+                    **({"kernel_path": gguf.kernel_path(pair.target.lib)} if pair.backend == "gguf" else {})},
         **({"weights": gguf_weights(pair.target)} if pair.backend in backend_table.GGUF_NAMES else {"dtype": args.dtype}),
         "method": result.method,
         "exact": result.exact,  # the verification rule keeps the target's law (docs/exactness.md)
