@@ -8,6 +8,7 @@ A real-model test (SmolLM2, marked slow) closes the file.
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import socket
 import subprocess
@@ -361,6 +362,40 @@ def test_malformed_bodies_and_unknown_endpoints(server):
     assert nowhere.status_code == 404 and nowhere.json()["error"]["code"] == "not_found"
     wrong_verb = httpx.get(server.url + "/v1/completions", trust_env=False)
     assert wrong_verb.status_code == 405 and "GET" in wrong_verb.json()["error"]["message"]
+
+
+def test_a_json_body_is_read_whatever_its_content_type_says(pair, server):
+    """llama-server reads the body as JSON whatever its Content-Type (``curl -d`` sends a form's);
+    a body that is not JSON is told so, with the type it was sent as."""
+    body = {"model": "tiny", "prompt": "x", "max_tokens": 3, "temperature": 0}
+    expected = reference(pair, "x", max_new_tokens=3, temperature=0).text
+    for headers in ({}, {"content-type": "application/x-www-form-urlencoded"}, {"content-type": "text/plain"}):
+        response = httpx.post(server.url + "/v1/completions", content=json.dumps(body).encode(), headers=headers,
+                              trust_env=False)
+        assert response.status_code == 200 and response.json()["choices"][0]["text"] == expected, (headers, response.text)
+    chat = httpx.post(server.url + "/v1/chat/completions", headers={"content-type": "text/plain"}, trust_env=False,
+                      content=json.dumps({"messages": [{"role": "usr", "content": "hi"}]}).encode())
+    assert chat.status_code == 400 and chat.json()["error"]["param"] == "messages.0.role", chat.text  # read, then checked
+    form = httpx.post(server.url + "/v1/completions", content=b"prompt=x", trust_env=False,
+                      headers={"content-type": "application/x-www-form-urlencoded"})
+    message = form.json()["error"]["message"]
+    assert form.status_code == 400 and "not valid JSON" in message and "application/x-www-form-urlencoded" in message
+
+
+@pytest.mark.parametrize("extra, param, words", [
+    ({"json_schema": {"$ref": "#"}}, "json_schema", "admits no finite JSON value"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "loop", "schema": {
+        "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}}}},
+     "response_format.json_schema.schema", "admits no finite JSON value"),
+    ({"grammar": 'start: "a"{1000000}'}, "grammar", "exceeds llguidance's limits"),
+])
+def test_grammars_the_engine_cannot_complete_get_a_400_before_generating(server, extra, param, words):
+    """Not an empty answer "finished" by the grammar, nor a 500 from the engine's limits."""
+    body = {"model": "tiny", "prompt": "x", "max_tokens": 4, **extra}
+    response = httpx.post(server.url + "/v1/completions", json=body, trust_env=False)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and error["message"].startswith(param) and words in error["message"], error
 
 
 def test_api_key_guards_everything_but_health(pair):

@@ -350,6 +350,30 @@ def _tool(name: Any = "f", parameters: Any = None) -> dict[str, Any]:
     return {"type": "function", "function": function if name is None else {"name": name, **function}}
 
 
+def test_a_json_answer_beside_tools_allows_the_whitespace_of_any_json_schema():
+    """With tools and a response_format, the answer's JSON has the layout a json_schema constraint
+    allows on its own: a line break and an indent between tokens, no blank lines."""
+    from llguidance import LLMatcher
+
+    from specdec.constraints import grammar_tokenizer
+    from specdec.server import requests as rq
+    from helpers import tiny_tokenizer
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    body = rq.ChatBody.model_validate({"messages": ASK, "tools": [_tool()], "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": schema}}})
+    grammar = rq.constraint_fields(body).build().grammar_text()
+    tokenizer = tiny_tokenizer()
+
+    def allows(text: str) -> bool:
+        matcher = LLMatcher(grammar_tokenizer(tokenizer, 259), grammar, log_level=0)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        return matcher.validate_tokens(ids) == len(ids)
+
+    assert allows('{\n  "a": 1\n}') and allows('{"a": 1}')
+    assert not allows('{\n\n  "a": 1') and not allows('{"a":   1')
+
+
 @pytest.mark.parametrize("extra, param", [
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}},
      "response_format.json_schema.schema"),
@@ -359,6 +383,11 @@ def _tool(name: Any = "f", parameters: Any = None) -> dict[str, Any]:
     ({"response_format": {"type": "yaml"}}, "response_format.type"),
     ({"json_schema": {"type": "nope"}}, "json_schema"),
     ({"grammar": "start: ("}, "grammar"),
+    ({"grammar": "start: /(a|aa)*(b|bb){1000}/"}, "grammar"),  # beyond the engine's limits at the first tokens
+    ({"json_schema": {"type": "object", "properties": {"p": {"type": "string", "pattern": "^(a|aa)*(b|bb){1000}$"}},
+                      "required": ["p"]}}, "json_schema"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#"}}}},
+     "response_format.json_schema.schema"),  # no finite value
     ({"grammar": 'start: "a"', "json_schema": {"type": "object"}}, "grammar"),
     ({"tools": [_tool(name=None)]}, "tools.0.function.name"),
     ({"tools": [_tool(name="has space")]}, "tools.0.function.name"),

@@ -26,14 +26,16 @@ import contextlib
 import hashlib
 import hmac
 import importlib.resources
+import json
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, TypeVar
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -53,6 +55,7 @@ from specdec.server.requests import ChatBody, CompletionBody, Generation
 from specdec.server.responses import Answer, sse, summary
 from specdec.server.worker import Job, ModelThread, QueueFull, Scheduler
 
+BodyModel = TypeVar("BodyModel", CompletionBody, ChatBody)
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 GRACE_SECONDS = 0.5  # past a request's deadline, how long to wait for the worker to notice it
 POLL_SECONDS = 0.25  # how often a waiting non-streamed request checks that its client is still there
@@ -174,7 +177,8 @@ def _private_routes(state: _State) -> APIRouter:
         }]}
 
     @router.post("/v1/completions")
-    async def completions(body: CompletionBody, request: Request) -> Response:
+    async def completions(request: Request) -> Response:
+        body = await _body(request, CompletionBody)
         _check_model(body.model, models.name)
         method = rq.choose_method(body, options.method, models.draft is not None, options.seeded_sampler)
         max_tokens = _max_tokens(body.max_tokens or COMPLETION_DEFAULT_MAX_TOKENS, "max_tokens", options)
@@ -189,7 +193,8 @@ def _private_routes(state: _State) -> APIRouter:
         return await _serve(state, request, gen)
 
     @router.post("/v1/chat/completions")
-    async def chat(body: ChatBody, request: Request) -> Response:
+    async def chat(request: Request) -> Response:
+        body = await _body(request, ChatBody)
         _check_model(body.model, models.name)
         method = rq.choose_method(body, options.method, models.draft is not None, options.seeded_sampler)
         if body.max_tokens is not None and body.max_completion_tokens is not None:
@@ -222,6 +227,25 @@ def _page() -> tuple[str, str]:
     return html, policy
 
 
+async def _body(request: Request, model: type[BodyModel]) -> BodyModel:
+    """The request's body read as JSON whatever its Content-Type says, as llama-server reads it
+    (``curl -d`` sends JSON as a form), then checked as ``model``: an :class:`APIError` naming the
+    field, or saying the body is not JSON (and what it was sent as, where that was not JSON)."""
+    raw = await request.body()
+    if not raw.strip():
+        raise APIError(400, "the request needs a JSON object body")
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        sent = request.headers.get("content-type", "")
+        said = "" if not sent or "json" in sent.lower() else f" (it was sent as Content-Type: {sent})"
+        raise APIError(400, f"the request body is not valid JSON{said}; send a JSON object") from None
+    try:
+        return model.model_validate(value)
+    except ValidationError as err:
+        raise errors.validation_error(err.errors()) from None
+
+
 def _check_stream_options(body: Any) -> None:
     if body.stream_options is not None and not body.stream:
         raise APIError(400, "stream_options goes with \"stream\": true", param="stream_options")
@@ -237,8 +261,9 @@ def _generation(kind: str, ids: list[int], body: Any, method: DecodeConfig, max_
 
 def _constraints(state: _State, body: Any) -> Any:
     """The request's :class:`~specdec.constraints.Constraints` (None where it asks for none), checked
-    against the model's vocabulary: a bad schema, grammar, penalty or ``logit_bias`` key is an
-    :class:`APIError` naming the request's field. A chat's tools' ``parameters`` schemas are
+    against the model's vocabulary and tokenizer: a bad schema, grammar (one that admits no finite
+    output, or exceeds the grammar engine's limits at its first tokens), penalty or ``logit_bias``
+    key is an :class:`APIError` naming the request's field. A chat's tools' ``parameters`` schemas are
     checked each on its own, so the error names the tool."""
     asked = rq.constraint_fields(body)
     if isinstance(body, ChatBody) and body.calls_tools:
@@ -254,7 +279,7 @@ def _check(asked: rq.ConstraintFields, state: _State) -> Any:
 
     try:
         constraints = asked.build()
-        constraints.check(state.limits.vocab_size)
+        constraints.check(state.limits.vocab_size, state.models.tokenizer, sorted(state.eos))
     except ConstraintError as err:
         param = asked.param(err.field)
         raise APIError(400, f"{param}: {str(err).removeprefix(err.field + ': ')}", param=param) from None

@@ -72,8 +72,9 @@ def route_error(status: int, detail: str, method: str, path: str) -> APIError:
 
 
 def validation_error(problems: Sequence[dict[str, Any]]) -> APIError:
-    """pydantic's problems with a request body (a ``RequestValidationError``'s ``errors()``, at least
-    one): the first (an unknown field first of all), as a 400 naming the field (``messages.0.role``)."""
+    """pydantic's problems with a request body (a ``ValidationError``'s or ``RequestValidationError``'s
+    ``errors()``, at least one): the first (an unknown field first of all), as a 400 naming the field
+    (``messages.0.role``)."""
     first = next((e for e in problems if e.get("type") == "extra_forbidden"), problems[0])
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     param = ".".join(loc) or None

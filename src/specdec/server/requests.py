@@ -524,7 +524,7 @@ def constraint_fields(body: _Body) -> ConstraintFields:
             raise APIError(400, "grammar: a grammar cannot go with tools (the answer may be a tool call); use "
                                 "response_format or json_schema, or \"tool_choice\": \"none\"", param="grammar")
         functions = [t.function.model_dump(exclude_none=True) for t in body.tools or []]
-        fields["grammar"] = tools.tool_grammar(functions, several=several, content_schema=value)
+        fields["grammar"] = tools.tool_grammar(functions, several=several, content_schema=_json_layout(value))
         params["grammar"] = param
     elif shapes:
         param, kind, value = shapes[0]
@@ -535,6 +535,14 @@ def constraint_fields(body: _Body) -> ConstraintFields:
     if body.logit_bias:
         fields["logit_bias"] = dict(body.logit_bias)  # string keys: Constraints reads them as token ids
     return ConstraintFields(fields, params)
+
+
+def _json_layout(schema: Any) -> Any:
+    """A schema embedded in a grammar, with the whitespace a ``json_schema`` constraint allows
+    (:data:`specdec.constraints.JSON_LAYOUT`) unless it says its own ``x-guidance``."""
+    from specdec.constraints import JSON_LAYOUT
+
+    return {"x-guidance": JSON_LAYOUT, **schema} if isinstance(schema, dict) and "x-guidance" not in schema else schema
 
 
 def _choice_text(body: ChatBody) -> str:
