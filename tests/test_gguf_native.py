@@ -686,6 +686,33 @@ def test_smollm2_lookahead_sequoia_cascade_and_retrieval_keep_plain_decodings_ou
             assert spec.stats.accepted_tokens > 0, name
 
 
+def test_smollm2_sequences_in_one_pass_get_the_bits_they_get_alone(smol):
+    """run_together: the rows of several sequences (their own caches, lengths, masks) in one pass of
+    the weights; each sequence's logits are those of its own passes, bit for bit, a token tree's included."""
+    models = [smol.fork() for _ in range(3)]
+    contexts = [CONTEXT, PROMPT, CONTEXT[:5]]
+    extras = [EXTRA[:1], EXTRA[:4], EXTRA[:3]]
+    length = len(contexts[2])
+    tree = torch.ones(3, length + 3, dtype=torch.bool)
+    tree[1:, length + 1 :] = torch.eye(2, dtype=torch.bool)  # nodes 1 and 2 both hang from node 0
+    tree[0, length + 1 :] = False
+    options = [{}, {"num_logits": 2}, {"attend": tree, "positions": [length, length + 1, length + 1]}]
+    alone = []
+    for model, context, extra, kw in zip(models, contexts, extras, options):
+        model.reset()
+        first = model.forward(context)
+        alone.append((first, model.forward(extra, **kw)))
+    for model in models:
+        model.reset()
+    firsts = native.run_together([(m, m.pieces(c)[0]) for m, c in zip(models, contexts)])
+    seconds = native.run_together([(m, m.pieces(e, **kw)[0]) for m, e, kw in zip(models, extras, options)])
+    for (first, second), got_first, got_second in zip(alone, firsts, seconds):
+        assert torch.equal(got_first, first) and torch.equal(got_second, second)
+    assert [m.tokens for m in models] == [c + e for c, e in zip(contexts, extras)]
+    with pytest.raises(ValueError, match="one piece of each sequence"):
+        native.run_together([(models[0], models[0].pieces([1])[0])] * 2)
+
+
 def test_smollm2_bad_inputs(smol):
     smol.reset()
     with pytest.raises(ValueError, match="at least one token"):

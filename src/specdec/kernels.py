@@ -422,7 +422,9 @@ def _write_whole(path: Path, data: bytes) -> None:
 def _run(compiler: list[str], flags: Sequence[str], out: Path, src: Path, libs: Sequence[str],
          error: type[Exception]) -> subprocess.CompletedProcess:
     try:
-        return subprocess.run([*compiler, *flags, "-o", str(out), str(src), *libs], capture_output=True, text=True)
+        # the source by its absolute name: a source that includes itself (#include __FILE__) finds itself
+        return subprocess.run([*compiler, *flags, "-o", str(out), str(src.absolute()), *libs], capture_output=True,
+                              text=True)
     except OSError as err:  # $CC names no program that runs
         raise error(f"cannot run the C compiler {' '.join(compiler)}: {err.strerror or err} "
                     "(install gcc, or set CC to a compiler that runs)") from None

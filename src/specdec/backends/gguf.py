@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import os
 import platform
 import sys
@@ -179,6 +180,8 @@ def _build_and_open(flags: list[str], variant: str) -> ctypes.CDLL:
         "gguf_attention": ([p, p, p, p, p, i64, i64, i64, i64, i64, i64, ctypes.c_float, i32], i32),
         "gguf_forward": ([p, i64, i64, i64, i64, i64, i64, i32, i64, ctypes.c_float, ctypes.c_float, p, i64, p, p, p, p,
                           p, i64, p, i32], i32),
+        "gguf_forward_seqs": ([p, i64, i64, i64, i64, i64, i64, i32, i64, ctypes.c_float, ctypes.c_float, p, i64, p, p,
+                               p, i64, p, p, p, p, p, i32], i32),
         "gguf_set_portable": ([i32], None),
         "gguf_cpu_paths": ([], i32),
         "gguf_set_path": ([i32], i32),
@@ -566,6 +569,15 @@ class GGUFCausalLM(ModelFacts):
         consecutive positions (token trees). Every row is computed as the one-token step at its
         position with the same visible keys would compute it, bit for bit.
         """
+        pieces = self.pieces(tokens, num_logits, attend=attend, positions=positions)
+        parts = [run_together([(self, piece)])[0] for piece in pieces]
+        return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+    def pieces(self, tokens: Sequence[int], num_logits: int = 0, *, attend: torch.Tensor | None = None,
+               positions: Sequence[int] | None = None) -> list["Piece"]:
+        """:meth:`forward`'s arguments checked and cut into the passes that run them, in order (a
+        causal chain of more than :data:`MAX_PASS_ROWS` tokens takes several): each piece's rows are
+        computed as they would be alone, whatever runs beside them (:func:`run_together`)."""
         tokens = [int(t) for t in tokens]
         n = len(tokens)
         if n == 0:
@@ -587,17 +599,15 @@ class GGUFCausalLM(ModelFacts):
             visible = torch.as_tensor(attend).to(torch.bool)
             if visible.shape != (n, start + n):
                 raise ValueError(f"attend must be [n, cache_len + n] = [{n}, {start + n}], got {list(visible.shape)}")
-            logits = self._pass(tokens, pos, visible.to(torch.uint8).contiguous(), want)
-        else:
-            parts = []
-            for lo in range(0, n, MAX_PASS_ROWS):
-                chunk = tokens[lo : lo + MAX_PASS_ROWS]
-                m, first = len(chunk), self._length
-                mask = None if m == 1 else torch.ones(m, first + m, dtype=torch.uint8).tril(first)
-                rows = min(m, max(0, want - (n - lo - m)))  # of the last `want` rows, those in this chunk
-                parts.append(self._pass(chunk, pos[lo : lo + m], mask, rows))
-            logits = torch.cat(parts) if len(parts) > 1 else parts[0]
-        return logits
+            return [Piece(tokens, pos, visible.to(torch.uint8).contiguous(), want)]
+        pieces = []
+        for lo in range(0, n, MAX_PASS_ROWS):
+            chunk = tokens[lo : lo + MAX_PASS_ROWS]
+            m, first = len(chunk), start + lo
+            mask = None if m == 1 else torch.ones(m, first + m, dtype=torch.uint8).tril(first)
+            rows = min(m, max(0, want - (n - lo - m)))  # of the last `want` rows, those in this chunk
+            pieces.append(Piece(chunk, pos[lo : lo + m], mask, rows))
+        return pieces
 
     def keep(self, indices: Sequence[int]) -> None:
         """Keep only the cached positions ``indices`` (ascending), e.g. a tree's accepted path."""
@@ -639,34 +649,58 @@ class GGUFCausalLM(ModelFacts):
         self._tokens = list(snapshot.tokens)
         self._length = length
 
-    # -- the pass ----------------------------------------------------------------------------------
 
-    def _pass(self, tokens: list[int], pos: list[int], visible: torch.Tensor | None, want: int) -> torch.Tensor:
-        """One pass of n rows at cache rows start..start+n-1: logits [want, V] of its last rows.
-        visible: [n, start + n] uint8 or None (every row sees every key: one token)."""
-        w, lib, threads = self.weights, self.lib, self.n_threads
-        n, start = len(tokens), self._length
-        length = start + n
-        H, heads, kv, d = w.hidden, w.heads, w.kv_heads, w.head_dim
-        ids = torch.tensor(tokens, dtype=torch.int64)
-        position = torch.tensor(pos, dtype=torch.int64)
-        x = torch.empty(n, H, dtype=torch.float32)
-        if lib.gguf_get_rows(w.embed.type, w.embed.ptr, H, ids.data_ptr(), n, x.data_ptr()) != 0:
-            raise RuntimeError("the embedding lookup failed")
-        scratch = torch.empty(n * (H + (heads + 2 * kv) * d + 2 * heads * d + 3 * w.ffn), dtype=torch.float32)
-        rc = lib.gguf_forward(w.records.ctypes.data, w.n_layers, H, heads, kv, d, w.ffn, int(w.neox), w.capacity,
-                              w.eps, 1.0 / float(np.sqrt(d)), x.data_ptr(), n, position.data_ptr(), w.cos.data_ptr(),
-                              w.sin.data_ptr(), 0 if visible is None else visible.data_ptr(), self._cache.data_ptr(),
-                              start, scratch.data_ptr(), threads)
-        if rc != 0:
-            raise MemoryError("out of memory in the GGUF kernels") if rc == -2 else RuntimeError(f"gguf_forward failed ({rc})")
-        self._length = length
-        self._tokens.extend(tokens)
-        if want <= 0:
-            return torch.empty(0, self._vocab, dtype=torch.float32)
-        last = x[n - want :].contiguous()
-        normed = torch.empty(want, H, dtype=torch.float32)
-        lib.gguf_rmsnorm(last.data_ptr(), w.final_norm.data_ptr(), want, H, w.eps, normed.data_ptr())
-        logits = torch.empty(want, self._vocab, dtype=torch.float32)
-        w.head(lib, normed, logits, want, False, threads)
-        return logits
+@dataclasses.dataclass(frozen=True)
+class Piece:
+    """One sequence's rows of a pass: its tokens and their positions, its mask ([n, cached + n]
+    uint8, or None for one row that sees every key) and how many of its last rows want logits."""
+
+    tokens: list[int]
+    pos: list[int]
+    visible: torch.Tensor | None
+    want: int
+
+
+def run_together(calls: Sequence[tuple[GGUFCausalLM, Piece]]) -> list[torch.Tensor]:
+    """One pass of the weights for the pieces of several sequences (each a :class:`GGUFCausalLM`
+    on the same :class:`GGUFWeights`, each at most once): each sequence's rows go to its own cache
+    and attend to its own keys, and each row is computed as it would be alone, bit for bit (the
+    kernel is batch-invariant). Returns each call's logits [want, V] float32, in order."""
+    if not calls:
+        return []
+    first = calls[0][0]
+    w, lib, threads = first.weights, first.lib, first.n_threads
+    if any(model.weights is not w for model, _ in calls) or len({id(m) for m, _ in calls}) != len(calls):
+        raise ValueError("run_together takes one piece of each sequence, all on the same weights")
+    rows_of = [len(piece.tokens) for _, piece in calls]
+    n, H, heads, kv, d = sum(rows_of), w.hidden, w.heads, w.kv_heads, w.head_dim
+    ids = torch.tensor([t for _, piece in calls for t in piece.tokens], dtype=torch.int64)  # [n]
+    position = torch.tensor([p for _, piece in calls for p in piece.pos], dtype=torch.int64)  # [n]
+    x = torch.empty(n, H, dtype=torch.float32)  # [n, H]
+    if lib.gguf_get_rows(w.embed.type, w.embed.ptr, H, ids.data_ptr(), n, x.data_ptr()) != 0:
+        raise RuntimeError("the embedding lookup failed")
+    scratch = torch.empty(n * (H + (heads + 2 * kv) * d + 2 * heads * d + 3 * w.ffn), dtype=torch.float32)
+    seqs = len(calls)
+    counts = (ctypes.c_int64 * seqs)(*rows_of)
+    visibles = (ctypes.c_uint64 * seqs)(*[0 if p.visible is None else p.visible.data_ptr() for _, p in calls])
+    caches = (ctypes.c_uint64 * seqs)(*[m._cache.data_ptr() for m, _ in calls])
+    starts = (ctypes.c_int64 * seqs)(*[m._length for m, _ in calls])
+    rc = lib.gguf_forward_seqs(w.records.ctypes.data, w.n_layers, H, heads, kv, d, w.ffn, int(w.neox), w.capacity,
+                               w.eps, 1.0 / float(np.sqrt(d)), x.data_ptr(), n, position.data_ptr(), w.cos.data_ptr(),
+                               w.sin.data_ptr(), seqs, counts, visibles, caches, starts, scratch.data_ptr(), threads)
+    if rc != 0:
+        raise MemoryError("out of memory in the GGUF kernels") if rc == -2 else RuntimeError(f"gguf_forward failed ({rc})")
+    wanted, at = [], 0
+    for (model, piece), m in zip(calls, rows_of):
+        model._length += m
+        model._tokens.extend(piece.tokens)
+        wanted += range(at + m - piece.want, at + m)
+        at += m
+    total = len(wanted)
+    logits = torch.empty(total, w.vocab_size, dtype=torch.float32)  # [wanted rows, V]
+    if total:
+        last = x[wanted].contiguous()
+        normed = torch.empty(total, H, dtype=torch.float32)
+        lib.gguf_rmsnorm(last.data_ptr(), w.final_norm.data_ptr(), total, H, w.eps, normed.data_ptr())
+        w.head(lib, normed, logits, total, False, threads)
+    return list(logits.split([piece.want for _, piece in calls]))

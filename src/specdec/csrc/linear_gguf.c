@@ -1000,20 +1000,24 @@ enum { /* one layer's record: int64 fields */
 };
 
 /* x [n, hidden] (the embedded tokens in, the last layer's output out) through n_layers layers:
- * x += o(attention(rope(qkv(norm1(x))))); x += down(swiglu(gate_up(norm2(x)))). The keys and
- * values of the pass go to cache rows start .. start + n - 1 of each layer ([layers, 2, kv, cap,
- * d] fp32); visible [n, start + n] uint8 or NULL (one row that sees every key). scratch: at least
- * n * (hidden + (heads + 2 kv) d + 2 heads d + 3 ffn) floats. Returns 0, or the failing step's code. */
-int gguf_forward(const int64_t *layers, int64_t n_layers, int64_t hidden, int64_t heads, int64_t kv, int64_t d,
-                 int64_t ffn, int neox, int64_t cap, float eps, float scale, float *x, int64_t n, const int64_t *pos,
-                 const float *cos_t, const float *sin_t, const uint8_t *visible, float *cache, int64_t start,
-                 float *scratch, int threads) {
-    const int64_t qkvw = (heads + 2 * kv) * d, length = start + n;
+ * x += o(attention(rope(qkv(norm1(x))))); x += down(swiglu(gate_up(norm2(x)))), for the rows of
+ * n_seq sequences at once: sequence s owns rows_of[s] consecutive rows of x (pos, likewise), its
+ * own cache caches[s] ([layers, 2, kv, cap, d] fp32, the pass's keys and values going to its rows
+ * starts[s] .. starts[s] + rows_of[s] - 1) and mask visibles[s] ([rows_of[s], starts[s] +
+ * rows_of[s]] uint8, or 0: one row that sees every key). Every weight is read once for all the
+ * rows; each row's result is the one-sequence pass's, bit for bit (every step is per row, and
+ * attention reads only its sequence's keys). scratch: at least n * (hidden + (heads + 2 kv) d +
+ * 2 heads d + 3 ffn) floats. Returns 0, or the failing step's code. */
+int gguf_forward_seqs(const int64_t *layers, int64_t n_layers, int64_t hidden, int64_t heads, int64_t kv, int64_t d,
+                      int64_t ffn, int neox, int64_t cap, float eps, float scale, float *x, int64_t n, const int64_t *pos,
+                      const float *cos_t, const float *sin_t, int64_t n_seq, const int64_t *rows_of,
+                      const uint64_t *visibles, const uint64_t *caches, const int64_t *starts, float *scratch,
+                      int threads) {
+    const int64_t qkvw = (heads + 2 * kv) * d;
     float *h = scratch, *qkv = h + n * hidden, *q = qkv + n * qkvw, *att = q + n * heads * d, *gu = att + n * heads * d,
           *act = gu + n * 2 * ffn;
     for (int64_t li = 0; li < n_layers; li++) {
         const int64_t *L = layers + li * L_FIELDS;
-        float *keys = cache + li * 2 * kv * cap * d, *values = keys + kv * cap * d;
         int32_t t3[3], t2[2], t1;
         uint64_t p3[3], b3[3], p2[2], p1;
         int64_t o3[3], o2[2], o1;
@@ -1023,8 +1027,14 @@ int gguf_forward(const int64_t *layers, int64_t n_layers, int64_t hidden, int64_
         int rc;
         gguf_rmsnorm(x, (const float *)(uintptr_t)L[L_NORM1], n, hidden, eps, h);
         if ((rc = gguf_matmul_multi(3, t3, p3, o3, b3[0] || b3[1] || b3[2] ? b3 : NULL, hidden, h, n, qkv, qkvw, 0, threads))) return rc;
-        gguf_rope_store(qkv, pos, cos_t, sin_t, neox, n, heads, kv, d, q, keys, values, cap, start);
-        if ((rc = gguf_attention(q, keys, values, visible, att, heads, kv, n, length, d, cap, scale, threads))) return rc;
+        for (int64_t sq = 0, r = 0; sq < n_seq; r += rows_of[sq], sq++) {
+            float *keys = (float *)(uintptr_t)caches[sq] + li * 2 * kv * cap * d, *values = keys + kv * cap * d;
+            const int64_t m = rows_of[sq], start = starts[sq];
+            gguf_rope_store(qkv + r * qkvw, pos + r, cos_t, sin_t, neox, m, heads, kv, d, q + r * heads * d, keys, values,
+                            cap, start);
+            if ((rc = gguf_attention(q + r * heads * d, keys, values, (const uint8_t *)(uintptr_t)visibles[sq],
+                                     att + r * heads * d, heads, kv, m, start + m, d, cap, scale, threads))) return rc;
+        }
         t1 = (int32_t)L[L_O_TYPE], p1 = (uint64_t)L[L_O_PTR], o1 = L[L_O_OUT];
         if ((rc = gguf_matmul_multi(1, &t1, &p1, &o1, NULL, heads * d, att, n, x, hidden, 1, threads))) return rc;
         gguf_rmsnorm(x, (const float *)(uintptr_t)L[L_NORM2], n, hidden, eps, h);
@@ -1034,6 +1044,17 @@ int gguf_forward(const int64_t *layers, int64_t n_layers, int64_t hidden, int64_
         if ((rc = gguf_matmul_multi(1, &t1, &p1, &o1, NULL, ffn, act, n, x, hidden, 1, threads))) return rc;
     }
     return 0;
+}
+
+/* One sequence (gguf_forward_seqs with n_seq = 1): its keys and values to cache rows start ..
+ * start + n - 1; visible [n, start + n] uint8 or NULL. */
+int gguf_forward(const int64_t *layers, int64_t n_layers, int64_t hidden, int64_t heads, int64_t kv, int64_t d,
+                 int64_t ffn, int neox, int64_t cap, float eps, float scale, float *x, int64_t n, const int64_t *pos,
+                 const float *cos_t, const float *sin_t, const uint8_t *visible, float *cache, int64_t start,
+                 float *scratch, int threads) {
+    const uint64_t vis = (uint64_t)(uintptr_t)visible, kv_cache = (uint64_t)(uintptr_t)cache;
+    return gguf_forward_seqs(layers, n_layers, hidden, heads, kv, d, ffn, neox, cap, eps, scale, x, n, pos, cos_t, sin_t,
+                             1, &n, &vis, &kv_cache, &start, scratch, threads);
 }
 
 #else /* GG_KERNEL_BODY: one vector path's kernels for the quantized types (see above) */
