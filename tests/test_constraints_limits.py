@@ -3,11 +3,14 @@
 - JSON whitespace: between two tokens of the JSON text a schema allows nothing, one space, or one
   line break and an indent of at most 20 spaces or tabs (llama.cpp's JSON grammars allow the
   same); blank lines and runs of spaces are refused, so a model cannot loop on them.
+- A JSON schema whose every value would contain another without end (``{"$ref": "#"}``, two
+  definitions that only refer to each other, a required property that is the object itself) is
+  refused from its structure alone; recursive schemas with a case that ends pass.
 - A grammar llguidance compiles may still exceed its limits at its first tokens (a Lark rule
-  repeated a million times, a pattern whose lexer states explode) or admit no finite output (a
-  schema that only refers to itself): the check with the model's tokenizer refuses these with a
-  ConstraintError naming the field, and so does the processor; a limit reached later in a
-  generation is a ConstraintError too, never a RuntimeError with the grammar's dump.
+  repeated a million times, a pattern whose lexer states explode) or allow nothing at all: the
+  check with the model's tokenizer refuses these with a ConstraintError naming the field, and so
+  does the processor; a limit reached later in a generation is a ConstraintError too, never a
+  RuntimeError with the grammar's dump.
 - The command line says so in one line, before generating; schemas with a base case, formats,
   big enums and the packaged extraction schemas pass.
 """
@@ -97,9 +100,35 @@ def test_a_schemas_own_layout_overrides_the_default(byte_tokenizer):
 # ------------------------------------------------------------------------------------------------
 # Grammars beyond the engine's limits, and grammars no output completes
 
+@pytest.mark.parametrize("schema", [
+    SELF,
+    json.dumps(MUTUAL),
+    {"type": "object", "properties": {"next": {"$ref": "#"}}, "required": ["next"]},  # required: never ends
+    {"type": "array", "items": {"$ref": "#"}, "minItems": 1},
+    {"allOf": [{"$ref": "#"}]},
+    {"anyOf": [{"$ref": "#"}, {"$ref": "#/anyOf/0"}]},
+])
+def test_a_schema_with_no_finite_value_is_refused_without_the_model(schema):
+    """Its structure shows it: the check needs no tokenizer, so the command line refuses it before
+    loading a model."""
+    with pytest.raises(ConstraintError) as err:
+        Constraints(json_schema=schema).check(259)
+    assert err.value.field == "json_schema" and "admits no finite JSON value" in str(err.value)
+
+
+@pytest.mark.parametrize("schema", [
+    TREE,  # children are optional
+    {"type": "object", "properties": {"next": {"$ref": "#"}}},
+    {"type": ["object", "null"], "properties": {"next": {"$ref": "#"}}, "required": ["next"]},  # a linked list
+    {"type": "array", "items": {"$ref": "#"}},  # nested arrays end with []
+    {"anyOf": [{"$ref": "#"}, {"type": "string"}]},
+    {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"anyOf": [{"$ref": "#/$defs/a"}, {"type": "integer"}]}}, "$ref": "#/$defs/a"},
+])
+def test_recursive_schemas_with_a_case_that_ends_pass(byte_tokenizer, schema):
+    Constraints(json_schema=schema).check(259, byte_tokenizer)
+
+
 @pytest.mark.parametrize("constraints, field, words", [
-    (Constraints(json_schema=SELF), "json_schema", "admits no finite JSON value"),
-    (Constraints(json_schema=json.dumps(MUTUAL)), "json_schema", "admits no finite JSON value"),
     (Constraints(grammar="start: start \"a\""), "grammar", "matches no finite text"),
     (Constraints(grammar=HUGE_LARK), "grammar", "exceeds llguidance's limits"),
 ])
@@ -110,6 +139,16 @@ def test_the_check_with_a_tokenizer_refuses_grammars_the_engine_cannot_complete(
         with pytest.raises(ConstraintError) as err:
             run()
         assert err.value.field == field and words in str(err.value) and "\n" not in str(err.value), err.value
+
+
+def test_a_grammar_that_allows_nothing_at_its_start_is_refused_whatever_its_structure(byte_tokenizer):
+    """The engine's own verdict backs the structural one: a schema llguidance finds no token for,
+    not even the end, is refused (here as if the structural check had passed it)."""
+    from specdec.constraints import try_grammar
+
+    with pytest.raises(ConstraintError, match="admits no finite JSON value"):
+        try_grammar(Constraints(json_schema=SELF).grammar_text(), grammar_tokenizer(byte_tokenizer, 259), "json_schema",
+                    schema=True)
 
 
 @pytest.mark.parametrize("constraints, field, words", [
@@ -178,7 +217,7 @@ def model_dir(tmp_path_factory):
 @pytest.mark.parametrize("schema, grammar, words", [
     (SELF, None, "--json-schema: admits no finite JSON value"),
     (MUTUAL, None, "--json-schema: admits no finite JSON value"),
-    (None, HUGE_LARK, "--grammar: is too large for the grammar engine"),
+    (None, HUGE_LARK, "--grammar: is too large for the grammar engine"),  # known once the tokenizer is
 ])
 def test_the_command_line_refuses_them_in_one_line(model_dir, capsys, tmp_path, schema, grammar, words):
     from helpers import assert_one_line_error, run_main

@@ -34,6 +34,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import urllib.parse
 import weakref
 from collections import Counter
 from dataclasses import dataclass, field
@@ -56,6 +57,8 @@ MAX_TOP_LOGPROBS = 20
 # keeps it to the layout JSON is written in. A schema's own "x-guidance" options override it.
 JSON_WHITESPACE = r"(?: |\n[ \t]{0,20})"
 JSON_LAYOUT = {"whitespace_pattern": JSON_WHITESPACE}
+NO_FINITE_VALUE = ("admits no finite JSON value (every value it describes would contain another without end, as "
+                   "in a $ref that leads back to itself); give each recursive definition a case that ends")
 # How many of the tokens allowed first (after the forced ones) a check with the model's tokenizer
 # tries, each on its own copy of the grammar's matcher, so that a grammar too large for llguidance's
 # limits is refused before generating rather than failing at its first steps.
@@ -126,6 +129,8 @@ class Constraints:
             failed, messages = LLMatcher.validate_grammar_with_warnings(grammar)
             if failed:
                 raise ConstraintError(self._grammar_field(), f"does not compile: {_one_line(messages[0])}")
+            if self.json_schema is not None and not admits_a_value(self._schema()):
+                raise ConstraintError("json_schema", NO_FINITE_VALUE)
             if tokenizer is not None:
                 self._try(grammar, grammar_tokenizer(tokenizer, vocab_size, eos_ids))
 
@@ -160,6 +165,18 @@ class Constraints:
             raise ConstraintError(given[1], f"give one of json_schema, regex and grammar, not {' and '.join(given)}")
         return given[0] if given else None
 
+    def _schema(self) -> dict | bool:
+        """json_schema as a value (its JSON text read), checked to be a schema."""
+        value = self.json_schema
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError as err:
+                raise ConstraintError("json_schema", f"is not valid JSON: {err}") from None
+        if not isinstance(value, (dict, bool)):
+            raise ConstraintError("json_schema", f"must be a JSON object (a schema), got {type(value).__name__}")
+        return value
+
     def grammar_text(self) -> str | None:
         """The llguidance grammar of json_schema, regex or grammar (None without one)."""
         name = self._grammar_field()
@@ -169,15 +186,8 @@ class Constraints:
 
         value = getattr(self, name)
         if name == "json_schema":
-            if isinstance(value, str):
-                try:
-                    value = json.loads(value)
-                except ValueError as err:
-                    raise ConstraintError("json_schema", f"is not valid JSON: {err}") from None
-            if not isinstance(value, (dict, bool)):
-                raise ConstraintError("json_schema", f"must be a JSON object (a schema), got {type(value).__name__}")
             try:
-                return LLMatcher.grammar_from_json_schema(value, defaults=JSON_LAYOUT)
+                return LLMatcher.grammar_from_json_schema(self._schema(), defaults=JSON_LAYOUT)
             except (ValueError, TypeError) as err:
                 raise ConstraintError("json_schema", str(err)) from None
         if not isinstance(value, str) or not value:
@@ -212,8 +222,7 @@ class Constraints:
         field_name = self._grammar_field() or "grammar"
         try_grammar(grammar, vocabulary, field_name, schema=field_name == "json_schema")
         if field_name == "json_schema":
-            schema = json.loads(self.json_schema) if isinstance(self.json_schema, str) else self.json_schema
-            for pattern in sorted(set(schema_patterns(schema))):
+            for pattern in sorted(set(schema_patterns(self._schema()))):
                 try_grammar(LLMatcher.grammar_from_regex(pattern), vocabulary, field_name, pattern=pattern)
 
 
@@ -235,9 +244,7 @@ def try_grammar(grammar: str, vocabulary: Any, field: str, schema: bool = False,
     def fail(matcher: Any) -> ConstraintError:
         error = _one_line(matcher.get_error())
         if error.startswith("NoExtensionBias"):  # no token, not even the end, can follow the empty output
-            return ConstraintError(field, "admits no finite JSON value (every value it describes goes on forever, "
-                                          "as in a $ref that leads back to itself); give each recursive "
-                                          "definition a case that ends" if schema else
+            return ConstraintError(field, NO_FINITE_VALUE if schema else
                                    "matches no finite text (every rule goes on forever); give each recursive "
                                    "rule a case that ends")
         return ConstraintError(field, f"is too large for the grammar engine: {what} exceeds llguidance's limits at "
@@ -265,6 +272,76 @@ def try_grammar(grammar: str, vocabulary: Any, field: str, schema: bool = False,
             _mask(branch)
         if branch.is_error():
             raise fail(branch)
+
+
+def admits_a_value(schema: Any, budget: int = 10_000) -> bool:
+    """Whether a JSON schema admits a finite JSON value, as far as its structure shows: False where
+    every value it describes would have to contain another one without end (``{"$ref": "#"}``, two
+    definitions that only refer to each other, an object whose required property is the object
+    itself), True where some value can end (a tree whose children are optional, an empty array, a
+    ``null`` among the types) and for any keyword this does not model. A local ``$ref`` (``#``,
+    ``#/$defs/name``) is followed; past ``budget`` schemas visited the answer is True."""
+    left = [budget]
+
+    def finite(node: Any, visiting: frozenset[int]) -> bool:
+        left[0] -= 1
+        if left[0] < 0 or not isinstance(node, (dict, bool)):
+            return True
+        if isinstance(node, bool) or id(node) in visiting:
+            return node is True  # a schema met again on its own path: a value there never ends
+        inside = visiting | {id(node)}
+        ref = node.get("$ref")
+        target = _local_ref(schema, ref) if isinstance(ref, str) else None
+        if target is not None and not finite(target, inside):
+            return False
+        if any(not finite(sub, inside) for sub in _schemas(node.get("allOf"))):
+            return False
+        for key in ("anyOf", "oneOf"):
+            options = _schemas(node.get(key))
+            if options and not any(finite(sub, inside) for sub in options):
+                return False
+        return _some_type_ends(node, lambda sub: finite(sub, inside))
+
+    return finite(schema, frozenset())
+
+
+def _some_type_ends(node: dict, finite: Any) -> bool:
+    """Whether one of the types ``node`` allows has a finite value, given ``finite`` for subschemas."""
+    types = node.get("type")
+    types = [types] if isinstance(types, str) else types if isinstance(types, list) else None
+    if types is None or "enum" in node or "const" in node:
+        return True
+    if set(types) - {"object", "array"}:
+        return True  # a string, number, boolean or null ends
+    properties = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+    required = node.get("required") if isinstance(node.get("required"), list) else []
+    if "object" in types and all(finite(properties.get(name, True)) for name in required):
+        return True
+    least = node.get("minItems", 0) if isinstance(node.get("minItems", 0), int) else 0
+    prefix = _schemas(node.get("prefixItems"))
+    return "array" in types and all(finite(sub) for sub in prefix[:least]) and (
+        least <= len(prefix) or finite(node.get("items", True)))
+
+
+def _schemas(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _local_ref(root: Any, ref: str) -> Any:
+    """The subschema a local ``$ref`` (``#`` or a JSON pointer after ``#``) names in ``root``; None
+    for another document or a pointer to nothing."""
+    if ref != "#" and not ref.startswith("#/"):
+        return None
+    node = root
+    for part in ref[2:].split("/") if ref != "#" else []:
+        part = urllib.parse.unquote(part).replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node
 
 
 def schema_patterns(schema: Any) -> list[str]:
