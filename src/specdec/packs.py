@@ -11,10 +11,10 @@ the joined file by its own size and sha256. Preparing a pack
    compares the sha256 with the pinned one (:func:`join`; a single-part pack's file is hashed in
    place, :func:`verify_file`),
 3. either keeps the joined GGUF under :func:`cache_root` ``/gguf`` with a stamp of what was checked
-   (:func:`gguf_file`: what the llama.cpp backend runs), or converts it (:func:`convert`: loads the
-   GGUF with transformers, dequantising it, saves it as bf16 safetensors plus the tokenizer under
-   :func:`cache_root` ``/<pack name>``, checks the saved copy reproduces the loaded model's logits,
-   and deletes the joined GGUF).
+   (:func:`gguf_file`: what the llama.cpp backend runs), or converts it (:func:`convert`: writes
+   the configuration, the tokenizer and the weights as bf16 safetensors under :func:`cache_root`
+   ``/<pack name>``, dequantising one tensor at a time to the very values transformers' own GGUF
+   loading gives, :func:`write_bf16_safetensors`, and deletes the joined GGUF).
 
 Later uses read the cache (seconds instead of a minute or more). Preparations are serialised by a
 lock file per pack and finish with an atomic rename, so several processes may ask at once;
@@ -104,6 +104,10 @@ class Pack:
     # Ids that end generation, as in the upstream model's generation_config.json (the GGUF
     # records only one of them).
     eos_token_ids: tuple[int, ...] = ()
+    bf16_size: int = 0  # bytes the conversion writes (model.safetensors); 0: not known
+    # About how long converting takes, join included, measured on 2 cores shared with other work
+    # (an idle machine is faster); 0: not known.
+    convert_seconds: int = 0
 
     @property
     def gguf_name(self) -> str:
@@ -167,6 +171,8 @@ PACKS: dict[str, Pack] = {
             sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
             vocab_size=151_936,
             eos_token_ids=(151_645, 151_643),  # <|im_end|>, <|endoftext|>
+            bf16_size=3_554_214_752,
+            convert_seconds=105,
         ),
         Pack(
             name="qwen2.5-coder-0.5b",
@@ -183,6 +189,8 @@ PACKS: dict[str, Pack] = {
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
             vocab_size=151_936,
             eos_token_ids=(151_645, 151_643),  # <|im_end|>, <|endoftext|>
+            bf16_size=1_260_367_448,
+            convert_seconds=70,
         ),
         Pack(
             name="smollm2-135m",
@@ -195,6 +203,8 @@ PACKS: dict[str, Pack] = {
             sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
             vocab_size=49_152,
             eos_token_ids=(2,),  # <|im_end|>
+            bf16_size=269_060_552,
+            convert_seconds=20,
         ),
     ]
 }
@@ -487,7 +497,8 @@ def convert(pack: Pack | str, cache_dir: str | Path | None = None, *, progress: 
         if is_converted(pack, root):  # another process finished it while we waited
             return final
         remove_stale_temporaries(root, pack.name)
-        _say(progress, f"{pack.name}: first use, converting its GGUF into {final} (once)")
+        _say(progress, f"{pack.name}: first use, converting its GGUF to bf16 safetensors in {final}, once"
+                       + _conversion_cost(pack, joined=len(pack.parts) > 1 and _checked_join(pack, root) is None))
         start = time.perf_counter()
         work = Path(tempfile.mkdtemp(prefix=_temporary_prefix(pack), dir=root))
         try:
@@ -511,6 +522,18 @@ def convert(pack: Pack | str, cache_dir: str | Path | None = None, *, progress: 
             shutil.rmtree(work, ignore_errors=True)
         _say(progress, f"{pack.name}: converted in {time.perf_counter() - start:.0f} s")
     return final
+
+
+def _conversion_cost(pack: Pack, *, joined: bool) -> str:
+    """What a conversion of ``pack`` will take, in words, where the pack says (``joined``: its parts
+    are joined into a temporary GGUF first, which takes disk until the conversion ends)."""
+    if not pack.bf16_size:
+        return ""
+    disk = pack.bf16_size + (pack.size if joined else 0)
+    seconds = pack.convert_seconds
+    took = f"about {seconds} s" if seconds < 90 else f"about {round(seconds / 60)} minutes"
+    took = f"{took} on 2 cores, " if seconds else ""
+    return f" ({took}{disk / 1e9:.1f} GB of disk; later loads read the copy)"
 
 
 def _temporary_prefix(pack: Pack) -> str:
@@ -562,46 +585,169 @@ def _process_gone(pid: int) -> bool:
 
 
 def _convert_gguf(pack: Pack, gguf: Path, out: Path, progress: bool) -> None:
-    """Load ``gguf`` (dequantising to bf16), save it to ``out``, check the saved copy matches."""
+    """Write ``gguf`` into ``out`` as a bf16 Hugging Face model: its configuration and generation
+    configuration, its tokenizer, and ``model.safetensors`` written one tensor at a time
+    (:func:`write_bf16_safetensors`), so that memory holds one tensor, never the model."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
     require_gguf_support()
-    _say(progress, f"{pack.name}: reading the tokenizer from the GGUF")
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
-    fix_gguf_tokenizer(tokenizer, gguf)
-    _say(progress, f"{pack.name}: dequantising the weights to bf16 (about a minute for 1.5B)")
-    model = AutoModelForCausalLM.from_pretrained(
-        gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16, local_files_only=True
-    ).eval()
-    width = model.get_output_embeddings().weight.shape[0]
-    if width != pack.vocab_size:
-        raise ModelPackError(
-            f"model pack {pack.name}: the GGUF gives {width} logits, expected {pack.vocab_size}",
-            pack.install_command(reinstall=True),
-        )
-    _check_tied(model)
+    with _one_reader(gguf):  # transformers reads the GGUF's metadata four times; parse it once
+        _say(progress, f"{pack.name}: reading the tokenizer and configuration from the GGUF's metadata")
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+        fix_gguf_tokenizer(tokenizer, gguf)
+        config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+        if config.vocab_size != pack.vocab_size:
+            raise ModelPackError(
+                f"model pack {pack.name}: the GGUF gives {config.vocab_size} logits, expected {pack.vocab_size}",
+                pack.install_command(reinstall=True),
+            )
+        config.dtype = torch.bfloat16
+        out.mkdir(parents=True)
+        architecture = write_bf16_safetensors(gguf, config, out / "model.safetensors", progress=progress,
+                                              label="writing bf16 weights")
+    config.architectures = [architecture]
+    config.save_pretrained(out)
+    generation = GenerationConfig.from_model_config(config)
     if pack.eos_token_ids:
-        model.generation_config.eos_token_id = list(pack.eos_token_ids)
-    probe = torch.tensor([tokenizer("def f(x):\n    return x")["input_ids"][:8]])
-    with torch.inference_mode():
-        expected = model(probe).logits
-    _say(progress, f"{pack.name}: saving bf16 safetensors")
-    model.save_pretrained(out, safe_serialization=True)
+        generation.eos_token_id = list(pack.eos_token_ids)
+    generation.save_pretrained(out)
     tokenizer.save_pretrained(out)
     for name in ("tokenizer.model", "vocab.json", "merges.txt"):
         copy = out / name  # some tokenizer classes save the whole GGUF as their vocabulary file
         if copy.is_file() and copy.stat().st_size == gguf.stat().st_size:
             copy.unlink()
-    del model
-    reloaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.bfloat16, local_files_only=True).eval()
-    with torch.inference_mode():
-        same = torch.equal(reloaded(probe).logits, expected)
-    if not same:
-        raise RuntimeError(
-            f"{pack.name}: the converted model's logits differ from the GGUF's "
-            "(a weight was lost in saving, e.g. the tied output embedding)"
-        )
+
+
+def write_bf16_safetensors(gguf: Path, config: Any, path: Path, *, progress: bool = False,
+                           label: str = "writing bf16 weights") -> str:
+    """Write the weights of ``gguf`` to the safetensors file ``path`` in bf16, as transformers loads
+    them (its names, its per-architecture reordering, dequantised to float32 then rounded to bf16:
+    the same bits as ``from_pretrained(gguf_file=..., dtype=torch.bfloat16)``), one tensor at a time:
+    the header first (every shape is known from ``config``), then each tensor's rows, a slice of
+    at most :data:`CONVERT_ROWS` values at a time where nothing reorders them. A tied output head
+    is not written (the model ties it on load). Raises RuntimeError if the GGUF lacks a weight the
+    model needs or gives one another shape. Returns the model's class name, for ``architectures``."""
+    import numpy as np
+    import torch
+    from gguf import GGUFReader
+    from transformers import AutoModelForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
+
+    with torch.device("meta"):  # shapes and names only: no memory
+        skeleton = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    shapes = {name: tuple(value.shape) for name, value in skeleton.state_dict().items()}
+    head, embedding = skeleton.get_output_embeddings().weight, skeleton.get_input_embeddings().weight
+    if (head is embedding) != bool(getattr(config, "tie_word_embeddings", False)):
+        raise RuntimeError(f"tie_word_embeddings={config.tie_word_embeddings} but the output head is "
+                           f"{'' if head is embedding else 'not '}the input embedding")
+    if head is embedding:  # saved once, as the input embedding
+        shapes.pop(next(n + ".weight" for n, m in skeleton.named_modules() if m is skeleton.get_output_embeddings()))
+    reader = GGUFReader(str(gguf))
+    field = reader.fields["general.architecture"]
+    architecture = bytes(field.parts[field.data[0]]).decode()  # llama.cpp's name: "llama", "qwen2"
+    hf_names = _gguf_names(architecture, config.num_hidden_layers, shapes)  # GGUF name -> the model's
+    processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=config.to_dict())
+    tensors = [(t, hf_names[t.name]) for t in reader.tensors if hf_names.get(t.name) in shapes]
+    missing = sorted(set(shapes) - {name for _, name in tensors})
+    if missing:
+        raise RuntimeError(f"{gguf.name} lacks {len(missing)} weight{'s' if len(missing) > 1 else ''} the model "
+                           f"needs, e.g. {missing[0]}")
+    header, offset = {"__metadata__": {"format": "pt"}}, 0
+    for _, name in tensors:
+        size = 2 * int(np.prod(shapes[name]))  # bf16
+        header[name] = {"dtype": "BF16", "shape": list(shapes[name]), "data_offsets": [offset, offset + size]}
+        offset += size
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned, as safetensors writes it
+    with open(path, "wb") as f, _bytes_progress(label, offset, progress) as advance:
+        f.write(len(text).to_bytes(8, "little") + text)
+        for tensor, name in tensors:
+            rows, shape = 0, shapes[name]
+            for block in _bf16_blocks(tensor, processor, hf_names, config):  # [rows, *shape[1:]] bf16
+                if tuple(block.shape[1:]) != shape[1:]:
+                    raise RuntimeError(f"{gguf.name}: {tensor.name} has rows of shape {tuple(block.shape[1:])}, "
+                                       f"the model's {name} {shape}")
+                f.write(block.contiguous().view(torch.int16).numpy().tobytes())
+                rows += block.shape[0]
+                advance(2 * block.numel())
+            if rows != shape[0]:
+                raise RuntimeError(f"{gguf.name}: {tensor.name} has {rows} rows, the model's {name} {shape}")
+    return type(skeleton).__name__
+
+
+def _gguf_names(architecture: str, layers: int, names: Any) -> dict[str, str]:
+    """GGUF tensor name -> the model's, for the model's weight ``names``: gguf's own table of
+    llama.cpp's names for this architecture, as transformers maps them (its
+    ``get_gguf_hf_weights_map`` also walks every submodule, building the table anew for each:
+    seconds, and the same names for these models)."""
+    from gguf import MODEL_ARCH_NAMES, get_tensor_name_map
+
+    arch = next((key for key, value in MODEL_ARCH_NAMES.items() if value == architecture), None)
+    if arch is None:
+        raise RuntimeError(f"the installed gguf package does not know the architecture {architecture!r}")
+    table = get_tensor_name_map(arch, layers)
+    out = {}
+    for name in names:
+        base, dot, suffix = name.rpartition(".") if name.endswith((".weight", ".bias")) else (name, "", "")
+        gguf_name = table.get_name(base)
+        if gguf_name is not None:
+            out[gguf_name + dot + suffix] = name
+    return out
+
+
+CONVERT_ROWS = 1 << 22  # values dequantised at once where rows are converted in slices (16 MiB in float32)
+
+
+def _bf16_blocks(tensor: Any, processor: Any, hf_names: dict[str, str], config: Any) -> Iterator[Any]:
+    """``tensor`` (a GGUF reader's) in bf16, in blocks of whole rows, each dequantised to float32 and
+    rounded as transformers does (``torch.from_numpy(...).to(torch.bfloat16)``). A tensor that the
+    architecture's processor changes (llama's query and key rows, un-permuted per head) comes whole."""
+    import numpy as np
+    import torch
+    from gguf import dequantize
+    from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor, TensorProcessor
+
+    data = tensor.data  # [rows, bytes or values per row], mapped from the file
+    plain = type(processor) is TensorProcessor or (
+        type(processor) is LlamaTensorProcessor and ".attn_q." not in tensor.name and ".attn_k." not in tensor.name)
+    if not plain or data.ndim < 2:
+        weights = dequantize(data, tensor.tensor_type)
+        result = processor.process(weights=weights, name=tensor.name, tensor_key_mapping=hf_names,
+                                   parsed_parameters={"config": config.to_dict(), "tensors": {}})
+        if result.name != tensor.name:
+            raise RuntimeError(f"cannot convert {tensor.name}: transformers renames it to {result.name}")
+        yield torch.from_numpy(np.copy(result.weights)).to(torch.bfloat16)
+        return
+    step = max(1, CONVERT_ROWS // max(1, int(np.prod(tensor.shape[:-1]))))  # ne[0] values per row
+    for start in range(0, data.shape[0], step):
+        yield torch.from_numpy(np.copy(dequantize(data[start:start + step], tensor.tensor_type))).to(torch.bfloat16)
+
+
+@contextlib.contextmanager
+def _one_reader(gguf: Path) -> Iterator[None]:
+    """Within the block, every ``gguf.GGUFReader`` of this file (transformers makes one for the
+    tokenizer's class, one for the tokenizer, one for the configuration; the conversion one
+    more) is the same parsed reader: parsing a 151,936-token vocabulary takes tens of seconds each
+    time. Readers of other files are made as usual; a reader holds the file mapped read-only."""
+    import gguf as gguf_package
+
+    real = gguf_package.GGUFReader
+    key = os.path.realpath(gguf)
+    readers: dict[str, Any] = {}
+
+    def reader(path: Any, *args: Any, **kwargs: Any) -> Any:
+        if args or kwargs or os.path.realpath(path) != key:
+            return real(path, *args, **kwargs)
+        if key not in readers:
+            readers[key] = real(path)
+        return readers[key]
+
+    gguf_package.GGUFReader = reader
+    try:
+        yield
+    finally:
+        gguf_package.GGUFReader = real
 
 
 def check_gguf(path: Path) -> None:
@@ -655,16 +801,6 @@ def fix_gguf_tokenizer(tokenizer: Any, gguf: Path) -> None:
         wanted = value(flag)
         if wanted is not None and hasattr(tokenizer, flag):
             setattr(tokenizer, flag, bool(wanted))
-
-
-def _check_tied(model: Any) -> None:
-    """The output head is the input embedding exactly when the config says the weights are tied."""
-    tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
-    if tied != bool(getattr(model.config, "tie_word_embeddings", False)):
-        raise RuntimeError(
-            f"tie_word_embeddings={model.config.tie_word_embeddings} but the output head is "
-            f"{'' if tied else 'not '}the input embedding"
-        )
 
 
 # --------------------------------------------------------------------------------------------
