@@ -1,4 +1,4 @@
-"""specdec: exact speculative decoding for Hugging Face causal language models.
+"""specdec: exact speculative decoding for GGUF files and Hugging Face causal language models.
 
 Notation (kept everywhere): ``p`` is the target's distribution, ``q`` the draft's. See
 :mod:`specdec.verify`.
@@ -14,7 +14,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from specdec.api import GenerationResult, StreamEvent, generate, stream
+    from specdec.api import GenerationResult, StreamEvent, generate, generate_many, stream
     from specdec.config import DecodeConfig
     from specdec.constraints import ConstraintError, Constraints, TokenLogprob
     from specdec.sampling import SamplingConfig
@@ -23,7 +23,7 @@ __version__ = "0.1.0"
 # The public names, by the module that defines them. They load on first use (PEP 562), so that
 # ``import specdec.cli`` costs nothing before the command can catch Ctrl-C.
 _HOMES = {"DecodeConfig": "specdec.config", "GenerationResult": "specdec.api", "SamplingConfig": "specdec.sampling",
-          "StreamEvent": "specdec.api", "generate": "specdec.api", "stream": "specdec.api",
+          "StreamEvent": "specdec.api", "generate": "specdec.api", "generate_many": "specdec.api", "stream": "specdec.api",
           "Constraints": "specdec.constraints", "ConstraintError": "specdec.constraints",
           "TokenLogprob": "specdec.constraints"}
 __all__ = sorted(_HOMES)

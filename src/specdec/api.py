@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import numbers
 import secrets
+import threading
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -13,6 +14,8 @@ from typing import Any, Iterable, Iterator, Sequence
 import torch
 
 from specdec.backends.base import CausalLM, common_prefix_len
+from specdec.backends.gguf import GGUFCausalLM
+from specdec.backends.shared import SharedPasses
 from specdec.backends.hf import eos_token_ids
 from specdec.build import build
 from specdec.config import DecodeConfig
@@ -137,6 +140,60 @@ def generate(
     for _ in run.events():
         pass
     return run.result()
+
+
+def generate_many(
+    target: Any,
+    prompts: Sequence[str | Sequence[int]],
+    *,
+    draft: Any = None,
+    tokenizer: Any = None,
+    configs: Sequence[DecodeConfig | None] | None = None,
+    constraints: Sequence[Constraints | None] | None = None,
+    logprobs: int | None = None,
+    **overrides: Any,
+) -> list[GenerationResult]:
+    """:func:`generate` for several prompts at once: on specdec's GGUF kernel their forward passes
+    share each pass of the weights (:mod:`specdec.backends.shared`: one slot, a cache of the target
+    and of the draft, per prompt), so that n prompts take far less than n times one prompt's time.
+    Each result is the one :func:`generate` gives the prompt alone, token for token (greedy, and
+    under the Gumbel-max sampler with a seed). ``configs`` and ``constraints``: one per prompt (or
+    None); ``overrides`` apply to every prompt; ``draft`` serves the prompts whose method drafts with
+    it. On another backend the prompts run one after another."""
+    prompts = list(prompts)
+    configs = list(configs) if configs is not None else [None] * len(prompts)
+    constraints = list(constraints) if constraints is not None else [None] * len(prompts)
+    if len(configs) != len(prompts) or len(constraints) != len(prompts):
+        raise ValueError(f"configs and constraints need one entry per prompt ({len(prompts)})")
+    if not (isinstance(target, GGUFCausalLM) and (draft is None or isinstance(draft, GGUFCausalLM))):
+        return [generate(target, p, draft=draft, tokenizer=tokenizer, config=c, constraints=k, logprobs=logprobs,
+                         **overrides) for p, c, k in zip(prompts, configs, constraints)]
+    shared = SharedPasses()
+    results: list[GenerationResult | BaseException | None] = [None] * len(prompts)
+
+    def one(i: int) -> None:
+        with shared.member():
+            try:
+                config = _config(configs[i], overrides)
+                uses_draft = draft is not None and config.resolve(True).uses_draft_model  # else the target alone
+                results[i] = generate(shared.slot(target), prompts[i], tokenizer=tokenizer, config=config,
+                                      draft=shared.slot(draft) if uses_draft else None,
+                                      constraints=constraints[i], logprobs=logprobs)
+            except BaseException as err:  # raised in the caller's thread below
+                results[i] = err
+
+    threads = [threading.Thread(target=one, args=(i,), name=f"specdec-slot-{i}") for i in range(len(prompts))]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        shared.close()
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return results  # type: ignore[return-value]
 
 
 def _config(config: DecodeConfig | None, overrides: dict[str, Any]) -> DecodeConfig:

@@ -513,6 +513,7 @@ class GGUFCausalLM(ModelFacts):
     """
 
     capabilities = frozenset({TREES, SNAPSHOTS})
+    passes: Any = None  # a specdec.backends.shared.SharedPasses this sequence's passes run in (a slot), or None
 
     def __init__(self, weights: GGUFWeights, *, n_threads: int | None = None,
                  eos_token_ids: Sequence[int] | None = None) -> None:
@@ -570,7 +571,10 @@ class GGUFCausalLM(ModelFacts):
         position with the same visible keys would compute it, bit for bit.
         """
         pieces = self.pieces(tokens, num_logits, attend=attend, positions=positions)
-        parts = [run_together([(self, piece)])[0] for piece in pieces]
+        if self.passes is not None:  # a slot: its pieces run in passes shared with other sequences
+            parts = [self.passes.run(self, piece) for piece in pieces]
+        else:
+            parts = [run_together([(self, piece)])[0] for piece in pieces]
         return torch.cat(parts) if len(parts) > 1 else parts[0]
 
     def pieces(self, tokens: Sequence[int], num_logits: int = 0, *, attend: torch.Tensor | None = None,

@@ -132,6 +132,9 @@ def row_costs(model: Any, max_rows: int = MAX_ROWS, *, cache_dir: str | Path | N
                 return curve[:max_rows], "cache"
         except (KeyError, TypeError, ValueError):
             pass  # malformed: measure
-    curve = measure_rows(model, max_rows)
+    # a slot's passes are shared with other sequences' (specdec.backends.shared): time a pass of
+    # its own, on a fresh cache of the same weights
+    alone = model.fork() if getattr(model, "passes", None) is not None else model
+    curve = measure_rows(alone, max_rows)
     save_measurement(path, {"format": CACHE_FORMAT, "key": key, "seconds": curve})
     return curve, "measured"

@@ -1,0 +1,147 @@
+"""Several sequences' forward passes run as one pass of the weights (continuous batching).
+
+Each sequence decodes on its own thread with its own loop (the engine's, unchanged: its drafter,
+verifier, policy, grammar and stop strings) and its own caches: a :class:`~specdec.backends.gguf.GGUFCausalLM`
+fork of the target (and of the draft) per sequence, a *slot*. A slot's forward does not compute:
+it hands its piece of a pass to :class:`SharedPasses` and waits. One thread, the executor, runs
+what the slots handed in as one pass per set of weights (:func:`~specdec.backends.gguf.run_together`):
+the target's rows of every sequence that is verifying, the draft's rows of every sequence that is
+drafting, and the next chunk of each prompt being prefilled (a long prompt goes in pieces of
+:data:`~specdec.backends.gguf.MAX_PASS_ROWS` rows, so that it does not stall the others).
+
+The executor runs a pass once every slot taking part has handed in its piece, or once the first
+piece has waited :attr:`SharedPasses.wait` seconds (a slot busy with its own work, or done with its
+steps, does not hold the others up). Which pieces share a pass changes only the speed: the kernel
+computes each row as the sequence's own pass would, bit for bit, so a request's answer does not
+depend on what else is being served.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import torch
+
+from specdec.backends.gguf import GGUFCausalLM, Piece, run_together
+
+WAIT_SECONDS = 0.01  # how long a piece waits for the other slots' before its pass runs without them
+
+
+@dataclass
+class _Call:
+    model: GGUFCausalLM
+    piece: Piece
+    done: threading.Event = field(default_factory=threading.Event)
+    logits: torch.Tensor | None = None
+    error: BaseException | None = None
+
+
+@dataclass
+class PassStats:
+    """Totals of the passes run: how many, their rows, and how many sequences shared each."""
+
+    passes: int = 0
+    rows: int = 0
+    sequences: int = 0
+
+    def to_dict(self) -> dict[str, float]:
+        return {"passes": self.passes, "rows": self.rows, "sequences": self.sequences,
+                "rows_per_pass": self.rows / self.passes if self.passes else 0.0,
+                "sequences_per_pass": self.sequences / self.passes if self.passes else 0.0}
+
+
+class SharedPasses:
+    """The executor of the slots' passes (see the module docstring). Use :meth:`slot` to make a
+    sequence's model and :meth:`member` around the thread that decodes with it."""
+
+    def __init__(self, wait: float = WAIT_SECONDS) -> None:
+        self.wait = wait
+        self.stats = PassStats()
+        self._cond = threading.Condition()
+        self._members = 0
+        self._pending: list[_Call] = []
+        self._closed = False
+        self._thread = threading.Thread(target=self._serve, name="specdec-passes", daemon=True)
+        self._thread.start()
+
+    def slot(self, model: GGUFCausalLM) -> GGUFCausalLM:
+        """A new sequence on ``model``'s weights (an empty cache) whose passes run here."""
+        fork = model.fork()
+        fork.passes = self
+        return fork
+
+    @contextlib.contextmanager
+    def member(self) -> Iterator[None]:
+        """Within the block, this thread's slot takes part: passes wait for its piece (up to :attr:`wait`)."""
+        with self._cond:
+            self._members += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._members -= 1
+                self._cond.notify_all()
+
+    def run(self, model: GGUFCausalLM, piece: Piece) -> torch.Tensor:
+        """``piece`` of ``model``'s pass, run in the next shared pass: its logits [piece.want, V]."""
+        call = _Call(model, piece)
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the shared passes were closed")
+            self._pending.append(call)
+            self._cond.notify_all()
+        call.done.wait()
+        if call.error is not None:
+            raise call.error
+        return call.logits
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def _serve(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._closed:
+                    self._cond.wait()
+                if self._closed and not self._pending:
+                    return
+                deadline = time.monotonic() + self.wait
+                while len(self._pending) < self._members and not self._closed:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cond.wait(left)
+                calls, self._pending = self._pending, []
+            self._execute(calls)
+
+    def _execute(self, calls: list[_Call]) -> None:
+        """One pass per set of weights, each sequence's first piece in it (a sequence hands in one
+        piece at a time, but an exception's leftovers are kept apart)."""
+        groups: dict[int, list[_Call]] = {}
+        for call in calls:
+            groups.setdefault(id(call.model.weights), []).append(call)
+        for group in groups.values():
+            try:
+                results = run_together([(c.model, c.piece) for c in group])
+            except BaseException as err:  # handed to every caller of this pass
+                for c in group:
+                    c.error = err
+                    c.done.set()
+                continue
+            self.stats.passes += 1
+            self.stats.rows += sum(len(c.piece.tokens) for c in group)
+            self.stats.sequences += len(group)
+            for c, logits in zip(group, results):
+                c.logits = logits
+                c.done.set()
+
+
+def shares_passes(model: Any) -> bool:
+    """Whether ``model`` is a slot of :class:`SharedPasses`."""
+    return getattr(model, "passes", None) is not None
