@@ -533,6 +533,11 @@ class GGUFCausalLM(ModelFacts):
         self._length = 0
         self._tokens: list[int] = []
 
+    @property
+    def cache_bytes(self) -> int:
+        """Bytes of this sequence's KV cache once every position is used (its pages are taken as it fills)."""
+        return self._cache.numel() * self._cache.element_size()
+
     def fork(self) -> "GGUFCausalLM":
         """Another cache (empty) on the same weights and settings."""
         return GGUFCausalLM(self.weights, n_threads=self.n_threads, eos_token_ids=self.generation_config.eos_token_id)

@@ -58,15 +58,17 @@ class SharedPasses:
     """The executor of the slots' passes (see the module docstring). Use :meth:`slot` to make a
     sequence's model and :meth:`member` around the thread that decodes with it."""
 
-    def __init__(self, wait: float = WAIT_SECONDS) -> None:
+    def __init__(self, wait: float = WAIT_SECONDS, *, own_thread: bool = True) -> None:
+        """``own_thread``: run the passes on a thread of its own; False: the caller runs :meth:`serve`
+        on the thread it wants the passes on (the server's model thread)."""
         self.wait = wait
         self.stats = PassStats()
         self._cond = threading.Condition()
         self._members = 0
         self._pending: list[_Call] = []
         self._closed = False
-        self._thread = threading.Thread(target=self._serve, name="specdec-passes", daemon=True)
-        self._thread.start()
+        if own_thread:
+            threading.Thread(target=self.serve, name="specdec-passes", daemon=True).start()
 
     def slot(self, model: GGUFCausalLM) -> GGUFCausalLM:
         """A new sequence on ``model``'s weights (an empty cache) whose passes run here."""
@@ -104,7 +106,8 @@ class SharedPasses:
             self._closed = True
             self._cond.notify_all()
 
-    def _serve(self) -> None:
+    def serve(self) -> None:
+        """Run the passes handed in, until :meth:`close`."""
         while True:
             with self._cond:
                 while not self._pending and not self._closed:

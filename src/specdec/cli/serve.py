@@ -51,8 +51,13 @@ def add_serve_parser(subparsers: Any) -> None:
                             "verification with the planner choosing each step's drafter (n-gram lookup or the draft "
                             "model) and draft length; ar with --draft none); a request may pick its own with "
                             "\"speculative\": {\"method\": ...}")
+    group.add_argument("--parallel", type=positive_int, default=1, metavar="N",
+                       help="requests decoded at once, each in a slot of its own (its caches of the target and the "
+                            "draft), their passes sharing each pass of the weights; every answer is the one the "
+                            "request gets alone. Needs the GGUF kernel (--backend gguf, or auto where it runs the "
+                            "file); llama.cpp and torch serve one request at a time (default: 1)")
     group.add_argument("--max-queue", type=non_negative_int, default=16, metavar="N",
-                       help="requests that may wait while one generates; more get 429 (default: 16)")
+                       help="requests that may wait while --parallel generate; more get 429 (default: 16)")
     group.add_argument("--request-timeout", type=_seconds, default=600.0, metavar="S",
                        help="seconds a request may take, queue wait included (default: 600)")
     group.add_argument("--max-tokens", type=positive_int, default=2048, metavar="N",
@@ -161,14 +166,46 @@ def run_serve(args: argparse.Namespace) -> int:
                             allowed_hosts=allowed_hosts(args.host, args.allowed_hosts),
                             max_body_bytes=args.max_body_bytes, read_timeout=args.read_timeout,
                             prompt_cache=args.prompt_cache, prompt_cache_bytes=args.prompt_cache_mib << 20,
-                            seeded_sampler=args.seeded_sampler, datastore=store)
-    app = create_app(models, options, thread)
+                            seeded_sampler=args.seeded_sampler, datastore=store, parallel=args.parallel)
+    check_slots_fit(models, args.parallel)
+    try:
+        app = create_app(models, options, thread)
+    except ValueError as err:
+        raise CLIError(f"--parallel {args.parallel}: {err}", "add --backend gguf, or serve with --parallel 1",
+                       code=2) from None
     thread.call(_warm_up, app.state.specdec, method)
     print(f"specdec: serving {args.target} ({method}) on http://{_url_host(args.host)}:{args.port}/ "
           "(the page is at /, metrics at /metrics)", file=sys.stderr, flush=True)
     uvicorn.Server(uvicorn_config(app, options, host=args.host, port=args.port, log_level=args.log_level,
                                   access_log=False)).run()
     return 0
+
+
+def check_slots_fit(models: Any, parallel: int) -> None:
+    """Say what a slot's caches take, and refuse a --parallel whose caches do not fit in the memory
+    available now (the caches' pages are taken as they fill: a slot reaches this at a full context)."""
+    if parallel == 1 or not hasattr(models.target, "cache_bytes"):
+        return
+    per_slot = models.target.cache_bytes + (models.draft.cache_bytes if hasattr(models.draft, "cache_bytes") else 0)
+    available = available_memory()
+    print(f"specdec: {parallel} slots, each with {per_slot / 2**20:.0f} MiB of KV cache at a full context",
+          file=sys.stderr, flush=True)
+    if available is not None and parallel * per_slot > available:
+        fits = max(1, available // per_slot)
+        raise CLIError(f"--parallel {parallel}: the slots' caches take up to {parallel * per_slot / 2**30:.1f} GiB "
+                       f"at a full context, and {available / 2**30:.1f} GiB of memory is available",
+                       f"serve with --parallel {fits} or fewer, or a shorter context", code=2)
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available now (Linux's MemAvailable), or None where unknown."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def served_datastore(args: argparse.Namespace) -> Any:

@@ -28,6 +28,7 @@ import hmac
 import importlib.resources
 import json
 import re
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, TypeVar
@@ -41,6 +42,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import specdec
 from specdec.api import decode_text, eos_token_ids_of
+from specdec.backends.gguf import GGUFCausalLM
+from specdec.backends.shared import SharedPasses
 from specdec.datastore import MAX_MATCH
 from specdec.config import DecodeConfig
 from specdec.server import errors, requests as rq
@@ -53,7 +56,7 @@ from specdec.server.metrics import Metrics
 from specdec.server.prompt_cache import DEFAULT_BUDGET_MIB, PromptCache
 from specdec.server.requests import ChatBody, CompletionBody, Generation
 from specdec.server.responses import Answer, sse, summary
-from specdec.server.worker import Job, ModelThread, QueueFull, Scheduler
+from specdec.server.worker import Job, ModelThread, QueueFull, Scheduler, Slot
 
 BodyModel = TypeVar("BodyModel", CompletionBody, ChatBody)
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -88,13 +91,14 @@ class ServerOptions:
     prompt_cache_bytes: int = DEFAULT_BUDGET_MIB << 20  # saved caches of earlier requests (server.prompt_cache)
     seeded_sampler: str = "gumbel"  # the sampler of a request with a seed and no sampler (rq.choose_method)
     datastore: Any = None  # a specdec.datastore.Datastore each finished output is added to (the retrieval drafter's)
+    parallel: int = 1  # requests decoded at once, their passes shared (slots; the GGUF kernel only)
 
 
 def create_app(models: ServedModels, options: ServerOptions, thread: ModelThread | None = None) -> FastAPI:
     """The application; its worker starts and stops with the app's lifespan. ``thread``: the
     thread the models were loaded on, which runs every generation (default: a new one)."""
     metrics = Metrics()
-    scheduler = Scheduler(options.max_queue, metrics, thread)
+    scheduler = Scheduler(options.max_queue, metrics, thread, make_slots(models, options.parallel))
     state = _State(models, options, metrics, scheduler, rq.has_fim_tokens(models.tokenizer),
                    eos_token_ids_of(models.target, models.tokenizer),
                    rq.PromptLimits.of(models.target, models.tokenizer),
@@ -117,6 +121,22 @@ def create_app(models: ServedModels, options: ServerOptions, thread: ModelThread
     return app
 
 
+def make_slots(models: ServedModels, parallel: int) -> list[Slot] | None:
+    """``parallel`` slots whose passes are shared (None for one request at a time). ValueError
+    where the models cannot share passes: only specdec's GGUF kernel computes a row of a shared pass
+    as the sequence's own pass would, so only there does an answer not depend on the others."""
+    if parallel < 1:
+        raise ValueError(f"parallel must be at least 1, got {parallel}")
+    if parallel == 1:
+        return None
+    if not isinstance(models.target, GGUFCausalLM) or not (models.draft is None or isinstance(models.draft, GGUFCausalLM)):
+        raise ValueError("several requests at once need the models on specdec's GGUF kernel (--backend gguf), "
+                         "whose shared passes give each request its answer alone; this backend serves one at a time")
+    passes = SharedPasses(own_thread=False)
+    return [Slot(passes.slot(models.target), passes.slot(models.draft) if models.draft is not None else None, passes)
+            for _ in range(parallel)]
+
+
 @dataclass
 class _State:
     models: ServedModels
@@ -129,6 +149,7 @@ class _State:
     prompt_cache: PromptCache | None = None
     token_text: TokenText | None = None
     held: dict[str, Any] = field(default_factory=dict)  # transformers models' backends, kept for the prompt cache
+    cache_lock: threading.Lock = field(default_factory=threading.Lock)  # the prompt cache, between slots
 
     def backends(self, method: DecodeConfig) -> tuple[Any, Any]:
         """The target (and draft) a generation runs on. With the prompt cache, a transformers
@@ -173,7 +194,8 @@ def _private_routes(state: _State) -> APIRouter:
             "id": models.name, "object": "model", "created": 0, "owned_by": "specdec",
             "speculative": {"method": str(options.method), "seeded_sampler": options.seeded_sampler,
                             "draft": models.draft_name,
-                            "draft_weights": models.draft_weights if models.draft is not None else None},
+                            "draft_weights": models.draft_weights if models.draft is not None else None,
+                            "parallel": options.parallel},
         }]}
 
     @router.post("/v1/completions")
@@ -343,10 +365,11 @@ def _job(state: _State, gen: Generation) -> Job:
     models, tokenizer = state.models, state.models.tokenizer
     kwargs = rq.method_kwargs(gen.method, models.draft, models.draft_weights)
 
-    def start() -> Any:
+    def start(slot: Slot | None) -> Any:
         if state.prompt_cache is not None and not isinstance(gen.prompt, str):
-            state.prompt_cache.prepare(models.target, gen.prompt)
-        target, draft = state.backends(gen.method)
+            with state.cache_lock:
+                state.prompt_cache.prepare(slot.target if slot is not None else models.target, gen.prompt)
+        target, draft = (slot.target, slot.draft) if slot is not None else state.backends(gen.method)
         uses_draft = kwargs["draft"] is not None
         extra = {**({"constraints": gen.constraints} if gen.constraints is not None else {}),
                  **({"logprobs": gen.logprobs} if gen.logprobs is not None else {})}

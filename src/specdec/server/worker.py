@@ -1,4 +1,5 @@
-"""One generation at a time: a bounded FIFO queue and the one thread that runs the models.
+"""A bounded FIFO queue and the threads that run the generations: one at a time on the model
+thread, or, with slots, several at once whose passes share each pass of the weights on it.
 
 A :class:`Job` is submitted from the event loop; the worker thread builds its token stream and
 drives it one step (one target forward) at a time, posting each step back to the job's asyncio
@@ -6,7 +7,8 @@ queue. Between steps it checks whether the job was stopped (the client went away
 out), so a stopped job runs at most the one step already under way.
 
 The worker is a :class:`ModelThread`, and ``specdec serve`` loads and warms the models on that
-same thread: every call into the models comes from one thread. llama.cpp computes a pass on an
+same thread: every call into the models comes from one thread (with slots, the shared passes run
+there, and each job's thread only hands its pieces in). llama.cpp computes a pass on an
 OpenMP team of the calling thread, and GNU OpenMP keeps a pool of threads for each thread that
 starts a team; once the pools' threads outnumber the CPUs, it cuts how long idle threads spin
 before they sleep, and llama.cpp's barriers slow down. Loading and warming up on the main thread
@@ -52,11 +54,12 @@ class Chunk:
 
 @dataclass
 class Job:
-    """One request's generation. ``start`` (called on the worker thread) returns the token stream
-    and raises ``ValueError`` for bad input; ``finish`` turns the token ids, the final text, the
+    """One request's generation. ``start(slot)`` (called on the thread that runs the job, with its
+    :class:`Slot`, or None where jobs run one at a time) returns the token stream and raises
+    ``ValueError`` for bad input; ``finish`` turns the token ids, the final text, the
     stats and the tokens' log-probabilities (None where not asked for) into the end summary."""
 
-    start: Callable[[], Iterator[Any]]
+    start: Callable[[Any], Iterator[Any]]
     decode: Callable[[list[int]], str]
     finish: Callable[[list[int], str, Any, list[Any] | None], dict[str, Any]]
     deadline: float  # time.monotonic() by which the last token must be out
@@ -111,17 +114,34 @@ class ModelThread:
                 future.set_exception(err)
 
 
-class Scheduler:
-    """At most ``max_queue`` jobs wait while one runs; ``submit`` raises :class:`QueueFull` beyond.
-    Jobs run on ``thread`` (a new :class:`ModelThread` if None) once :meth:`start` is called."""
+@dataclass(frozen=True)
+class Slot:
+    """One sequence's models in a server that decodes several requests at once: caches of the
+    target and of the draft (None without one) whose passes run in ``passes``
+    (:class:`specdec.backends.shared.SharedPasses`)."""
 
-    def __init__(self, max_queue: int, metrics: Metrics, thread: ModelThread | None = None) -> None:
+    target: Any
+    draft: Any
+    passes: Any
+
+
+class Scheduler:
+    """Jobs run one at a time on ``thread`` (a new :class:`ModelThread` if None), or, with
+    ``slots``, up to one per slot at once, each on a thread of its own, their passes shared on
+    ``thread`` (:mod:`specdec.backends.shared`). At most ``max_queue`` jobs wait beyond those
+    running; ``submit`` raises :class:`QueueFull` beyond. Jobs start once :meth:`start` is called."""
+
+    def __init__(self, max_queue: int, metrics: Metrics, thread: ModelThread | None = None,
+                 slots: list[Slot] | None = None) -> None:
         self.max_queue = max_queue
         self.metrics = metrics
         self.history: collections.deque[Job] = collections.deque(maxlen=256)  # finished jobs, newest last
         self.durations: collections.deque[float] = collections.deque(maxlen=16)  # seconds of recent ok jobs
+        self.slots = list(slots or [])
+        self._free: list[Slot | None] = list(self.slots) if self.slots else [None]
+        self._width = len(self._free)  # jobs at once
         self._waiting: collections.deque[Job] = collections.deque()
-        self._busy = False
+        self._busy = 0
         self._closed = False
         self._cond = threading.Condition()
         self._thread = thread
@@ -130,7 +150,14 @@ class Scheduler:
     def start(self) -> None:
         if self._thread is None:
             self._thread = ModelThread()
-        self._running = self._thread.submit(self._loop)
+        if not self.slots:
+            self._running = self._thread.submit(self._loop)
+            return
+        self._thread.submit(self.slots[0].passes.serve)  # the passes run on the model thread
+        dispatcher = threading.Thread(target=self._loop, name="specdec-dispatch", daemon=True)
+        dispatcher.start()
+        self._running = Future()
+        threading.Thread(target=lambda: (dispatcher.join(), self._running.set_result(None)), daemon=True).start()
 
     def close(self, timeout: float = 5.0) -> None:
         with self._cond:
@@ -140,6 +167,8 @@ class Scheduler:
             self._waiting.clear()
             self.metrics.queue_length.set(0)
             self._cond.notify_all()
+        if self.slots:
+            self.slots[0].passes.close()
         if self._running is not None:
             try:
                 self._running.result(timeout)
@@ -150,7 +179,7 @@ class Scheduler:
         with self._cond:
             if self._closed:
                 raise APIError(503, "the server is shutting down", code="shutting_down")
-            if len(self._waiting) + self._busy > self.max_queue:
+            if len(self._waiting) + self._busy > self.max_queue + self._width - 1:
                 raise QueueFull
             self._waiting.append(job)
             self.metrics.queue_length.set(len(self._waiting))
@@ -162,31 +191,43 @@ class Scheduler:
         with self._cond:
             ahead = len(self._waiting) + self._busy
             mean = statistics.fmean(self.durations) if self.durations else 1.0
-        return max(1, math.ceil(ahead * mean))
+        return max(1, math.ceil(ahead * mean / self._width))
 
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._waiting and not self._closed:
+                while not (self._waiting and self._free) and not self._closed:
                     self._cond.wait()
                 if self._closed:
                     return
-                job = self._waiting.popleft()
-                self._busy = True
+                job, slot = self._waiting.popleft(), self._free.pop()
+                self._busy += 1
                 self.metrics.queue_length.set(len(self._waiting))
-            self.metrics.running.set(1)
-            started = time.monotonic()
-            try:
-                self._run(job)
-            finally:
-                self.metrics.running.set(0)
-                self.history.append(job)
-                with self._cond:
-                    self._busy = False
-                    if job.outcome == "ok":
-                        self.durations.append(time.monotonic() - started)
+                self.metrics.running.set(self._busy)
+            if slot is None:  # one at a time, here on the model thread
+                self._job(job, slot)
+            else:
+                threading.Thread(target=self._job, args=(job, slot), name="specdec-slot", daemon=True).start()
 
-    def _run(self, job: Job) -> None:
+    def _job(self, job: Job, slot: Slot | None) -> None:
+        started = time.monotonic()
+        try:
+            if slot is None:
+                self._run(job, slot)
+            else:
+                with slot.passes.member():
+                    self._run(job, slot)
+        finally:
+            self.history.append(job)
+            with self._cond:
+                self._busy -= 1
+                self._free.append(slot)
+                self.metrics.running.set(self._busy)
+                if job.outcome == "ok":
+                    self.durations.append(time.monotonic() - started)
+                self._cond.notify_all()
+
+    def _run(self, job: Job, slot: Slot | None) -> None:
         if job.stopped.is_set():
             job.outcome = "cancelled"
             return
@@ -195,7 +236,7 @@ class Scheduler:
             job.post("error", timed_out())
             return
         try:
-            events = job.start()
+            events = job.start(slot)
         except (ValueError, TypeError) as err:  # the library's promise for bad input
             job.outcome = "bad_request"
             job.post("error", APIError(400, str(err)))

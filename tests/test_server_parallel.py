@@ -1,0 +1,117 @@
+"""``specdec serve --parallel N`` on the GGUF kernel: several requests decode at once, their passes
+sharing each pass of the weights, and every answer is the one the request gets alone -- greedy or
+seeded, streamed or whole, any method, with stop strings, logprobs and JSON schemas, beside requests
+that arrive at other moments and clients that leave mid-stream.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+
+import httpx
+import pytest
+
+from specdec import models, packs
+from specdec.server.app import ServedModels, ServerOptions, create_app, make_slots
+from specdec.server.requests import method_config
+from helpers import Server, tiny_pair, tiny_tokenizer
+
+PACK = "smollm2-135m"
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+          "required": ["name", "age"], "additionalProperties": False}
+REQUESTS = [
+    ("/v1/completions", {"prompt": "def fibonacci(n):", "max_tokens": 40, "temperature": 0}),
+    ("/v1/completions", {"prompt": "1, 2, 3, 4,", "max_tokens": 30, "temperature": 0, "stop": ["10,"],
+                         "speculative": {"method": "spec:model:tree"}}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Name three colours."}], "max_tokens": 24,
+                              "temperature": 1.0, "seed": 7}),
+    ("/v1/completions", {"prompt": "import os\n", "max_tokens": 20, "temperature": 0.7, "top_k": 20, "seed": 3,
+                         "logprobs": 2, "speculative": {"method": "spec:model:block:k=4:policy=static"}}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Alice is 30. Give her as JSON."}],
+                              "max_tokens": 40, "temperature": 0,
+                              "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMA}}}),
+    ("/v1/completions", {"prompt": "The quick brown fox", "max_tokens": 32, "temperature": 0, "stream": True,
+                         "speculative": {"method": "ar"}}),
+]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    if packs.missing_parts(packs.PACKS[PACK]):
+        pytest.skip(f"pack {PACK} is not installed")
+    return models.load_pair(PACK, PACK, backend="gguf", n_threads=2)
+
+
+@pytest.fixture(scope="module")
+def server(pair):
+    served = ServedModels(pair.target, pair.tokenizer, pair.draft, name=PACK, draft_name=PACK, backend="gguf")
+    app = create_app(served, ServerOptions(method_config("spec", True), parallel=3))
+    with Server(app) as running:
+        yield running
+
+
+def ask(server: Server, endpoint: str, body: dict, leave_after: int | None = None) -> dict:
+    """The answer's token ids and text (a stream's joined; with ``leave_after``, the client leaves
+    after that many chunks and what it got is returned)."""
+    body = {**body, "model": PACK}
+    with httpx.Client(trust_env=False, timeout=300) as http:
+        if not body.get("stream"):
+            answer = http.post(server.url + endpoint, json=body).json()
+            choice = answer["choices"][0]
+            text = choice.get("text", (choice.get("message") or {}).get("content"))
+            usage = answer["usage"]  # (how much of the prompt a slot had cached depends on what it served before)
+            return {"text": text, "tokens": (usage["prompt_tokens"], usage["completion_tokens"]),
+                    "logprobs": choice.get("logprobs"), "finish": choice["finish_reason"]}
+        text, chunks = "", 0
+        with http.stream("POST", server.url + endpoint, json=body) as response:
+            for line in response.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                data = json.loads(line[len("data: "):])
+                if data["choices"]:
+                    text += data["choices"][0].get("text") or ""
+                chunks += 1
+                if leave_after is not None and chunks >= leave_after:
+                    break
+        return {"text": text}
+
+
+def test_concurrent_requests_get_their_answers_alone(server):
+    alone = [ask(server, endpoint, body) for endpoint, body in REQUESTS]  # one at a time
+    rng = random.Random(5)
+    got: dict[int, dict] = {}
+
+    def client(i: int, delay: float) -> None:
+        time.sleep(delay)
+        got[i] = ask(server, *REQUESTS[i])
+
+    def leaver(delay: float) -> None:  # a client that leaves mid-stream: its slot is freed, the others go on
+        time.sleep(delay)
+        got["left"] = ask(server, "/v1/completions", {"prompt": "0", "max_tokens": 200, "temperature": 0,
+                                                      "stream": True}, leave_after=3)
+
+    threads = [threading.Thread(target=client, args=(i, rng.uniform(0, 0.4))) for i in range(len(REQUESTS))]
+    threads.append(threading.Thread(target=leaver, args=(0.1,)))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, want in enumerate(alone):
+        assert got[i] == want, (i, REQUESTS[i])
+    metrics = httpx.get(server.url + "/metrics", trust_env=False).text
+    assert "specdec_running" in metrics
+    listed = httpx.get(server.url + "/v1/models", trust_env=False).json()
+    assert listed["data"][0]["speculative"]["parallel"] == 3
+
+
+def test_only_the_gguf_kernel_serves_several_requests_at_once():
+    target, draft = tiny_pair()
+    served = ServedModels(target, tiny_tokenizer(), draft, name="tiny")
+    with pytest.raises(ValueError, match="GGUF kernel"):
+        make_slots(served, 2)
+    assert make_slots(served, 1) is None
+    with pytest.raises(ValueError, match="at least 1"):
+        make_slots(served, 0)
