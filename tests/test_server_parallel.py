@@ -102,7 +102,12 @@ def test_concurrent_requests_get_their_answers_alone(server):
     for i, want in enumerate(alone):
         assert got[i] == want, (i, REQUESTS[i])
     metrics = httpx.get(server.url + "/metrics", trust_env=False).text
-    assert "specdec_running" in metrics
+
+    def counter(name: str) -> float:
+        return float(next(line.split()[-1] for line in metrics.splitlines() if line.startswith(name + '{model="target"}')))
+
+    assert counter("specdec_shared_pass_sequences_total") > counter("specdec_shared_passes_total") > 0  # shared
+    assert "specdec_queue_wait_seconds_count" in metrics
     listed = httpx.get(server.url + "/v1/models", trust_env=False).json()
     assert listed["data"][0]["speculative"]["parallel"] == 3
 

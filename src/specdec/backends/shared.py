@@ -22,7 +22,7 @@ import contextlib
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -58,10 +58,13 @@ class SharedPasses:
     """The executor of the slots' passes (see the module docstring). Use :meth:`slot` to make a
     sequence's model and :meth:`member` around the thread that decodes with it."""
 
-    def __init__(self, wait: float = WAIT_SECONDS, *, own_thread: bool = True) -> None:
+    def __init__(self, wait: float = WAIT_SECONDS, *, own_thread: bool = True,
+                 observe: Callable[[Any, int, int], None] | None = None) -> None:
         """``own_thread``: run the passes on a thread of its own; False: the caller runs :meth:`serve`
-        on the thread it wants the passes on (the server's model thread)."""
+        on the thread it wants the passes on (the server's model thread). ``observe(weights, rows,
+        sequences)`` is told of every pass run."""
         self.wait = wait
+        self.observe = observe
         self.stats = PassStats()
         self._cond = threading.Condition()
         self._members = 0
@@ -140,6 +143,8 @@ class SharedPasses:
             self.stats.passes += 1
             self.stats.rows += sum(len(c.piece.tokens) for c in group)
             self.stats.sequences += len(group)
+            if self.observe is not None:
+                self.observe(group[0].model.weights, sum(len(c.piece.tokens) for c in group), len(group))
             for c, logits in zip(group, results):
                 c.logits = logits
                 c.done.set()

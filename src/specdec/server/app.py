@@ -98,7 +98,7 @@ def create_app(models: ServedModels, options: ServerOptions, thread: ModelThread
     """The application; its worker starts and stops with the app's lifespan. ``thread``: the
     thread the models were loaded on, which runs every generation (default: a new one)."""
     metrics = Metrics()
-    scheduler = Scheduler(options.max_queue, metrics, thread, make_slots(models, options.parallel))
+    scheduler = Scheduler(options.max_queue, metrics, thread, make_slots(models, options.parallel, metrics))
     state = _State(models, options, metrics, scheduler, rq.has_fim_tokens(models.tokenizer),
                    eos_token_ids_of(models.target, models.tokenizer),
                    rq.PromptLimits.of(models.target, models.tokenizer),
@@ -121,7 +121,7 @@ def create_app(models: ServedModels, options: ServerOptions, thread: ModelThread
     return app
 
 
-def make_slots(models: ServedModels, parallel: int) -> list[Slot] | None:
+def make_slots(models: ServedModels, parallel: int, metrics: Metrics | None = None) -> list[Slot] | None:
     """``parallel`` slots whose passes are shared (None for one request at a time). ValueError
     where the models cannot share passes: only specdec's GGUF kernel computes a row of a shared pass
     as the sequence's own pass would, so only there does an answer not depend on the others."""
@@ -132,7 +132,11 @@ def make_slots(models: ServedModels, parallel: int) -> list[Slot] | None:
     if not isinstance(models.target, GGUFCausalLM) or not (models.draft is None or isinstance(models.draft, GGUFCausalLM)):
         raise ValueError("several requests at once need the models on specdec's GGUF kernel (--backend gguf), "
                          "whose shared passes give each request its answer alone; this backend serves one at a time")
-    passes = SharedPasses(own_thread=False)
+    def observe(weights: Any, rows: int, sequences: int) -> None:
+        if metrics is not None:
+            metrics.shared_pass("target" if weights is models.target.weights else "draft", rows, sequences)
+
+    passes = SharedPasses(own_thread=False, observe=observe)
     return [Slot(passes.slot(models.target), passes.slot(models.draft) if models.draft is not None else None, passes)
             for _ in range(parallel)]
 

@@ -27,7 +27,7 @@ class Metrics:
         self.requests = Counter("specdec_requests", "Requests answered, by endpoint and outcome",
                                 ["endpoint", "outcome"], registry=r)
         self.queue_length = Gauge("specdec_queue_length", "Generation requests waiting for the models", registry=r)
-        self.running = Gauge("specdec_running", "Generation requests on the models now (0 or 1)", registry=r)
+        self.running = Gauge("specdec_running", "Generation requests running now (up to --parallel)", registry=r)
         self.tokens = Counter("specdec_generated_tokens", "Tokens generated", registry=r)
         self.forwards = Counter("specdec_target_forwards", "Target forward passes", registry=r)
         self.drafted = Counter("specdec_drafted_tokens", "Draft tokens proposed to the target", registry=r)
@@ -44,6 +44,19 @@ class Metrics:
         self.prompt_tokens = Counter("specdec_prompt_tokens", "Prompt tokens of generations, by whether the "
                                      "prompt cache held them (cached) or they were prefilled (computed)",
                                      ["source"], registry=r)
+        self.queue_wait = Histogram("specdec_queue_wait_seconds", "From a request's arrival to its start on the models",
+                                    buckets=_TTFT_BUCKETS, registry=r)
+        self.passes = Counter("specdec_shared_passes", "Passes of the weights run for the slots (--parallel), by "
+                              "model (target, draft)", ["model"], registry=r)
+        self.pass_rows = Counter("specdec_shared_pass_rows", "Rows in those passes, by model", ["model"], registry=r)
+        self.pass_sequences = Counter("specdec_shared_pass_sequences", "Sequences in those passes (per pass: how "
+                                      "many slots shared it), by model", ["model"], registry=r)
+
+    def shared_pass(self, model: str, rows: int, sequences: int) -> None:
+        """One pass of ``model``'s weights for the slots: its rows and how many sequences they came from."""
+        self.passes.labels(model=model).inc()
+        self.pass_rows.labels(model=model).inc(rows)
+        self.pass_sequences.labels(model=model).inc(sequences)
 
     def outcome(self, endpoint: str, outcome: str) -> None:
         assert outcome in OUTCOMES, outcome

@@ -211,6 +211,7 @@ class Scheduler:
 
     def _job(self, job: Job, slot: Slot | None) -> None:
         started = time.monotonic()
+        self.metrics.queue_wait.observe(started - job.arrived)
         try:
             if slot is None:
                 self._run(job, slot)
