@@ -160,3 +160,23 @@ def test_a_slot_is_a_fresh_sequence_on_the_same_weights(pair):
         assert slot.passes is shared and pair.target.passes is None
     finally:
         shared.close()
+
+
+@pytest.mark.slow
+def test_the_default_pair_answers_each_prompt_as_alone():
+    """The default pair (Qwen2.5-Coder-1.5B drafted by 0.5B, Q4_K_M) on the kernel: prompts decoded
+    together, greedy and seeded, each equal to its answer alone."""
+    target, draft = packs.DEFAULT_TARGET, packs.DEFAULT_DRAFT
+    if packs.missing_parts(packs.PACKS[target]) or packs.missing_parts(packs.PACKS[draft]):
+        pytest.skip("the default pair is not installed")
+    pair = models.load_pair(target, draft, backend="gguf", n_threads=2)
+    prompts = ["def quicksort(arr):", "# Read a CSV file and print its columns\n", "class Stack:"]
+    configs = [DecodeConfig.parse("spec").replace(temperature=0, max_new_tokens=32, eos_token_ids=[]),
+               DecodeConfig.parse("spec").replace(temperature=1.0, sampler="gumbel", seed=4, max_new_tokens=24,
+                                                  eos_token_ids=[]),
+               DecodeConfig.parse("spec:model:tree").replace(temperature=0, max_new_tokens=28, eos_token_ids=[])]
+    alone = [generate(pair.target, p, draft=pair.draft, tokenizer=pair.tokenizer, config=c)
+             for p, c in zip(prompts, configs)]
+    together = generate_many(pair.target, prompts, draft=pair.draft, tokenizer=pair.tokenizer, configs=configs)
+    for i, (got, want) in enumerate(zip(together, alone)):
+        assert got.token_ids == want.token_ids, (i, first_difference(got.token_ids, want.token_ids))
