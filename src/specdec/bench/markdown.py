@@ -212,3 +212,63 @@ def summary_markdown(runs: Sequence[dict[str, Any]], command: str) -> str:
     for data in runs:
         parts += ["", markdown(data)]
     return "\n".join(parts) + "\n"
+
+
+# ------------------------------------------------------------------------------------------
+# Several clients at once (specdec bench --concurrency, :mod:`specdec.bench.concurrency`)
+
+
+def concurrency_title(data: dict[str, Any]) -> str:
+    s, m = data["settings"], data["models"]
+    mode = "greedy" if s["greedy"] else f"temperature {s['temperature']:g}"
+    draft = f" / draft {m['draft']['name']}" if m.get("draft") else ""
+    weights = f", {m['target']['weights']}" if m["target"].get("weights") else ""
+    sets = Counter(p["set"] for p in data["prompts"])
+    prompts = ", ".join(f"{n} {name}" for name, n in sets.items())
+    return (f"target {m['target']['name']}{draft}{weights}, {mode}, {s['max_new_tokens']} new tokens, {prompts} "
+            f"prompts, concurrency {', '.join(map(str, s['concurrency']))}")
+
+
+def concurrency_markdown(data: dict[str, Any]) -> str:
+    """One row per concurrency N and server: aggregate tokens per second, its ratio to llama-server
+    at the same N, the request time's and the first token's percentiles, the answers identical to
+    the server's own at N = 1; then a line per server and N whose answers differ."""
+    machine = machine_line(data["environment"].get("machine"))
+    lines = [f"**{concurrency_title(data)}**", "", *([machine, ""] if machine else []),
+             "| N | server | tok/s | vs llama-server | request p50 (s) | request p95 (s) | first token p50 (s) "
+             "| first token p95 (s) | identical to N=1 |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for run in data["runs"]:
+        same = run.get("identity")
+        lines.append(" | ".join([
+            f"| {run['concurrency']}", f"`{run['method']}`", _fmt(run["tokens_per_second"]),
+            _fmt(run.get("vs_llama-server"), "x"), _fmt(run["request_seconds"]["p50"]),
+            _fmt(run["request_seconds"]["p95"]), _fmt(run["first_token_seconds"]["p50"]),
+            _fmt(run["first_token_seconds"]["p95"]),
+            f"{same['identical']}/{same['total']}" if same else "–"]) + " |")
+    ids = [p["id"] for p in data["prompts"]]
+    for run in data["runs"]:
+        differ = (run.get("identity") or {}).get("differ") or []
+        if differ:
+            where = ", ".join(f"{ids[d['prompt']]} from {d['unit']} {d['position']}" for d in differ)
+            lines.append(f"\n`{run['method']}` at N={run['concurrency']}: {len(differ)} of {run['identity']['total']} "
+                         f"answers differ from its answers at N=1: {where}.")
+    for name, why in data.get("skipped", {}).items():
+        lines.append(f"\n`{name}` not run: {why}.")
+    lines.append(
+        "\nEach server ran alone, started with N slots (`specdec serve --parallel N`, `llama-server -np N` with N "
+        "times the context), N clients sending their share of the prompts one after another, all starting "
+        "together. tok/s: every completion token over the wall time from the first request to the last "
+        "answer; vs llama-server: its ratio to `llama-server`'s at the same N. Request: from sending to the "
+        "stream's end; first token: from sending to the first chunk with a token; p50/p95: percentiles over "
+        "the requests. Identical to N=1: answers equal to the same server's answer to the same request at N=1, "
+        "by token ids where the stream carries them (specdec's), else by text.")
+    return "\n".join(lines)
+
+
+def concurrency_summary(runs: Sequence[dict[str, Any]], command: str) -> str:
+    """One page for a whole --concurrency invocation: the command and each temperature's table."""
+    parts = ["# Benchmark results: several clients at once", "", "Produced by:", "", "```", command, "```"]
+    for data in runs:
+        parts += ["", concurrency_markdown(data)]
+    return "\n".join(parts) + "\n"

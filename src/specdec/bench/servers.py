@@ -158,7 +158,9 @@ class Servers:
     backend, threads, port and context are added. torch_argv: the options of the torch backend
     (``--dtype``, ``--kernels``, ``--draft-weights``), given only to a server whose method runs on
     torch (a GGUF backend refuses them). n_threads: both servers' threads (None: each server's
-    default). n_ctx: the context both allocate.
+    default). n_ctx: the context both allocate, for each request. parallel: the requests each server
+    decodes at once (``specdec serve --parallel N``, ``llama-server -np N`` with N times the context,
+    which it divides among its slots); a server started after it changes has the new value.
     """
 
     target_gguf: Path | None
@@ -167,6 +169,7 @@ class Servers:
     n_threads: int | None = None
     n_ctx: int = 4096
     torch_argv: list[str] = field(default_factory=list)
+    parallel: int = 1  # requests each server decodes at once: specdec serve's --parallel, llama-server's -np
     running: dict[str, ServerProcess] = field(default_factory=dict)
     # A new connection per request: llama-server may close a kept-alive one just as it is reused.
     client: httpx.Client = field(default_factory=lambda: httpx.Client(
@@ -193,7 +196,8 @@ class Servers:
                 argv[argv.index("--draft") + 1] = "none"
             return [sys.executable, "-m", "specdec", "serve", *argv, "--backend", backend, "--method", method,
                     "--port", "{port}", "--log-level", "warning", "--max-tokens", str(self.n_ctx),
-                    *(["--threads", *threads] if threads else [])]
+                    *(["--threads", *threads] if threads else []),
+                    *(["--parallel", str(self.parallel)] if self.parallel > 1 else [])]
         if self.target_gguf is None:
             raise ValueError(f"{key} runs the target's GGUF; give a pack or a .gguf file as the target")
         flags = list(PEERS[key].server_flags)
@@ -202,15 +206,17 @@ class Servers:
                 raise ValueError(f"{key} needs the draft's GGUF; give a draft pack or .gguf file (--draft)")
             flags = [str(self.draft_gguf) if f == "{draft}" else f for f in flags]
         return [str(llama_server_binary()), "-m", str(self.target_gguf), *flags, "--host", "127.0.0.1",
-                "--port", "{port}", "-c", str(self.n_ctx), "-np", "1", "--no-webui",
+                "--port", "{port}", "-c", str(self.n_ctx * self.parallel), "-np", str(self.parallel), "--no-webui",
                 *(["-t", *threads, "-tb", *threads] if threads else [])]
 
-    def complete(self, key: str, body: dict[str, Any], path: str = "/v1/completions") -> "Completion":
-        """POST ``body`` (streamed) to the server's ``path``; the tokens, text and timings."""
+    def complete(self, key: str, body: dict[str, Any], path: str = "/v1/completions",
+                 client: httpx.Client | None = None) -> "Completion":
+        """POST ``body`` (streamed) to the server's ``path``; the tokens, text and timings.
+        ``client``: the HTTP client to send it with (default: the run's; a client thread has its own)."""
         server = self.server(key)
         out = Completion()
         start = time.perf_counter()
-        with self.client.stream("POST", f"{server.url}{path}", json=body) as response:
+        with (client or self.client).stream("POST", f"{server.url}{path}", json=body) as response:
             if response.status_code != 200:
                 response.read()
                 raise RuntimeError(f"{key} answered {response.status_code}: {response.text[:500]}")

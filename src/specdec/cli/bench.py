@@ -12,7 +12,10 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import hashlib
+import json
 import os
+import re
 import shlex
 import sys
 import tempfile
@@ -23,7 +26,7 @@ from specdec import models, packs
 from specdec.cli import common
 from specdec.backends import llamacpp as llamacpp_backend
 from specdec.backends import table as backend_table
-from specdec.bench import report, resume
+from specdec.bench import concurrency, markdown as bench_markdown, report, resume
 from specdec.bench.llamacpp_models import LlamaCppModels
 from specdec.bench.methods import MethodSpec, parse_methods
 from specdec.prompts import load_prompts
@@ -150,11 +153,20 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="replace the results --out holds from another run (without it, a run into an --out "
                              "holding results of other arguments is refused)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--concurrency", type=positive_int, nargs="+", default=None, metavar="N",
+                        help="time servers under N clients at once instead: for each N (and N=1, the answers each "
+                             "concurrent one must equal), each server of --methods (server methods only; default: "
+                             f"{concurrency.DEFAULT_METHODS}) is started alone with N slots (specdec serve "
+                             "--parallel N, llama-server -np N) and N clients send their share of the prompts, all "
+                             "starting together; reports aggregate tok/s, request and first-token percentiles and "
+                             "the answers identical to N=1's")
 
 
 def bench_command(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     """Run the benchmark described by ``args``; return the exit code."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if getattr(args, "concurrency", None):
+        return _concurrency_command(args, argv)
     methods, prompts, settings = _plan(args)
     out = Path(args.out)
     saved = _prepare_output(args, out, methods, prompts, settings)  # before any model work
@@ -247,6 +259,124 @@ def _plan(args: argparse.Namespace) -> tuple[list[MethodSpec], list[Any], list[A
     return methods, prompts, settings
 
 
+# ------------------------------------------------------------------------------------------
+# --concurrency: N clients at once against servers with N slots (specdec.bench.concurrency)
+
+
+def _concurrency_command(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
+    """``specdec bench --concurrency N ...``: plan, check --out, run each temperature, write the reports."""
+    methods, prompts, settings = _plan_concurrency(args)
+    out = Path(args.out)
+    saved = _prepare_output(args, out, methods, prompts, settings)
+    try:
+        return _run_concurrency(args, argv, out, methods, prompts, saved)
+    except KeyboardInterrupt:  # every finished (server, N) run is saved already
+        print(f"\nspecdec: interrupted: the finished (server, N) runs are saved in {out}", file=sys.stderr)
+        print("hint: run the same command again to resume; it runs only the others", file=sys.stderr)
+        return 130
+
+
+def _plan_concurrency(args: argparse.Namespace) -> tuple[list[MethodSpec], list[Any], list[Any]]:
+    """(server methods, prompts, settings per temperature) of a --concurrency run; a
+    :class:`CLIError` for a method that is no server or a specdec server that cannot decode
+    requests at once."""
+    if args.methods == DEFAULT_METHODS:  # not typed: the servers --concurrency compares by default
+        args.methods = concurrency.DEFAULT_METHODS
+    methods, prompts, _ = _plan(args)
+    methods = [m for m in methods if m.is_server or m.kind != "ar"]  # the library's ar, which _plan adds
+    in_process = [m.name for m in methods if not m.is_server]
+    if in_process:
+        raise CLIError(f"--concurrency times servers, and {', '.join(in_process)} run{'s' * (len(in_process) == 1)} "
+                       "in the bench's process",
+                       "add :via=serve to a project method, or name llama-server peers (--methods "
+                       f"{concurrency.DEFAULT_METHODS})", code=2)
+    serial = [m.name for m in methods if not m.is_peer and m.backend != "gguf"]
+    if serial and max(args.concurrency) > 1:
+        raise CLIError(f"--concurrency {max(args.concurrency)}: {', '.join(serial)} would run on a backend that "
+                       "serves one request at a time",
+                       "add --backend gguf (specdec serve --parallel N decodes on the GGUF kernel)", code=2)
+    settings = [concurrency.ConcurrencySettings(
+        levels=tuple(args.concurrency), max_new_tokens=args.max_new_tokens, temperature=t, seed=args.seed,
+        ignore_eos=args.eos == "ignore", warmup_tokens=args.warmup_tokens) for t in dict.fromkeys(args.temperature)]
+    return methods, prompts, settings
+
+
+def _run_concurrency(args: argparse.Namespace, argv: Sequence[str] | None, out: Path, methods: list[MethodSpec],
+                     prompts: list[Any], saved: dict[Any, Any]) -> int:
+    import torch
+
+    check_threads(args.threads)
+    command = _command(argv)
+    env = {k: v for k, v in report.environment(command, None).items() if k != "dtype"}
+    env["resolved_command"] = _resolved_command(args)
+    _warn_if_busy(env)
+    servers = bench_servers(args, methods)
+    assert servers is not None  # every method is a server's
+    try:
+        env["machine"] = report.machine_record(args.threads or torch.get_num_threads(), servers.target_gguf,
+                                               why_no_target="no server runs a GGUF")
+        models = {"target": _gguf_info(args.target, servers.target_gguf),
+                  "draft": _gguf_info(args.draft, servers.draft_gguf) if servers.draft_gguf else None}
+        runs = []
+        for s, store in saved.items():
+            skipped = {m.name: why for m in methods if (why := m.runs_at(s.temperature))}
+            before = _load_average()
+            cells = concurrency.run(servers, [m for m in methods if m.name not in skipped], prompts, s,
+                                    done=_saved_cells(store.folder, prompts),
+                                    on_run=lambda cell, store=store: _save_cell(store.folder, cell, prompts))
+            data = concurrency.results(cells, s, prompts, env | {"load_average_run": [before, _load_average()]},
+                                       models, skipped)
+            text = bench_markdown.concurrency_markdown(data)
+            folder = _save(lambda where: _write_concurrency(data, text, where), out / _run_folder(s), _run_folder(s))
+            print(text + f"\n\n(written to {folder})\n")
+            runs.append(data)
+    finally:
+        servers.close()
+    _save(lambda where: write_atomic(where / "README.md", bench_markdown.concurrency_summary(runs, command)), out, "")
+    return 0
+
+
+def _gguf_info(name: str, path: Path) -> dict[str, Any]:
+    return {"name": name, "gguf": path.name, "weights": report.gguf_weights(path)}
+
+
+def _write_concurrency(data: dict[str, Any], text: str, folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    write_atomic(folder / "results.json", json.dumps(data, indent=1) + "\n")
+    write_atomic(folder / "results.md", text + "\n")
+
+
+def _cell_file(folder: Path, method: str, n: int) -> Path:
+    """``n<N>-<method>-<digest>.json`` (method names hold ':' and '+')."""
+    readable = re.sub(r"[^A-Za-z0-9=.+-]+", "_", method)[:60]
+    return folder / f"n{n}-{readable}-{hashlib.sha256(method.encode()).hexdigest()[:8]}.json"
+
+
+def _save_cell(folder: Path, cell: dict[str, Any], prompts: Sequence[Any]) -> None:
+    """Keep a finished (server, N) run, so that an interrupted invocation resumes after it."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        write_atomic(_cell_file(folder, cell["method"], cell["concurrency"]),
+                     json.dumps({"prompt_ids": [p.id for p in prompts], "run": cell}) + "\n")
+    except OSError as e:
+        print(f"specdec bench: warning: cannot save a finished run into {folder} ({e})", file=sys.stderr)
+
+
+def _saved_cells(folder: Path, prompts: Sequence[Any]) -> dict[tuple[str, int], dict[str, Any]]:
+    """The saved (server, N) runs of these prompts, by (method, N); any other file is left out."""
+    done = {}
+    for path in sorted(folder.glob("n*.json")) if folder.is_dir() else []:
+        try:
+            record = json.loads(path.read_text())
+            if record["prompt_ids"] != [p.id for p in prompts]:
+                continue
+            cell = record["run"]
+            done[cell["method"], int(cell["concurrency"])] = cell
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return done
+
+
 def _run_folder(settings: Any) -> str:
     return "greedy" if settings.greedy else f"t{settings.temperature:g}"
 
@@ -265,6 +395,8 @@ def _prepare_output(args: argparse.Namespace, out: Path, methods: list[MethodSpe
     arguments = {key: getattr(args, key) for key in vars(defaults.parse_args([])) if key not in _NOT_DEFINING}
     arguments |= {"methods": [m.name for m in methods], "temperature": [s.temperature for s in settings],
                   "prompts": [[p.set, p.id, resume.prompt_digest(p)] for p in prompts]}
+    if not arguments.get("concurrency"):  # as recorded before --concurrency existed: such a run resumes
+        arguments.pop("concurrency", None)
     prepare_folder(out)
     try:
         resume.prepare(out, arguments, _resolved_command(args), overwrite=args.overwrite)
