@@ -33,7 +33,7 @@ from specdec.cli.common import CLIError, Parser, fail, one_line_warnings, quiet_
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="specdec",
-        description="Exact speculative decoding for Hugging Face causal LMs, with offline model packs.",
+        description="Exact speculative decoding for GGUF files and Hugging Face causal LMs, with offline model packs.",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add in (add_generate_parser, add_models_parser, add_bench_parser, add_train_heads_parser, add_serve_parser,
