@@ -28,7 +28,7 @@ from specdec.backends import llamacpp as llamacpp_backend
 from specdec.backends import table as backend_table
 from specdec.bench import concurrency, markdown as bench_markdown, report, resume
 from specdec.bench.llamacpp_models import LlamaCppModels
-from specdec.bench.methods import MethodSpec, parse_methods
+from specdec.bench.methods import MethodSpec, parse_method, parse_methods
 from specdec.prompts import load_prompts
 from specdec.bench.runner import BenchBackends, BenchSettings, run_bench
 from specdec.bench.servers import (
@@ -283,8 +283,10 @@ def _plan_concurrency(args: argparse.Namespace) -> tuple[list[MethodSpec], list[
     if args.methods == DEFAULT_METHODS:  # not typed: the servers --concurrency compares by default
         args.methods = concurrency.DEFAULT_METHODS
     methods, prompts, _ = _plan(args)
-    methods = [m for m in methods if m.is_server or m.kind != "ar"]  # the library's ar, which _plan adds
-    in_process = [m.name for m in methods if not m.is_server]
+    typed = {parse_method(part, backend).name for part in args.methods.split(",") if part.strip()
+             for backend in BACKEND_CHOICES[args.backend]}  # not the library's ar that _plan adds
+    in_process = [m.name for m in methods if not m.is_server and (m.kind != "ar" or m.name in typed)]
+    methods = [m for m in methods if m.is_server]
     if in_process:
         raise CLIError(f"--concurrency times servers, and {', '.join(in_process)} run{'s' * (len(in_process) == 1)} "
                        "in the bench's process",
