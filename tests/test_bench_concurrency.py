@@ -199,6 +199,22 @@ def test_results_compare_with_llama_server_at_the_same_n_and_with_the_servers_ow
     assert "`spec:model:greedy:via=serve` not run: greedy verification needs temperature 0." in table
 
 
+def test_without_llama_server_the_table_has_no_column_for_it():
+    from specdec.prompts import Prompt
+
+    spec = "spec:backend=gguf:via=serve"
+    cells = [cell(spec, n, [answer(0, 0.0, 2.0, 0.5, ids=[1])]) for n in (1, 2)]
+    data = concurrency.results(cells, ConcurrencySettings(levels=(2,), max_new_tokens=10),
+                               [Prompt("humaneval", "HumanEval/0", text="def f():")], {},
+                               {"target": {"name": "t"}, "draft": {"name": "d"}})
+    lines = concurrency_markdown(data).splitlines()
+    assert lines[0] == "**target t / draft d, greedy, 10 new tokens, 1 humaneval prompts, concurrency 1, 2**"
+    assert lines[2] == ("| N | server | tok/s | request p50 (s) | request p95 (s) | first token p50 (s) "
+                        "| first token p95 (s) | identical to N=1 |")
+    assert f"| 2 | `{spec}` | 5.00 | 2.00 | 2.00 | 0.50 | 0.50 | 1/1 |" in lines
+    assert "llama-server" not in lines[-1].split("tok/s:")[1].split("Request")[0]
+
+
 # ----------------------------------------------------------------------------------------------
 # The servers' flags, the command line's checks
 

@@ -234,15 +234,16 @@ def concurrency_markdown(data: dict[str, Any]) -> str:
     at the same N, the request time's and the first token's percentiles, the answers identical to
     the server's own at N = 1; then a line per server and N whose answers differ."""
     machine = machine_line(data["environment"].get("machine"))
+    peer = any("vs_llama-server" in run for run in data["runs"])  # the column where llama-server ran
     lines = [f"**{concurrency_title(data)}**", "", *([machine, ""] if machine else []),
-             "| N | server | tok/s | vs llama-server | request p50 (s) | request p95 (s) | first token p50 (s) "
-             "| first token p95 (s) | identical to N=1 |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| N | server | tok/s |" + (" vs llama-server |" if peer else "") + " request p50 (s) | request p95 (s) "
+             "| first token p50 (s) | first token p95 (s) | identical to N=1 |",
+             "|---:|---|---:|" + ("---:|" if peer else "") + "---:|---:|---:|---:|---:|"]
     for run in data["runs"]:
         same = run.get("identity")
         lines.append(" | ".join([
             f"| {run['concurrency']}", f"`{run['method']}`", _fmt(run["tokens_per_second"]),
-            _fmt(run.get("vs_llama-server"), "x"), _fmt(run["request_seconds"]["p50"]),
+            *([_fmt(run.get("vs_llama-server"), "x")] if peer else []), _fmt(run["request_seconds"]["p50"]),
             _fmt(run["request_seconds"]["p95"]), _fmt(run["first_token_seconds"]["p50"]),
             _fmt(run["first_token_seconds"]["p95"]),
             f"{same['identical']}/{same['total']}" if same else "–"]) + " |")
@@ -259,9 +260,9 @@ def concurrency_markdown(data: dict[str, Any]) -> str:
         "\nEach server ran alone, started with N slots (`specdec serve --parallel N`, `llama-server -np N` with N "
         "times the context), N clients sending their share of the prompts one after another, all starting "
         "together. tok/s: every completion token over the wall time from the first request to the last "
-        "answer; vs llama-server: its ratio to `llama-server`'s at the same N. Request: from sending to the "
-        "stream's end; first token: from sending to the first chunk with a token; p50/p95: percentiles over "
-        "the requests. Identical to N=1: answers equal to the same server's answer to the same request at N=1, "
+        "answer" + ("; vs llama-server: its ratio to `llama-server`'s at the same N" if peer else "")
+        + ". Request: from sending to the stream's end; first token: from sending to the first chunk with a "
+        "token; p50/p95: percentiles over the requests. Identical to N=1: answers equal to the same server's answer to the same request at N=1, "
         "by token ids where the stream carries them (specdec's), else by text.")
     return "\n".join(lines)
 

@@ -159,7 +159,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"{concurrency.DEFAULT_METHODS}) is started alone with N slots (specdec serve "
                              "--parallel N, llama-server -np N) and N clients send their share of the prompts, all "
                              "starting together; reports aggregate tok/s, request and first-token percentiles and "
-                             "the answers identical to N=1's")
+                             "the answers identical to N=1's (--repeats and --server-endpoint do not apply)")
 
 
 def bench_command(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
