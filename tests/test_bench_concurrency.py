@@ -258,6 +258,19 @@ def test_a_run_without_concurrency_records_its_arguments_as_before(tmp_path):
     assert "concurrency" not in recorded and recorded["methods"] == ["ar"]
 
 
+def test_finished_runs_are_saved_and_read_back_for_the_same_prompts_only(tmp_path):
+    from specdec.prompts import Prompt
+
+    prompts = [Prompt("mtbench", "mtbench/1", messages=({"role": "user", "content": "a"},))]
+    made = cell("spec:ngram+model:block:k=4:policy=auto:backend=gguf:via=serve", 4, [answer(0, 0.0, 1.0, 0.5)])
+    bench_cli._save_cell(tmp_path, made, prompts)
+    assert bench_cli._saved_cells(tmp_path, prompts) == {(made["method"], 4): made}
+    other = [Prompt("mtbench", "mtbench/2", messages=({"role": "user", "content": "b"},))]
+    assert bench_cli._saved_cells(tmp_path, other) == {}
+    (tmp_path / "n2-broken.json").write_text("{")
+    assert list(bench_cli._saved_cells(tmp_path, prompts)) == [(made["method"], 4)]
+
+
 # ----------------------------------------------------------------------------------------------
 # A run on SmolLM2: specdec serve (and llama-server where its binary is built)
 
