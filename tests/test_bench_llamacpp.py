@@ -134,7 +134,7 @@ def test_the_run_records_the_machine_and_each_gguf_backends_one_row_step(bench_r
     vector features are stored with the run and printed under the report's title."""
     record = bench_run["greedy"]["environment"]["machine"]
     assert record == bench_run["t1"]["environment"]["machine"]  # measured once per invocation
-    assert set(record) == {"cpu", "features", "memory_read", "one_row_step"} and record["cpu"]
+    assert set(record) == {"cpu", "features", "memory_read", "one_row_step", "gguf_kernel_path"} and record["cpu"]
     steps = record["one_row_step"]
     assert steps["model"] == packs.gguf_file(PACK, progress=False).name and steps["threads"] == 1
     assert set(steps["ms"]) | set(steps["skipped"]) == {"gguf", "llamacpp"} and "llamacpp" in steps["ms"]
