@@ -80,7 +80,7 @@ def positive_numbers(values, count: int | None = None) -> None:
 def machine_recorded(record: dict) -> None:
     """The machine a GGUF script measured on (:func:`specdec.bench.machine.machine_record`): the
     CPU, its vector features, the memory read speed and the kernel's one-token step on the pack."""
-    assert set(record) == {"cpu", "features", "memory_read", "one_row_step"} and record["cpu"]
+    assert set(record) == {"cpu", "features", "memory_read", "one_row_step", "gguf_kernel_path"} and record["cpu"]
     assert record["memory_read"]["mib"] == 16 and record["memory_read"]["threads"] == int(THREADS)
     positive_numbers([record["memory_read"]["gb_per_s"]])
     steps = record["one_row_step"]
