@@ -136,9 +136,10 @@ def test_smollm2_on_the_gguf_kernel_describes_itself_as_its_attributes_did():
         pytest.skip(f"the kernel cannot be built here: {err}")
     # the attributes' key, and the kernel library that runs it: measurements of another build of
     # the kernel (a changed source or flags) are not this one's
+    # and the path it runs (each path's rows cost their own)
     key, probed = cost_key(model), _probed_key(model)
     kernel = Path(native.library()._name).stem
-    assert key == {**probed, "kernel": kernel} and list(key) == [*probed, "kernel"]
+    assert key == {**probed, "kernel": kernel, "path": native.kernel_path()} and list(key) == [*probed, "kernel", "path"]
     assert kernel.startswith("linear_gguf-") and len(kernel.rsplit("-", 1)[1]) == 16  # the hash of source and flags
     assert key["model"] == path.name and (key["threads"], key["batch"], key["kv"]) == (1, None, None)
     assert cost_key(model.fork()) == key
