@@ -178,8 +178,6 @@ def _build_and_open(flags: list[str], variant: str) -> ctypes.CDLL:
         "gguf_exp": ([p, i64, p], None),
         "gguf_rope_store": ([p, p, p, p, i32, i64, i64, i64, i64, p, p, p, i64, i64], None),
         "gguf_attention": ([p, p, p, p, p, i64, i64, i64, i64, i64, i64, ctypes.c_float, i32], i32),
-        "gguf_forward": ([p, i64, i64, i64, i64, i64, i64, i32, i64, ctypes.c_float, ctypes.c_float, p, i64, p, p, p, p,
-                          p, i64, p, i32], i32),
         "gguf_forward_seqs": ([p, i64, i64, i64, i64, i64, i64, i32, i64, ctypes.c_float, ctypes.c_float, p, i64, p, p,
                                p, i64, p, p, p, p, p, i32], i32),
         "gguf_set_portable": ([i32], None),
@@ -370,7 +368,7 @@ class _Fused:
             raise RuntimeError(f"gguf_matmul_multi failed ({rc})")
 
 
-LAYER_FIELDS = 26  # int64 fields of a layer's record for gguf_forward (see linear_gguf.c)
+LAYER_FIELDS = 26  # int64 fields of a layer's record for gguf_forward_seqs (see linear_gguf.c)
 
 
 class _Layer:
@@ -386,7 +384,7 @@ class _Layer:
         self.down = _Fused([get(p + "ffn_down.weight")])
 
     def record(self) -> list[int]:
-        """This layer's fields for gguf_forward: types, pointers and widths of its tensors."""
+        """This layer's fields for gguf_forward_seqs: types, pointers and widths of its tensors."""
         q, o, gu, down = self.qkv, self.o, self.gate_up, self.down
         return [*q._types, *q._ptrs, *q._outs, *(q._bias_ptrs if q.biases else (0, 0, 0)),
                 o._types[0], o._ptrs[0], o._outs[0], *gu._types, *gu._ptrs, *gu._outs,
@@ -698,7 +696,7 @@ def run_together(calls: Sequence[tuple[GGUFCausalLM, Piece]]) -> list[torch.Tens
                                w.eps, 1.0 / float(np.sqrt(d)), x.data_ptr(), n, position.data_ptr(), w.cos.data_ptr(),
                                w.sin.data_ptr(), seqs, counts, visibles, caches, starts, scratch.data_ptr(), threads)
     if rc != 0:
-        raise MemoryError("out of memory in the GGUF kernels") if rc == -2 else RuntimeError(f"gguf_forward failed ({rc})")
+        raise MemoryError("out of memory in the GGUF kernels") if rc == -2 else RuntimeError(f"gguf_forward_seqs failed ({rc})")
     wanted, at = [], 0
     for (model, piece), m in zip(calls, rows_of):
         model._length += m

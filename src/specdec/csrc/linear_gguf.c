@@ -1046,17 +1046,6 @@ int gguf_forward_seqs(const int64_t *layers, int64_t n_layers, int64_t hidden, i
     return 0;
 }
 
-/* One sequence (gguf_forward_seqs with n_seq = 1): its keys and values to cache rows start ..
- * start + n - 1; visible [n, start + n] uint8 or NULL. */
-int gguf_forward(const int64_t *layers, int64_t n_layers, int64_t hidden, int64_t heads, int64_t kv, int64_t d,
-                 int64_t ffn, int neox, int64_t cap, float eps, float scale, float *x, int64_t n, const int64_t *pos,
-                 const float *cos_t, const float *sin_t, const uint8_t *visible, float *cache, int64_t start,
-                 float *scratch, int threads) {
-    const uint64_t vis = (uint64_t)(uintptr_t)visible, kv_cache = (uint64_t)(uintptr_t)cache;
-    return gguf_forward_seqs(layers, n_layers, hidden, heads, kv, d, ffn, neox, cap, eps, scale, x, n, pos, cos_t, sin_t,
-                             1, &n, &vis, &kv_cache, &start, scratch, threads);
-}
-
 #else /* GG_KERNEL_BODY: one vector path's kernels for the quantized types (see above) */
 
 /* The tiled K-type kernels (four rows and more) take a block in two halves of 128 weights (4 vectors
