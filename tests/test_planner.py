@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 
 import numpy as np
 import pytest
@@ -22,6 +23,7 @@ from tiny import noisy_copy, tiny_llama
 
 from specdec import generate
 from specdec.backends.base import forward_after
+from specdec.backends.shared import Board
 from specdec.backends.hf import HFCausalLM
 from specdec.backends.hf_layers import HFLayeredCausalLM
 from specdec.build import make_drafter
@@ -135,6 +137,64 @@ def test_a_draft_model_is_behind_by_what_it_has_not_fed():
     assert drafter.behind([1, 2, 3]) == {} and drafter.behind([1, 2, 3, 4, 5]) == {"model": 1}
     assert drafter.behind([1, 9, 3, 4]) == {"model": 2}  # a rejected token is trimmed, then fed again
     assert ChoiceDrafter.build(drafter).behind([1, 2, 3, 4, 5]) == {"model": 1}
+
+
+class _Slot:
+    """A slot of shared passes as the planner sees it: ``passes.board``."""
+
+    def __init__(self, board) -> None:
+        self.passes = type("Passes", (), {"board": board})()
+
+
+def test_a_slot_plans_for_the_whole_shared_pass():
+    """In a shared pass the planner maximises the pass's expected tokens per second: the other
+    slots' rows set where its own rows fall on the cost curve, and their expected tokens join its
+    own. Rows that are dear in a pass of their own (a second row 0.9x a first) are cheap beside four
+    others (0.1x each): alone it does not draft; in the pass it drafts, and its length is the
+    brute-force maximum of (E_others + E(k)) / T(R + k + 1)."""
+    curve = [1.0 + 0.9 * n for n in range(5)] + [4.6 + 0.1 * n for n in range(1, 12)]  # 1..16 rows
+    costs = CostModel(curve, draft=0.0)
+    alone = AutoPolicy(k_max=4, costs=costs, prior_alpha=0.6)
+    alone.bind(None, NGramDrafter(16))
+    assert alone.next_k() == 0
+    board = Board()
+    board.post(4, 4.0)  # posted by another thread: four sequences of one row, a token each
+    worker = threading.Thread(target=board.post, args=(4, 4.0))
+    worker.start(), worker.join()
+    board.leave()  # this thread's own post is not the others'
+    policy = AutoPolicy(k_max=4, costs=costs, prior_alpha=0.6)
+    policy.bind(_Slot(board), NGramDrafter(16))
+    k = policy.next_k()
+    expected = [1.0 + sum(0.6 ** i for i in range(1, n + 1)) for n in range(5)]
+    rates = [(4.0 + expected[n]) / costs.target_cost(4 + n + 1) for n in range(5)]
+    assert k == max(range(5), key=lambda n: (rates[n], -n)) and k > 0
+    assert policy.describe()["shared_pass"]["steps_with_others"] == 1
+
+
+def test_the_board_sums_the_other_slots_plans_and_forgets_a_slot_that_leaves():
+    board, seen = Board(), {}
+    posted, read, left = threading.Barrier(4), threading.Barrier(4), threading.Barrier(4)  # three slots and this test
+    done = threading.Event()
+
+    def slot(name, rows, expected):
+        board.post(rows, expected)
+        posted.wait()
+        seen[name] = board.others()
+        read.wait()
+        if name == "b":
+            board.leave()
+        left.wait()
+        done.wait()
+
+    threads = [threading.Thread(target=slot, args=plan) for plan in (("a", 3, 2.5), ("b", 1, 1.0), ("c", 5, 3.0))]
+    for t in threads:
+        t.start()
+    posted.wait(), read.wait(), left.wait()
+    assert seen == {"a": (6, 4.0, 1), "b": (8, 5.5, 2), "c": (4, 3.5, 1)}  # a row of 1: not drafting
+    assert board.others() == (8, 5.5, 2)  # b left: a and c
+    done.set()
+    for t in threads:
+        t.join()
 
 
 def test_keep_going_stops_where_the_next_token_does_not_pay():

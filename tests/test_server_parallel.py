@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from specdec import models, packs
+from specdec.backends.shared import default_slots
 from specdec.server.app import ServedModels, ServerOptions, create_app, make_slots
 from specdec.server.requests import method_config
 from helpers import Server, tiny_pair, tiny_tokenizer
@@ -120,3 +121,30 @@ def test_only_the_gguf_kernel_serves_several_requests_at_once():
     assert make_slots(served, 1) is None
     with pytest.raises(ValueError, match="at least 1"):
         make_slots(served, 0)
+
+
+def test_the_default_slots_are_the_fewest_within_a_tenth_of_the_best_pass():
+    # n sequences of one row make n / curve[n - 1] tokens per second
+    assert default_slots([float(n) for n in range(1, 17)]) == 1  # a row costs a pass: one slot
+    assert default_slots([1.0] * 16) == 15  # rows free: 15 of 16 is within a tenth
+    curve = [1, 1.25, 1.6, 2.0, 2.4, 2.8, 3.2, 3.5, 3.9, 4.3, 4.7, 5.1, 5.5, 5.9, 6.3, 6.6]
+    # rates 1, 1.6, 1.875, 2.0, 2.083, 2.143, 2.1875, ...; the best 16 / 6.6 = 2.424, 0.9 x = 2.18
+    assert default_slots(curve) == 7
+
+
+def test_serve_chooses_its_slots_from_the_cost_curve_and_the_memory(monkeypatch, capsys):
+    from specdec.cli import serve as cli_serve
+
+    class Kernel:
+        cache_bytes = 100 << 20
+
+    curve = [1, 1.25, 1.6, 2.0, 2.4, 2.8, 3.2, 3.5, 3.9, 4.3, 4.7, 5.1, 5.5, 5.9, 6.3, 6.6]
+    monkeypatch.setattr(cli_serve, "row_costs", lambda model, rows: (curve[:rows], "cache"))
+    served = ServedModels(Kernel(), tiny_tokenizer(), Kernel(), name="kernel")
+    monkeypatch.setattr(cli_serve, "available_memory", lambda: 10 << 30)
+    assert cli_serve.choose_slots(served) == 7
+    assert "--parallel 7: 7 sequences in a pass make 2.19x" in capsys.readouterr().err
+    monkeypatch.setattr(cli_serve, "available_memory", lambda: 650 << 20)  # three slots of 200 MiB
+    assert cli_serve.choose_slots(served) == 3
+    target, draft = tiny_pair()  # not the kernel: one request at a time
+    assert cli_serve.choose_slots(ServedModels(target, tiny_tokenizer(), draft, name="tiny")) == 1

@@ -14,6 +14,15 @@ piece has waited :attr:`SharedPasses.wait` seconds (a slot busy with its own wor
 steps, does not hold the others up). Which pieces share a pass changes only the speed: the kernel
 computes each row as the sequence's own pass would, bit for bit, so a request's answer does not
 depend on what else is being served.
+
+The slots plan their drafts together (:class:`Board`): each slot's planner
+(:class:`~specdec.policies.auto.AutoPolicy`) posts the rows its next verification adds to the pass
+and the tokens it expects from them, and weighs its own draft against the whole pass: the rows the
+others posted make its rows' marginal cost (on the measured cost curve, where an extra row of a
+4-row pass costs far less than the second row of a 1-row pass), and the tokens they expect join
+its own in the pass's tokens per second. A draft length changes how fast an answer comes, never
+which answer (greedy, or the seeded Gumbel-max sampler), so planning together keeps every answer
+equal to its answer alone.
 """
 
 from __future__ import annotations
@@ -29,6 +38,9 @@ import torch
 from specdec.backends.gguf import GGUFCausalLM, Piece, run_together
 
 WAIT_SECONDS = 0.01  # how long a piece waits for the other slots' before its pass runs without them
+# The default number of slots: the fewest sequences whose shared pass makes at least this share of
+# the most tokens per second any pass of up to the measured rows makes (see default_slots).
+SLOTS_SHARE = 0.9
 
 
 @dataclass
@@ -38,6 +50,34 @@ class _Call:
     done: threading.Event = field(default_factory=threading.Event)
     logits: torch.Tensor | None = None
     error: BaseException | None = None
+
+
+class Board:
+    """What each slot plans to put in the next shared pass: (rows, expected tokens), by slot.
+
+    A slot's planner posts its plan each step (:meth:`post`) and reads the sum of the other
+    slots' (:meth:`others`); a slot that leaves (:meth:`SharedPasses.member` ends) is taken off."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._plans: dict[int, tuple[int, float]] = {}
+
+    def post(self, rows: int, expected: float) -> None:
+        """This thread's slot will put ``rows`` rows in the next pass, expecting ``expected`` tokens from them."""
+        with self._lock:
+            self._plans[threading.get_ident()] = (rows, expected)
+
+    def others(self) -> tuple[int, float, int]:
+        """(rows, expected tokens, slots drafting) the other slots posted for the next pass; (0, 0.0, 0) alone."""
+        me = threading.get_ident()
+        with self._lock:
+            plans = [plan for slot, plan in self._plans.items() if slot != me]
+        return (sum(rows for rows, _ in plans), sum(expected for _, expected in plans),
+                sum(rows > 1 for rows, _ in plans))
+
+    def leave(self) -> None:
+        with self._lock:
+            self._plans.pop(threading.get_ident(), None)
 
 
 @dataclass
@@ -66,6 +106,7 @@ class SharedPasses:
         self.wait = wait
         self.observe = observe
         self.stats = PassStats()
+        self.board = Board()
         self._cond = threading.Condition()
         self._members = 0
         self._pending: list[_Call] = []
@@ -87,6 +128,7 @@ class SharedPasses:
         try:
             yield
         finally:
+            self.board.leave()
             with self._cond:
                 self._members -= 1
                 self._cond.notify_all()
@@ -148,6 +190,17 @@ class SharedPasses:
             for c, logits in zip(group, results):
                 c.logits = logits
                 c.done.set()
+
+
+def default_slots(curve: list[float], share: float = SLOTS_SHARE) -> int:
+    """How many sequences to decode at once, from a target's cost curve (``curve[n - 1]``: seconds
+    of a pass of n rows): n sequences of one row each make n / curve[n - 1] tokens per second, which
+    grows with n while rows are cheaper than passes; the fewest n within ``share`` of the best n of
+    the curve, so that slots are added only while they still pay (more slots keep more requests
+    waiting on each pass, and each holds a cache)."""
+    rates = [n / seconds for n, seconds in enumerate(curve, start=1)]
+    best = max(rates)
+    return next(n for n, rate in enumerate(rates, start=1) if rate >= share * best)
 
 
 def shares_passes(model: Any) -> bool:

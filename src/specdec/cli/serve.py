@@ -14,7 +14,9 @@ from specdec.cli.common import (
     CLIError, add_backend_option, add_model_options, check_threads, load_models_from, non_negative_float,
     non_negative_int, positive_int,
 )
+from specdec.backends.shared import default_slots
 from specdec.config import SAMPLERS
+from specdec.policies.costs import MAX_ROWS, row_costs
 from specdec.server.app import ServedModels, ServerOptions, create_app
 from specdec.server.guard import allowed_hosts, uvicorn_config
 from specdec.server.worker import ModelThread
@@ -51,11 +53,13 @@ def add_serve_parser(subparsers: Any) -> None:
                             "verification with the planner choosing each step's drafter (n-gram lookup or the draft "
                             "model) and draft length; ar with --draft none); a request may pick its own with "
                             "\"speculative\": {\"method\": ...}")
-    group.add_argument("--parallel", type=positive_int, default=1, metavar="N",
+    group.add_argument("--parallel", type=positive_int, default=None, metavar="N",
                        help="requests decoded at once, each in a slot of its own (its caches of the target and the "
                             "draft), their passes sharing each pass of the weights; every answer is the one the "
                             "request gets alone. Needs the GGUF kernel (--backend gguf, or auto where it runs the "
-                            "file); llama.cpp and torch serve one request at a time (default: 1)")
+                            "file); llama.cpp and torch serve one request at a time (default: on the GGUF kernel, "
+                            "from this machine's measured cost of a pass of n rows: the fewest slots that make 90%% "
+                            "of the most tokens per second, within the memory; else 1)")
     group.add_argument("--max-queue", type=non_negative_int, default=16, metavar="N",
                        help="requests that may wait while --parallel generate; more get 429 (default: 16)")
     group.add_argument("--request-timeout", type=_seconds, default=600.0, metavar="S",
@@ -166,12 +170,14 @@ def run_serve(args: argparse.Namespace) -> int:
                             allowed_hosts=allowed_hosts(args.host, args.allowed_hosts),
                             max_body_bytes=args.max_body_bytes, read_timeout=args.read_timeout,
                             prompt_cache=args.prompt_cache, prompt_cache_bytes=args.prompt_cache_mib << 20,
-                            seeded_sampler=args.seeded_sampler, datastore=store, parallel=args.parallel)
-    check_slots_fit(models, args.parallel)
+                            seeded_sampler=args.seeded_sampler, datastore=store,
+                            parallel=args.parallel or thread.call(choose_slots, models))
+    if args.parallel is not None:
+        check_slots_fit(models, options.parallel)
     try:
         app = create_app(models, options, thread)
     except ValueError as err:
-        raise CLIError(f"--parallel {args.parallel}: {err}", "add --backend gguf, or serve with --parallel 1",
+        raise CLIError(f"--parallel {options.parallel}: {err}", "add --backend gguf, or serve with --parallel 1",
                        code=2) from None
     thread.call(_warm_up, app.state.specdec, method)
     print(f"specdec: serving {args.target} ({method}) on http://{_url_host(args.host)}:{args.port}/ "
@@ -181,12 +187,42 @@ def run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def choose_slots(models: Any) -> int:
+    """--parallel's default: on the GGUF kernel, :func:`~specdec.backends.shared.default_slots` of the
+    target's measured cost curve (measured once per machine and cached), as many as fit in memory; 1 elsewhere."""
+    if not hasattr(models.target, "cache_bytes"):
+        return 1
+    curve, source = row_costs(models.target, MAX_ROWS)
+    slots = default_slots(curve)
+    fits = slots_that_fit(models)
+    if fits is not None:
+        slots = max(1, min(slots, fits))
+    rates = [n / seconds * curve[0] for n, seconds in enumerate(curve, start=1)]
+    print(f"specdec: --parallel {slots}: {slots} sequences in a pass make {rates[slots - 1]:.2f}x the tokens per "
+          f"second of one ({len(curve)}: {rates[-1]:.2f}x; from the target's row costs, {source})", file=sys.stderr, flush=True)
+    check_slots_fit(models, slots)
+    return slots
+
+
+def slots_that_fit(models: Any) -> int | None:
+    """How many slots' caches fit in the memory available now (None where that is not known)."""
+    available = available_memory()
+    if available is None:
+        return None
+    return max(1, available // _slot_bytes(models))
+
+
+def _slot_bytes(models: Any) -> int:
+    """What one slot's caches of the target and the draft take at a full context."""
+    return models.target.cache_bytes + (models.draft.cache_bytes if hasattr(models.draft, "cache_bytes") else 0)
+
+
 def check_slots_fit(models: Any, parallel: int) -> None:
     """Say what a slot's caches take, and refuse a --parallel whose caches do not fit in the memory
     available now (the caches' pages are taken as they fill: a slot reaches this at a full context)."""
     if parallel == 1 or not hasattr(models.target, "cache_bytes"):
         return
-    per_slot = models.target.cache_bytes + (models.draft.cache_bytes if hasattr(models.draft, "cache_bytes") else 0)
+    per_slot = _slot_bytes(models)
     available = available_memory()
     print(f"specdec: {parallel} slots, each with {per_slot / 2**20:.0f} MiB of KV cache at a full context",
           file=sys.stderr, flush=True)

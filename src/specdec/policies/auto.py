@@ -54,16 +54,17 @@ class _Source:
 # The policy
 
 
-def best_length(alphas: Sequence[float], times: Sequence[float]) -> tuple[int, float, float]:
-    """(k, E(k), E(k) / times[k]) for the k in 0..len(times) - 1 with the most expected tokens per
-    second (ties to the shorter). alphas[j]: the chance draft token j is accepted given the ones
-    before it were; times[k]: the seconds of a step that drafts k tokens."""
-    best = (0, 1.0, 1.0 / times[0])
+def best_length(alphas: Sequence[float], times: Sequence[float], others: float = 0.0) -> tuple[int, float, float]:
+    """(k, E(k), (others + E(k)) / times[k]) for the k in 0..len(times) - 1 with the most expected
+    tokens per second (ties to the shorter). alphas[j]: the chance draft token j is accepted given
+    the ones before it were; times[k]: the seconds of a step that drafts k tokens; ``others``: the
+    tokens other sequences expect from the same pass (a shared pass: the rate weighed is the pass's)."""
+    best = (0, 1.0, (others + 1.0) / times[0])
     expected, reach = 1.0, 1.0
     for k in range(1, len(times)):
         reach *= alphas[k - 1]
         expected += reach
-        rate = expected / times[k]
+        rate = (others + expected) / times[k]
         if rate > best[2] * (1.0 + 1e-12):
             best = (k, expected, rate)
     return best
@@ -163,6 +164,12 @@ class AutoPolicy(DraftLengthPolicy):
         self._planned: dict[int, int] = {}
         self._drafted_hist: dict[int, int] = {}
         self._reasons: dict[int, str] = {}
+        # A slot of shared passes (specdec.backends.shared): the board its plans go on, and what the
+        # other slots posted for this step's pass (rows, expected tokens, slots drafting).
+        self._board: Any = None
+        self._others: tuple[int, float, int] = (0, 0.0, 0)
+        self._shared_steps = 0
+        self._shared_rows = 0
 
     @property
     def acceptance(self) -> AcceptanceEstimates:
@@ -176,6 +183,7 @@ class AutoPolicy(DraftLengthPolicy):
         :class:`~specdec.drafters.choice.ChoiceDrafter`) makes the planner choose the source as
         well as the length each step, each source with its own costs and estimates."""
         costs = drafter.costs()
+        self._board = getattr(getattr(target, "passes", None), "board", None)
         injected = self.costs is not None
         if not injected:
             curve, source = row_costs(target, MAX_ROWS, cache_dir=self.cache_dir)
@@ -225,9 +233,15 @@ class AutoPolicy(DraftLengthPolicy):
         return 1.0
 
     def step_times(self) -> list[float]:
-        """T(k) for k = 0..k_max: k drafted tokens and a verify pass of k + 1 rows, in seconds."""
+        """T(k) for k = 0..k_max: k drafted tokens and a verify pass of k + 1 rows, in seconds; in a
+        shared pass, the pass with the other slots' rows, and a draft token at its marginal cost in
+        a draft pass the other drafting slots share (docs/theory.md, "The planner's model of a step")."""
         costs, d, s = self._ensure_costs(), self.draft_cost, self.scale
-        return [k * d + s * costs.target_cost(k + 1) for k in range(self.k_max + 1)]
+        rows, _, drafting = self._others
+        draft_rows = self._sources[self._current].rows
+        if drafting and draft_rows is not None:
+            d = draft_rows.target_cost(drafting + 1) - draft_rows.target_cost(drafting)
+        return [k * d + s * costs.target_cost(rows + k + 1) for k in range(self.k_max + 1)]
 
     def catch_up(self) -> float:
         """Seconds the current source needs before its first draft token: a draft model feeding
@@ -268,6 +282,7 @@ class AutoPolicy(DraftLengthPolicy):
 
     def next_k(self) -> int:
         self._foreseen = None
+        self._others = self._board.others() if self._board is not None else (0, 0.0, 0)
         if self._choosing:  # the source is not known yet: choose() plans once it is
             self._reach, self._drafted_now, self._cap = 1.0, 0, 0
             return self.k_max
@@ -282,7 +297,7 @@ class AutoPolicy(DraftLengthPolicy):
         for name, sure in available.items():
             self._current = name
             alphas = self._alphas(sure)
-            rate = best_length(alphas, self._charged(self.step_times(), alphas))[2]
+            rate = best_length(alphas, self._charged(self.step_times(), alphas), self._others[1])[2]
             if rate > best_rate * (1.0 + 1e-12):
                 best, best_rate = name, rate
         self._current, self._foreseen = best, available[best]
@@ -306,26 +321,31 @@ class AutoPolicy(DraftLengthPolicy):
         self._reach, self._drafted_now = 1.0, 0
         alphas, plain = self._alphas(self._foreseen), self.step_times()
         self._times = times = self._charged(plain, alphas)
-        k, expected, rate = best_length(alphas, times)
-        could = best_length([0.999] * self.k_max, plain)[0]  # a draft accepted in full, caught up
+        others = self._others[1]
+        k, expected, rate = best_length(alphas, times, others)
+        could = best_length([0.999] * self.k_max, plain, others)[0]  # a draft accepted in full, caught up
         probe = plain[1] - plain[0] + self.catch_up()  # a probe's cost beyond a plain step
         if k == 0 and could > 0 and self._exploring():
-            self._cap, self._rate = min(could, EXPLORE_LENGTH), 1.0 / times[0]
+            self._cap, self._rate = min(could, EXPLORE_LENGTH), (others + 1.0) / times[0]
             self._probes += 1
             self._reasons[0] = self._named(f"exploring: drafting up to {self._cap} tokens to learn how often they are accepted")
         elif k == 0 and could > 0 and self._plain_time * PROBE_SHARE >= probe:
-            self._cap, self._rate = 1, 1.0 / times[0]  # one token at the plain rate: never more
+            self._cap, self._rate = 1, (others + 1.0) / times[0]  # one token at the plain rate: never more
             self._probes += 1
         elif k == 0:
             self._cap = 0
             self._reasons[0] = self._named(self._why_not(could == 0, alphas[0]))
         else:  # the cap; where every token's confidence is foreseen, the planned length itself
             top = k if self._foreseen is not None else best_length([self.acceptance.top_chance()] * self.k_max,
-                                                                  times)[0]
+                                                                  times, others)[0]
             self._cap, self._rate = max(k, top), rate
             self._reasons[k] = self._named(self._why(k, expected, alphas[0]))
         self._plain_time = self._plain_time + times[0] if self._cap == 0 else 0.0
         self._planned[k] = self._planned.get(k, 0) + 1
+        if self._board is not None:
+            self._board.post(k + 1, expected)
+            self._shared_steps += self._others[0] > 0
+            self._shared_rows += self._others[0]
         return self._cap
 
     def _exploring(self) -> bool:
@@ -385,7 +405,8 @@ class AutoPolicy(DraftLengthPolicy):
                 self._draft_seconds = d * self._draft_seconds + step.draft_seconds
                 self._drafted = d * self._drafted + step.drafted
             self._verify_seconds = d * self._verify_seconds + step.verify_seconds
-            self._verify_predicted = d * self._verify_predicted + self._ensure_costs().target_cost(step.drafted + 1)
+            predicted = self._ensure_costs().target_cost(self._others[0] + step.drafted + 1)
+            self._verify_predicted = d * self._verify_predicted + predicted
         self._last_drafted = step.drafted
 
     def describe(self) -> dict:
@@ -417,6 +438,9 @@ class AutoPolicy(DraftLengthPolicy):
             "reason": self._reasons.get(common, "no step planned yet"),
             "probes": self._probes,
             "steps": self._steps,
+            **({"shared_pass": {"steps_with_others": self._shared_steps,
+                                "other_rows_per_step": round(self._shared_rows / max(self._steps, 1), 3)}}
+               if self._board is not None else {}),
         }
 
 
