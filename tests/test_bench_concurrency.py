@@ -223,9 +223,12 @@ def test_servers_start_with_n_slots_and_llama_server_with_n_times_the_context(mo
     monkeypatch.setattr(servers, "llama_server_binary", lambda: tmp_path / "llama-server")
     run = servers.Servers(tmp_path / "t.gguf", None, ["--target", "t", "--draft", "d"], n_threads=2, n_ctx=4096)
     key = f"specdec:gguf:{parse_method('spec', 'gguf').config}"
-    assert "--parallel" not in run._argv(key)  # one slot: as before
+    assert "--parallel" not in run._argv(key)  # not set: specdec serve's default slots
     one = run._argv("llama-server")
     assert one[one.index("-np") + 1] == "1" and one[one.index("-c") + 1] == "4096"
+    run.parallel = 1
+    argv = run._argv(key)
+    assert argv[argv.index("--parallel") + 1] == "1"  # one client's run: one slot, said
     run.parallel = 4
     argv = run._argv(key)
     assert argv[argv.index("--parallel") + 1] == "4"
@@ -305,8 +308,7 @@ def test_a_concurrency_run_on_smollm2(tmp_path, capsys):
     for run in data["runs"]:
         n = run["concurrency"]
         flag = "--parallel" if run["method"] == spec else "-np"
-        slots = run["argv"][run["argv"].index(flag) + 1] if flag in run["argv"] else "1"
-        assert slots == str(n)
+        assert run["argv"][run["argv"].index(flag) + 1] == str(n)
         assert run["requests"] == 2 and run["tokens"] == 16  # EOS ignored: every answer 8 tokens
         assert run["tokens_per_second"] == run["tokens"] / run["wall_seconds"]
         assert 0 < run["first_token_seconds"]["p50"] <= run["request_seconds"]["p50"]

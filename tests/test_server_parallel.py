@@ -126,7 +126,8 @@ def test_only_the_gguf_kernel_serves_several_requests_at_once():
 def test_the_default_slots_are_the_fewest_within_a_tenth_of_the_best_pass():
     # n sequences of one row make n / curve[n - 1] tokens per second
     assert default_slots([float(n) for n in range(1, 17)]) == 1  # a row costs a pass: one slot
-    assert default_slots([1.0] * 16) == 15  # rows free: 15 of 16 is within a tenth
+    assert default_slots([1.0] * 16) == 8  # rows free: 15 of 16 is within a tenth, but at most 8
+    assert default_slots([1.0] * 16, most=16) == 15
     curve = [1, 1.25, 1.6, 2.0, 2.4, 2.8, 3.2, 3.5, 3.9, 4.3, 4.7, 5.1, 5.5, 5.9, 6.3, 6.6]
     # rates 1, 1.6, 1.875, 2.0, 2.083, 2.143, 2.1875, ...; the best 16 / 6.6 = 2.424, 0.9 x = 2.18
     assert default_slots(curve) == 7

@@ -168,7 +168,9 @@ def generate_many(
     if not (isinstance(target, GGUFCausalLM) and (draft is None or isinstance(draft, GGUFCausalLM))):
         return [generate(target, p, draft=draft, tokenizer=tokenizer, config=c, constraints=k, logprobs=logprobs,
                          **overrides) for p, c, k in zip(prompts, configs, constraints)]
-    shared = SharedPasses()
+    # The passes run on this thread: the one thread that calls the kernel, as when decoding alone
+    # (a second thread calling it would start a second OpenMP team; see torch_on_one_thread).
+    shared = SharedPasses(own_thread=False)
     results: list[GenerationResult | BaseException | None] = [None] * len(prompts)
 
     def one(i: int) -> None:
@@ -183,13 +185,16 @@ def generate_many(
                 results[i] = err
 
     threads = [threading.Thread(target=one, args=(i,), name=f"specdec-slot-{i}") for i in range(len(prompts))]
-    try:
-        for thread in threads:
-            thread.start()
+
+    def close_when_done() -> None:
         for thread in threads:
             thread.join()
-    finally:
         shared.close()
+
+    for thread in threads:
+        thread.start()
+    threading.Thread(target=close_when_done, name="specdec-slots-done", daemon=True).start()
+    shared.serve()  # until every slot is done
     for result in results:
         if isinstance(result, BaseException):
             raise result

@@ -160,7 +160,8 @@ class Servers:
     torch (a GGUF backend refuses them). n_threads: both servers' threads (None: each server's
     default). n_ctx: the context both allocate, for each request. parallel: the requests each server
     decodes at once (``specdec serve --parallel N``, ``llama-server -np N`` with N times the context,
-    which it divides among its slots); a server started after it changes has the new value.
+    which it divides among its slots; None: specdec serve's default, llama-server's one slot); a
+    server started after it changes has the new value.
     """
 
     target_gguf: Path | None
@@ -169,7 +170,7 @@ class Servers:
     n_threads: int | None = None
     n_ctx: int = 4096
     torch_argv: list[str] = field(default_factory=list)
-    parallel: int = 1  # requests each server decodes at once: specdec serve's --parallel, llama-server's -np
+    parallel: int | None = None  # requests each server decodes at once: specdec serve's --parallel, llama-server's -np (None: each server's default, llama-server given one slot)
     running: dict[str, ServerProcess] = field(default_factory=dict)
     # A new connection per request: llama-server may close a kept-alive one just as it is reused.
     client: httpx.Client = field(default_factory=lambda: httpx.Client(
@@ -197,7 +198,7 @@ class Servers:
             return [sys.executable, "-m", "specdec", "serve", *argv, "--backend", backend, "--method", method,
                     "--port", "{port}", "--log-level", "warning", "--max-tokens", str(self.n_ctx),
                     *(["--threads", *threads] if threads else []),
-                    *(["--parallel", str(self.parallel)] if self.parallel > 1 else [])]
+                    *(["--parallel", str(self.parallel)] if self.parallel is not None else [])]
         if self.target_gguf is None:
             raise ValueError(f"{key} runs the target's GGUF; give a pack or a .gguf file as the target")
         flags = list(PEERS[key].server_flags)
@@ -206,7 +207,7 @@ class Servers:
                 raise ValueError(f"{key} needs the draft's GGUF; give a draft pack or .gguf file (--draft)")
             flags = [str(self.draft_gguf) if f == "{draft}" else f for f in flags]
         return [str(llama_server_binary()), "-m", str(self.target_gguf), *flags, "--host", "127.0.0.1",
-                "--port", "{port}", "-c", str(self.n_ctx * self.parallel), "-np", str(self.parallel), "--no-webui",
+                "--port", "{port}", "-c", str(self.n_ctx * (self.parallel or 1)), "-np", str(self.parallel or 1), "--no-webui",
                 *(["-t", *threads, "-tb", *threads] if threads else [])]
 
     def complete(self, key: str, body: dict[str, Any], path: str = "/v1/completions",

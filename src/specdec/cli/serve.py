@@ -59,7 +59,7 @@ def add_serve_parser(subparsers: Any) -> None:
                             "request gets alone. Needs the GGUF kernel (--backend gguf, or auto where it runs the "
                             "file); llama.cpp and torch serve one request at a time (default: on the GGUF kernel, "
                             "from this machine's measured cost of a pass of n rows: the fewest slots that make 90%% "
-                            "of the most tokens per second, within the memory; else 1)")
+                            "of the most tokens per second, at most 8 and within the memory; else 1)")
     group.add_argument("--max-queue", type=non_negative_int, default=16, metavar="N",
                        help="requests that may wait while --parallel generate; more get 429 (default: 16)")
     group.add_argument("--request-timeout", type=_seconds, default=600.0, metavar="S",
