@@ -23,6 +23,7 @@ import random
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -41,7 +42,7 @@ def start(name: str, extra: list[str], args: argparse.Namespace) -> tuple[subpro
     argv = [sys.executable, "-m", "specdec", "serve", "--target", args.target, "--draft", args.draft,
             "--backend", "gguf", "--threads", str(args.threads), "--port", str(port), "--log-level", "warning",
             *extra]
-    log = open(Path(args.out).with_suffix(f".{name}.log"), "w")
+    log = open(Path(tempfile.gettempdir()) / f"one-client-slots.{name}.log", "w")  # the server's own lines
     process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 600

@@ -144,7 +144,7 @@ def test_serve_chooses_its_slots_from_the_cost_curve_and_the_memory(monkeypatch,
     served = ServedModels(Kernel(), tiny_tokenizer(), Kernel(), name="kernel")
     monkeypatch.setattr(cli_serve, "available_memory", lambda: 10 << 30)
     assert cli_serve.choose_slots(served) == 7
-    assert "--parallel 7: 7 sequences in a pass make 2.19x" in capsys.readouterr().err
+    assert "--parallel 7: 7 sequences in a pass make 2.19x the tokens per second of one (a pass of 16: 2.42x" in capsys.readouterr().err
     monkeypatch.setattr(cli_serve, "available_memory", lambda: 650 << 20)  # three slots of 200 MiB
     assert cli_serve.choose_slots(served) == 3
     target, draft = tiny_pair()  # not the kernel: one request at a time

@@ -199,7 +199,7 @@ def choose_slots(models: Any) -> int:
         slots = max(1, min(slots, fits))
     rates = [n / seconds * curve[0] for n, seconds in enumerate(curve, start=1)]
     print(f"specdec: --parallel {slots}: {slots} sequences in a pass make {rates[slots - 1]:.2f}x the tokens per "
-          f"second of one ({len(curve)}: {rates[-1]:.2f}x; from the target's row costs, {source})", file=sys.stderr, flush=True)
+          f"second of one (a pass of {len(curve)}: {rates[-1]:.2f}x; from the target's row costs, {source})", file=sys.stderr, flush=True)
     check_slots_fit(models, slots)
     return slots
 
