@@ -617,6 +617,31 @@ class LogitProcessor:
         return keep
 
 
+class Unprocessed:
+    """The processor of a generation without constraints or log-probabilities: the target's logits
+    as they are, no forced tokens, nothing screened, never finished. It keeps no state, so one
+    instance, :data:`UNPROCESSED`, serves every such generation."""
+
+    vocabulary = None
+    top_logprobs = None
+    finished = False
+
+    def forced(self, room: int) -> list[int]:
+        return []
+
+    def screen(self, draft: Any, sampling: "SamplingConfig") -> Any:
+        return draft
+
+    def apply(self, logits: torch.Tensor, context: Sequence[int], draft: Any = None) -> torch.Tensor:
+        return logits
+
+    def advance(self, tokens: Sequence[int]) -> int:
+        return len(tokens)
+
+
+UNPROCESSED = Unprocessed()
+
+
 def subtree(tree: Any, nodes: Sequence[int]) -> Any:
     """The token tree of ``nodes`` (ascending, each node's parent among them), re-indexed, with its
     draft laws where the tree has them."""
