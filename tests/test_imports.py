@@ -24,7 +24,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "library API": ("__init__", "api", "config", "build", "models", "packs", "prompts", "layer_skip_search",
                     "divergence"),
     "decoding": ("engine", "stats", "verify", "drafters", "policies", "theory", "sequoia", "token_tree", "sampling",
-                 "constraints", "datastore"),
+                 "constraints", "datastore", "options"),
     "backends": ("backends", "kernels", "memory"),
     "measurements": ("measurements", "paths"),
 }

@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
-from specdec import models, packs
+from specdec import drafters, models, packs
 from specdec.cli import common
 from specdec.backends import llamacpp as llamacpp_backend
 from specdec.backends import table as backend_table
@@ -119,7 +119,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"e.g. humaneval:8,my.jsonl:4 (default: {DEFAULT_PROMPTS})")
     parser.add_argument("--methods", default=DEFAULT_METHODS,
                         help="comma-separated: ar, spec:[<drafter>:]<verifier>[:k=N][:policy=P][:option=V...] "
-                             "(drafters: model, ngram, early-exit, layer-skip), spec:tree[:budget=N], hf-assisted[:k=N], "
+                             f"(drafters: {', '.join(drafters.names())}), spec:tree[:budget=N], hf-assisted[:k=N], "
                              "hf-prompt-lookup[:k=N], hf-ar, llamacpp-ar, and llama.cpp's own server: llama-server, "
                              "llama-server-md, llama-server-spec-default (they need a llama-server binary: see "
                              "Servers below); ar and spec take backend=torch|llamacpp|gguf, and via=serve to run through "

@@ -1,7 +1,7 @@
 """The command line's shared option table and helpers, for every entry point under :mod:`specdec.cli`.
 
 The option groups (:func:`add_model_options`, :func:`add_backend_option`,
-:func:`add_decoding_options`, the decoding options built from :data:`specdec.config.OPTIONS`), the
+:func:`add_decoding_options`, the decoding options built from :func:`specdec.config.options`), the
 number types argparse checks values with, :func:`decode_config` (the options to a
 :class:`~specdec.config.DecodeConfig`), :func:`load_models` (names to a loaded
 :class:`~specdec.models.Pair`, with notes on what loads) and the way a command reports: a problem
@@ -25,10 +25,9 @@ from typing import Any, Callable, Collection, Iterator
 from specdec import models, packs
 from specdec.backends import gguf, llamacpp
 from specdec.backends import table as backend_table
-from specdec.config import (
-    GROUP_FIELD, NAME_ONLY, OPTIONS, ConfigError, DecodeConfig, NothingToVerify, Option, option,
-)
+from specdec.config import GROUP_FIELD, NAME_ONLY, ConfigError, DecodeConfig, NothingToVerify, option, options
 from specdec.constraints import ConstraintError, Constraints, check_logprobs
+from specdec.options import Option
 
 
 class CLIError(Exception):
@@ -132,10 +131,10 @@ def add_backend_option(parser: argparse.ArgumentParser) -> None:
 
 
 def add_decoding_options(parser: argparse.ArgumentParser) -> None:
-    """The decoding options, one per row of :data:`specdec.config.OPTIONS` (--draft-weights is
+    """The decoding options, one per row of :func:`specdec.config.options` (--draft-weights is
     among the model options). A method option left out is None, so the config's default applies."""
     group = parser.add_argument_group("decoding")
-    for opt in OPTIONS:
+    for opt in options():
         if opt.flag is None or opt.name == "draft_weights":
             continue
         kwargs: dict[str, Any] = dict(dest=opt.dest, help=opt.help,
@@ -236,7 +235,7 @@ def decode_config(args: argparse.Namespace) -> DecodeConfig:
     """The :class:`~specdec.config.DecodeConfig` the decoding options describe, its default drafter
     named for --draft; checked here, before any model loads."""
     values: dict[str, Any] = {"stop": args.stop}
-    for opt in OPTIONS:
+    for opt in options():
         value = getattr(args, opt.dest, None) if opt.dest else None
         if value is None:
             continue

@@ -43,6 +43,7 @@ import torch
 from specdec.backends.base import CausalLM
 from specdec.drafters.base import Drafter, KeepGoing
 from specdec.drafters.registry import DrafterSpec
+from specdec.options import Option, integer_from, positive
 from specdec.sampling import SamplingConfig
 from specdec.token_tree import TokenTree, forward_tree
 
@@ -262,5 +263,18 @@ def _tree(drafter: LookaheadDrafter, tree: Mapping[str, Any] | None) -> tuple[Lo
     return drafter, f"window={drafter.window}:ngram={drafter.ngram}:candidates={drafter.candidates}"
 
 
-SPEC = DrafterSpec(name="lookahead", create=_create, options=("window", "ngram", "candidates"), trees="only",
-                   tree=_tree, cls=LookaheadDrafter)
+OPTIONS = (
+    Option("drafter", "window", positive, "a positive integer", None,
+           "--drafter lookahead: W, the guessed tokens of the Jacobi window (default: from measured costs)",
+           "--lookahead-window"),
+    Option("drafter", "ngram", integer_from(2), "an integer >= 2", None,
+           "--drafter lookahead: n, the length of the n-grams pooled and verified (default: 4)",
+           "--lookahead-ngram"),
+    Option("drafter", "candidates", integer_from(0), "an integer >= 0", None,
+           "--drafter lookahead: G, the pooled n-grams verified per step (default: from measured costs)",
+           "--lookahead-candidates"),
+)
+
+# Its trees are its own, shaped by its options alone: it takes no tree option.
+SPEC = DrafterSpec(name="lookahead", create=_create, options=OPTIONS, trees="only", tree=_tree, cls=LookaheadDrafter,
+                   tree_keys=())
