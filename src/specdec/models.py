@@ -22,6 +22,8 @@ from specdec import kernels as fast
 from specdec import packs
 from specdec.backends import llamacpp  # imports the optional llama-cpp-python binding only when a model loads
 from specdec.backends import table as backend_table
+from specdec.backends.choice import choose_gguf_backend
+from specdec.backends.gguf import LLAMACPP_HINT, KernelUnavailable, load_gguf_native
 from specdec.packs import DEFAULT_DRAFT, DEFAULT_TARGET, PACKS, ModelPackError  # re-exported
 from specdec.paths import CACHE_ENV, cache_root
 
@@ -239,8 +241,6 @@ def backend_choice(name_or_path: str, backend: str, *, cache_dir: str | Path | N
         return {"backend": backend, "why": "asked for" + (f"; {caveat}" if caveat else ""), "source": "asked for"}
     if not is_gguf:
         return {"backend": "torch", "why": "not a GGUF file: transformers runs it", "source": "rule"}
-    from specdec.backends.choice import choose_gguf_backend
-
     choice = choose_gguf_backend(gguf_path(name_or_path, cache_dir))
     if choice["backend"] is None:
         return {**choice, "backend": "torch", "why": f"torch: {choice['why']}"}
@@ -278,8 +278,6 @@ def _load_gguf(name_or_path: str, cache_dir: str | Path | None, progress: bool, 
     gguf = gguf_path(name_or_path, cache_dir, progress=progress)
     eos = (pack.eos_token_ids or None) if pack else None
     if backend == "gguf":
-        from specdec.backends.gguf import LLAMACPP_HINT, KernelUnavailable, load_gguf_native
-
         try:
             model = load_gguf_native(gguf, n_threads=n_threads, eos_token_ids=eos)
         except ValueError as err:  # a file or a model this kernel does not run

@@ -8,6 +8,7 @@ import platform
 import subprocess
 import sys
 from datetime import datetime, timezone
+from importlib import metadata
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -81,8 +82,6 @@ def model_info(model: Any, name: str | None) -> dict[str, Any] | None:
 
 def _version(distribution: str) -> str | None:
     """An installed distribution's version, None if it is not installed."""
-    from importlib import metadata
-
     try:
         return metadata.version(distribution)
     except metadata.PackageNotFoundError:

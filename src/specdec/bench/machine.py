@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from specdec import kernels
+from specdec.backends import choice, gguf, llamacpp
 from specdec.measurements import cpu_features, machine
 
 READ_MIB = 1024  # the buffer read: far larger than any CPU's last-level cache
@@ -53,8 +54,6 @@ def machine_record(threads: int, target: str | Path | None, *, why_no_target: st
 
 def gguf_kernel_path() -> str:
     """The path specdec's GGUF kernel runs here (:data:`specdec.backends.gguf.PATHS`), or why it has none."""
-    from specdec.backends import gguf  # the kernel's library is built on first use: only where a record is made
-
     try:
         return gguf.kernel_path()
     except gguf.KernelUnavailable as err:
@@ -105,8 +104,6 @@ def one_row_steps(path: str | Path, threads: int) -> dict[str, Any]:
 
 def _load_backends(path: Path, threads: int) -> tuple[dict[str, Any], dict[str, str]]:
     """The backends of :data:`BACKENDS` that run ``path`` here, loaded, and why each other does not."""
-    from specdec.backends import choice, gguf, llamacpp
-
     models: dict[str, Any] = {}
     skipped: dict[str, str] = {}
     refusal = choice.kernel_refusal(path)

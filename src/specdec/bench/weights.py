@@ -3,6 +3,7 @@ architecture and file type as llama.cpp names them, read from the file's header 
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -51,8 +52,6 @@ _GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 
 def _gguf_metadata(path: Path, keys: Sequence[str]) -> dict[str, Any]:
     """The scalar and string values of ``keys`` in a GGUF file's header (v2 or later), read until
     all are found: a few kilobytes, where the ``gguf`` package's reader maps every tensor."""
-    import struct
-
     wanted, found = set(keys), {}
     with open(path, "rb") as f:
         def read(fmt: str) -> Any:

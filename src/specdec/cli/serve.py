@@ -15,8 +15,10 @@ from specdec.cli.common import (
     non_negative_int, positive_int,
 )
 from specdec.backends.shared import default_slots
+from specdec import datastore
 from specdec.config import SAMPLERS
-from specdec.policies.costs import MAX_ROWS, row_costs
+from specdec.constraints import ConstraintError, Constraints
+from specdec.costs import MAX_ROWS, row_costs
 from specdec.server.app import ServedModels, ServerOptions, create_app
 from specdec.server.guard import allowed_hosts, uvicorn_config
 from specdec.server.worker import ModelThread
@@ -247,8 +249,6 @@ def available_memory() -> int | None:
 def served_datastore(args: argparse.Namespace) -> Any:
     """The datastore the server searches and feeds (``--datastore``, bounded by
     ``--datastore-max-tokens``), made the process's default (:func:`specdec.datastore.use_default`)."""
-    from specdec import datastore
-
     try:
         store = datastore.open_store(args.datastore) if args.datastore else datastore.Datastore()
     except ValueError as err:
@@ -270,8 +270,6 @@ def _warm_up(state: Any, method: Any) -> None:
     kwargs = method_kwargs(method, draft, models.draft_weights)
     specdec.generate(target, prompt, max_new_tokens=2, **kwargs)
     if importlib.util.find_spec("llguidance") is not None:
-        from specdec.constraints import ConstraintError, Constraints
-
         try:
             specdec.generate(target, prompt, tokenizer=models.tokenizer, max_new_tokens=1,
                              constraints=Constraints(json_schema={"type": "object"}), **kwargs)

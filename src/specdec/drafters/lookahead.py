@@ -25,7 +25,7 @@ not move. Verification is the tree verifier's (the tree depends only on earlier 
 this step's draws, so it is exact under every sampling setting and under the Gumbel-max sampler).
 
 W, n and G are options (``window=``, ``ngram=``, ``candidates=``). Left out, they come from the
-target's measured row-cost curve (:func:`~specdec.policies.costs.row_costs`): the largest tree whose
+target's measured row-cost curve (:func:`~specdec.costs.row_costs`): the largest tree whose
 pass costs at most :data:`ROW_SLACK` more than a two-row pass (the rows past the fixed cost of
 verifying anything that come nearly free), split between the window and the candidates; and the
 drafter stops drafting (plain steps, with a probe every :data:`BACKOFF` steps) while the tokens
@@ -41,6 +41,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from specdec.backends.base import CausalLM
+from specdec.costs import MAX_ROWS, row_costs
 from specdec.drafters.base import Drafter, KeepGoing
 from specdec.drafters.registry import DrafterSpec
 from specdec.options import Option, integer_from, positive
@@ -50,7 +51,6 @@ from specdec.token_tree import TokenTree, forward_tree
 DEFAULT_WINDOW = 5
 DEFAULT_NGRAM = 4
 DEFAULT_CANDIDATES = 3
-MAX_ROWS = 16  # the largest pass the planner's cost curve measures
 ROW_SLACK = 0.25  # left to choose: the largest tree whose pass costs at most 1.25 two-row passes
 BACKOFF = 16  # while lookahead does not pay: plain steps between probes
 DECAY = 0.8  # of the running tokens-per-step estimate
@@ -223,8 +223,6 @@ class LookaheadDrafter(Drafter):
 
     def _curve(self) -> list[float]:
         if self._costs is None:
-            from specdec.policies.costs import row_costs  # measured once per machine and cached
-
             self._costs = list(row_costs(self.target, MAX_ROWS)[0])
         return self._costs
 

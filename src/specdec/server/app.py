@@ -46,6 +46,7 @@ from specdec.backends.gguf import GGUFCausalLM
 from specdec.backends.shared import SharedPasses
 from specdec.datastore import MAX_MATCH
 from specdec.config import DecodeConfig
+from specdec.constraints import ConstraintError
 from specdec.server import errors, requests as rq
 from specdec.server.errors import APIError
 from specdec.server.guard import LOOPBACK_HOSTS, MAX_BODY_BYTES, READ_TIMEOUT_SECONDS, Guard
@@ -301,8 +302,6 @@ def _constraints(state: _State, body: Any) -> Any:
 
 
 def _check(asked: rq.ConstraintFields, state: _State) -> Any:
-    from specdec.constraints import ConstraintError
-
     try:
         constraints = asked.build()
         constraints.check(state.limits.vocab_size, state.models.tokenizer, sorted(state.eos))
