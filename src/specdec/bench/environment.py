@@ -15,6 +15,7 @@ from typing import Any
 
 from specdec import kernels
 from specdec.backends.lean import lean_unsupported
+from specdec.backends.table import GGUF, LLAMACPP
 from specdec.bench.weights import gguf_weights
 from specdec.measurements import machine
 
@@ -57,7 +58,7 @@ def llamacpp_info(models: Any) -> dict[str, Any]:
     layouts = {role: getattr(model, "prefill_choice", None)
                for role, model in (("target", models.target), ("draft", models.draft)) if model is not None}
     # specdec's GGUF kernel describes its weights otherwise: the file's header says it as llama.cpp does
-    target, draft = (None, None) if getattr(models, "backend", "llamacpp") == "gguf" else (models.target, models.draft)
+    target, draft = (None, None) if getattr(models, "backend", LLAMACPP) == GGUF else (models.target, models.draft)
     return {"target_gguf": str(models.target_path),
             "draft_gguf": str(models.draft_path) if models.draft_path else None,
             "target_weights": gguf_weights(models.target_path, target),

@@ -22,6 +22,7 @@ import numpy as np
 
 from specdec import kernels
 from specdec.backends import choice, gguf, llamacpp
+from specdec.backends.table import GGUF, LABELS, LLAMACPP
 from specdec.measurements import cpu_features, machine
 
 READ_MIB = 1024  # the buffer read: far larger than any CPU's last-level cache
@@ -30,7 +31,7 @@ READ_REPEATS = 3
 STEP_CONTEXT = 32  # tokens cached before the timed one-token steps
 STEP_REPEATS = 5  # timed steps per backend; the fastest counts (other work only adds time)
 STEP_CTX = 256  # the context the timed models are loaded with
-BACKENDS = {"gguf": "specdec's GGUF kernel", "llamacpp": "llama.cpp"}  # what the one-row step is timed on
+BACKENDS = {name: LABELS[name] for name in (GGUF, LLAMACPP)}  # what the one-row step is timed on, by label
 
 
 class ReadSpeedUnavailable(RuntimeError):

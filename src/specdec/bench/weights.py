@@ -7,6 +7,7 @@ import struct
 from pathlib import Path
 from typing import Any, Sequence
 
+from specdec.backends.table import GGUF, GGUF_NAMES, LABELS, LLAMACPP, TORCH
 from specdec.bench.methods import MethodSpec
 
 
@@ -99,12 +100,12 @@ def run_weights(methods: Sequence[MethodSpec], dtype: str | None, models: dict[s
     ran on llama.cpp (its peers and servers included), both when both ran."""
     backends = {m.backend for m in methods}
     parts = []
-    if "torch" in backends or not backends:
-        parts.append(f"{dtype} on torch" if backends & {"llamacpp", "gguf"} else str(dtype))
-    for backend, where in (("llamacpp", "via llama.cpp"), ("gguf", "on specdec's GGUF kernel")):
+    if TORCH in backends or not backends:
+        parts.append(f"{dtype} on torch" if backends & set(GGUF_NAMES) else str(dtype))
+    for backend, where in ((LLAMACPP, f"via {LABELS[LLAMACPP]}"), (GGUF, f"on {LABELS[GGUF]}")):
         if backend not in backends:
             continue
-        info = models.get(backend) or models.get("llamacpp") or {}  # servers on the kernel: the same files
+        info = models.get(backend) or models.get(LLAMACPP) or {}  # servers on the kernel: the same files
         target, draft = info.get("target_weights"), info.get("draft_weights")
         if target and draft and draft != target:
             parts.append(f"{target} GGUF (draft: {draft}) {where}")

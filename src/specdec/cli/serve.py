@@ -14,6 +14,7 @@ from specdec.cli.common import (
     CLIError, add_backend_option, add_model_options, check_threads, load_models_from, non_negative_float,
     non_negative_int, positive_int,
 )
+from specdec.backends import table as backend_table
 from specdec.backends.shared import default_slots
 from specdec import datastore
 from specdec.config import SAMPLERS
@@ -179,7 +180,8 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         app = create_app(models, options, thread)
     except ValueError as err:
-        raise CLIError(f"--parallel {options.parallel}: {err}", "add --backend gguf, or serve with --parallel 1",
+        sharing = " or ".join(b.name for b in backend_table.TABLE if b.shares_passes)
+        raise CLIError(f"--parallel {options.parallel}: {err}", f"add --backend {sharing}, or serve with --parallel 1",
                        code=2) from None
     thread.call(_warm_up, app.state.specdec, method)
     print(f"specdec: serving {args.target} ({method}) on http://{_url_host(args.host)}:{args.port}/ "

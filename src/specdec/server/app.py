@@ -44,6 +44,7 @@ import specdec
 from specdec.api import decode_text, eos_token_ids_of
 from specdec.backends.gguf import GGUFCausalLM
 from specdec.backends.shared import SharedPasses
+from specdec.backends.table import TORCH
 from specdec.datastore import MAX_MATCH
 from specdec.config import DecodeConfig
 from specdec.constraints import ConstraintError
@@ -75,7 +76,7 @@ class ServedModels:
     name: str = "specdec"
     draft_name: str | None = None
     draft_weights: str = "int8"
-    backend: str = "torch"  # where the target runs: a name of specdec.backends.table (what the answers say of it)
+    backend: str = TORCH  # where the target runs: a name of specdec.backends.table (what the answers say of it)
 
 
 @dataclass
