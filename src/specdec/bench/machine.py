@@ -110,18 +110,18 @@ def _load_backends(path: Path, threads: int) -> tuple[dict[str, Any], dict[str, 
     refusal = choice.kernel_refusal(path)
     try:
         if refusal is None:
-            models["gguf"] = gguf.load_gguf_native(path, n_threads=threads, n_ctx=STEP_CTX)
+            models[GGUF] = gguf.load_gguf_native(path, n_threads=threads, n_ctx=STEP_CTX)
         else:
-            skipped["gguf"] = refusal
+            skipped[GGUF] = refusal
     except (ValueError, RuntimeError) as err:
-        skipped["gguf"] = str(err)
+        skipped[GGUF] = str(err)
     try:
         if llamacpp.available():
-            models["llamacpp"] = llamacpp.LlamaCppCausalLM(llamacpp.GGUFWeights(path), n_threads=threads, n_ctx=STEP_CTX)
+            models[LLAMACPP] = llamacpp.LlamaCppCausalLM(llamacpp.GGUFWeights(path), n_threads=threads, n_ctx=STEP_CTX)
         else:
-            skipped["llamacpp"] = f"the llama.cpp binding is not installed ({llamacpp.INSTALL})"
+            skipped[LLAMACPP] = f"the llama.cpp binding is not installed ({llamacpp.INSTALL})"
     except (ValueError, RuntimeError) as err:
-        skipped["llamacpp"] = str(err)
+        skipped[LLAMACPP] = str(err)
     return models, skipped
 
 

@@ -291,7 +291,7 @@ def method_of_record(record: dict[str, Any]) -> MethodSpec:
     return parse_method(":".join(fields), default_backend=backend)
 
 
-def parse_methods(text: str, backends: Sequence[str] = ("torch",)) -> list[MethodSpec]:
+def parse_methods(text: str, backends: Sequence[str] = (TORCH,)) -> list[MethodSpec]:
     """A comma-separated list; duplicates are dropped. A method without ``backend=`` runs on each
     of ``backends`` in turn. ``ar`` comes first, once per backend the methods use (torch's at
     least when a method runs there or a transformers peer needs it)."""

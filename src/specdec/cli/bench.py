@@ -224,9 +224,9 @@ def _run_all(args: argparse.Namespace, command: str, env: dict[str, Any], out: P
         run = run_bench(pair, methods, prompts, s, backends, progress=not args.no_progress, done=store.load(prompts),
                         on_sample=lambda x, store=store: store.save(x, prompts[x.prompt]))
         if backends.llamacpp is not None:  # after the run: what its models were loaded with
-            info["llamacpp"] = report.llamacpp_info(backends.llamacpp)
+            info[LLAMACPP] = report.llamacpp_info(backends.llamacpp)
         if backends.gguf is not None:
-            info["gguf"] = report.llamacpp_info(backends.gguf)
+            info[GGUF] = report.llamacpp_info(backends.gguf)
         if backends.servers is not None:  # llama-server keeps earlier prompts in RAM: each temperature starts afresh
             backends.servers.stop()
         data = report.results(run, env | {"load_average_run": [before, _load_average()]}, info)
