@@ -37,7 +37,7 @@ from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import NGramDrafter
 from specdec.engine import autoregressive_steps
 from specdec.packs import Pack, Part
-from specdec.policies.costs import CostModel
+from specdec.costs import CostModel
 from specdec.sampling import SamplingConfig, logits_to_probs
 from specdec.verify.base import VerifyPlan
 from specdec.verify.tree import TreeVerifier

@@ -139,3 +139,18 @@ def test_generate_on_llamacpp_says_output_may_differ_from_plain_decoding(capsys)
     report = json.loads(out)
     assert report["backend"] == {"name": "llamacpp", "why": f"asked for; {CAVEAT}"}
     assert report["exact"] and report["token_identical"] is False
+
+
+def test_the_table_says_what_each_backend_runs():
+    """Each row's capabilities are its models' (torch: what the wrapper a drafter needs offers),
+    and only the kernel shares its passes between sequences."""
+    from specdec.backends.base import HIDDEN_STATES, LAYERS, TREES
+    from specdec.backends.hf_layers import HFLayeredCausalLM
+    from specdec.backends.table import GGUF, LLAMACPP, TABLE, TORCH
+
+    assert BY_NAME[GGUF].capabilities == native.GGUFCausalLM.capabilities
+    assert BY_NAME[LLAMACPP].capabilities == llamacpp.LlamaCppCausalLM.capabilities
+    assert BY_NAME[TORCH].capabilities == {TREES, HIDDEN_STATES} | HFLayeredCausalLM.capabilities == {
+        TREES, HIDDEN_STATES, LAYERS}
+    assert [b.name for b in TABLE if b.shares_passes] == [GGUF]
+    assert [b.name for b in TABLE if b.weights is None] == [TORCH]

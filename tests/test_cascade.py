@@ -17,7 +17,7 @@ from specdec.drafters.model import ModelDrafter
 from specdec.engine import autoregressive_steps, speculative_steps
 from specdec.policies import StaticK
 from specdec.policies.auto import AutoPolicy
-from specdec.policies.costs import CostModel
+from specdec.costs import CostModel
 from specdec.verify import make_verifier
 from helpers import CHEAP_ROWS
 from tiny import noisy_copy, tiny_llama

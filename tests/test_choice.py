@@ -25,7 +25,7 @@ from specdec.drafters import ChoiceDrafter, ModelDrafter
 from specdec.drafters.ngram import lookup_confidence
 from specdec.engine import speculative_steps
 from specdec.policies.auto import AutoPolicy, summary_line
-from specdec.policies.costs import CostModel
+from specdec.costs import CostModel
 from specdec.sampling import SamplingConfig, logits_to_probs
 from specdec.stats import Step
 from specdec.verify import make_verifier

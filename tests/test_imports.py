@@ -1,7 +1,14 @@
 """The package's import graph: no module imports itself through others, and no layer imports a
 higher one. Every ``import`` of a specdec module is an edge, read from the source: at module level,
 inside a function, and under ``TYPE_CHECKING`` (a type-only import is a dependency too: the reader
-of one module must read the other).
+of one module must read the other). Importing ``specdec.a.b`` runs ``specdec/a/__init__.py`` first,
+so it is an edge to the package ``specdec.a`` too (but for the importer's own packages, which are
+being imported already): a module-level import of one package's submodule that runs a package
+importing the first one back is a circle, whichever module Python meets first.
+
+Imports inside functions hide edges from a reader of the module's head: at most
+:data:`MAX_IMPORTS_IN_FUNCTIONS` of specdec's own modules, each with a comment saying why, and
+third-party modules only those :data:`LOADED_WHERE_NEEDED` names.
 
 :data:`LAYERS` places each module of the package in a layer of the drawing in
 docs/architecture.md, which it mirrors (:func:`test_the_table_is_the_drawing`)."""
@@ -24,9 +31,29 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "library API": ("__init__", "api", "config", "build", "models", "packs", "prompts", "layer_skip_search",
                     "divergence"),
     "decoding": ("engine", "stats", "verify", "drafters", "policies", "theory", "sequoia", "token_tree", "sampling",
-                 "constraints", "datastore"),
+                 "constraints", "datastore", "options", "costs"),
     "backends": ("backends", "kernels", "memory"),
     "measurements": ("measurements", "paths"),
+}
+
+
+# Imports of specdec's own modules that may stand inside a function body (each with a comment).
+MAX_IMPORTS_IN_FUNCTIONS = 5
+# Third-party modules imported inside functions, and why they are not imported with the module.
+LOADED_WHERE_NEEDED = {
+    "llama_cpp": "optional: only the llamacpp extra installs the binding",
+    "fcntl": "Unix only: elsewhere the lock is skipped",
+    "transformers": "seconds to import; GGUF files on the kernel or llama.cpp never need it",
+    "torch": "the command line's modules parse arguments and answer --help before it loads",
+    "numpy": "read by conversions only",
+    "gguf": "the gguf package's reader, for conversions and GGUF headers only",
+    "safetensors": "trained heads' files only",
+    "llguidance": "grammars only",
+    "tokenizers": "grammars only",
+    "matplotlib": "the benchmark's plots only",
+    "uvicorn": "the server only",
+    "rich": "terminal output only",
+    "tqdm": "progress bars only",
 }
 
 
@@ -56,8 +83,19 @@ def _edges(modules: dict[str, Path]) -> dict[str, set[str]]:
                     up = package.split(".")[: len(package.split(".")) - node.level + 1]
                     base = ".".join(up + ([base] if base else []))
                 names = [f"{base}.{a.name}" for a in node.names]
-            edges[module] |= {owner(n) for n in names if n.startswith("specdec")} - {"", module}
+            for name in names:
+                if name.startswith("specdec") and owner(name) not in ("", module):
+                    edges[module] |= _runs(owner(name), module, modules)
     return edges
+
+
+def _runs(imported: str, importer: str, modules: dict[str, Path]) -> set[str]:
+    """What importing ``imported`` from ``importer`` runs: the module, and each package above it
+    that is not one of the importer's own (those are being imported already)."""
+    parts = imported.split(".")
+    packages = {".".join(parts[:i]) for i in range(2, len(parts))}
+    own = {".".join(importer.split(".")[:i]) for i in range(1, len(importer.split(".")) + 1)}
+    return {imported} | {p for p in packages if p in modules and p not in own}
 
 
 def _imports(tree: ast.AST):
@@ -65,6 +103,29 @@ def _imports(tree: ast.AST):
     for node in ast.walk(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             yield node
+
+
+def _in_functions(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
+    """The import statements inside function bodies (not those under ``TYPE_CHECKING``)."""
+    found = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                continue
+            if isinstance(child, (ast.Import, ast.ImportFrom)) and in_function:
+                found.append(child)
+            visit(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+
+    visit(tree, False)
+    return found
+
+
+def _imported_names(node: ast.Import | ast.ImportFrom) -> list[str]:
+    """The modules an import statement names (a relative import as ``specdec``'s)."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    return ["specdec" if node.level else node.module or ""]
 
 
 def _cycle(edges: dict[str, set[str]]) -> list[str] | None:
@@ -140,6 +201,41 @@ def test_the_table_is_the_drawing():
     assert list(_drawn()) == list(LAYERS)
     for label, names in LAYERS.items():
         assert sorted(_drawn()[label]) == sorted(names), label
+
+
+def test_imports_inside_functions_are_few_and_say_why():
+    own, unexplained, foreign = [], [], []
+    for module, path in sorted(_modules().items()):
+        lines = path.read_text().splitlines()
+        for node in _in_functions(ast.parse(path.read_text())):
+            where = f"{path.relative_to(ROOT.parent)}:{node.lineno}"
+            tops = {name.split(".")[0] for name in _imported_names(node)}
+            if "specdec" in tops:
+                own.append(where)
+                above = lines[node.lineno - 2].strip() if node.lineno > 1 else ""
+                if "#" not in lines[node.end_lineno - 1] and not above.startswith("#"):
+                    unexplained.append(where)
+            foreign += [f"{where} ({top})" for top in sorted(tops - {"specdec"} - set(LOADED_WHERE_NEEDED))]
+    assert len(own) <= MAX_IMPORTS_IN_FUNCTIONS, f"specdec imports inside functions: {own}"
+    assert not unexplained, f"say why each import inside a function is not at the module's head: {unexplained}"
+    assert not foreign, ("import these at the module's head, or say in LOADED_WHERE_NEEDED why they wait: "
+                         + "; ".join(foreign))
+
+
+def test_an_import_runs_the_packages_above_the_module():
+    modules = _modules()
+    assert _runs("specdec.policies.base", "specdec.drafters.tree", modules) == {
+        "specdec.policies.base", "specdec.policies"}
+    assert _runs("specdec.drafters.base", "specdec.drafters.tree", modules) == {"specdec.drafters.base"}
+    assert _runs("specdec.sequoia", "specdec.drafters.tree", modules) == {"specdec.sequoia"}
+
+
+def test_the_walk_finds_imports_inside_functions_but_not_type_only_ones():
+    source = ("from typing import TYPE_CHECKING\nimport os\nif TYPE_CHECKING:\n    from specdec.api import generate\n"
+              "def f():\n    import json\n    from specdec import paths  # why\n    return lambda: __import__('x')\n"
+              "class C:\n    def g(self):\n        if TYPE_CHECKING:\n            import specdec.api\n        import struct\n")
+    found = _in_functions(ast.parse(source))
+    assert [_imported_names(node) for node in found] == [["json"], ["specdec"], ["struct"]]
 
 
 def test_the_walk_finds_a_circle_where_there_is_one():

@@ -9,7 +9,7 @@ import pytest
 
 from specdec.cli import common
 from specdec.cli import commands
-from specdec.config import OPTIONS, DecodeConfig
+from specdec.config import DecodeConfig, options
 from specdec.server import requests as rq
 from specdec.cli.serve import DEFAULT_METHOD, default_method
 
@@ -62,7 +62,7 @@ SAMPLE = {
 FIELD = {"drafter": "drafter_options", "policy": "policy_options", "tree": "tree"}
 
 
-@pytest.mark.parametrize("opt", [o for o in OPTIONS if o.in_text], ids=lambda o: f"{o.group}.{o.name}")
+@pytest.mark.parametrize("opt", [o for o in options() if o.in_text], ids=lambda o: f"{o.group}.{o.name}")
 def test_every_option_of_the_text_form_round_trips(opt):
     value, base = SAMPLE[opt.group, opt.name]
     config = DecodeConfig.parse(base)
@@ -82,7 +82,7 @@ def test_every_option_of_the_text_form_round_trips(opt):
 def test_the_sampling_options_are_not_part_of_a_method():
     config = DecodeConfig.parse("spec", temperature=0.5, seed=3)
     assert str(config) == "spec:block:k=4:policy=auto" and config.temperature == 0.5
-    assert {o.name for o in OPTIONS if not o.in_text} == {
+    assert {o.name for o in options() if not o.in_text} == {
         "draft_weights", "temperature", "top_k", "top_p", "max_new_tokens", "seed", "sampler"}
 
 

@@ -33,7 +33,7 @@ from specdec.engine import autoregressive_steps, speculative_steps
 from specdec.drafters.choice import ChoiceDrafter
 from specdec.measurements import cost_key
 from specdec.policies.auto import PROBE_SHARE, AutoPolicy, best_length, summary_line
-from specdec.policies.costs import CostModel, measure_rows, row_costs
+from specdec.costs import CostModel, measure_rows, row_costs
 from specdec.policies import make_policy
 from specdec.sampling import SamplingConfig
 from specdec.stats import Step
@@ -283,7 +283,7 @@ def fake_measure(calls: list):
 
 
 def test_the_cache_round_trips_and_its_key_follows_threads_and_dtype(tmp_path, monkeypatch):
-    import specdec.policies.costs as planner
+    import specdec.costs as planner
 
     calls: list[int] = []
     monkeypatch.setattr(planner, "measure_rows", fake_measure(calls))
@@ -326,7 +326,7 @@ def test_a_backend_that_runs_a_weights_file_is_keyed_by_the_file_and_its_threads
 
 
 def test_bind_measures_the_target_and_the_draft_model_once(tmp_path, monkeypatch):
-    import specdec.policies.costs as planner
+    import specdec.costs as planner
 
     calls: list[int] = []
     monkeypatch.setattr(planner, "measure_rows", fake_measure(calls))

@@ -17,9 +17,10 @@ from specdec.config import DecodeConfig
 from specdec.drafters.tree import TreeDrafter, Trees
 from specdec.engine import autoregressive_steps, speculative_steps, tree_steps
 from specdec.policies import StaticK
-from specdec.policies.auto import sequoia_budget, tree_draft_cost
-from specdec.policies.costs import CostModel
-from specdec.sequoia import PositionalAcceptance, expected_accepted, optimal_trees, prior_vector, sequoia_tree
+from specdec.costs import CostModel
+from specdec.sequoia import (
+    PositionalAcceptance, expected_accepted, optimal_trees, prior_vector, sequoia_budget, sequoia_tree, tree_draft_cost,
+)
 from specdec.token_tree import TokenTree
 from specdec.verify.tree import TreeVerifier
 from helpers import PROMPT, assert_same_law, cases, drafted_tree_joint, orderings, target_joint

@@ -19,7 +19,7 @@ from specdec.backends.shared import SharedPasses
 from specdec.backends.hf import eos_token_ids
 from specdec.build import build
 from specdec.config import DecodeConfig
-from specdec.constraints import Constraints, TokenLogprob, check_logprobs
+from specdec.constraints import UNPROCESSED, Constraints, LogitProcessor, TokenLogprob, Unprocessed, check_logprobs
 from specdec.engine import autoregressive_steps, speculative_steps, tree_steps
 from specdec.policies import DraftLengthPolicy
 from specdec.stats import GenerationStats, Step
@@ -256,15 +256,15 @@ class _Run:
         sampling = config.sampling
         if config.gumbel and sampling.gumbel_seed is None:  # unseeded: fresh public noise
             sampling = dataclasses.replace(sampling, gumbel_seed=secrets.randbits(64))
-        processor = None
+        processor: LogitProcessor | Unprocessed = UNPROCESSED
         if constraints is not None or logprobs is not None:  # checked here, whether active or not
             processor = (constraints or Constraints()).processor(tokenizer, backend.vocab_size, prompt_ids, sorted(eos),
                                                                  logprobs)
             if not processor.constraints.active and logprobs is None:
-                processor = None
+                processor = UNPROCESSED
         read_text = getattr(built.drafter, "read_text", None)  # a lookup on the text drafts under a grammar only
         if read_text is not None:
-            read_text(processor.vocabulary if processor is not None else None)
+            read_text(processor.vocabulary)
         common = dict(sampling=sampling, max_new_tokens=config.max_new_tokens, eos_ids=eos, generator=generator,
                       processor=processor)
         if built.drafter is None:

@@ -1,7 +1,7 @@
 """The one description of a decoding method: :class:`DecodeConfig`, its text form and its options.
 
 Every front end says a method the same way. :func:`specdec.generate` takes a config (or its
-fields as keywords); ``specdec generate`` builds its options from :data:`OPTIONS`; a method string
+fields as keywords); ``specdec generate`` builds its options from :func:`options`; a method string
 (``specdec bench --methods``, ``specdec serve --method``, a request's ``speculative.method``) is
 :meth:`DecodeConfig.parse`'s text form::
 
@@ -36,8 +36,8 @@ from typing import Any, Callable, Mapping, Sequence
 from specdec.drafters import registry
 from specdec.drafters.base import Drafter
 from specdec.drafters.tree import DEFAULT_CHOICES, TREE_MODES, TreeDrafter, parse_choices
+from specdec.options import Option, as_name, fraction, integer_from, positive, real
 from specdec.policies import POLICIES, DraftLengthPolicy, check_k, make_policy
-from specdec.policies.base import MAX_INT
 from specdec.sampling import SamplingConfig
 from specdec.verify import VERIFIERS
 
@@ -45,8 +45,6 @@ AR = "none"  # the drafter of autoregressive decoding: the target alone (text fo
 VERIFY = (*VERIFIERS, "tree")  # "tree": a token tree (specdec.drafters.tree, specdec.verify.tree)
 CHAIN_VERIFIERS = tuple(sorted(VERIFIERS))
 DRAFT_WEIGHTS = ("bf16", "int8")  # specdec.backends.lean.WEIGHTS
-TREE_OPTIONS = ("mode", "choices", "threshold", "depth", "width", "expand", "budget")
-POLICY_OPTIONS = ("k_max", "threshold")
 SEED_RANGE = 2**64  # torch.Generator.manual_seed takes 0 .. 2**64 - 1
 SAMPLERS = ("multinomial", "gumbel")  # specdec.sampling: inversion with a generator, Gumbel-max with public noise
 DEFAULT_K = 4
@@ -126,191 +124,97 @@ def _is_number(value: Any) -> bool:
 # The option table
 
 
-@dataclass(frozen=True)
-class Option:
-    """One decoding option. ``group``: ``method`` (a field of its own), ``drafter``, ``policy``
-    or ``tree`` (a key of ``drafter_options``, ``policy_options`` or ``tree``), ``sampling``.
-    Method, drafter, policy and tree options are the text form's; ``flag`` is the command line's
-    spelling (None: not on the command line); ``read`` turns a text value into the field's value
-    (raising ``ValueError``); ``choices`` reads the registry of allowed names."""
-
-    group: str
-    name: str
-    read: Callable[[str], Any]
-    accepts: str
-    default: Any
-    help: str
-    flag: str | None = None
-    choices: Callable[[], Sequence[str]] | None = None
-
-    @property
-    def in_text(self) -> bool:
-        return self.group != "sampling"
-
-    @property
-    def dest(self) -> str | None:
-        """The argparse destination of :attr:`flag`."""
-        return None if self.flag is None else self.flag.lstrip("-").replace("-", "_")
-
-    def value(self, text: str) -> Any:
-        """The value ``text`` stands for; a ``ValueError`` saying what the option takes if none."""
-        try:
-            value = self.read(text.strip())
-        except ValueError as err:
-            if self.name == "choices":  # parse_choices says which path is wrong and why
-                raise ValueError(str(err)) from None
-            raise ValueError(f"{self.name}= takes {self.accepts}, got {text!r}") from None
-        if self.choices is not None and value not in self.choices():
-            raise ValueError(f"{self.name}= takes one of {', '.join(self.choices())}, got {text!r}")
-        return value
-
-    def format(self, value: Any) -> str:
-        """The text of ``value`` (``value(format(v)) == v``)."""
-        if self.name == "choices":
-            return "default" if tuple(value) == DEFAULT_CHOICES else "|".join(".".join(map(str, p)) for p in value)
-        if isinstance(value, tuple):
-            return "/".join(map(str, value))
-        return str(value)
+def _write_choices(value: Any) -> str:
+    return "default" if tuple(value) == DEFAULT_CHOICES else "|".join(".".join(map(str, p)) for p in value)
 
 
-def _integer_from(low: int, high: float = MAX_INT + 1) -> Callable[[str], int]:
-    def read(text: str) -> int:
-        value = int(text)
-        if not low <= value < high:
-            raise ValueError(text)
-        return value
-
-    return read
-
-
-def _real(test: Callable[[float], bool]) -> Callable[[str], float]:
-    def read(text: str) -> float:
-        value = float(text)
-        if not math.isfinite(value) or not test(value):
-            raise ValueError(text)
-        return value
-
-    return read
-
-
-def _layers(text: str) -> tuple[int, ...]:
-    value = tuple(int(x) for x in text.split("/"))
-    if any(x < 0 for x in value):
-        raise ValueError(text)
-    return value
-
-
-def _text(text: str) -> str:
-    if not text:
-        raise ValueError(text)
-    return text
-
-
-def _name(text: str) -> str:
-    return text
-
-
-_positive = _integer_from(1)
-_fraction = _real(lambda v: 0.0 <= v <= 1.0)
-
-OPTIONS: tuple[Option, ...] = (
-    Option("method", "drafter", _name, "a drafter's name", None,
+# Every option but the drafters' (each drafter declares its own in its spec: specdec.drafters.registry).
+METHOD_ROWS: tuple[Option, ...] = (
+    Option("method", "drafter", as_name, "a drafter's name", None,
            "who proposes tokens: n-gram prompt lookup where the context repeats itself and the draft model "
            "elsewhere (ngram+model; the policy picks each step), the draft model alone, n-gram lookup alone, "
            "the target's first layers, the target with layers skipped, trained Medusa heads, or a trained "
            "one-layer head (default: ngram+model with a draft model, model for a tree, the target alone "
            "without a draft model)", "--drafter", registry.names),
-    Option("method", "verify", _name, "a verifier's name", "block",
+    Option("method", "verify", as_name, "a verifier's name", "block",
            "verification rule; 'tree' drafts a token tree and verifies it in one pass (by default the "
            "confident tree, threshold 0.8); 'typical' is lossy (default: block)", "--verify", lambda: VERIFY),
-    Option("method", "k", _positive, "a positive integer", DEFAULT_K,
+    Option("method", "k", positive, "a positive integer", DEFAULT_K,
            "draft tokens per step; the start and maximum for adaptive policies (default: 4)", "-k"),
-    Option("method", "policy", _name, "a policy's name", "auto",
+    Option("method", "policy", as_name, "a policy's name", "auto",
            "draft length: fixed k; grow/shrink on full acceptance/rejection; stop when the draft is unsure; "
            "the k the speed-up formula picks from running estimates; or 'auto', the planner: each step the k "
            "(0 = a plain target step) with the most expected tokens per second from this machine's measured "
            "costs (default: auto)", "--policy", lambda: POLICIES),
-    Option("policy", "k_max", _positive, "a positive integer", None,
+)
+POLICY_ROWS: tuple[Option, ...] = (
+    Option("policy", "k_max", positive, "a positive integer", None,
            "the longest draft an adaptive policy asks for (default: max(k, 16))", "--k-max"),
-    Option("policy", "threshold", _fraction, "a number from 0 to 1", None,
+    Option("policy", "threshold", fraction, "a number from 0 to 1", None,
            "--policy confidence: stop drafting when the draft's top probability falls below this (default: 0.8)",
            "--policy-threshold"),
-    Option("drafter", "max_ngram", _positive, "a positive integer", None,
-           "--drafter ngram or ngram+model: the longest suffix looked up (default: 3; 4 for ngram+model)",
-           "--max-ngram"),
-    Option("drafter", "min_ngram", _positive, "a positive integer", None,
-           "--drafter ngram or ngram+model: the shortest suffix looked up (default: 1; 4 for ngram+model)",
-           "--min-ngram"),
-    Option("drafter", "exit_layer", _positive, "a positive integer (a layer below the target's top)", None,
-           "--drafter early-exit: draft with the first L layers (default: all but two)", "--exit-layer"),
-    Option("drafter", "skip", _layers, "layer indices from 0, joined by '/' (e.g. 3/5/7)", None,
-           "--drafter layer-skip: the layers skipped, e.g. 3/5/7 (default: the set saved for the model)",
-           "--skip-layers"),
-    Option("drafter", "path", _text, "a folder", None,
-           "--drafter heads or eagle: a folder from 'specdec train-heads' (default: the one shipped for the "
-           "target)", "--heads"),
-    Option("drafter", "datastore", _text, "a datastore's name or a .npz file", None,
-           "--drafter retrieval or retrieval+model: the datastore searched, a name given to 'specdec index' or "
-           "a path (default: this process's own store, which 'specdec serve' fills with its outputs)",
-           "--datastore"),
-    Option("drafter", "min_match", _integer_from(1, 33), "an integer from 1 to 32", None,
-           "--drafter retrieval or retrieval+model: the shortest context suffix matched in the datastore "
-           "(default: 2)", "--min-match"),
-    Option("drafter", "window", _positive, "a positive integer", None,
-           "--drafter lookahead: W, the guessed tokens of the Jacobi window (default: from measured costs)",
-           "--lookahead-window"),
-    Option("drafter", "ngram", _integer_from(2), "an integer >= 2", None,
-           "--drafter lookahead: n, the length of the n-grams pooled and verified (default: 4)",
-           "--lookahead-ngram"),
-    Option("drafter", "candidates", _integer_from(0), "an integer >= 0", None,
-           "--drafter lookahead: G, the pooled n-grams verified per step (default: from measured costs)",
-           "--lookahead-candidates"),
-    Option("tree", "mode", _name, "a tree mode", None,
+)
+TREE_ROWS: tuple[Option, ...] = (
+    Option("tree", "mode", as_name, "a tree mode", None,
            "--verify tree: confident, dynamic, sequoia or static (default: from the other tree options; "
            "confident without any); sequoia: the tree with the most expected accepted tokens for the "
            "measured acceptance of each child rank, its --tree-budget chosen from measured costs unless "
            "given", "--tree-mode", lambda: TREE_MODES),
     Option("tree", "choices", parse_choices, "'default' or rank paths like 0|1|0.0", None,
            "--verify tree: a static Medusa-style tree: the default shape, or rank paths joined by '|' with "
-           "ranks joined by '.', e.g. 0|1|0.0", "--tree-static"),
-    Option("tree", "threshold", _fraction, "a number from 0 to 1", None,
+           "ranks joined by '.', e.g. 0|1|0.0", "--tree-static", write=_write_choices),
+    Option("tree", "threshold", fraction, "a number from 0 to 1", None,
            "--verify tree: the confident tree: a chain while the draft's top probability is at least P, a "
            "fork of --tree-width children where it is not (default tree: P = 0.8)", "--tree-threshold"),
-    Option("tree", "depth", _positive, "a positive integer", None,
+    Option("tree", "depth", positive, "a positive integer", None,
            "--verify tree: deepest level (default: 16 confident, the confidence policy's k_max; 5 dynamic)",
            "--tree-depth"),
-    Option("tree", "width", _positive, "a positive integer", None,
+    Option("tree", "width", positive, "a positive integer", None,
            "--verify tree: children per expanded node (default: 2 confident, 4 dynamic)", "--tree-width"),
-    Option("tree", "expand", _positive, "a positive integer", None,
+    Option("tree", "expand", positive, "a positive integer", None,
            "--verify tree: nodes expanded per level of the dynamic tree (default: 4)", "--tree-expand"),
-    Option("tree", "budget", _positive, "a positive integer", None,
+    Option("tree", "budget", positive, "a positive integer", None,
            "--verify tree: most nodes in the tree (default: 16; a sequoia tree's chosen from measured costs); without --tree-threshold, --tree-budget, "
            "--tree-depth and --tree-width shape the EAGLE-2-style dynamic tree", "--tree-budget"),
-    Option("sampling", "draft_weights", _name, "int8 or bf16", "int8",
+)
+SAMPLING_ROWS: tuple[Option, ...] = (
+    Option("sampling", "draft_weights", as_name, "int8 or bf16", "int8",
            "the draft model's weights: int8 copies (half the bytes per draft token; the output law is "
            "unchanged) or its own bf16 ones (default: int8)", "--draft-weights", lambda: DRAFT_WEIGHTS),
-    Option("sampling", "temperature", _real(lambda v: v >= 0.0), "a finite number >= 0", 0.0,
+    Option("sampling", "temperature", real(lambda v: v >= 0.0), "a finite number >= 0", 0.0,
            "0 means greedy (default: 0)", "--temperature"),
-    Option("sampling", "top_k", _integer_from(0), "an integer >= 0", 0, "0 disables (default: 0)", "--top-k"),
-    Option("sampling", "top_p", _real(lambda v: 0.0 < v <= 1.0), "a number in (0, 1]", 1.0,
+    Option("sampling", "top_k", integer_from(0), "an integer >= 0", 0, "0 disables (default: 0)", "--top-k"),
+    Option("sampling", "top_p", real(lambda v: 0.0 < v <= 1.0), "a number in (0, 1]", 1.0,
            "1 disables (default: 1)", "--top-p"),
-    Option("sampling", "max_new_tokens", _positive, "a positive integer", 128, "(default: 128)",
+    Option("sampling", "max_new_tokens", positive, "a positive integer", 128, "(default: 128)",
            "--max-new-tokens"),
-    Option("sampling", "seed", _integer_from(0, SEED_RANGE), "an integer in [0, 2**64)", None,
+    Option("sampling", "seed", integer_from(0, SEED_RANGE), "an integer in [0, 2**64)", None,
            "fixes sampling (an integer in [0, 2**64))", "--seed"),
-    Option("sampling", "sampler", _name, "multinomial or gumbel", None,
+    Option("sampling", "sampler", as_name, "multinomial or gumbel", None,
            "how tokens are drawn: 'gumbel' draws each by Gumbel-max with noise keyed by the seed and the "
            "token's position, and verifies drafts by coupling, so a seed gives the same text with any drafter, "
            "draft length or machine (plain decoding's text), at some acceptance cost against block "
            "verification for sampled drafts; 'multinomial' draws with a random generator (default: "
            "multinomial; gumbel under --verify coupled, which verifies Gumbel-max draws only)", "--sampler", lambda: SAMPLERS),
 )
-_BY_KEY = {(o.group, o.name): o for o in OPTIONS}
 GROUP_FIELD = {"drafter": "drafter_options", "policy": "policy_options", "tree": "tree"}
+TREE_OPTIONS = tuple(o.name for o in TREE_ROWS)
+POLICY_OPTIONS = tuple(o.name for o in POLICY_ROWS)
+
+
+def options() -> tuple[Option, ...]:
+    """Every decoding option, in the order the command line lists them: the method's, the
+    policy's, the registered drafters' (:func:`specdec.drafters.registry.options`, read now), the
+    tree's and the sampling options."""
+    return (*METHOD_ROWS, *POLICY_ROWS, *registry.options(), *TREE_ROWS, *SAMPLING_ROWS)
 
 
 def option(group: str, name: str) -> Option:
-    return _BY_KEY[group, name]
+    """The row of option ``name`` of ``group``; a ``KeyError`` if there is none."""
+    for row in options():
+        if row.group == group and row.name == name:
+            return row
+    raise KeyError((group, name))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -446,10 +350,10 @@ class DecodeConfig:
         if self.drafter_options and (named is None or named == AR) and self.drafter is not None:
             raise ValueError("drafter_options go with a drafter given by name")
         declared = registry.find(named or "ngram+model")  # None: the default drafter's
-        takes = declared.options if declared is not None else ()
+        takes = declared.option_names if declared is not None else ()
         for key in self.drafter_options or ():
             if key not in takes:
-                owners = [s.name for s in registry.specs() if key in s.options]
+                owners = [s.name for s in registry.specs() if key in s.option_names]
                 if not owners:
                     raise ValueError(f"bad option for the {named or 'ngram+model'} drafter: no drafter takes {key!r}")
                 shown = named or "the default (ngram+model)"
@@ -498,22 +402,16 @@ class DecodeConfig:
             raise ConfigError("{tree.choices} fixes the tree's shape; {tree.threshold}, {tree.budget}, "
                               "{tree.depth} and {tree.width} shape the confident and the dynamic trees",
                               "use one or the other")
-        if named in ("retrieval", "lookahead"):
-            allowed = {"retrieval": {"budget", "depth"}, "lookahead": set()}[named]
-            for key in sorted(set(tree) - allowed):
-                raise ConfigError(f"{{tree.{key}}} does not shape a {named} tree",
-                                  f"drop {{tree.{key}}}" + (" ({tree.budget} and {tree.depth} do)" if allowed else
-                                                           " (window=, ngram= and candidates= shape it)"))
-            for key in ("budget", "depth"):
-                if key in tree and (isinstance(tree[key], bool) or not isinstance(tree[key], int) or tree[key] < 1):
-                    raise ConfigError(f"{{tree.{key}}} must be a positive integer, got {tree[key]!r}")
+        declared = registry.find(named)
+        if declared is not None and declared.tree_keys is not None:
+            _check_own_tree(declared, tree)
             return
         if named is not None and _trees(named) == "no":
             raise ConfigError(f"{{method.verify=tree}} drafts its tree with the draft model or the heads, "
                               f"not {{method.drafter={named}}}", "drop {method.drafter}, or use {method.verify=block}")
-        if named == "heads":
+        if declared is not None and declared.static_tree:
             if set(tree) - {"choices", "mode"} or tree.get("mode", "static") != "static":
-                raise ConfigError("a heads tree is static and takes only {tree.choices}",
+                raise ConfigError(f"a {named} tree is static and takes only {{tree.choices}}",
                                   "drop the other tree options")
             return
         try:
@@ -639,7 +537,7 @@ class DecodeConfig:
                 key, value = slot, part
             elif key == "verify" or key not in ("drafter", "k", "policy") and not _keyed(key):
                 raise ValueError(f"unknown option {key}=; the options are k, policy, "
-                                 f"{', '.join(sorted({o.name for o in OPTIONS if o.group != 'method' and o.in_text}))}")
+                                 f"{', '.join(sorted({o.name for o in options() if o.group != 'method' and o.in_text}))}")
             if key in keys:
                 raise ValueError(f"{'the ' + key if not eq else key + '='} is given twice")
             keys[key] = value
@@ -682,7 +580,7 @@ SAMPLING_FIELDS = ("draft_weights", "temperature", "top_k", "top_p", "max_new_to
 
 
 def _keyed(key: str) -> bool:
-    return any(o.name == key and o.group in ("drafter", "policy", "tree") for o in OPTIONS)
+    return any(o.name == key and o.group in ("drafter", "policy", "tree") for o in options())
 
 
 def _trees(drafter: Any) -> str:
@@ -691,6 +589,26 @@ def _trees(drafter: Any) -> str:
     name (the default, the target alone, a drafter object)."""
     declared = registry.find(drafter)
     return declared.trees if declared is not None else "no"
+
+
+def _check_own_tree(declared: registry.DrafterSpec, tree: Mapping[str, Any]) -> None:
+    """The tree options of a drafter whose trees are its own: only its ``tree_keys``, each a
+    positive integer; the hint names what shapes its trees instead (those keys, else its options)."""
+    keys, names = declared.tree_keys or (), declared.option_names
+    if keys:
+        shapers = f" ({_and([f'{{tree.{key}}}' for key in keys])} {'do' if len(keys) > 1 else 'does'})"
+    else:
+        shapers = f" ({_and([f'{name}=' for name in names])} {'shape' if len(names) > 1 else 'shapes'} it)" if names else ""
+    for key in sorted(set(tree) - set(keys)):
+        raise ConfigError(f"{{tree.{key}}} does not shape a {declared.name} tree", f"drop {{tree.{key}}}{shapers}")
+    for key in keys:
+        if key in tree and (isinstance(tree[key], bool) or not isinstance(tree[key], int) or tree[key] < 1):
+            raise ConfigError(f"{{tree.{key}}} must be a positive integer, got {tree[key]!r}")
+
+
+def _and(items: Sequence[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return ", ".join(items[:-1]) + " and " + items[-1] if len(items) > 1 else "".join(items)
 
 
 def _check_tree_only(drafter: str | None, verify: str, parts: Sequence[str]) -> None:

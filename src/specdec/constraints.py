@@ -43,6 +43,8 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import numpy as np
 import torch
 
+from specdec.token_tree import TokenTree
+
 if TYPE_CHECKING:
     from specdec.sampling import SamplingConfig
 
@@ -490,8 +492,6 @@ class LogitProcessor:
         (a point-mass draft law, greedy decoding, the Gumbel-max sampler; module docstring)."""
         if self.matcher is None or len(draft) == 0:
             return draft
-        from specdec.token_tree import TokenTree
-
         free = sampling.greedy or sampling.coupled
         if isinstance(draft, TokenTree):
             return self._screen_tree(draft, free or draft.q is None)
@@ -526,8 +526,6 @@ class LogitProcessor:
         if n == 0:
             self._process(out[0], context, [], True)
             return out
-        from specdec.token_tree import TokenTree
-
         tokens = draft.tokens if isinstance(draft, TokenTree) else draft.tokens.tolist()
         parents = draft.parents if isinstance(draft, TokenTree) else list(range(-1, n - 1))
         paths: list[list[int]] = [[]]  # row r's path of tokens
@@ -617,11 +615,34 @@ class LogitProcessor:
         return keep
 
 
+class Unprocessed:
+    """The processor of a generation without constraints or log-probabilities: the target's logits
+    as they are, no forced tokens, nothing screened, never finished. It keeps no state, so one
+    instance, :data:`UNPROCESSED`, serves every such generation."""
+
+    vocabulary = None
+    top_logprobs = None
+    finished = False
+
+    def forced(self, room: int) -> list[int]:
+        return []
+
+    def screen(self, draft: Any, sampling: "SamplingConfig") -> Any:
+        return draft
+
+    def apply(self, logits: torch.Tensor, context: Sequence[int], draft: Any = None) -> torch.Tensor:
+        return logits
+
+    def advance(self, tokens: Sequence[int]) -> int:
+        return len(tokens)
+
+
+UNPROCESSED = Unprocessed()
+
+
 def subtree(tree: Any, nodes: Sequence[int]) -> Any:
     """The token tree of ``nodes`` (ascending, each node's parent among them), re-indexed, with its
     draft laws where the tree has them."""
-    from specdec.token_tree import TokenTree
-
     index = {old: new for new, old in enumerate(nodes)}
     parents = [index[tree.parents[i]] if tree.parents[i] >= 0 else -1 for i in nodes]
     q = None if tree.q is None else tree.q[[0] + [1 + i for i in nodes]]
@@ -632,8 +653,6 @@ def with_forced(forced: Sequence[int], draft: Any, vocab_size: int) -> Any:
     """``forced`` tokens, as point-mass drafts, followed by ``draft`` (drafted after them)."""
     if not forced:
         return draft
-    from specdec.token_tree import TokenTree
-
     f = len(forced)
     one_hot = torch.zeros(f, vocab_size)  # [f, V]: row j the law of forced token j
     one_hot[torch.arange(f), torch.tensor(forced)] = 1.0

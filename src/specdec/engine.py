@@ -8,12 +8,12 @@ collect. They hold no tokenizer and no framework types: models come in as
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Collection, Iterator, Sequence
+from typing import Collection, Iterator, Sequence
 
 import torch
 
 from specdec.backends.base import CausalLM, forward_after, rollback
-from specdec.constraints import with_forced
+from specdec.constraints import UNPROCESSED, LogitProcessor, Unprocessed, with_forced
 from specdec.drafters.base import Drafter
 from specdec.drafters.tree import TreeDrafter, Trees
 from specdec.policies import DraftLengthPolicy, StaticK
@@ -21,9 +21,6 @@ from specdec.sampling import SamplingConfig, next_token
 from specdec.stats import Step
 from specdec.verify.base import Verifier
 from specdec.verify.tree import TreeVerifier
-
-if TYPE_CHECKING:
-    from specdec.constraints import LogitProcessor
 
 # A tree's depth is its drafter's to decide: the policy beside a tree lets it use all the room left.
 TREE_ROOM = 1 << 30
@@ -40,7 +37,7 @@ def speculative_steps(
     max_new_tokens: int,
     eos_ids: Collection[int] = (),
     generator: torch.Generator | None = None,
-    processor: "LogitProcessor | None" = None,
+    processor: LogitProcessor | Unprocessed = UNPROCESSED,
 ) -> Iterator[Step]:
     """Generate up to ``max_new_tokens`` after ``prompt``; the output follows the target's law.
 
@@ -51,7 +48,8 @@ def speculative_steps(
     parent is i - 1.)
 
     With a ``processor`` (:class:`~specdec.constraints.LogitProcessor`: a grammar, penalties, a
-    logit bias) every row the target scores is processed with its own prefix before the verifier
+    logit bias; by default :data:`~specdec.constraints.UNPROCESSED`, the target's logits as they
+    are) every row the target scores is processed with its own prefix before the verifier
     reads it, so the output follows the processed target law; tokens the grammar forces are
     drafted first at no model cost, forbidden draft tokens are cut where that keeps the law, and
     the generation ends where the grammar is complete.
@@ -62,29 +60,26 @@ def speculative_steps(
     while produced < limit:
         room = limit - produced - 1  # the step always appends one token of the target's
         t0 = time.perf_counter()
-        forced = processor.forced(room) if processor is not None else []
+        forced = processor.forced(room)
         after = context + forced if forced else context  # forced tokens come first, then the drafter's
         plan = policy.plan(drafter.sources(after), drafter.behind(after), room - len(forced))  # which source, how far
         k = min(plan.k, room - len(forced))
         draft = drafter.propose(after, k, sampling, generator, plan.keep_going, plan.source)
         proposed = len(draft)
-        if processor is not None:
-            draft = processor.screen(with_forced(forced, draft, drafter.vocab_size), sampling)
+        draft = processor.screen(with_forced(forced, draft, drafter.vocab_size), sampling)
         t1 = time.perf_counter()
         logits = draft.score(target, context)  # [1 + N, V]: after the context, after each draft node
-        if processor is not None:
-            logits = processor.apply(logits, context, draft)  # [1 + N, V], each row after its own prefix
+        logits = processor.apply(logits, context, draft)  # [1 + N, V], each row after its own prefix
         verdict = verifier.verdict(draft, logits, sampling, generator, len(context))
         t2 = time.perf_counter()
         path = draft.path(verdict.accepted - 1)  # the draft nodes kept, first to last
         draft.keep(target, len(context), path)
         new = _cut_at_eos(draft.tokens_on(path) + [verdict.next_token], eos_ids)
+        new = new[: processor.advance(new)]
         logprobs = None
-        if processor is not None:
-            new = new[: processor.advance(new)]
-            if processor.top_logprobs is not None:
-                rows = [0] + [1 + node for node in path]  # the row each new token was drawn from
-                logprobs = processor.logprobs(logits[rows[: len(new)]], new)
+        if processor.top_logprobs is not None:
+            rows = [0] + [1 + node for node in path]  # the row each new token was drawn from
+            logprobs = processor.logprobs(logits[rows[: len(new)]], new)
         context += new
         produced += len(new)
         rollback(target, context)
@@ -96,7 +91,7 @@ def speculative_steps(
         tested = proposed if kept_forced == len(forced) else 0
         policy.update(Step(new, tested, min(tested, accepted - kept_forced), t1 - t0, t2 - t1))
         yield step
-        if (eos_ids and new[-1] in eos_ids) or (processor is not None and processor.finished):
+        if (eos_ids and new[-1] in eos_ids) or processor.finished:
             return
 
 
@@ -109,7 +104,7 @@ def tree_steps(
     max_new_tokens: int,
     eos_ids: Collection[int] = (),
     generator: torch.Generator | None = None,
-    processor: "LogitProcessor | None" = None,
+    processor: LogitProcessor | Unprocessed = UNPROCESSED,
 ) -> Iterator[Step]:
     """:func:`speculative_steps` with a token tree each step (``drafter.propose_tree``), verified
     by :class:`~specdec.verify.tree.TreeVerifier`; the target's cache keeps only the accepted path."""
@@ -125,7 +120,7 @@ def autoregressive_steps(
     max_new_tokens: int,
     eos_ids: Collection[int] = (),
     generator: torch.Generator | None = None,
-    processor: "LogitProcessor | None" = None,
+    processor: LogitProcessor | Unprocessed = UNPROCESSED,
 ) -> Iterator[Step]:
     """The baseline: one target forward and one sampled token per step, same backend and sampler
     (and the same processing of the target's logits, :func:`speculative_steps`)."""
@@ -134,17 +129,13 @@ def autoregressive_steps(
     for _ in range(limit):
         t0 = time.perf_counter()
         logits = forward_after(target, context)[-1:]  # [1, V]
-        if processor is not None:
-            logits = processor.apply(logits, context)
+        logits = processor.apply(logits, context)
         token = next_token(logits[0], sampling, generator, len(context))
-        logprobs = None
-        if processor is not None:
-            processor.advance([token])
-            if processor.top_logprobs is not None:
-                logprobs = processor.logprobs(logits, [token])
+        processor.advance([token])
+        logprobs = processor.logprobs(logits, [token]) if processor.top_logprobs is not None else None
         context.append(token)
         yield Step([token], 0, 0, 0.0, time.perf_counter() - t0, logprobs)
-        if token in eos_ids or (processor is not None and processor.finished):
+        if token in eos_ids or processor.finished:
             return
 
 

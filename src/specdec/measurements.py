@@ -1,7 +1,7 @@
 """Measurements of this machine, kept between runs: what a measurement is keyed by and where it lives.
 
 Each thing specdec measures once and reuses -- the planner's row-cost curves
-(:func:`specdec.policies.costs.row_costs`), llama.cpp's prefill weight layout
+(:func:`specdec.costs.row_costs`), llama.cpp's prefill weight layout
 (:func:`specdec.backends.llamacpp.choose_prefill_layout`), a backend's batch invariance
 (:func:`batch_invariance`) -- is keyed by :func:`cost_key` (the machine, the
 backend, the model and its dtype, the threads) and kept as JSON at :func:`cache_file` of that key,

@@ -22,6 +22,9 @@ from specdec import kernels as fast
 from specdec import packs
 from specdec.backends import llamacpp  # imports the optional llama-cpp-python binding only when a model loads
 from specdec.backends import table as backend_table
+from specdec.backends.table import AUTO, GGUF, TORCH
+from specdec.backends.choice import choose_gguf_backend
+from specdec.backends.gguf import LLAMACPP_HINT, KernelUnavailable, load_gguf_native
 from specdec.packs import DEFAULT_DRAFT, DEFAULT_TARGET, PACKS, ModelPackError  # re-exported
 from specdec.paths import CACHE_ENV, cache_root
 
@@ -45,7 +48,7 @@ class Pair:
     draft: Any = None  # None: no draft model
     target_name: str = "target"
     draft_name: str | None = None
-    backend: str = "torch"  # "torch", "llamacpp" or "gguf": where the target runs
+    backend: str = TORCH  # "torch", "llamacpp" or "gguf": where the target runs
     backend_why: str = "asked for"  # why there, and what may differ from plain decoding there (see backend_choice)
     draft_backend: str | None = None  # where the draft model runs (None: no draft model)
 
@@ -54,7 +57,7 @@ def load_pair(
     target: str | os.PathLike,
     draft: str | os.PathLike | None,
     *,
-    backend: str = "auto",
+    backend: str = AUTO,
     cache_dir: str | Path | None = None,
     dtype: Any = "bfloat16",
     kernels: str = "auto",
@@ -97,7 +100,7 @@ def load_pair(
     def load_one(name: str) -> tuple[Any, Any]:
         if on_load is not None:
             on_load(name, where[name])
-        torch_options = {"dtype": dtype, "kernels": kernels} if where[name] == "torch" else {}
+        torch_options = {"dtype": dtype, "kernels": kernels} if where[name] == TORCH else {}
         return load(name, cache_dir=cache_dir, backend=where[name], n_threads=n_threads, **torch_options)
 
     target_model, tokenizer = load_one(target)
@@ -139,7 +142,7 @@ def load(
     cache_dir: str | Path | None = None,
     progress: bool = True,
     kernels: str | None = None,
-    backend: str = "torch",
+    backend: str = TORCH,
     n_threads: int | None = None,
 ) -> tuple[Any, Any]:
     """Load a causal LM and its tokenizer, in eval mode and ``dtype``.
@@ -234,16 +237,14 @@ def backend_choice(name_or_path: str, backend: str, *, cache_dir: str | Path | N
     GGUF is made ready first), on transformers only where neither can run it; anything else on
     transformers. n_threads does not enter the choice."""
     is_gguf = check_backend(name_or_path, backend)
-    if backend != "auto":
+    if backend != AUTO:
         caveat = BACKENDS_BY_NAME[backend].caveat
         return {"backend": backend, "why": "asked for" + (f"; {caveat}" if caveat else ""), "source": "asked for"}
     if not is_gguf:
-        return {"backend": "torch", "why": "not a GGUF file: transformers runs it", "source": "rule"}
-    from specdec.backends.choice import choose_gguf_backend
-
+        return {"backend": TORCH, "why": "not a GGUF file: transformers runs it", "source": "rule"}
     choice = choose_gguf_backend(gguf_path(name_or_path, cache_dir))
     if choice["backend"] is None:
-        return {**choice, "backend": "torch", "why": f"torch: {choice['why']}"}
+        return {**choice, "backend": TORCH, "why": f"torch: {choice['why']}"}
     return choice
 
 
@@ -277,9 +278,7 @@ def _load_gguf(name_or_path: str, cache_dir: str | Path | None, progress: bool, 
     pack = PACKS.get(name_or_path)
     gguf = gguf_path(name_or_path, cache_dir, progress=progress)
     eos = (pack.eos_token_ids or None) if pack else None
-    if backend == "gguf":
-        from specdec.backends.gguf import LLAMACPP_HINT, KernelUnavailable, load_gguf_native
-
+    if backend == GGUF:
         try:
             model = load_gguf_native(gguf, n_threads=n_threads, eos_token_ids=eos)
         except ValueError as err:  # a file or a model this kernel does not run

@@ -24,15 +24,17 @@ i, i + 1, ... holding at most n nodes together:
 (the child of rank i gets a subtree of s nodes, itself included). One table fills every budget
 up to n at once in O(K n^2 d) steps for K ranks; :func:`optimal_trees` returns each budget's tree.
 
-Where the budget comes from (the hardware-aware part) is the planner's:
-:func:`specdec.policies.auto.sequoia_budget` weighs each budget's 1 + E against its measured draft
-and verify costs. Where p comes from is :class:`PositionalAcceptance`: counted from verification
+Where the budget comes from (the hardware-aware part): :func:`sequoia_budget` weighs each
+budget's 1 + E against its draft and verify costs on the measured cost curves (:mod:`specdec.costs`,
+the planner's). Where p comes from is :class:`PositionalAcceptance`: counted from verification
 outcomes, with a prior until enough steps are seen.
 """
 
 from __future__ import annotations
 
 from typing import Sequence
+
+from specdec.costs import CostModel
 
 Choices = tuple[tuple[int, ...], ...]
 
@@ -118,6 +120,45 @@ def sequoia_tree(p: Sequence[float], budget: int, depth: int | None = None) -> C
     """The tree of at most ``budget`` nodes (and ``depth`` levels) with the most expected accepted
     tokens under the positional acceptance vector ``p`` (:func:`optimal_trees`)."""
     return optimal_trees(p, budget, depth)[budget][0]
+
+
+# The most nodes a Sequoia tree whose budget the cost curves choose may hold, and the rows of the
+# curves measured for it (its verify pass scores the root and every node).
+SEQUOIA_MAX_BUDGET = 31
+SEQUOIA_ROWS = SEQUOIA_MAX_BUDGET + 1
+
+
+def tree_draft_cost(choices: Sequence[tuple[int, ...]], draft: CostModel | None) -> float:
+    """Seconds a draft model with the cost curve ``draft`` (None: a free drafter) takes to draft
+    the static tree ``choices`` as :class:`~specdec.drafters.tree.TreeDrafter` does: a one-row
+    pass after the context, then one pass per level over that level's nodes that have children."""
+    if draft is None or not choices:
+        return 0.0
+    parents: dict[int, set[tuple[int, ...]]] = {}
+    for path in choices:
+        if len(path) > 1:
+            parents.setdefault(len(path) - 1, set()).add(path[:-1])
+    return draft.target_cost(1) + sum(draft.target_cost(len(nodes)) for nodes in parents.values())
+
+
+def sequoia_budget(
+    p: Sequence[float], costs: CostModel, *, max_budget: int = SEQUOIA_MAX_BUDGET, depth: int | None = None,
+) -> tuple[tuple[tuple[int, ...], ...], float, float]:
+    """The hardware-aware Sequoia tree (Chen et al. 2024): among the optimal trees of every budget
+    n = 1..max_budget for the positional acceptance vector ``p`` (:func:`optimal_trees`),
+    the one with the most expected tokens per second, (1 + E(n)) / (draft(n) + target(n + 1 rows)):
+    the target's pass from ``costs.target``, the draft's level passes from ``costs.draft_rows``
+    (:func:`tree_draft_cost`; None: drafting taken as free). Ties go to the smaller tree.
+    Returns (its choices, 1 + E, expected tokens per second)."""
+    draft = CostModel(costs.draft_rows) if costs.draft_rows else None
+    best: tuple[tuple[tuple[int, ...], ...], float, float] = ((), 1.0, 0.0)
+    for choices, value in optimal_trees(p, max_budget, depth)[1:]:
+        if not choices:
+            continue
+        rate = (1.0 + value) / (tree_draft_cost(choices, draft) + costs.target_cost(len(choices) + 1))
+        if rate > best[2] * (1.0 + 1e-12):
+            best = (choices, 1.0 + value, rate)
+    return best
 
 
 class PositionalAcceptance:

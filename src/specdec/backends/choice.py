@@ -23,8 +23,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from specdec.backends import llamacpp
-from specdec.backends.table import BY_NAME
+from specdec.backends import gguf, llamacpp
+from specdec.backends.table import BY_NAME, GGUF, LLAMACPP
 
 KERNEL_WHY = ("specdec's GGUF kernel: it runs this file, and its rows are batch-invariant, so greedy and seeded "
               "output is plain decoding's token for token")
@@ -34,8 +34,6 @@ PORTABLE_WHY = ("; this CPU lacks AVX2, FMA or F16C, so the kernel runs its port
 
 def kernel_refusal(path: str | Path) -> str | None:
     """Why specdec's GGUF kernel cannot run ``path`` here (None: it can)."""
-    from specdec.backends import gguf
-
     try:
         gguf.library()  # built (or found) once: a missing C compiler shows here
         gguf.GGUFWeights(path)  # memory-mapped: reads the header and the tensor table
@@ -52,9 +50,7 @@ def choose_gguf_backend(path: str | Path) -> dict[str, Any]:
     run the file here (the caller falls back to transformers)."""
     refusal = kernel_refusal(path)
     if refusal is None:
-        from specdec.backends import gguf
-
-        return {"backend": "gguf", "why": KERNEL_WHY + ("" if gguf.uses_avx2() else PORTABLE_WHY), "source": "rule"}
+        return {"backend": GGUF, "why": KERNEL_WHY + ("" if gguf.uses_avx2() else PORTABLE_WHY), "source": "rule"}
     if not llamacpp.available():
         return {"backend": None, "why": f"llama.cpp is not installed and {refusal}", "source": "rule"}
-    return {"backend": "llamacpp", "why": f"llama.cpp: {refusal}; {BY_NAME['llamacpp'].caveat}", "source": "rule"}
+    return {"backend": LLAMACPP, "why": f"llama.cpp: {refusal}; {BY_NAME[LLAMACPP].caveat}", "source": "rule"}

@@ -42,6 +42,7 @@ from __future__ import annotations
 import collections
 import ctypes
 import functools
+import importlib.util
 import os
 import time
 import types
@@ -86,8 +87,6 @@ class LlamaCppUnavailable(ImportError):
 
 def available() -> bool:
     """Whether the binding can be imported (checked without importing it)."""
-    import importlib.util
-
     return importlib.util.find_spec(MODULE) is not None
 
 

@@ -8,12 +8,14 @@ import platform
 import subprocess
 import sys
 from datetime import datetime, timezone
+from importlib import metadata
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 from specdec import kernels
 from specdec.backends.lean import lean_unsupported
+from specdec.backends.table import GGUF, LLAMACPP
 from specdec.bench.weights import gguf_weights
 from specdec.measurements import machine
 
@@ -56,7 +58,7 @@ def llamacpp_info(models: Any) -> dict[str, Any]:
     layouts = {role: getattr(model, "prefill_choice", None)
                for role, model in (("target", models.target), ("draft", models.draft)) if model is not None}
     # specdec's GGUF kernel describes its weights otherwise: the file's header says it as llama.cpp does
-    target, draft = (None, None) if getattr(models, "backend", "llamacpp") == "gguf" else (models.target, models.draft)
+    target, draft = (None, None) if getattr(models, "backend", LLAMACPP) == GGUF else (models.target, models.draft)
     return {"target_gguf": str(models.target_path),
             "draft_gguf": str(models.draft_path) if models.draft_path else None,
             "target_weights": gguf_weights(models.target_path, target),
@@ -81,8 +83,6 @@ def model_info(model: Any, name: str | None) -> dict[str, Any] | None:
 
 def _version(distribution: str) -> str | None:
     """An installed distribution's version, None if it is not installed."""
-    from importlib import metadata
-
     try:
         return metadata.version(distribution)
     except metadata.PackageNotFoundError:

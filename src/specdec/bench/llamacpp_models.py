@@ -17,6 +17,7 @@ from typing import Any, Sequence
 
 from specdec.backends.gguf import load_gguf_native
 from specdec.backends.llamacpp import DEFAULT_BATCH, load_gguf
+from specdec.backends.table import GGUF, LLAMACPP
 from specdec.bench.methods import MethodSpec
 
 CONTEXT_STEP = 256  # contexts are rounded up to a multiple of this
@@ -32,7 +33,7 @@ class LlamaCppModels:
     target_path: Path
     draft_path: Path | None = None
     n_threads: int | None = None
-    backend: str = "llamacpp"
+    backend: str = LLAMACPP
     n_ctx: int = 0
     target: Any = None  # a CausalLM from specdec.backends.llamacpp
     draft: Any = None
@@ -77,7 +78,7 @@ class LlamaCppModels:
         self.peers.clear()
 
     def _load_backend(self, path: Path) -> Any:
-        if self.backend == "gguf":
+        if self.backend == GGUF:
             return load_gguf_native(path, n_threads=self.n_threads, n_ctx=self.n_ctx)
         return load_gguf(path, n_threads=self.n_threads, n_ctx=self.n_ctx)
 

@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 
 from specdec import kernels
+from specdec.backends import choice, gguf, llamacpp
+from specdec.backends.table import GGUF, LABELS, LLAMACPP
 from specdec.measurements import cpu_features, machine
 
 READ_MIB = 1024  # the buffer read: far larger than any CPU's last-level cache
@@ -29,7 +31,7 @@ READ_REPEATS = 3
 STEP_CONTEXT = 32  # tokens cached before the timed one-token steps
 STEP_REPEATS = 5  # timed steps per backend; the fastest counts (other work only adds time)
 STEP_CTX = 256  # the context the timed models are loaded with
-BACKENDS = {"gguf": "specdec's GGUF kernel", "llamacpp": "llama.cpp"}  # what the one-row step is timed on
+BACKENDS = {name: LABELS[name] for name in (GGUF, LLAMACPP)}  # what the one-row step is timed on, by label
 
 
 class ReadSpeedUnavailable(RuntimeError):
@@ -53,8 +55,6 @@ def machine_record(threads: int, target: str | Path | None, *, why_no_target: st
 
 def gguf_kernel_path() -> str:
     """The path specdec's GGUF kernel runs here (:data:`specdec.backends.gguf.PATHS`), or why it has none."""
-    from specdec.backends import gguf  # the kernel's library is built on first use: only where a record is made
-
     try:
         return gguf.kernel_path()
     except gguf.KernelUnavailable as err:
@@ -105,25 +105,23 @@ def one_row_steps(path: str | Path, threads: int) -> dict[str, Any]:
 
 def _load_backends(path: Path, threads: int) -> tuple[dict[str, Any], dict[str, str]]:
     """The backends of :data:`BACKENDS` that run ``path`` here, loaded, and why each other does not."""
-    from specdec.backends import choice, gguf, llamacpp
-
     models: dict[str, Any] = {}
     skipped: dict[str, str] = {}
     refusal = choice.kernel_refusal(path)
     try:
         if refusal is None:
-            models["gguf"] = gguf.load_gguf_native(path, n_threads=threads, n_ctx=STEP_CTX)
+            models[GGUF] = gguf.load_gguf_native(path, n_threads=threads, n_ctx=STEP_CTX)
         else:
-            skipped["gguf"] = refusal
+            skipped[GGUF] = refusal
     except (ValueError, RuntimeError) as err:
-        skipped["gguf"] = str(err)
+        skipped[GGUF] = str(err)
     try:
         if llamacpp.available():
-            models["llamacpp"] = llamacpp.LlamaCppCausalLM(llamacpp.GGUFWeights(path), n_threads=threads, n_ctx=STEP_CTX)
+            models[LLAMACPP] = llamacpp.LlamaCppCausalLM(llamacpp.GGUFWeights(path), n_threads=threads, n_ctx=STEP_CTX)
         else:
-            skipped["llamacpp"] = f"the llama.cpp binding is not installed ({llamacpp.INSTALL})"
+            skipped[LLAMACPP] = f"the llama.cpp binding is not installed ({llamacpp.INSTALL})"
     except (ValueError, RuntimeError) as err:
-        skipped["llamacpp"] = str(err)
+        skipped[LLAMACPP] = str(err)
     return models, skipped
 
 

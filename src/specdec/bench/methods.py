@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Sequence
 
 from specdec.backends import table as backend_table
-from specdec.backends.llamacpp import LlamaCppCausalLM
+from specdec.backends.table import LLAMACPP, TORCH
 from specdec.config import AR, ConfigError, DecodeConfig, text_spelling
 from specdec.drafters import registry as drafters
 
@@ -71,7 +71,7 @@ class Peer:
     def backend(self) -> str:
         """Where its target runs, as a method's ``backend``: transformers' on ``torch``, llama.cpp's
         on the target's GGUF (``llamacpp``)."""
-        return "torch" if self.tool == "transformers" else "llamacpp"
+        return TORCH if self.tool == "transformers" else LLAMACPP
 
     @property
     def is_server(self) -> bool:
@@ -119,7 +119,7 @@ class MethodSpec:
     kind: str
     config: DecodeConfig | None = None
     k: int | None = None
-    backend: str = "torch"
+    backend: str = TORCH
     via: str = "library"
 
     def __post_init__(self) -> None:
@@ -131,7 +131,7 @@ class MethodSpec:
     @property
     def name(self) -> str:
         """The canonical string; ``parse_method(spec.name) == spec``."""
-        backend = "" if self.backend == "torch" or self.is_peer else f":backend={self.backend}"
+        backend = "" if self.backend == TORCH or self.is_peer else f":backend={self.backend}"
         backend += ":via=serve" if self.via == "serve" else ""
         if self.kind != "spec":
             return (self.kind if self.k is None else f"{self.kind}:k={self.k}") + backend
@@ -176,7 +176,7 @@ class MethodSpec:
     @property
     def peer(self) -> str | None:
         """The peer a project method is measured against (by its drafter and backend), if any."""
-        if self.kind != "spec" or self.backend == "llamacpp":  # the llama.cpp binding drafts nothing itself
+        if self.kind != "spec" or self.backend == LLAMACPP:  # the llama.cpp binding drafts nothing itself
             return None
         return next((peer.name for peer in PEERS.values() if peer.peer_of == self.drafter), None)
 
@@ -214,7 +214,7 @@ def _plain(value: Any) -> Any:
     return [list(v) if isinstance(v, tuple) else v for v in value] if isinstance(value, tuple) else value
 
 
-def parse_method(text: str, default_backend: str = "torch") -> MethodSpec:
+def parse_method(text: str, default_backend: str = TORCH) -> MethodSpec:
     """Parse one method string (see the module docstring); raises ValueError naming the problem.
 
     ``default_backend``: where ``ar`` and ``spec`` methods without ``backend=`` run.
@@ -245,7 +245,7 @@ def parse_method(text: str, default_backend: str = "torch") -> MethodSpec:
         raise ValueError(f"method {text!r}: {err.render(text_spelling, joined=True)}") from None
     except ValueError as err:
         raise ValueError(f"method {text!r}: {err}") from None
-    if backend in backend_table.GGUF_NAMES and drafters.needs(config.drafter) - LlamaCppCausalLM.capabilities:
+    if drafters.needs(config.drafter) - backend_table.BY_NAME[backend].capabilities:
         raise ValueError(
             f"method {text!r}: the {config.drafter} drafter reads the transformers model's layers or hidden "
             f"states, so it runs on backend=torch only; on {backend} draft with model, ngram or ngram+model")
@@ -275,7 +275,7 @@ def _parse_peer(text: str, kind: str, fields: list[str]) -> MethodSpec:
 def method_of_record(record: dict[str, Any]) -> MethodSpec:
     """The method a results.json entry's ``spec`` record describes, however its name was spelled
     when it was written (the record always names the drafter and policy)."""
-    kind, backend, via = record["kind"], record.get("backend", "torch"), record.get("via", "library")
+    kind, backend, via = record["kind"], record.get("backend", TORCH), record.get("via", "library")
     if kind != "spec":
         return MethodSpec(kind, k=record.get("k"), backend=backend, via=via)
     options = dict(record.get("options") or [])
@@ -291,7 +291,7 @@ def method_of_record(record: dict[str, Any]) -> MethodSpec:
     return parse_method(":".join(fields), default_backend=backend)
 
 
-def parse_methods(text: str, backends: Sequence[str] = ("torch",)) -> list[MethodSpec]:
+def parse_methods(text: str, backends: Sequence[str] = (TORCH,)) -> list[MethodSpec]:
     """A comma-separated list; duplicates are dropped. A method without ``backend=`` runs on each
     of ``backends`` in turn. ``ar`` comes first, once per backend the methods use (torch's at
     least when a method runs there or a transformers peer needs it)."""

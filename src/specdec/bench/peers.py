@@ -17,6 +17,7 @@ from typing import Any, Iterator
 
 import torch
 
+from specdec.backends.table import LLAMACPP
 from specdec.bench.llamacpp_models import LlamaCppModels
 from specdec.bench.methods import PEERS, MethodSpec
 from specdec.bench.sample import Sample, median as _median
@@ -27,7 +28,7 @@ def run_peer(method: MethodSpec, pair: Pair, llamacpp: LlamaCppModels | None, pr
              temperature: float, max_new_tokens: int, eos: list[int], seed: int) -> Sample:
     """One timed generation by a peer: transformers' on the ``pair``'s models, ``llamacpp-ar`` on
     the binding's own model of the target's GGUF (``llamacpp``)."""
-    if method.backend == "llamacpp":
+    if method.backend == LLAMACPP:
         return _run_llamacpp_peer(method, llamacpp, prompt_ids, temperature, max_new_tokens, eos, seed)
     return _run_hf_peer(method, pair, prompt_ids, temperature, max_new_tokens, eos, seed)
 

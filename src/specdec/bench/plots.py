@@ -7,6 +7,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from specdec.backends.table import TORCH
 from specdec.bench.markdown import title
 
 PLOTS = ("speedup.png", "accepted_per_step.png", "k_sweep.png", "predicted_vs_measured.png")
@@ -73,7 +74,7 @@ def _plot_k_sweep(plt, methods):
     for m in methods.values():
         spec = m["spec"]
         if spec["kind"] == "spec" and spec["verifier"] != "tree":
-            backend = "" if spec.get("backend", "torch") == "torch" else f" ({spec['backend']})"
+            backend = "" if spec.get("backend", TORCH) == TORCH else f" ({spec['backend']})"
             families[f"{spec['drafter']}:{spec['verifier']}:{spec['policy']}{backend}"].append((spec["k"], m))
     for family, points in families.items():
         points.sort(key=lambda p: p[0])

@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from specdec.backends.table import GGUF_NAMES, TORCH
 from specdec.bench import schema_check
 from specdec.bench.environment import environment, llamacpp_info, model_info
 from specdec.bench.figures import summarize
@@ -33,9 +34,9 @@ __all__ = [
 def results(run: BenchRun, env: dict[str, Any], models: dict[str, Any]) -> dict[str, Any]:
     """The whole run as plain data: what results.json holds."""
     s = run.settings
-    if any(m.backend in ("llamacpp", "gguf") for m in run.methods):  # as `specdec generate --json` says it: "weights"
+    if any(m.backend in GGUF_NAMES for m in run.methods):  # as `specdec generate --json` says it: "weights"
         env = env | {"weights": run_weights(run.methods, env.get("dtype"), models)}
-        if not any(m.backend == "torch" for m in run.methods):  # and no torch dtype where torch ran nothing
+        if not any(m.backend == TORCH for m in run.methods):  # and no torch dtype where torch ran nothing
             env = {k: v for k, v in env.items() if k != "dtype"}
     return {
         "environment": env,

@@ -31,6 +31,7 @@ from specdec.api import decode_text, eos_token_ids_of
 from specdec import build as builder
 from specdec.divergence import LogitsRecorder, decisive_position, explain
 from specdec.measurements import batch_invariance
+from specdec.backends.table import GGUF, LLAMACPP, TORCH
 from specdec.bench.llamacpp_models import LlamaCppModels, context_needed
 from specdec.bench.methods import MethodSpec
 from specdec.bench.peers import run_peer
@@ -58,7 +59,7 @@ class BenchBackends:
 
     def gguf_models(self, backend: str) -> LlamaCppModels | None:
         """The GGUF models of ``backend`` (``llamacpp`` or ``gguf``)."""
-        return self.gguf if backend == "gguf" else self.llamacpp
+        return self.gguf if backend == GGUF else self.llamacpp
     servers: Servers | None = None  # llama-server peers and methods with ``via=serve``
 
 
@@ -303,17 +304,17 @@ def _coupled(method: MethodSpec) -> bool:
 
 def check_models(pair: Pair, methods: Sequence[MethodSpec], backends: BenchBackends) -> None:
     """Each method's models are there, else a ValueError naming the methods and what to give."""
-    on_torch = [m for m in methods if m.backend == "torch"]
+    on_torch = [m for m in methods if m.backend == TORCH]
     if on_torch and pair.target is None:
         raise ValueError(f"methods {', '.join(m.name for m in on_torch)} run on torch; load the target's weights")
     if any(m.needs_draft_model for m in on_torch) and pair.draft is None:
         names = ", ".join(m.name for m in on_torch if m.needs_draft_model)
         raise ValueError(f"methods {names} need a draft model; give one (--draft)")
-    on_gguf = [m for m in methods if m.backend == "gguf" and not m.is_server]
+    on_gguf = [m for m in methods if m.backend == GGUF and not m.is_server]
     if on_gguf and backends.gguf is None:
         raise ValueError(f"methods {', '.join(m.name for m in on_gguf)} run on specdec's GGUF kernel and need the "
                          "target's GGUF; give a pack or a .gguf file as the target")
-    on_llamacpp = [m for m in methods if m.backend == "llamacpp"]
+    on_llamacpp = [m for m in methods if m.backend == LLAMACPP]
     if on_llamacpp and backends.llamacpp is None:
         raise ValueError(
             f"methods {', '.join(m.name for m in on_llamacpp)} run on llama.cpp and need the target's GGUF; "
@@ -361,7 +362,7 @@ def _run_project(method, pair, backends, prompt_ids, temperature, max_new_tokens
     config = method.config.replace(temperature=temperature, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
                                    seed=seed, eos_token_ids=eos, draft_weights=backends.draft_weights)
     start = time.perf_counter()
-    if method.backend == "torch":
+    if method.backend == TORCH:
         target, draft = pair.target, pair.draft
     else:  # loaded once: their caches are emptied (specdec.build does) so no run reuses an earlier prefix
         gguf_models = backends.gguf_models(method.backend)

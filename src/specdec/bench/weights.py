@@ -3,9 +3,11 @@ architecture and file type as llama.cpp names them, read from the file's header 
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 from typing import Any, Sequence
 
+from specdec.backends.table import GGUF, GGUF_NAMES, LABELS, LLAMACPP, TORCH
 from specdec.bench.methods import MethodSpec
 
 
@@ -51,8 +53,6 @@ _GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 
 def _gguf_metadata(path: Path, keys: Sequence[str]) -> dict[str, Any]:
     """The scalar and string values of ``keys`` in a GGUF file's header (v2 or later), read until
     all are found: a few kilobytes, where the ``gguf`` package's reader maps every tensor."""
-    import struct
-
     wanted, found = set(keys), {}
     with open(path, "rb") as f:
         def read(fmt: str) -> Any:
@@ -100,12 +100,12 @@ def run_weights(methods: Sequence[MethodSpec], dtype: str | None, models: dict[s
     ran on llama.cpp (its peers and servers included), both when both ran."""
     backends = {m.backend for m in methods}
     parts = []
-    if "torch" in backends or not backends:
-        parts.append(f"{dtype} on torch" if backends & {"llamacpp", "gguf"} else str(dtype))
-    for backend, where in (("llamacpp", "via llama.cpp"), ("gguf", "on specdec's GGUF kernel")):
+    if TORCH in backends or not backends:
+        parts.append(f"{dtype} on torch" if backends & set(GGUF_NAMES) else str(dtype))
+    for backend, where in ((LLAMACPP, f"via {LABELS[LLAMACPP]}"), (GGUF, f"on {LABELS[GGUF]}")):
         if backend not in backends:
             continue
-        info = models.get(backend) or models.get("llamacpp") or {}  # servers on the kernel: the same files
+        info = models.get(backend) or models.get(LLAMACPP) or {}  # servers on the kernel: the same files
         target, draft = info.get("target_weights"), info.get("draft_weights")
         if target and draft and draft != target:
             parts.append(f"{target} GGUF (draft: {draft}) {where}")

@@ -22,10 +22,11 @@ import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
-from specdec import models, packs
+from specdec import drafters, models, packs
 from specdec.cli import common
 from specdec.backends import llamacpp as llamacpp_backend
 from specdec.backends import table as backend_table
+from specdec.backends.table import GGUF, LLAMACPP, TORCH
 from specdec.bench import concurrency, markdown as bench_markdown, report, resume
 from specdec.bench.llamacpp_models import LlamaCppModels
 from specdec.bench.methods import MethodSpec, parse_method, parse_methods
@@ -49,8 +50,8 @@ DEFAULT_METHODS = (  # the default method (spec), fixed-length chains under each
 )
 DEFAULT_PROMPTS = "humaneval:8,mtbench:8"
 # --backend: each of the bench's backends alone, or two of them (both: torch and llama.cpp)
-BACKEND_CHOICES = {name: (name,) for name in backend_table.NAMES} | {"both": ("torch", "llamacpp"),
-                                                       "gguf+llamacpp": ("gguf", "llamacpp")}
+BACKEND_CHOICES = {name: (name,) for name in backend_table.NAMES} | {"both": (TORCH, LLAMACPP),
+                                                                     "gguf+llamacpp": (GGUF, LLAMACPP)}
 DESCRIPTION = (
     "Time the project's speculative methods against the target alone (ar) and against "
     "transformers' assisted generation and prompt lookup, on the same models, prompts and "
@@ -119,13 +120,13 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"e.g. humaneval:8,my.jsonl:4 (default: {DEFAULT_PROMPTS})")
     parser.add_argument("--methods", default=DEFAULT_METHODS,
                         help="comma-separated: ar, spec:[<drafter>:]<verifier>[:k=N][:policy=P][:option=V...] "
-                             "(drafters: model, ngram, early-exit, layer-skip), spec:tree[:budget=N], hf-assisted[:k=N], "
+                             f"(drafters: {', '.join(drafters.names())}), spec:tree[:budget=N], hf-assisted[:k=N], "
                              "hf-prompt-lookup[:k=N], hf-ar, llamacpp-ar, and llama.cpp's own server: llama-server, "
                              "llama-server-md, llama-server-spec-default (they need a llama-server binary: see "
                              "Servers below); ar and spec take backend=torch|llamacpp|gguf, and via=serve to run through "
                              "a specdec serve process instead of the library; ar is always run, on each backend "
                              "used (default: %(default)s)")
-    parser.add_argument("--backend", choices=tuple(BACKEND_CHOICES), default="torch",
+    parser.add_argument("--backend", choices=tuple(BACKEND_CHOICES), default=TORCH,
                         help="where ar and spec methods without backend= run: torch (transformers' weights), "
                              "llamacpp (the GGUF, through llama.cpp), gguf (the GGUF on specdec's own kernel), "
                              "both (torch and llamacpp) or gguf+llamacpp (each such method on each, interleaved "
@@ -223,9 +224,9 @@ def _run_all(args: argparse.Namespace, command: str, env: dict[str, Any], out: P
         run = run_bench(pair, methods, prompts, s, backends, progress=not args.no_progress, done=store.load(prompts),
                         on_sample=lambda x, store=store: store.save(x, prompts[x.prompt]))
         if backends.llamacpp is not None:  # after the run: what its models were loaded with
-            info["llamacpp"] = report.llamacpp_info(backends.llamacpp)
+            info[LLAMACPP] = report.llamacpp_info(backends.llamacpp)
         if backends.gguf is not None:
-            info["gguf"] = report.llamacpp_info(backends.gguf)
+            info[GGUF] = report.llamacpp_info(backends.gguf)
         if backends.servers is not None:  # llama-server keeps earlier prompts in RAM: each temperature starts afresh
             backends.servers.stop()
         data = report.results(run, env | {"load_average_run": [before, _load_average()]}, info)
@@ -239,7 +240,7 @@ def _run_all(args: argparse.Namespace, command: str, env: dict[str, Any], out: P
 def _plan(args: argparse.Namespace) -> tuple[list[MethodSpec], list[Any], list[Any]]:
     """(methods, prompts, settings per temperature) from the options; :class:`CLIError` if they are wrong."""
     try:
-        methods = parse_methods(args.methods, BACKEND_CHOICES[getattr(args, "backend", "torch")])
+        methods = parse_methods(args.methods, BACKEND_CHOICES[getattr(args, "backend", TORCH)])
     except ValueError as e:
         raise CLIError(f"--methods: {e}", "write methods like ar,spec:block:k=4,hf-assisted (see 'specdec bench "
                        "--help'; the grammar: the docstring of specdec.bench.methods)", code=2) from None
@@ -292,7 +293,7 @@ def _plan_concurrency(args: argparse.Namespace) -> tuple[list[MethodSpec], list[
                        "in the bench's process",
                        "add :via=serve to a project method, or name llama-server peers (--methods "
                        f"{concurrency.DEFAULT_METHODS})", code=2)
-    serial = [m.name for m in methods if not m.is_peer and m.backend != "gguf"]
+    serial = [m.name for m in methods if not m.is_peer and m.backend != GGUF]
     if serial and max(args.concurrency) > 1:
         raise CLIError(f"--concurrency {max(args.concurrency)}: {', '.join(serial)} would run on a backend that "
                        "serves one request at a time",
@@ -446,8 +447,8 @@ def load_models(args: argparse.Namespace, methods: Sequence[MethodSpec]) -> Pair
     generate`` loads them (the bench's --backend says where methods run, not how these load). The
     pair names the draft when a method on either backend drafts with it."""
     has_draft = args.draft is not None
-    wants_draft = has_draft and any(m.needs_draft_model and m.backend == "torch" for m in methods)
-    pair = common.load_models(args.target, args.draft if wants_draft else None, backend="torch",
+    wants_draft = has_draft and any(m.needs_draft_model and m.backend == TORCH for m in methods)
+    pair = common.load_models(args.target, args.draft if wants_draft else None, backend=TORCH,
                                cache_dir=args.cache_dir, dtype=args.dtype, kernels=args.kernels, threads=args.threads)
     draft = pair.draft
     if draft is pair.target:  # the peers' forward hooks must tell the two apart
@@ -462,7 +463,7 @@ def llamacpp_models(args: argparse.Namespace, methods: Sequence[MethodSpec]) -> 
     no GGUF (:func:`gguf_path`)."""
     import torch
 
-    on_llamacpp = [m for m in methods if m.backend == "llamacpp"]
+    on_llamacpp = [m for m in methods if m.backend == LLAMACPP]
     if not on_llamacpp:
         return None
     if not llamacpp_backend.available():
@@ -479,12 +480,12 @@ def gguf_models(args: argparse.Namespace, methods: Sequence[MethodSpec]) -> Llam
     None when no method runs there."""
     import torch
 
-    on_gguf = [m for m in methods if m.backend == "gguf" and not m.is_server]
+    on_gguf = [m for m in methods if m.backend == GGUF and not m.is_server]
     if not on_gguf:
         return None
     draft_gguf = args.draft is not None and any(m.needs_draft_model for m in on_gguf)
     return LlamaCppModels(gguf_path(args.target, args), gguf_path(args.draft, args) if draft_gguf else None,
-                          n_threads=args.threads or torch.get_num_threads(), backend="gguf")
+                          n_threads=args.threads or torch.get_num_threads(), backend=GGUF)
 
 
 def bench_servers(args: argparse.Namespace, methods: Sequence[MethodSpec]) -> Servers | None:

@@ -1,7 +1,7 @@
 """The command line's shared option table and helpers, for every entry point under :mod:`specdec.cli`.
 
 The option groups (:func:`add_model_options`, :func:`add_backend_option`,
-:func:`add_decoding_options`, the decoding options built from :data:`specdec.config.OPTIONS`), the
+:func:`add_decoding_options`, the decoding options built from :func:`specdec.config.options`), the
 number types argparse checks values with, :func:`decode_config` (the options to a
 :class:`~specdec.config.DecodeConfig`), :func:`load_models` (names to a loaded
 :class:`~specdec.models.Pair`, with notes on what loads) and the way a command reports: a problem
@@ -25,10 +25,10 @@ from typing import Any, Callable, Collection, Iterator
 from specdec import models, packs
 from specdec.backends import gguf, llamacpp
 from specdec.backends import table as backend_table
-from specdec.config import (
-    GROUP_FIELD, NAME_ONLY, OPTIONS, ConfigError, DecodeConfig, NothingToVerify, Option, option,
-)
+from specdec.backends.table import AUTO, GGUF, LLAMACPP, TORCH
+from specdec.config import GROUP_FIELD, NAME_ONLY, ConfigError, DecodeConfig, NothingToVerify, option, options
 from specdec.constraints import ConstraintError, Constraints, check_logprobs
+from specdec.options import Option
 
 
 class CLIError(Exception):
@@ -132,10 +132,10 @@ def add_backend_option(parser: argparse.ArgumentParser) -> None:
 
 
 def add_decoding_options(parser: argparse.ArgumentParser) -> None:
-    """The decoding options, one per row of :data:`specdec.config.OPTIONS` (--draft-weights is
+    """The decoding options, one per row of :func:`specdec.config.options` (--draft-weights is
     among the model options). A method option left out is None, so the config's default applies."""
     group = parser.add_argument_group("decoding")
-    for opt in OPTIONS:
+    for opt in options():
         if opt.flag is None or opt.name == "draft_weights":
             continue
         kwargs: dict[str, Any] = dict(dest=opt.dest, help=opt.help,
@@ -236,7 +236,7 @@ def decode_config(args: argparse.Namespace) -> DecodeConfig:
     """The :class:`~specdec.config.DecodeConfig` the decoding options describe, its default drafter
     named for --draft; checked here, before any model loads."""
     values: dict[str, Any] = {"stop": args.stop}
-    for opt in OPTIONS:
+    for opt in options():
         value = getattr(args, opt.dest, None) if opt.dest else None
         if value is None:
             continue
@@ -267,7 +267,7 @@ def decode_config(args: argparse.Namespace) -> DecodeConfig:
 # Loading models
 
 
-def load_models(target: str, draft: str | None = None, *, backend: str = "torch", cache_dir: str | None = None,
+def load_models(target: str, draft: str | None = None, *, backend: str = TORCH, cache_dir: str | None = None,
                 dtype: str = "bfloat16", kernels: str = "auto", threads: int | None = None,
                 typed: Collection[str] = ()) -> models.Pair:
     """The target and, unless ``draft`` is None, the draft, as a
@@ -280,17 +280,15 @@ def load_models(target: str, draft: str | None = None, *, backend: str = "torch"
     names = [target] + ([draft] if draft is not None else [])
     _check_torch_options(names, backend, typed)
 
-    runs = {"torch": dtype, "llamacpp": "GGUF via llama.cpp", "gguf": "GGUF on specdec kernels"}
-
     def loading(name: str, where: str) -> None:
-        note(f"loading {name} ({runs[where]})")
+        note(f"loading {name} ({backend_table.BY_NAME[where].weights or dtype})")
 
     try:
         pair = models.load_pair(target, draft, backend=backend, cache_dir=cache_dir, dtype=dtype, kernels=kernels,
                                 n_threads=threads, on_load=loading)
     except models.ModelPackError as err:
         raise CLIError(err.message, err.hint) from None
-    if backend == "auto" and pair.backend != "torch":
+    if backend == AUTO and pair.backend != TORCH:
         note(f"{pair.target_name} runs on {pair.backend_why}")
     elif pair.backend_why != "asked for":  # a named backend whose output may differ from plain decoding
         note(f"{pair.target_name} runs on {backend_table.LABELS[pair.backend]} ({pair.backend_why})")
@@ -303,7 +301,7 @@ def load_models(target: str, draft: str | None = None, *, backend: str = "torch"
 def load_models_from(args: argparse.Namespace, *, draft: bool = True) -> models.Pair:
     """:func:`load_models` with what the parsed options say: --target, --draft (unless ``draft`` is
     False), --backend (torch where the command has none), --cache-dir, --dtype, --kernels, --threads."""
-    return load_models(args.target, args.draft if draft else None, backend=getattr(args, "backend", "torch"),
+    return load_models(args.target, args.draft if draft else None, backend=getattr(args, "backend", TORCH),
                        cache_dir=getattr(args, "cache_dir", None), dtype=args.dtype,
                        kernels=getattr(args, "kernels", "auto"), threads=getattr(args, "threads", None),
                        typed=getattr(args, "given", frozenset()))
@@ -335,7 +333,7 @@ def _check_torch_options(names: list[str], backend: str, typed: Collection[str])
             models.check_backend(name, backend)
     except models.ModelPackError as err:
         raise CLIError(err.message, err.hint) from None
-    if not names or backend == "torch" or not all(models.is_gguf_source(name) for name in names):
+    if not names or backend == TORCH or not all(models.is_gguf_source(name) for name in names):
         return
     where = backend_table.LABELS[backend] if backend in backend_table.GGUF_NAMES else "a GGUF backend"
     for flag, dest in (("--dtype", "dtype"), ("--kernels", "kernels")):
@@ -350,8 +348,8 @@ def gguf_weights(model: Any) -> str:
     describes it), or 'llama 30x576 (Q4_1/Q6_K) GGUF on specdec kernels (avx2 path)': the kernel's
     path, the instructions its products run on here (:data:`specdec.backends.gguf.PATHS`)."""
     if type(model).__module__.endswith("llamacpp"):
-        return f"{model.weights.description} GGUF via llama.cpp"
-    return f"{model.weights.description} GGUF on specdec kernels ({gguf.kernel_path(model.lib)} path)"
+        return f"{model.weights.description} {backend_table.BY_NAME[LLAMACPP].weights}"
+    return f"{model.weights.description} {backend_table.BY_NAME[GGUF].weights} ({gguf.kernel_path(model.lib)} path)"
 
 
 def check_threads(threads: int | None) -> None:

@@ -21,6 +21,7 @@ from specdec.drafters.tree import DEFAULT_TREE, TreeDrafter
 from specdec.measurements import batch_invariance
 from specdec.backends import gguf
 from specdec.backends import table as backend_table
+from specdec.backends.table import GGUF
 from specdec.models import Pair
 from specdec.cli.common import (
     CLIError, add_backend_option, add_constraint_options, add_decoding_options, add_model_options,
@@ -256,7 +257,7 @@ def _report(args: argparse.Namespace, pair: Pair, result: Any, ar: Any,
         "draft": args.draft,
         "draft_weights": args.draft_weights,
         "backend": {"name": pair.backend, "why": pair.backend_why,
-                    **({"kernel_path": gguf.kernel_path(pair.target.lib)} if pair.backend == "gguf" else {})},
+                    **({"kernel_path": gguf.kernel_path(pair.target.lib)} if pair.backend == GGUF else {})},
         **({"weights": gguf_weights(pair.target)} if pair.backend in backend_table.GGUF_NAMES else {"dtype": args.dtype}),
         "method": result.method,
         "exact": result.exact,  # the verification rule keeps the target's law (docs/exactness.md)

@@ -14,9 +14,12 @@ from specdec.cli.common import (
     CLIError, add_backend_option, add_model_options, check_threads, load_models_from, non_negative_float,
     non_negative_int, positive_int,
 )
+from specdec.backends import table as backend_table
 from specdec.backends.shared import default_slots
+from specdec import datastore
 from specdec.config import SAMPLERS
-from specdec.policies.costs import MAX_ROWS, row_costs
+from specdec.constraints import ConstraintError, Constraints
+from specdec.costs import MAX_ROWS, row_costs
 from specdec.server.app import ServedModels, ServerOptions, create_app
 from specdec.server.guard import allowed_hosts, uvicorn_config
 from specdec.server.worker import ModelThread
@@ -177,7 +180,8 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         app = create_app(models, options, thread)
     except ValueError as err:
-        raise CLIError(f"--parallel {options.parallel}: {err}", "add --backend gguf, or serve with --parallel 1",
+        sharing = " or ".join(b.name for b in backend_table.TABLE if b.shares_passes)
+        raise CLIError(f"--parallel {options.parallel}: {err}", f"add --backend {sharing}, or serve with --parallel 1",
                        code=2) from None
     thread.call(_warm_up, app.state.specdec, method)
     print(f"specdec: serving {args.target} ({method}) on http://{_url_host(args.host)}:{args.port}/ "
@@ -247,8 +251,6 @@ def available_memory() -> int | None:
 def served_datastore(args: argparse.Namespace) -> Any:
     """The datastore the server searches and feeds (``--datastore``, bounded by
     ``--datastore-max-tokens``), made the process's default (:func:`specdec.datastore.use_default`)."""
-    from specdec import datastore
-
     try:
         store = datastore.open_store(args.datastore) if args.datastore else datastore.Datastore()
     except ValueError as err:
@@ -270,8 +272,6 @@ def _warm_up(state: Any, method: Any) -> None:
     kwargs = method_kwargs(method, draft, models.draft_weights)
     specdec.generate(target, prompt, max_new_tokens=2, **kwargs)
     if importlib.util.find_spec("llguidance") is not None:
-        from specdec.constraints import ConstraintError, Constraints
-
         try:
             specdec.generate(target, prompt, tokenizer=models.tokenizer, max_new_tokens=1,
                              constraints=Constraints(json_schema={"type": "object"}), **kwargs)

@@ -46,7 +46,7 @@ import torch
 from specdec.backends.base import CausalLM, common_prefix_len, forward_after, rollback
 from specdec.drafters.base import Draft, DraftCost, Drafter, KeepGoing, confidence
 from specdec.drafters.choice import LOOKUP_DEFAULTS
-from specdec.drafters.ngram import NGramDrafter, NGramIndex
+from specdec.drafters.ngram import LOOKUP_OPTIONS, NGramDrafter, NGramIndex
 from specdec.drafters.registry import DrafterSpec
 from specdec.sampling import SamplingConfig, argmax, gumbel_token, logits_to_probs, sample
 
@@ -213,4 +213,4 @@ def _create(target: Any, draft: CausalLM, **options: Any) -> CascadeDrafter:
     return CascadeDrafter(draft, **options)
 
 
-SPEC = DrafterSpec(name="cascade", create=_create, options=("max_ngram", "min_ngram"), uses_draft_model=True)
+SPEC = DrafterSpec(name="cascade", create=_create, options=LOOKUP_OPTIONS, uses_draft_model=True)

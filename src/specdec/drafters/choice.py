@@ -24,7 +24,7 @@ import torch
 from specdec.backends.base import CausalLM
 from specdec.drafters.base import Draft, DraftCost, Drafter, KeepGoing
 from specdec.drafters.model import ModelDrafter
-from specdec.drafters.ngram import NGramDrafter
+from specdec.drafters.ngram import LOOKUP_OPTIONS, NGramDrafter
 from specdec.drafters.registry import DrafterSpec
 from specdec.drafters.text_lookup import TextLookupDrafter, Vocabulary
 from specdec.sampling import SamplingConfig
@@ -124,4 +124,4 @@ def _create(target: Any, draft: CausalLM, **options: Any) -> ChoiceDrafter:
     return ChoiceDrafter.build(ModelDrafter(draft), **options)
 
 
-SPEC = DrafterSpec(name="ngram+model", create=_create, options=("max_ngram", "min_ngram"), uses_draft_model=True)
+SPEC = DrafterSpec(name="ngram+model", create=_create, options=LOOKUP_OPTIONS, uses_draft_model=True)

@@ -26,6 +26,7 @@ from specdec.backends.hf import HFCausalLM
 from specdec.drafters.base import Draft, Drafter, KeepGoing, draft_chain
 from specdec.drafters.medusa import TrimmedLMHead, feature_target_head
 from specdec.drafters.eagle_head import EagleCache, EagleHead, load_eagle_for
+from specdec.drafters.heads import HEADS_PATH
 from specdec.drafters.registry import DrafterSpec
 from specdec.sampling import SamplingConfig
 
@@ -110,4 +111,4 @@ def _create(target: HFCausalLM, draft: None, **options: Any) -> EagleDrafter:
     return EagleDrafter.load(target, **options)
 
 
-SPEC = DrafterSpec(name="eagle", create=_create, options=("path",), needs=frozenset({HIDDEN_STATES}))
+SPEC = DrafterSpec(name="eagle", create=_create, options=(HEADS_PATH,), needs=frozenset({HIDDEN_STATES}))

@@ -28,6 +28,7 @@ from specdec.backends.base import LAYERS, rollback
 from specdec.backends.hf_layers import HFLayeredCausalLM
 from specdec.drafters.base import Draft, DraftCost, Drafter, KeepGoing, draft_chain
 from specdec.drafters.registry import DrafterSpec
+from specdec.options import Option, positive
 from specdec.sampling import SamplingConfig
 
 DEFAULT_EXIT_BELOW_TOP = 2  # the default exit: this many layers below the top
@@ -111,4 +112,7 @@ def _create(target: HFLayeredCausalLM, draft: None, **options: Any) -> EarlyExit
     return EarlyExitDrafter(target, **options)
 
 
-SPEC = DrafterSpec(name="early-exit", create=_create, options=("exit_layer",), needs=frozenset({LAYERS}))
+EXIT_LAYER = Option("drafter", "exit_layer", positive, "a positive integer (a layer below the target's top)", None,
+                    "--drafter early-exit: draft with the first L layers (default: all but two)", "--exit-layer")
+
+SPEC = DrafterSpec(name="early-exit", create=_create, options=(EXIT_LAYER,), needs=frozenset({LAYERS}))

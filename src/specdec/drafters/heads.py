@@ -24,6 +24,7 @@ from specdec.drafters.base import Draft, Drafter, KeepGoing, draft_chain
 from specdec.drafters.tree import DEFAULT_CHOICES
 from specdec.drafters.medusa import MedusaHeads, TrimmedLMHead, feature_target_head, load_heads_for
 from specdec.drafters.registry import DrafterSpec
+from specdec.options import Option, nonempty
 from specdec.sampling import SamplingConfig, logits_to_probs
 from specdec.token_tree import TokenTree, top_children
 
@@ -147,5 +148,10 @@ def _tree(drafter: HeadsDrafter, tree: Mapping[str, Any] | None) -> tuple[HeadsD
     return (drafter.with_choices(tree["choices"]) if "choices" in tree else drafter), "static"
 
 
-SPEC = DrafterSpec(name="heads", create=_create, options=("path",), needs=frozenset({HIDDEN_STATES}), trees="also",
-                   tree=_tree, cls=HeadsDrafter)
+# The trained heads' folder, which the EAGLE head's drafter takes too.
+HEADS_PATH = Option("drafter", "path", nonempty, "a folder", None,
+                    "--drafter heads or eagle: a folder from 'specdec train-heads' (default: the one shipped for the "
+                    "target)", "--heads")
+
+SPEC = DrafterSpec(name="heads", create=_create, options=(HEADS_PATH,), needs=frozenset({HIDDEN_STATES}), trees="also",
+                   tree=_tree, cls=HeadsDrafter, static_tree=True)

@@ -26,6 +26,7 @@ from specdec.backends.base import LAYERS
 from specdec.backends.hf_layers import HFLayeredCausalLM
 from specdec.drafters.early_exit import LayerSubsetDrafter
 from specdec.drafters.registry import DrafterSpec
+from specdec.options import Option, layer_indices
 from specdec.paths import cache_root, model_key
 
 SHIPPED = "layer_skip.json"  # in specdec/data: {model key: {"skip": [...], ...}}
@@ -110,4 +111,8 @@ def _create(target: HFLayeredCausalLM, draft: None, **options: Any) -> LayerSkip
     return LayerSkipDrafter(target, **options)
 
 
-SPEC = DrafterSpec(name="layer-skip", create=_create, options=("skip",), needs=frozenset({LAYERS}))
+SKIP = Option("drafter", "skip", layer_indices, "layer indices from 0, joined by '/' (e.g. 3/5/7)", None,
+              "--drafter layer-skip: the layers skipped, e.g. 3/5/7 (default: the set saved for the model)",
+              "--skip-layers")
+
+SPEC = DrafterSpec(name="layer-skip", create=_create, options=(SKIP,), needs=frozenset({LAYERS}))

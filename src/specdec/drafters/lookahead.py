@@ -25,7 +25,7 @@ not move. Verification is the tree verifier's (the tree depends only on earlier 
 this step's draws, so it is exact under every sampling setting and under the Gumbel-max sampler).
 
 W, n and G are options (``window=``, ``ngram=``, ``candidates=``). Left out, they come from the
-target's measured row-cost curve (:func:`~specdec.policies.costs.row_costs`): the largest tree whose
+target's measured row-cost curve (:func:`~specdec.costs.row_costs`): the largest tree whose
 pass costs at most :data:`ROW_SLACK` more than a two-row pass (the rows past the fixed cost of
 verifying anything that come nearly free), split between the window and the candidates; and the
 drafter stops drafting (plain steps, with a probe every :data:`BACKOFF` steps) while the tokens
@@ -41,15 +41,16 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from specdec.backends.base import CausalLM
+from specdec.costs import MAX_ROWS, row_costs
 from specdec.drafters.base import Drafter, KeepGoing
 from specdec.drafters.registry import DrafterSpec
+from specdec.options import Option, integer_from, positive
 from specdec.sampling import SamplingConfig
 from specdec.token_tree import TokenTree, forward_tree
 
 DEFAULT_WINDOW = 5
 DEFAULT_NGRAM = 4
 DEFAULT_CANDIDATES = 3
-MAX_ROWS = 16  # the largest pass the planner's cost curve measures
 ROW_SLACK = 0.25  # left to choose: the largest tree whose pass costs at most 1.25 two-row passes
 BACKOFF = 16  # while lookahead does not pay: plain steps between probes
 DECAY = 0.8  # of the running tokens-per-step estimate
@@ -222,8 +223,6 @@ class LookaheadDrafter(Drafter):
 
     def _curve(self) -> list[float]:
         if self._costs is None:
-            from specdec.policies.costs import row_costs  # measured once per machine and cached
-
             self._costs = list(row_costs(self.target, MAX_ROWS)[0])
         return self._costs
 
@@ -262,5 +261,18 @@ def _tree(drafter: LookaheadDrafter, tree: Mapping[str, Any] | None) -> tuple[Lo
     return drafter, f"window={drafter.window}:ngram={drafter.ngram}:candidates={drafter.candidates}"
 
 
-SPEC = DrafterSpec(name="lookahead", create=_create, options=("window", "ngram", "candidates"), trees="only",
-                   tree=_tree, cls=LookaheadDrafter)
+OPTIONS = (
+    Option("drafter", "window", positive, "a positive integer", None,
+           "--drafter lookahead: W, the guessed tokens of the Jacobi window (default: from measured costs)",
+           "--lookahead-window"),
+    Option("drafter", "ngram", integer_from(2), "an integer >= 2", None,
+           "--drafter lookahead: n, the length of the n-grams pooled and verified (default: 4)",
+           "--lookahead-ngram"),
+    Option("drafter", "candidates", integer_from(0), "an integer >= 0", None,
+           "--drafter lookahead: G, the pooled n-grams verified per step (default: from measured costs)",
+           "--lookahead-candidates"),
+)
+
+# Its trees are its own, shaped by its options alone: it takes no tree option.
+SPEC = DrafterSpec(name="lookahead", create=_create, options=OPTIONS, trees="only", tree=_tree, cls=LookaheadDrafter,
+                   tree_keys=())

@@ -24,6 +24,7 @@ import torch
 
 from specdec.drafters.base import Draft, Drafter, KeepGoing, draft_chain
 from specdec.drafters.registry import DrafterSpec
+from specdec.options import Option, positive
 from specdec.sampling import SamplingConfig
 
 LONGEST_MATCH = 32  # how far back a match's length is counted
@@ -184,4 +185,13 @@ def _create(target: Any, draft: None, **options: Any) -> NGramDrafter:
     return NGramDrafter(target.vocab_size, **options)
 
 
-SPEC = DrafterSpec(name="ngram", create=_create, options=("max_ngram", "min_ngram"))
+# The lookup's options, which every drafter that looks the context up takes too.
+MAX_NGRAM = Option("drafter", "max_ngram", positive, "a positive integer", None,
+                   "--drafter ngram or ngram+model: the longest suffix looked up (default: 3; 4 for ngram+model)",
+                   "--max-ngram")
+MIN_NGRAM = Option("drafter", "min_ngram", positive, "a positive integer", None,
+                   "--drafter ngram or ngram+model: the shortest suffix looked up (default: 1; 4 for ngram+model)",
+                   "--min-ngram")
+LOOKUP_OPTIONS = (MAX_NGRAM, MIN_NGRAM)
+
+SPEC = DrafterSpec(name="ngram", create=_create, options=LOOKUP_OPTIONS)

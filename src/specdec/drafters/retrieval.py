@@ -28,8 +28,9 @@ from specdec.datastore import MAX_MATCH, Datastore, Match, best_path, continuati
 from specdec.drafters.base import Draft, DraftCost, Drafter, KeepGoing, draft_chain
 from specdec.drafters.choice import LOOKUP_DEFAULTS, ChoiceDrafter
 from specdec.drafters.model import ModelDrafter
-from specdec.drafters.ngram import NGramDrafter, lookup_confidence
+from specdec.drafters.ngram import LOOKUP_OPTIONS, NGramDrafter, lookup_confidence
 from specdec.drafters.registry import DrafterSpec
+from specdec.options import Option, integer_from, nonempty
 from specdec.sampling import SamplingConfig
 from specdec.token_tree import TokenTree
 
@@ -212,7 +213,16 @@ def _create_choice(target: Any, draft: CausalLM, *, datastore: str | None = None
     return RetrievalChoice.build(ModelDrafter(draft), open_store(datastore), **options)
 
 
-SPEC = DrafterSpec(name="retrieval", create=_create, options=("datastore", "min_match"), trees="also", tree=_tree,
-                   cls=RetrievalDrafter)
+DATASTORE = Option("drafter", "datastore", nonempty, "a datastore's name or a .npz file", None,
+                   "--drafter retrieval or retrieval+model: the datastore searched, a name given to 'specdec index' "
+                   "or a path (default: this process's own store, which 'specdec serve' fills with its outputs)",
+                   "--datastore")
+MIN_MATCH = Option("drafter", "min_match", integer_from(1, MAX_MATCH + 1), f"an integer from 1 to {MAX_MATCH}", None,
+                   "--drafter retrieval or retrieval+model: the shortest context suffix matched in the datastore "
+                   "(default: 2)", "--min-match")
+
+# Its own trees: the most frequent continuations, shaped by the tree options budget and depth.
+SPEC = DrafterSpec(name="retrieval", create=_create, options=(DATASTORE, MIN_MATCH), trees="also", tree=_tree,
+                   cls=RetrievalDrafter, tree_keys=("budget", "depth"))
 CHOICE_SPEC = DrafterSpec(name="retrieval+model", create=_create_choice,
-                          options=("datastore", "min_match", "max_ngram", "min_ngram"), uses_draft_model=True)
+                          options=(DATASTORE, MIN_MATCH, *LOOKUP_OPTIONS), uses_draft_model=True)

@@ -13,19 +13,18 @@ cache is rolled back to the context.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 import torch
 
 from specdec.backends.base import CausalLM, forward_after, rollback
-from specdec.drafters.base import Drafter, KeepGoing
-from specdec.policies.base import DEFAULT_K_MAX, DEFAULT_THRESHOLD
+from specdec.costs import ASSUMED_ROW_COST, CostModel, row_costs
+from specdec.drafters.base import DEFAULT_K_MAX, DEFAULT_THRESHOLD, Drafter, KeepGoing
 from specdec.sampling import SamplingConfig, gumbel_max, logits_to_probs
-from specdec.sequoia import DEFAULT_RANKS, PositionalAcceptance, sequoia_tree
+from specdec.sequoia import (
+    DEFAULT_RANKS, SEQUOIA_MAX_BUDGET, SEQUOIA_ROWS, PositionalAcceptance, sequoia_budget, sequoia_tree,
+)
 from specdec.token_tree import TokenTree, sample_children, top_children
-
-if TYPE_CHECKING:
-    from specdec.policies.costs import CostModel
 
 # The tree that --verify tree drafts unless told otherwise: the confident tree with the confidence
 # policy's threshold (the best tree measured on the default pair).
@@ -87,7 +86,7 @@ class TreeDrafter:
     vector counted from this drafter's verified steps (:meth:`observe`; ``width`` ranks, a prior
     until enough are seen), at most ``depth`` levels, ``budget`` nodes; without a budget, the tree of
     1..31 nodes with the most expected tokens per second on the measured cost curves
-    (:func:`~specdec.policies.auto.sequoia_budget`; :meth:`bind` measures them, ``costs`` injects them).
+    (:func:`~specdec.sequoia.sequoia_budget`; :meth:`bind` measures them, ``costs`` injects them).
     Dynamic: at each of ``depth`` levels, the ``expand``
     best new nodes (by the product of draft probabilities along their path) get ``width``
     children; under greedy decoding they are the most likely ones and finally the ``budget`` best
@@ -119,8 +118,6 @@ class TreeDrafter:
         tree. budget: 16 nodes, except for a Sequoia tree (there: chosen by the cost curves).
         costs: a Sequoia tree's cost curves (the target's rows, the draft's in ``draft_rows``)
         instead of measuring them in :meth:`bind`."""
-        from specdec.policies.auto import SEQUOIA_MAX_BUDGET  # the planner imports the drafters: not at import
-
         mode, choices, threshold = _resolve_mode(mode, choices, threshold)
         confident, sequoia = mode == "confident", mode == "sequoia"
         if expand is not None and sequoia:
@@ -158,12 +155,9 @@ class TreeDrafter:
 
     def bind(self, target: CausalLM) -> None:
         """A Sequoia tree whose budget the cost curves choose: measure the target's and the draft's
-        passes of 1..32 rows (or read them from the planner's cache, :func:`~specdec.policies.costs.row_costs`)."""
+        passes of 1..32 rows (or read them from the planner's cache, :func:`~specdec.costs.row_costs`)."""
         if self.mode != "sequoia" or self.fixed_budget is not None or self.costs is not None:
             return
-        from specdec.policies.auto import SEQUOIA_ROWS
-        from specdec.policies.costs import CostModel, row_costs
-
         target_curve, source = row_costs(target, SEQUOIA_ROWS)
         draft_curve, _ = row_costs(self.model, SEQUOIA_ROWS)
         self.costs = CostModel(target_curve, source=source, draft_rows=draft_curve)
@@ -171,9 +165,6 @@ class TreeDrafter:
     def sequoia_choices(self) -> tuple[tuple[int, ...], ...]:
         """The Sequoia tree for the current positional acceptance vector (built again only once
         the vector has moved by :data:`REBUILD_CHANGE`)."""
-        from specdec.policies.auto import ASSUMED_ROW_COST, SEQUOIA_ROWS, sequoia_budget
-        from specdec.policies.costs import CostModel
-
         p = self.acceptance.vector
         if self._built_for is None or max(abs(a - b) for a, b in zip(p, self._built_for)) > REBUILD_CHANGE:
             if self.fixed_budget is not None:

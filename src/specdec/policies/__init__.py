@@ -11,7 +11,8 @@ builds one by name.
 from __future__ import annotations
 
 from specdec.policies.auto import AutoPolicy
-from specdec.policies.base import DEFAULT_K_MAX, DEFAULT_THRESHOLD, DraftLengthPolicy, Plan, check_k
+from specdec.drafters.base import DEFAULT_K_MAX, DEFAULT_THRESHOLD
+from specdec.policies.base import DraftLengthPolicy, Plan, check_k
 from specdec.policies.estimates import AcceptanceEstimates
 from specdec.policies.rules import ConfidenceStop, HeuristicK, StaticK
 from specdec.policies.theory import TheoryK

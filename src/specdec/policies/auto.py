@@ -3,11 +3,11 @@ expected tokens per second on this machine, with these weights and this pair.
 
 :meth:`AutoPolicy.plan` weighs expected tokens E(k) = 1 + sum_i prod_{j<=i} a_j (per-position
 acceptance rates, :class:`~specdec.policies.AcceptanceEstimates`) against the step's cost T(k) =
-draft(k) + target(k + 1 rows) on the curves :mod:`specdec.policies.costs` measures once per
+draft(k) + target(k + 1 rows) on the curves :mod:`specdec.costs` measures once per
 machine, backend, model, dtype and thread count; ``keep_going`` stops a draft token by token
 (optimal stopping at the planned rate); a draft model's catch-up is charged to the steps it
 serves; probes cost at most :data:`PROBE_SHARE` of the plain steps' time; the same curves size a
-Sequoia tree (:func:`sequoia_budget`) and weigh the cascade's two sources. The whole model of a
+Sequoia tree (:func:`specdec.sequoia.sequoia_budget`) and weigh the cascade's two sources. The whole model of a
 step, and why each choice is exact (it never depends on a step's own timing), is in
 docs/theory.md, "The planner's model of a step".
 """
@@ -20,11 +20,10 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from specdec.drafters.base import DraftCost, Drafter
-from specdec.policies.base import DEFAULT_K_MAX, DraftLengthPolicy, Plan, check_k
-from specdec.policies.costs import MAX_ROWS, CostModel, row_costs
+from specdec.drafters.base import DEFAULT_K_MAX, DraftCost, Drafter
+from specdec.policies.base import DraftLengthPolicy, Plan, check_k
+from specdec.costs import ASSUMED_ROW_COST, MAX_ROWS, CostModel, row_costs
 from specdec.policies.estimates import AcceptanceEstimates
-from specdec.sequoia import optimal_trees
 from specdec.stats import Step
 
 PROBE_SHARE = 0.03  # the most of the plain steps' time one-token probes may cost (docs/theory.md, "The planner's model of a step")
@@ -34,9 +33,6 @@ PROBE_SHARE = 0.03  # the most of the plain steps' time one-token probes may cos
 # EXPLORE_LENGTH tokens, whatever the prior says.
 EXPLORE_TESTS = 3
 EXPLORE_LENGTH = 2
-# Before any measurement (a policy never bound to its models): a verify row is assumed to cost a
-# tenth of a one-row pass and drafting to be free; both are learnt from the steps' timings.
-ASSUMED_ROW_COST = 0.1
 
 
 @dataclass
@@ -67,45 +63,6 @@ def best_length(alphas: Sequence[float], times: Sequence[float], others: float =
         rate = (others + expected) / times[k]
         if rate > best[2] * (1.0 + 1e-12):
             best = (k, expected, rate)
-    return best
-
-
-# The most nodes a Sequoia tree whose budget the cost curves choose may hold, and the rows of the
-# curves measured for it (its verify pass scores the root and every node).
-SEQUOIA_MAX_BUDGET = 31
-SEQUOIA_ROWS = SEQUOIA_MAX_BUDGET + 1
-
-
-def tree_draft_cost(choices: Sequence[tuple[int, ...]], draft: CostModel | None) -> float:
-    """Seconds a draft model with the cost curve ``draft`` (None: a free drafter) takes to draft
-    the static tree ``choices`` as :class:`~specdec.drafters.tree.TreeDrafter` does: a one-row
-    pass after the context, then one pass per level over that level's nodes that have children."""
-    if draft is None or not choices:
-        return 0.0
-    parents: dict[int, set[tuple[int, ...]]] = {}
-    for path in choices:
-        if len(path) > 1:
-            parents.setdefault(len(path) - 1, set()).add(path[:-1])
-    return draft.target_cost(1) + sum(draft.target_cost(len(nodes)) for nodes in parents.values())
-
-
-def sequoia_budget(
-    p: Sequence[float], costs: CostModel, *, max_budget: int = SEQUOIA_MAX_BUDGET, depth: int | None = None,
-) -> tuple[tuple[tuple[int, ...], ...], float, float]:
-    """The hardware-aware Sequoia tree (Chen et al. 2024): among the optimal trees of every budget
-    n = 1..max_budget for the positional acceptance vector ``p`` (:func:`specdec.sequoia.optimal_trees`),
-    the one with the most expected tokens per second, (1 + E(n)) / (draft(n) + target(n + 1 rows)):
-    the target's pass from ``costs.target``, the draft's level passes from ``costs.draft_rows``
-    (:func:`tree_draft_cost`; None: drafting taken as free). Ties go to the smaller tree.
-    Returns (its choices, 1 + E, expected tokens per second)."""
-    draft = CostModel(costs.draft_rows) if costs.draft_rows else None
-    best: tuple[tuple[tuple[int, ...], ...], float, float] = ((), 1.0, 0.0)
-    for choices, value in optimal_trees(p, max_budget, depth)[1:]:
-        if not choices:
-            continue
-        rate = (1.0 + value) / (tree_draft_cost(choices, draft) + costs.target_cost(len(choices) + 1))
-        if rate > best[2] * (1.0 + 1e-12):
-            best = (choices, 1.0 + value, rate)
     return best
 
 

@@ -20,14 +20,9 @@ from typing import Any, Mapping, Protocol, runtime_checkable
 import torch
 
 from specdec.drafters.base import KeepGoing
+from specdec.options import MAX_INT
 from specdec.stats import Step
 
-MAX_INT = 2**31 - 1  # the largest count an option takes (draft lengths, tree sizes); beyond it, an error
-DEFAULT_K_MAX = 16  # the longest draft an adaptive policy tries unless told otherwise
-# The confidence policy's default: stop after a token the draft gives less than 0.8. (transformers
-# uses 0.4; with a 0.5B draft at c ~ 0.5 target steps per token that drafted 7 tokens a step at 52%
-# acceptance on our probe prompts, slower than ar.)
-DEFAULT_THRESHOLD = 0.8
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from specdec.policies.base import DEFAULT_K_MAX, DEFAULT_THRESHOLD, DraftLengthPolicy, check_k
+from specdec.drafters.base import DEFAULT_K_MAX, DEFAULT_THRESHOLD
+from specdec.policies.base import DraftLengthPolicy, check_k
 from specdec.stats import Step
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from specdec.policies.base import DEFAULT_K_MAX, DraftLengthPolicy, check_k
+from specdec.drafters.base import DEFAULT_K_MAX
+from specdec.policies.base import DraftLengthPolicy, check_k
 from specdec.policies.estimates import AcceptanceEstimates
 from specdec.stats import Step
 from specdec.theory import optimal_k

@@ -44,8 +44,10 @@ import specdec
 from specdec.api import decode_text, eos_token_ids_of
 from specdec.backends.gguf import GGUFCausalLM
 from specdec.backends.shared import SharedPasses
+from specdec.backends.table import TORCH
 from specdec.datastore import MAX_MATCH
 from specdec.config import DecodeConfig
+from specdec.constraints import ConstraintError
 from specdec.server import errors, requests as rq
 from specdec.server.errors import APIError
 from specdec.server.guard import LOOPBACK_HOSTS, MAX_BODY_BYTES, READ_TIMEOUT_SECONDS, Guard
@@ -74,7 +76,7 @@ class ServedModels:
     name: str = "specdec"
     draft_name: str | None = None
     draft_weights: str = "int8"
-    backend: str = "torch"  # where the target runs: a name of specdec.backends.table (what the answers say of it)
+    backend: str = TORCH  # where the target runs: a name of specdec.backends.table (what the answers say of it)
 
 
 @dataclass
@@ -301,8 +303,6 @@ def _constraints(state: _State, body: Any) -> Any:
 
 
 def _check(asked: rq.ConstraintFields, state: _State) -> Any:
-    from specdec.constraints import ConstraintError
-
     try:
         constraints = asked.build()
         constraints.check(state.limits.vocab_size, state.models.tokenizer, sorted(state.eos))

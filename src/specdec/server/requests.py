@@ -34,6 +34,7 @@ from typing import Any, Literal, Sequence
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from specdec.config import NAME_ONLY, SEED_RANGE, ConfigError, DecodeConfig, text_spelling
+from specdec.constraints import JSON_LAYOUT, Constraints
 from specdec.server import tools
 from specdec.server.errors import APIError
 
@@ -477,8 +478,6 @@ class ConstraintFields:
         return bool(self.fields)
 
     def build(self) -> Any:
-        from specdec.constraints import Constraints
-
         return Constraints(**self.fields)
 
     def param(self, field: str | None) -> str | None:
@@ -540,8 +539,6 @@ def constraint_fields(body: _Body) -> ConstraintFields:
 def _json_layout(schema: Any) -> Any:
     """A schema embedded in a grammar, with the whitespace a ``json_schema`` constraint allows
     (:data:`specdec.constraints.JSON_LAYOUT`) unless it says its own ``x-guidance``."""
-    from specdec.constraints import JSON_LAYOUT
-
     return {"x-guidance": JSON_LAYOUT, **schema} if isinstance(schema, dict) and "x-guidance" not in schema else schema
 
 

@@ -26,7 +26,7 @@ import uuid
 from typing import Any, Callable
 
 import specdec
-from specdec.backends.table import BY_NAME
+from specdec.backends.table import BY_NAME, TORCH
 from specdec.config import DecodeConfig
 from specdec.server.logprobs import TokenText
 from specdec.server.requests import Generation
@@ -148,7 +148,7 @@ class Answer:
 
 
 def summary(gen: Generation, ids: list[int], text: str, stats: Any, decode: Callable[[list[int]], str],
-            eos: set[int], backend: str = "torch") -> dict[str, Any]:
+            eos: set[int], backend: str = TORCH) -> dict[str, Any]:
     """The text, finish_reason, usage and the speculative figures of a finished generation: its
     output ``ids`` (their ``text``, ``decode`` turning ids into text), the run's ``stats`` (None for
     a generation that ran no step), the model's end tokens ``eos`` and the ``backend`` the target
@@ -174,7 +174,7 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dic
 
 
 def speculative_stats(method: DecodeConfig, stats: Any, *, temperature: float = 1.0,
-                      backend: str = "torch") -> dict[str, Any]:
+                      backend: str = TORCH) -> dict[str, Any]:
     """The non-standard ``speculative`` object of a whole answer and of the last chunk: how
     ``method`` ran at ``temperature`` on the target's ``backend``, from the run's ``stats`` (a
     :class:`specdec.stats.GenerationStats`; None: no step ran)."""

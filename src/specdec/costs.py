@@ -1,10 +1,11 @@
 """What a target forward of n new rows costs on this machine, measured once and cached.
 
-The planner (:mod:`specdec.policies.auto`) weighs expected tokens against these curves: a
-:class:`CostModel` holds the seconds of a pass of 1..n rows (and a draft model's per-token and
-catch-up costs), :func:`measure_rows` times them, and :func:`row_costs` reads them from the cache
-(keyed by :func:`~specdec.measurements.cost_key`: machine, backend, model, dtype, threads) or
-measures and writes them.
+The planner (:mod:`specdec.policies.auto`) weighs expected tokens against these curves, a Sequoia
+tree's budget is chosen on them (:func:`specdec.sequoia.sequoia_budget`) and lookahead decoding
+sizes its window by them: a :class:`CostModel` holds the seconds of a pass of 1..n rows (and a
+draft model's per-token and catch-up costs), :func:`measure_rows` times them, and
+:func:`row_costs` reads them from the cache (keyed by :func:`~specdec.measurements.cost_key`:
+machine, backend, model, dtype, threads) or measures and writes them.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ REPEATS = (3, 7)  # sweeps of the grid: 3, or up to 7 while within MEASURE_SECON
 MEASURE_SECONDS = 4.0
 DUMMY_CONTEXT = 32  # tokens prefilled before timing, so the rows attend to a context
 CACHE_FORMAT = 1  # bump when what is measured changes: older cache files are measured again
+# Before any measurement (a policy or a tree never bound to its models): a verify row is assumed to
+# cost a tenth of a one-row pass and drafting to be free; the planner learns both from the steps' timings.
+ASSUMED_ROW_COST = 0.1
 
 
 @dataclass
