@@ -548,7 +548,10 @@ def test_a_tiny_model_of_the_other_types_agrees_with_llamacpp_within_a_bound(tmp
     # (sigma_kv). llama.cpp's is then at most sqrt((1.125 sigma_ours)^2 + sigma_kv^2) and, the two
     # engines' roundings being independent, their difference's at most
     # sigma = sqrt(sigma_ours^2 + (1.125 sigma_ours)^2 + sigma_kv^2): over these n * V logits the
-    # largest |difference| exceeds 6 sigma with probability under 1e-5 (2e-9 per logit).
+    # largest |difference| exceeds 6 sigma with probability under 1e-5 (2e-9 per logit). (The
+    # engines round most activations alike, so their difference is in fact smaller than either's
+    # distance to ref: measured max 0.23 against a bound of 0.61, rms 0.052 against sigma_ours
+    # 0.067, logits up to 11.5.)
     ref = reference_logits(model.weights, tokens)
     sigma_ours = (ours.double() - ref.double()).pow(2).mean().sqrt()
     sigma_kv = (reference_logits(model.weights, tokens, bf16_cache=True).double() - ref.double()).pow(2).mean().sqrt()
@@ -559,6 +562,7 @@ def test_a_tiny_model_of_the_other_types_agrees_with_llamacpp_within_a_bound(tmp
     # an argmax may differ only where llama.cpp's top-two margin is within twice the bound
     top2 = ref_llamacpp.topk(2, -1).values
     decided = top2[:, 0] - top2[:, 1] > 2 * bound
+    assert decided.any()
     assert torch.equal(ours.argmax(-1)[decided], ref_llamacpp.argmax(-1)[decided])
 
 
