@@ -636,10 +636,14 @@ static inline __attribute__((always_inline)) void kx_block(const int type, const
         B->d = _mm256_broadcastss_ps(dm), B->dmin = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
         q4k_scale_vectors(blk, &B->sc, &B->cw);
         B->hb = _mm256_loadu_si256((const __m256i *)(blk + 16));
-    } else if (type == T_Q3_K) {
-        int8_t s8[16];
-        q3k_scales(blk + 96, s8);
-        B->sc = B->cw = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)s8));
+    } else if (type == T_Q3_K) { /* q3k_scales, its words kept in a register (no store and reload) */
+        uint32_t a[3];
+        memcpy(a, blk + 96, 12);
+        const __m128i u = _mm_set_epi32((int)(((a[1] >> 4) & 0x0f0f0f0fu) | (((a[2] >> 6) & 0x03030303u) << 4)),
+                                        (int)(((a[0] >> 4) & 0x0f0f0f0fu) | (((a[2] >> 4) & 0x03030303u) << 4)),
+                                        (int)((a[1] & 0x0f0f0f0fu) | (((a[2] >> 2) & 0x03030303u) << 4)),
+                                        (int)((a[0] & 0x0f0f0f0fu) | ((a[2] & 0x03030303u) << 4)));
+        B->sc = B->cw = _mm256_cvtepi8_epi16(_mm_sub_epi8(u, _mm_set1_epi8(32)));
         B->hb = _mm256_loadu_si256((const __m256i *)blk);
         B->d = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(blk[108] | (blk[109] << 8))));
     } else if (type == T_Q2_K) {
@@ -650,12 +654,24 @@ static inline __attribute__((always_inline)) void kx_block(const int type, const
         memcpy(&dd2, blk + 80, 4);
         const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dd2));
         B->d = _mm256_broadcastss_ps(dm), B->dmin = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
-    } else { /* IQ4_XS */
-        int16_t s16[8];
-        iq4xs_scales(blk, s16);
-        B->sc = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)s16));
+    } else { /* IQ4_XS: iq4xs_scales, as the 8 bytes of one word */
+        const unsigned hi = (unsigned)(blk[2] | (blk[3] << 8));
+        uint64_t w = 0;
+        for (int v = 0; v < 8; v++)
+            w |= (uint64_t)(((blk[4 + v / 2] >> (4 * (v & 1))) & 0xF) | (((hi >> (2 * v)) & 3) << 4)) << (8 * v);
+        const __m128i s8 = _mm_sub_epi8(_mm_cvtsi64_si128((long long)w), _mm_set1_epi8(32));
+        B->sc = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(s8));
         B->d = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(blk[0] | (blk[1] << 8))));
     }
+}
+
+/* Bit `from` of each byte of hb moved to bit `to`, the byte's other bits cleared. A 16-bit shift by
+ * at most 5 carries bits across the bytes of a pair only into bits the mask clears (a right shift
+ * by k fills bits 8 - k .. 7 of the low byte, above bit `to`; a left shift by k fills bits 0 .. k - 1
+ * of the high byte, below it). */
+static inline __attribute__((always_inline)) __m256i bit_moved(__m256i hb, const int from, const int to) {
+    const __m256i moved = from >= to ? _mm256_srli_epi16(hb, from - to) : _mm256_slli_epi16(hb, to - from);
+    return _mm256_and_si256(moved, _mm256_set1_epi8((char)(1 << to)));
 }
 
 /* Vector v (elements 32v .. 32v + 31) of a kx block: its 32 weight integers as bytes (unsigned,
@@ -673,13 +689,11 @@ static inline __attribute__((always_inline)) void kx_vector(const int type, cons
     if (type == T_Q5_K) { /* the nibbles v % 2 of qs[32 (v / 2) ..], bit v of qh[i] as 16 */
         const __m256i bits = _mm256_loadu_si256((const __m256i *)(blk + 48 + 32 * (v >> 1)));
         const __m256i lo = (v & 1) ? _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4) : _mm256_and_si256(bits, m4);
-        const __m256i mask = _mm256_set1_epi8((char)(1 << v));
-        *q = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(B->hb, mask), mask), _mm256_set1_epi8(0x10)));
+        *q = _mm256_or_si256(lo, bit_moved(B->hb, v, 4));
     } else if (type == T_Q3_K) { /* bits 2 (v % 4) of qs[32 (v / 4) ..], bit v of hmask[i] as 4 */
         const __m256i bits = _mm256_loadu_si256((const __m256i *)(blk + 32 + 32 * (v >> 2)));
         const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(bits, 2 * (v & 3)), m3);
-        const __m256i mask = _mm256_set1_epi8((char)(1 << v));
-        *q = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(B->hb, mask), mask), _mm256_set1_epi8(4)));
+        *q = _mm256_or_si256(lo, bit_moved(B->hb, v, 2));
     } else if (type == T_Q2_K) { /* bits 2 (v % 4) of qs[32 (v / 4) ..] */
         const __m256i bits = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * (v >> 2)));
         *q = _mm256_and_si256(_mm256_srli_epi16(bits, 2 * (v & 3)), m3);
