@@ -1551,9 +1551,9 @@ static void KN(k32)(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t nr
     }
 }
 
-/* Q2_K, Q3_K, Q5_K, IQ4_XS against nr rows: each block decoded once, vector by vector (kx_vector),
- * and each vector applied to every row, whose integer lanes wait in sum[t] (exact). For one to
- * three rows (nr a constant) the sums and accumulators stay in registers. */
+/* Q2_K, Q3_K, Q5_K, IQ4_XS against one to three rows (nr a constant): each block decoded once,
+ * vector by vector (kx_vector), and each vector applied to every row, whose integer lanes (exact)
+ * and accumulators stay in registers. */
 static inline __attribute__((always_inline)) void KN(kx_rows)(const int type, const Seg *s, int64_t j0, int64_t j1, int64_t r0,
                                                            const int64_t nr, const Out *o) {
     const Acts *A = o->a;
@@ -1603,14 +1603,72 @@ static inline __attribute__((always_inline)) void KN(kx_rows)(const int type, co
     }
 }
 
-/* One function per type, with the row count a constant for one to three rows. */
+/* The same for four rows and more: a block in two halves of four vectors (their weights and
+ * scales in registers), each half run over the rows; a row's integer lanes from the first half wait
+ * in part[t] (exact), as in the Q4_K tile. */
+static inline __attribute__((always_inline)) void KN(kx_tile)(const int type, const Seg *s, int64_t j0, int64_t j1, int64_t r0,
+                                                           const int64_t nr, const Out *o) {
+    const Acts *A = o->a;
+    const int64_t n_in = A->n_in, nb = n_in / 256;
+    const int bb = block_bytes(type);
+    __m256i part[RT];
+    for (int64_t j = j0; j < j1; j++) {
+        const uint8_t *row = s->w + j * s->row_bytes;
+        __m256 acc[RT];
+        for (int64_t t = 0; t < nr; t++) acc[t] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *blk = row + b * bb;
+            prefetch_block(blk, bb);
+            KxBlock B;
+            kx_block(type, blk, &B);
+            for (int h = 0; h < 2; h++) {
+                __m256i q[4], aq[4], sv[4];
+                for (int v = 0; v < 4; v++) {
+                    kx_vector(type, blk, &B, 4 * h + v, &q[v], &sv[v]);
+                    aq[v] = type == T_IQ4_XS ? _mm256_sign_epi8(q[v], q[v]) : q[v];
+                }
+                for (int64_t t = 0; t < nr; t++) {
+                    const int64_t r = r0 + t;
+                    const int8_t *xr = A->qk + r * n_in + b * 256 + 128 * h;
+                    __m256i sum = h ? part[t] : _mm256_setzero_si256();
+                    for (int v = 0; v < 4; v++) {
+                        __m256i x = _mm256_loadu_si256((const __m256i *)(xr + 32 * v));
+                        if (type == T_IQ4_XS) x = _mm256_sign_epi8(x, q[v]);
+                        sum = DOT_ADD(sum, _mm256_maddubs_epi16(aq[v], x), sv[v]);
+                    }
+                    if (h == 0) {
+                        part[t] = sum;
+                        continue;
+                    }
+                    const __m256 dx = _mm256_broadcast_ss(A->dk + r * nb + b);
+                    if (type == T_IQ4_XS) {
+                        acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(B.d, dx), _mm256_cvtepi32_ps(sum), acc[t]);
+                        continue;
+                    }
+                    const __m256i adj = _mm256_madd_epi16(B.cw, _mm256_loadu_si256((const __m256i *)(A->bk + r * (n_in / 16) + b * 16)));
+                    if (type == T_Q3_K) {
+                        const __m256i st = _mm256_sub_epi32(sum, _mm256_slli_epi32(adj, 2));
+                        acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(B.d, dx), _mm256_cvtepi32_ps(st), acc[t]);
+                    } else {
+                        acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(B.d, dx), _mm256_cvtepi32_ps(sum), acc[t]);
+                        acc[t] = _mm256_fnmadd_ps(_mm256_mul_ps(B.dmin, dx), _mm256_cvtepi32_ps(adj), acc[t]);
+                    }
+                }
+            }
+        }
+        for (int64_t t = 0; t < nr; t++)
+            store(o->y + (r0 + t) * o->ldy + s->col + j, tree8v(acc[t]), s->bias, j, o->accumulate);
+    }
+}
+
+/* One function per type: the register kernel, the row count a constant, for one to three rows; the tile for more. */
 #define KX_TYPE(NAME, TYPE)                                                                               \
     static void KN(NAME)(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t nr, const Out *o) {    \
         switch (nr) {                                                                                     \
         case 1: KN(kx_rows)(TYPE, s, j0, j1, r0, 1, o); break;                                            \
         case 2: KN(kx_rows)(TYPE, s, j0, j1, r0, 2, o); break;                                            \
         case 3: KN(kx_rows)(TYPE, s, j0, j1, r0, 3, o); break;                                            \
-        default: KN(kx_rows)(TYPE, s, j0, j1, r0, nr, o);                                                 \
+        default: KN(kx_tile)(TYPE, s, j0, j1, r0, nr, o);                                                 \
         }                                                                                                 \
     }
 KX_TYPE(kx_q2k, T_Q2_K)
