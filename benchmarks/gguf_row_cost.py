@@ -11,7 +11,14 @@ which other work on a shared machine can only slow down), and writes JSON with b
 
 ``--model`` takes a .gguf file or a pack name (default: the default target,
 qwen2.5-coder-1.5b, whose joined GGUF is prepared in the cache on first use). ``--no-llamacpp``
-times specdec's backend alone. The JSON's ``machine`` is the machine the figures were measured on
+times specdec's backend alone.
+
+    python benchmarks/gguf_row_cost.py --types Q5_K,Q3_K,Q2_K --threads 2 [--shape 8960x1536]
+
+times the kernel alone on one tensor of each type (random valid blocks; default shape: the default
+target's ffn_gate, its largest matrix in the layers, in copies taken in turn that overflow the
+last-level cache): passes of n rows, the fastest of the repeats, beside the memory floor (the
+tensor's bytes at the machine's read speed). No file is needed. The JSON's ``machine`` is the machine the figures were measured on
 (:func:`specdec.bench.machine.machine_record`: the CPU's vector features, the memory's read speed,
 each backend's one-token step), measured first. Run it on an idle machine.
 """
@@ -24,6 +31,7 @@ import statistics
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from specdec import packs
@@ -48,7 +56,12 @@ def main() -> None:
     parser.add_argument("--no-llamacpp", action="store_true", help="time specdec's backend only")
     parser.add_argument("--stat", choices=("median", "min"), default="median", help="what the table shows")
     parser.add_argument("--read-mib", type=int, default=READ_MIB, help="MiB read to measure the memory's read speed")
+    parser.add_argument("--types", default=None, help="time the kernel on one tensor of each of these ggml types")
+    parser.add_argument("--shape", default="8960x1536", help="the tensor of --types: outputs x inputs")
     args = parser.parse_args()
+    if args.types:
+        type_costs(args)
+        return
     path = resolve(args.model)
     sizes = sorted({1, *(int(v) for v in args.rows.split(","))})  # ratios are to the one-row pass
     torch.set_num_threads(args.threads)
@@ -97,6 +110,72 @@ def main() -> None:
         "command": f"python benchmarks/gguf_row_cost.py --model {args.model} --threads {args.threads} "
                    f"--repeats {args.repeats} --stat {args.stat}",
         "table": table,
+    }, indent=1))
+
+
+COPIES_BYTES = 256 << 20  # --types: the copies of a tensor taken in turn, far more than a last-level cache
+
+
+def random_tensor(qtype: int, n_out: int, n_in: int, rng: np.random.Generator) -> np.ndarray:
+    """Random bytes with finite fp16 scales (every fp16 field of a block; the kernel's cost does not
+    depend on the values): [n_out, row bytes] uint8."""
+    from gguf import GGMLQuantizationType as T
+    from gguf import quants
+
+    block, size = quants.GGML_QUANT_SIZES[T(qtype)]
+    raw = rng.integers(0, 256, size=(n_out, n_in // block, size), dtype=np.uint8)
+    scales = {T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2), T.Q8_0: (0,), T.IQ4_NL: (0,),
+              T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,), T.IQ4_XS: (0,)}
+    for at in scales.get(T(qtype), ()):
+        values = rng.uniform(1e-4, 1e-3, raw.shape[:2]).astype(np.float16)
+        raw[..., at : at + 2] = values.view(np.uint8).reshape(*raw.shape[:2], 2)
+    return raw.reshape(n_out, -1)
+
+
+def type_costs(args: argparse.Namespace) -> None:
+    """--types: each type's tensor against passes of n rows, the fastest of the repeats, in ms."""
+    from gguf import GGMLQuantizationType as T
+
+    from specdec.bench.machine import read_speed
+
+    n_out, n_in = (int(v) for v in args.shape.split("x"))
+    sizes = sorted({1, *(int(v) for v in args.rows.split(","))})
+    gb_per_s = read_speed(args.threads, mib=args.read_mib)["gb_per_s"]
+    rng = np.random.default_rng(0)
+    lines = ["| type | MB | floor ms | " + " | ".join(f"{n} rows ms" for n in sizes) + " | × floor (1 row) |",
+             "|---" * (4 + len(sizes)) + "|"]
+    results = {}
+    for name in args.types.split(","):
+        qtype = int(T[name.strip()])
+        # copies of the tensor, more than the last-level cache holds, taken in turn: each pass
+        # reads its weights from memory, as a model's layers do
+        first = random_tensor(qtype, n_out, n_in, rng)
+        weights = [first] + [np.roll(first, k, axis=0) for k in range(1, -(-COPIES_BYTES // first.nbytes))]
+        weight = first
+        floor = weight.nbytes / gb_per_s / 1e6
+        x = torch.randn(max(sizes), n_in, generator=torch.Generator().manual_seed(0))
+        for w in weights:
+            native.matmul(w, qtype, n_in, x[:1], threads=args.threads)  # a warm-up: pages mapped
+        best = {}
+        for n in sizes:
+            times = []
+            for _ in range(args.repeats):
+                for w in weights:
+                    t0 = time.perf_counter()
+                    native.matmul(w, qtype, n_in, x[:n], threads=args.threads)
+                    times.append(time.perf_counter() - t0)
+            best[n] = min(times) * 1000
+        results[name] = {"bytes": weight.nbytes, "floor_ms": floor, "min_ms": best}
+        lines.append(f"| {name} | {weight.nbytes / 1e6:.1f} | {floor:.2f} | " + " | ".join(f"{best[n]:.2f}" for n in sizes)
+                     + f" | {best[1] / floor:.2f} |")
+    table = "\n".join(lines)
+    print(table)
+    out = Path(args.out) if args.out else Path(__file__).with_name("gguf-type-cost.json")
+    out.write_text(json.dumps({
+        "shape": [n_out, n_in], "threads": args.threads, "repeats": args.repeats, "read_gb_per_s": gb_per_s,
+        "kernel_path": native.kernel_path(), "types": results, "table": table,
+        "command": f"python benchmarks/gguf_row_cost.py --types {args.types} --shape {args.shape} "
+                   f"--threads {args.threads} --repeats {args.repeats} --rows {args.rows}",
     }, indent=1))
 
 

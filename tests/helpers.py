@@ -260,13 +260,30 @@ class _Unsure:
 # Model files: a tiny GGUF, a pack of it, the installed smollm2 pack
 
 
-def write_tiny_gguf(path: Path, *, tie: bool = True, seed: int = 0) -> None:
-    """A 2-layer qwen2 GGUF with a byte-level BPE tokenizer (261 tokens), random float32 weights."""
-    import gguf
+def add_byte_tokenizer(w) -> int:
+    """A byte-level BPE tokenizer of 261 tokens (the 256 bytes, three merges, two control tokens:
+    end of text, the last, and padding) in the GGUF writer ``w``. Returns the vocabulary size."""
     from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
 
     tokens = list(bytes_to_unicode().values()) + ["Ġt", "he", "Ġthe", "<|endoftext|>", "<|im_end|>"]
-    vocab, hidden, heads, kv_heads, ffn = len(tokens), 32, 4, 2, 64
+    vocab = len(tokens)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types([1] * (vocab - 2) + [3, 3])
+    w.add_token_merges(["Ġ t", "h e", "Ġt he"])
+    w.add_eos_token_id(vocab - 1)
+    w.add_pad_token_id(vocab - 2)
+    w.add_bos_token_id(vocab - 2)
+    w.add_add_bos_token(False)
+    return vocab
+
+
+def write_tiny_gguf(path: Path, *, tie: bool = True, seed: int = 0) -> None:
+    """A 2-layer qwen2 GGUF with a byte-level BPE tokenizer (261 tokens), random float32 weights."""
+    import gguf
+
+    vocab, hidden, heads, kv_heads, ffn = TINY_VOCAB, 32, 4, 2, 64
     kv = kv_heads * hidden // heads
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), "qwen2")
@@ -278,15 +295,7 @@ def write_tiny_gguf(path: Path, *, tie: bool = True, seed: int = 0) -> None:
     w.add_head_count_kv(kv_heads)
     w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(1e-6)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list(tokens)
-    w.add_token_types([1] * (vocab - 2) + [3, 3])
-    w.add_token_merges(["Ġ t", "h e", "Ġt he"])
-    w.add_eos_token_id(vocab - 1)
-    w.add_pad_token_id(vocab - 2)
-    w.add_bos_token_id(vocab - 2)
-    w.add_add_bos_token(False)
+    assert add_byte_tokenizer(w) == vocab
 
     def tensor(name: str, *shape: int) -> None:
         w.add_tensor(name, (rng.standard_normal(shape) * 0.2).astype(np.float32))

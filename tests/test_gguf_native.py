@@ -1,7 +1,7 @@
 """specdec's own GGUF backend (:mod:`specdec.backends.gguf`) and its quantized kernel.
 
 The kernel (``csrc/linear_gguf.c``) multiplies fp32 rows by GGUF weights as stored (Q4_0, Q4_1,
-Q8_0, Q4_K, Q6_K, F32, F16, BF16). What is checked here:
+Q5_0, Q5_1, Q8_0, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, F32, F16, BF16). What is checked here:
 
 - against float64 products with the dequantized weights (``gguf.quants.dequantize``): exactly the
   product with the activations quantized as the kernel quantizes them, up to fp32 rounding, and
@@ -29,9 +29,22 @@ from specdec.backends import gguf as native  # noqa: E402
 from specdec.backends.base import SNAPSHOTS, TREES, capabilities  # noqa: E402
 from specdec.token_tree import TokenTree, forward_tree, keep_path  # noqa: E402
 
-TYPES = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q8_0, T.Q4_K, T.Q6_K]
-K_TYPES = (T.Q4_K, T.Q6_K)
+TYPES = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.IQ4_NL, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K,
+         T.Q6_K, T.IQ4_XS]
+K_TYPES = (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS)  # activations quantized in blocks of 256
 FLOAT_TYPES = (T.F32, T.F16, T.BF16)
+QUANTIZABLE = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0)  # the quantized types gguf.quants.quantize writes
+# Where each type's fp16 scales sit in a block, and a plausible range of their size (weights of a
+# few hundredths): for the types gguf.quants can only dequantize, whose blocks are made of random bytes.
+BLOCK_SCALES = {
+    T.Q4_K: ((0, 2e-4, 2e-3), (2, 2e-4, 2e-3)),  # d, dmin
+    T.Q6_K: ((208, 2e-5, 2e-4),),
+    T.Q5_K: ((0, 1e-4, 1e-3), (2, 1e-4, 1e-3)),
+    T.Q3_K: ((108, 5e-4, 5e-3),),
+    T.Q2_K: ((80, 1e-3, 1e-2), (82, 1e-3, 1e-2)),
+    T.IQ4_XS: ((0, 2e-5, 2e-4),),
+    T.IQ4_NL: ((0, 2e-4, 2e-3),),
+}
 
 
 @pytest.fixture(scope="module")
@@ -43,26 +56,20 @@ def lib():
 
 
 def random_blocks(qtype: T, n_out: int, n_in: int, rng: np.random.Generator, scale: float = 1.0) -> np.ndarray:
-    """Valid random blocks of a type gguf.quants can only dequantize (Q4_K, Q6_K): random bytes,
-    with finite fp16 scales of a plausible size (times ``scale``). [n_out, row bytes] uint8."""
+    """Valid random blocks of a type gguf.quants can only dequantize (those of BLOCK_SCALES): random
+    bytes, with finite fp16 scales of a plausible size (times ``scale``); another type's blocks are
+    random bytes. [n_out, row bytes] uint8."""
     block, size = quants.GGML_QUANT_SIZES[qtype]
     raw = rng.integers(0, 256, size=(n_out, n_in // block, size), dtype=np.uint8)
-
-    def halves(lo: float, hi: float) -> np.ndarray:
+    for at, lo, hi in BLOCK_SCALES.get(qtype, ()):
         values = (rng.uniform(lo, hi, raw.shape[:2]) * scale).astype(np.float16)
-        return values.view(np.uint8).reshape(*raw.shape[:2], 2)
-
-    if qtype == T.Q4_K:
-        raw[..., 0:2] = halves(2e-4, 2e-3)  # d
-        raw[..., 2:4] = halves(2e-4, 2e-3)  # dmin
-    else:
-        raw[..., 208:210] = halves(2e-5, 2e-4)  # d
+        raw[..., at : at + 2] = values.view(np.uint8).reshape(*raw.shape[:2], 2)
     return raw.reshape(n_out, -1)
 
 
 def make_weight(qtype: T, n_out: int, n_in: int, rng: np.random.Generator) -> np.ndarray:
     """A GGUF tensor's bytes [n_out, row bytes] uint8 (float types: their values)."""
-    if qtype in K_TYPES:
+    if qtype in BLOCK_SCALES:
         return random_blocks(qtype, n_out, n_in, rng)
     w = (rng.standard_normal((n_out, n_in)) * 0.05).astype(np.float32)
     return np.ascontiguousarray(quants.quantize(w, qtype))
@@ -142,10 +149,11 @@ def test_dequantized_rows_are_those_of_gguf_quants(lib, qtype):
 
 
 def test_unsupported_types_and_shapes_are_refused(lib):
-    assert native.row_bytes(int(T.Q5_K), 256) == -1
+    assert native.row_bytes(int(T.IQ3_S), 256) == -1
     assert native.row_bytes(int(T.Q4_K), 300) == -1  # not whole blocks
-    with pytest.raises(ValueError, match="Q5_1"):
-        native.matmul(np.zeros((2, 24), np.uint8), int(T.Q5_1), 32, torch.zeros(1, 32))
+    assert native.row_bytes(int(T.Q5_1), 48) == -1
+    with pytest.raises(ValueError, match="IQ2_XS"):
+        native.matmul(np.zeros((2, 74), np.uint8), int(T.IQ2_XS), 256, torch.zeros(1, 256))
 
 
 # -- (b) batch invariance, (c) portable == AVX2 ----------------------------------------------------
@@ -187,7 +195,8 @@ def test_the_portable_path_gives_the_avx2_paths_bits(lib, qtype):
     assert torch.equal(native.matmul(weight, int(qtype), n_in, x, threads=2, lib=portable), fast)
 
 
-SCALE_BYTES = {T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q8_0: (0,), T.Q4_K: (0, 2), T.Q6_K: (208,)}
+SCALE_BYTES = {T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2), T.Q8_0: (0,), T.IQ4_NL: (0,),
+               T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,), T.IQ4_XS: (0,)}
 
 
 def any_blocks(qtype: T, n_out: int, n_in: int, rng: np.random.Generator) -> np.ndarray:
@@ -253,10 +262,12 @@ def test_the_vnni_path_gives_the_portable_paths_bits(lib, emulated, qtype):
         assert torch.equal(got, scalar) and torch.equal(got, avx2)
 
 
-def test_a_model_pass_on_the_vnni_path_has_the_bits_of_the_other_paths(lib, emulated, tmp_path):
-    """A whole forward of a tiny model of every quantized type (Q4_K, Q6_K head) on each path."""
+@pytest.mark.parametrize("tiny_model", ["qwen2", "qwen2-more-types"])
+def test_a_model_pass_on_the_vnni_path_has_the_bits_of_the_other_paths(lib, emulated, tmp_path, tiny_model):
+    """A whole forward of a tiny model of every quantized type (a Q6_K or Q5_K head) on each path."""
     path = tmp_path / "tiny-qwen2.gguf"
-    write_tiny_gguf(path, "qwen2", head_type=T.Q6_K)
+    arch, kwargs = TINY_MODELS[tiny_model]
+    write_tiny_gguf(path, arch, **kwargs)
     model = native.load_gguf_native(path, n_threads=2, n_ctx=256)
     tokens = [1, 17, 200, 3, 3, 99, 250, 14, 8, 301, 42, 5]
     logits = {}
@@ -325,8 +336,9 @@ TINY_TYPES = {  # tensor -> type: every type the kernel runs appears in the tiny
 
 
 def write_tiny_gguf(path, arch: str, *, head_type: T | None = T.Q6_K, embed_type: T = T.Q8_0,
-                    override: dict[str, T] | None = None, seed: int = 0) -> None:
-    """A random llama-family model as a GGUF file (no tokenizer)."""
+                    override: dict[str, T] | None = None, seed: int = 0, tokenizer: bool = False) -> None:
+    """A random llama-family model as a GGUF file (no tokenizer, unless asked: a byte-level one of
+    261 tokens, which llama.cpp needs to load the file)."""
     rng = np.random.default_rng(seed)
     c = TINY
     d = c["hidden"] // c["heads"]
@@ -339,10 +351,16 @@ def write_tiny_gguf(path, arch: str, *, head_type: T | None = T.Q6_K, embed_type
     writer.add_head_count_kv(c["kv_heads"])
     writer.add_rope_freq_base(10000.0)
     writer.add_layer_norm_rms_eps(1e-6)
-    writer.add_eos_token_id(7)
+    if tokenizer:
+        from helpers import add_byte_tokenizer
+
+        vocab = add_byte_tokenizer(writer)
+    else:
+        vocab = c["vocab"]
+        writer.add_eos_token_id(7)
 
     def add(name: str, qtype: T, n_out: int, n_in: int) -> None:
-        if qtype in K_TYPES:
+        if qtype not in FLOAT_TYPES and qtype not in QUANTIZABLE:
             data = random_blocks(qtype, n_out, n_in, rng, scale=0.1)
         else:
             w = (rng.standard_normal((n_out, n_in)) * 0.08).astype(np.float32)
@@ -352,9 +370,9 @@ def write_tiny_gguf(path, arch: str, *, head_type: T | None = T.Q6_K, embed_type
     def vec(name: str, n: int, scale: float, offset: float) -> None:
         writer.add_tensor(name, (offset + scale * rng.standard_normal(n)).astype(np.float32))
 
-    add("token_embd.weight", embed_type, c["vocab"], c["hidden"])
+    add("token_embd.weight", embed_type, vocab, c["hidden"])
     if head_type is not None:
-        add("output.weight", head_type, c["vocab"], c["hidden"])
+        add("output.weight", head_type, vocab, c["hidden"])
     vec("output_norm.weight", c["hidden"], 0.1, 1.0)
     types = {**TINY_TYPES, **(override or {})}
     outs = {"attn_q": c["heads"] * d, "attn_k": c["kv_heads"] * d, "attn_v": c["kv_heads"] * d,
@@ -374,10 +392,12 @@ def write_tiny_gguf(path, arch: str, *, head_type: T | None = T.Q6_K, embed_type
     writer.close()
 
 
-def reference_logits(weights: native.GGUFWeights, tokens: list[int], *, quantized: bool = False) -> torch.Tensor:
+def reference_logits(weights: native.GGUFWeights, tokens: list[int], *, quantized: bool = False,
+                     bf16_cache: bool = False) -> torch.Tensor:
     """A float64 causal forward on the dequantized weights, written independently of the backend
     (llama.cpp's graph: RMSNorm, RoPE NORM for llama / NEOX for qwen2, GQA, SwiGLU): [n, V].
-    quantized: each product's input rows quantized first, as the kernel does for the tensor's type."""
+    quantized: each product's input rows quantized first, as the kernel does for the tensor's type.
+    bf16_cache: the keys (after RoPE) and values rounded to bf16, as a 16-bit KV cache holds them."""
     tensors = {t.name: t for t in weights.reader.tensors}
 
     def W(name: str) -> torch.Tensor:
@@ -422,6 +442,8 @@ def reference_logits(weights: native.GGUFWeights, tokens: list[int], *, quantize
         if weights.architecture == "qwen2":
             q, k, v = q + V(p + "attn_q.bias"), k + V(p + "attn_k.bias"), v + V(p + "attn_v.bias")
         q, k = rope(q.view(n, heads, d)), rope(k.view(n, kv, d))
+        if bf16_cache:
+            k, v = (t.to(torch.bfloat16).to(torch.float64) for t in (k, v))
         k = k.repeat_interleave(heads // kv, 1)
         v = v.view(n, kv, d).repeat_interleave(heads // kv, 1)
         scores = torch.einsum("qhd,khd->hqk", q, k) / d**0.5
@@ -433,10 +455,23 @@ def reference_logits(weights: native.GGUFWeights, tokens: list[int], *, quantize
     return mul(norm(x, V("output_norm.weight")), head).float()
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2"])
+MORE_TYPES = {  # a third tiny model: the other types, a tied Q3_K embedding and head (llama), a Q5_K head (qwen2)
+    "attn_q": T.Q5_K, "attn_k": T.Q2_K, "attn_v": T.IQ4_NL, "attn_output": T.IQ4_XS,
+    "ffn_gate": T.Q5_1, "ffn_up": T.Q3_K, "ffn_down": T.Q5_K,
+}
+TINY_MODELS = {  # name -> (architecture, keyword arguments of write_tiny_gguf)
+    "llama": ("llama", dict(head_type=None)),
+    "qwen2": ("qwen2", dict(head_type=T.Q6_K)),
+    "llama-more-types": ("llama", dict(head_type=None, embed_type=T.Q3_K, override=MORE_TYPES)),
+    "qwen2-more-types": ("qwen2", dict(head_type=T.Q5_K, embed_type=T.IQ4_XS, override=MORE_TYPES)),
+}
+
+
+@pytest.fixture(scope="module", params=list(TINY_MODELS))
 def tiny(request, tmp_path_factory, lib):
+    arch, kwargs = TINY_MODELS[request.param]
     path = tmp_path_factory.mktemp("tiny") / f"tiny-{request.param}.gguf"
-    write_tiny_gguf(path, request.param, head_type=None if request.param == "llama" else T.Q6_K)
+    write_tiny_gguf(path, arch, **kwargs)
     return native.load_gguf_native(path, n_threads=2, n_ctx=256)
 
 
@@ -475,8 +510,8 @@ def test_a_tiny_models_rows_are_batch_invariant(tiny):
 
 def test_unsupported_types_and_architectures_are_refused_at_load(tmp_path, lib):
     path = tmp_path / "q5.gguf"
-    write_tiny_gguf(path, "llama", override={"ffn_up": T.Q5_1})
-    with pytest.raises(ValueError, match=r"Q5_1.*--backend llamacpp"):
+    write_tiny_gguf(path, "llama", override={"ffn_up": T.IQ3_S})
+    with pytest.raises(ValueError, match=r"IQ3_S.*--backend llamacpp"):
         native.load_gguf_native(path)
     other = tmp_path / "gemma.gguf"
     write_tiny_gguf(other, "gemma")
@@ -486,6 +521,49 @@ def test_unsupported_types_and_architectures_are_refused_at_load(tmp_path, lib):
     not_gguf.write_bytes(b"nope" * 10)
     with pytest.raises(ValueError, match="not a GGUF file"):
         native.load_gguf_native(not_gguf)
+
+
+def test_a_tiny_model_of_the_other_types_agrees_with_llamacpp_within_a_bound(tmp_path, lib):
+    """Q2_K, Q3_K, Q5_K, Q5_1, IQ4_NL, IQ4_XS tensors (a qwen2 model, its embedding IQ4_XS and its
+    head Q5_K) on both engines: the same model, each engine with its own roundings."""
+    from specdec.backends import llamacpp
+
+    if not llamacpp.available():
+        pytest.skip(f"the llama.cpp binding is not installed: {llamacpp.INSTALL}")
+    path = tmp_path / "tiny-more-types.gguf"
+    write_tiny_gguf(path, "qwen2", head_type=T.Q5_K, embed_type=T.IQ4_XS, override=MORE_TYPES, tokenizer=True)
+    model = native.load_gguf_native(path, n_threads=2, n_ctx=256)
+    theirs = llamacpp.load_gguf(path, n_threads=2, n_ctx=256, prefill_layout="repacked", cache_dir=tmp_path)
+    tokens = [1, 17, 200, 3, 3, 99, 250, 14, 8, 160, 42, 5]
+    model.reset()
+    ours, ref_llamacpp = model.forward(tokens), theirs.forward(tokens)  # [n, V]
+    # The bound, from the two engines' roundings. Both compute the float64 forward on the dequantized
+    # weights (ref) but for: the 8-bit rounding of each product's input rows (ours within half a
+    # step of amax / 127 per block; llama.cpp's the same, its fp16 block scales (Q8_0, Q8_1) adding
+    # at most 127 * 2^-11 of a step: 1.125 times ours at most), llama.cpp's 16-bit KV cache (bf16
+    # the coarser: 2^-9 of each key and value) and fp32 rounding elsewhere. A logit's error is the sum
+    # of the effects of thousands of such roundings: centred, close to normal. Its standard
+    # deviation is measured here for each source on the float64 forward: ours against ref
+    # (sigma_ours; the 8-bit rounding, fp32 adds about 1e-5 of it), and the bf16 cache's
+    # (sigma_kv). llama.cpp's is then at most sqrt((1.125 sigma_ours)^2 + sigma_kv^2) and, the two
+    # engines' roundings being independent, their difference's at most
+    # sigma = sqrt(sigma_ours^2 + (1.125 sigma_ours)^2 + sigma_kv^2): over these n * V logits the
+    # largest |difference| exceeds 6 sigma with probability under 1e-5 (2e-9 per logit). (The
+    # engines round most activations alike, so their difference is in fact smaller than either's
+    # distance to ref: measured max 0.23 against a bound of 0.61, rms 0.052 against sigma_ours
+    # 0.067, logits up to 11.5.)
+    ref = reference_logits(model.weights, tokens)
+    sigma_ours = (ours.double() - ref.double()).pow(2).mean().sqrt()
+    sigma_kv = (reference_logits(model.weights, tokens, bf16_cache=True).double() - ref.double()).pow(2).mean().sqrt()
+    sigma = (sigma_ours**2 * (1 + 1.125**2) + sigma_kv**2).sqrt()
+    bound = float(6 * sigma)
+    assert 0 < sigma_ours <= 0.02 * ref.abs().max()  # the 8-bit rounding moves logits by about 1% of their spread
+    assert (ours - ref_llamacpp).abs().max() <= bound
+    # an argmax may differ only where llama.cpp's top-two margin is within twice the bound
+    top2 = ref_llamacpp.topk(2, -1).values
+    decided = top2[:, 0] - top2[:, 1] > 2 * bound
+    assert decided.any()
+    assert torch.equal(ours.argmax(-1)[decided], ref_llamacpp.argmax(-1)[decided])
 
 
 # -- (d) SmolLM2-135M Q4_1 ---------------------------------------------------------------------------

@@ -21,16 +21,25 @@ Block formats (ggml's; each block holds fp16 scales and packed integers):
 - ``Q4_0``: 32 weights, ``d`` and 16 bytes of nibbles, w = d * (q - 8);
 - ``Q4_1``: 32 weights, ``d``, ``m`` and 16 bytes of nibbles, w = d * q + m;
 - ``Q5_0``: 32 weights, ``d``, 32 high bits and 16 bytes of nibbles, w = d * (q - 16) (q of 5 bits);
+- ``Q5_1``: 32 weights, ``d``, ``m``, 32 high bits and 16 bytes of nibbles, w = d * q + m;
 - ``Q8_0``: 32 weights, ``d`` and 32 signed bytes, w = d * q;
+- ``IQ4_NL``: 32 weights, ``d`` and 16 bytes of nibbles, w = d * level[q] (16 non-linear levels);
+- ``Q2_K``: 256 weights, 16 bytes of 4-bit scales and mins (one pair per 16 weights), 64 bytes of
+  2-bit q, ``d``, ``dmin``; w = d * sc * q - dmin * m;
+- ``Q3_K``: 256 weights, 32 bytes of high bits, 64 bytes of 2-bit lows, 16 six-bit signed scales,
+  ``d``; w = d * scale * (q - 4) (q of 3 bits);
 - ``Q4_K``: 256 weights, ``d``, ``dmin``, 12 bytes holding 8 six-bit scales and mins, 128 bytes of
   nibbles; sub-block s of 32 has w = d * sc[s] * q - dmin * m[s];
+- ``Q5_K``: Q4_K's layout with 32 bytes of fifth bits: w = d * sc[s] * q - dmin * m[s], q of 5 bits;
 - ``Q6_K``: 256 weights, 128 bytes of low nibbles, 64 bytes of 2-bit highs, 16 signed scales (one
   per 16 weights) and ``d``; w = d * scale * (q - 32);
+- ``IQ4_XS``: 256 weights, ``d``, 8 six-bit signed scales (one per 32), 128 bytes of nibbles;
+  w = d * scale * level[q], IQ4_NL's levels;
 - ``F32``, ``F16``, ``BF16``: plain floats.
 
 Accumulation order. Each activation row is quantized on its own, as llama.cpp does for its dot
-products: to signed bytes in blocks of 256 with an fp32 scale (for the K types) or of 32 (for
-Q4_0/Q4_1/Q8_0). Within a weight block the products of integers are summed exactly into 8 integer
+products: to signed bytes in blocks of 256 with an fp32 scale (for the K types and IQ4_XS) or of
+32 (for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL). Within a weight block the products of integers are summed exactly into 8 integer
 lanes (lane l: the elements e with (e % 32) // 4 == l), so their order does not matter; each block
 then adds its lanes, times weight scale * activation scale, into 8 fp32 lane accumulators with one
 fused multiply-add per lane, blocks in order 0, 1, 2, ...; the lanes are finally summed in a fixed
@@ -84,7 +93,8 @@ PATHS = ("portable", "avx2", "avx512vnni", "avxvnni")
 FLAGS_EMULATED_VNNI = [*FLAGS_NATIVE, "-DGG_EMULATE_VNNI"]
 
 # ggml type ids this backend's kernel multiplies.
-TYPE_NAMES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 8: "Q8_0", 12: "Q4_K", 14: "Q6_K", 30: "BF16"}
+TYPE_NAMES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 10: "Q2_K", 11: "Q3_K",
+              12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 20: "IQ4_NL", 23: "IQ4_XS", 30: "BF16"}
 ARCHITECTURES = {"llama": False, "qwen2": True}  # architecture -> NEOX rope (pairs i, i + d/2)
 DEFAULT_CTX = 4096
 TREE_SLACK = 256  # cache rows beyond max_context, for token trees' nodes

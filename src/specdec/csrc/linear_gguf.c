@@ -7,18 +7,22 @@
  * sequence of floating-point operations whatever n_rows is and wherever the row sits in the pass:
  *
  *   - the activation row is quantized on its own (a per-row operation): to 8-bit blocks of 256 with
- *     one fp32 scale and sums of 16 (for Q4_K, Q6_K; llama.cpp's Q8_K), or of 32 with one fp32 scale
- *     and their sum (for Q4_0, Q4_1, Q8_0; like llama.cpp's Q8_0 / Q8_1, with an fp32 scale);
+ *     one fp32 scale and sums of 16 (for the K types and IQ4_XS; llama.cpp's Q8_K), or of 32 with
+ *     one fp32 scale and their sum (for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL; like llama.cpp's
+ *     Q8_0 / Q8_1, with an fp32 scale);
  *   - inside a weight block the products are integers, summed exactly (their order is irrelevant),
  *     into 8 integer lanes: lane l holds the products of the elements e with (e % 32) / 4 == l
- *     (times the sub-block's integer scale for the K types). The block's correction terms are
- *     integers too: Q4_K's mins (m[l] * sum of the activations of sub-block l, lane l), Q6_K's
- *     offset 32 (lane l: sub-blocks 2l, 2l + 1), Q4_1's min (one scalar per block, sum * m);
+ *     (times the sub-block's integer scale for the K types and IQ4_XS). The block's correction
+ *     terms are integers too, lane l taking those of the sums of 16 activations number 2l and
+ *     2l + 1: the mins of Q2_K, Q4_K, Q5_K (m * sum), the offsets of Q3_K (4) and Q6_K (32)
+ *     (offset * scale * sum, subtracted from the lane); Q4_1's and Q5_1's min is one scalar per
+ *     block (sum * m);
  *   - each block then adds its lanes, converted to float, into 8 fp32 lane accumulators, blocks in
  *     order 0, 1, 2, ...: lane += (d * dx) * lanes (one fused multiply-add; d the weight block's
- *     scale, dx the activation block's), and for Q4_K lane -= (dmin * dx) * mins (a second one);
- *     Q4_1's min terms go, in block order, into one fp32 scalar: s += (m * dx) * sum;
- *   - the 8 lanes are summed in a fixed tree ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)), then Q4_1's
+ *     scale, dx the activation block's), and for Q2_K, Q4_K, Q5_K lane -= (dmin * dx) * mins (a
+ *     second one); Q4_1's and Q5_1's min terms go, in block order, into one fp32 scalar:
+ *     s += (m * dx) * sum;
+ *   - the 8 lanes are summed in a fixed tree ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)), then the min
  *     scalar, the bias and the residual (if asked) are added, in that order.
  * Float weights (F32, F16, BF16) multiply the fp32 rows directly: 8 fp32 lanes (lane l: elements
  * i % 8 == l, in order), the same tree, then the tail in order.
@@ -39,6 +43,17 @@
  *   Q6_K (256, 210): ql[128], qh[64], int8 scales[16], d; in half h (128 elements), element
  *        32s + i (s = 0..3) has low bits from ql[64h + 32(s & 1) + i] (low nibble for s < 2, else
  *        high) and two high bits (qh[32h + i] >> 2s) & 3; w = d * scales[e / 16] * (q - 32)
+ *   Q5_1 (32, 24): d, m, qh (32 bits), qs[16]; q = Q4_1's nibble | bit e of qh << 4; w = d * q + m
+ *   IQ4_NL (32, 18): d, qs[16]; Q4_0's nibbles, w = d * kv_iq4[q]
+ *   Q2_K (256, 84): scales[16] (scale | min << 4, one per 16), qs[64], d, dmin; element
+ *        128h + 32j + i is (qs[32h + i] >> 2j) & 3; w = d * sc * q - dmin * m
+ *   Q3_K (256, 110): hmask[32], qs[64], scales[12] (16 six-bit, q3k_scales), d; element
+ *        128h + 32j + i has the two bits (qs[32h + i] >> 2j) & 3 and a third, bit 4h + j of
+ *        hmask[i], as 4; w = d * (scale - 32) * (q - 4)
+ *   Q5_K (256, 176): d, dmin, scales[12] (as Q4_K), qh[32], qs[128]; Q4_K's nibbles, and bit s of
+ *        qh[i] as 16 in element i of sub-block s; w = d * sc[s] * q - dmin * m[s]
+ *   IQ4_XS (256, 136): d, scales_h (16 bits), scales_l[4], qs[128]; sub-block s of 32 is the low,
+ *        then the high nibbles of qs[16s ..]; w = d * (scale[s] - 32) * kv_iq4[q] (iq4xs_scales)
  */
 #ifndef GG_KERNEL_BODY /* the file; the kernel body (included once per path) is at its end */
 #include <math.h>
@@ -54,7 +69,17 @@
 #define GG_AVX2 1
 #endif
 
-enum { T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q8_0 = 8, T_Q4_K = 12, T_Q6_K = 14, T_BF16 = 30 };
+enum {
+    T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8, T_Q2_K = 10, T_Q3_K = 11,
+    T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14, T_IQ4_NL = 20, T_IQ4_XS = 23, T_BF16 = 30
+};
+
+/* The types multiplied against activations quantized in blocks of 256 (Q8_K-like), and in blocks of 32. */
+static inline int is_k(int t) { return t == T_Q2_K || t == T_Q3_K || t == T_Q4_K || t == T_Q5_K || t == T_Q6_K || t == T_IQ4_XS; }
+static inline int is_32(int t) { return t == T_Q4_0 || t == T_Q4_1 || t == T_Q5_0 || t == T_Q5_1 || t == T_Q8_0 || t == T_IQ4_NL; }
+
+/* IQ4_NL's and IQ4_XS's 16 non-linear levels (ggml's kvalues_iq4nl), indexed by a nibble. */
+static const int8_t kv_iq4[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
 #define RT 16 /* rows applied to one decoded weight block before the next tile of rows */
 #define CHUNK_BYTES 262144 /* weights per unit of work handed to a thread (long runs: the prefetchers stream) */
@@ -179,14 +204,35 @@ static inline void q4k_scales(const uint8_t *s, uint8_t sc[8], uint8_t m[8]) {
     }
 }
 
+/* Q3_K's 16 six-bit scales, minus 32 (12 bytes: the low nibbles of sub-blocks 0..7 in bytes 0..7,
+ * those of 8..15 in their high nibbles; the two high bits of sub-block s in byte 8 + s % 4 at bit
+ * 2 (s / 4)). As ggml's, on 32-bit words. */
+static inline void q3k_scales(const uint8_t *s, int8_t sc[16]) {
+    uint32_t a[3], u[4];
+    memcpy(a, s, 12);
+    u[0] = (a[0] & 0x0f0f0f0fu) | ((a[2] & 0x03030303u) << 4);
+    u[1] = (a[1] & 0x0f0f0f0fu) | (((a[2] >> 2) & 0x03030303u) << 4);
+    u[2] = ((a[0] >> 4) & 0x0f0f0f0fu) | (((a[2] >> 4) & 0x03030303u) << 4);
+    u[3] = ((a[1] >> 4) & 0x0f0f0f0fu) | (((a[2] >> 6) & 0x03030303u) << 4);
+    memcpy(sc, u, 16);
+    for (int v = 0; v < 16; v++) sc[v] = (int8_t)(sc[v] - 32);
+}
+
+/* IQ4_XS's 8 six-bit scales, minus 32: the low nibbles in bytes 4..7 (two a byte), the two high
+ * bits of sub-block s at bit 2s of the 16-bit word at byte 2. */
+static inline void iq4xs_scales(const uint8_t *blk, int16_t sc[8]) {
+    const unsigned hi = (unsigned)(blk[2] | (blk[3] << 8));
+    for (int v = 0; v < 8; v++) sc[v] = (int16_t)((((blk[4 + v / 2] >> (4 * (v & 1))) & 0xF) | (((hi >> (2 * v)) & 3) << 4)) - 32);
+}
+
 /* ---------------------------------------------------------------------------------------------- */
 /* block geometry */
 
 static int block_elems(int type) {
     switch (type) {
     case T_F32: case T_F16: case T_BF16: return 1;
-    case T_Q4_0: case T_Q4_1: case T_Q5_0: case T_Q8_0: return 32;
-    case T_Q4_K: case T_Q6_K: return 256;
+    case T_Q4_0: case T_Q4_1: case T_Q5_0: case T_Q5_1: case T_Q8_0: case T_IQ4_NL: return 32;
+    case T_Q2_K: case T_Q3_K: case T_Q4_K: case T_Q5_K: case T_Q6_K: case T_IQ4_XS: return 256;
     default: return 0;
     }
 }
@@ -198,9 +244,15 @@ static int block_bytes(int type) {
     case T_Q4_0: return 18;
     case T_Q4_1: return 20;
     case T_Q5_0: return 22;
+    case T_Q5_1: return 24;
     case T_Q8_0: return 34;
+    case T_IQ4_NL: return 18;
+    case T_Q2_K: return 84;
+    case T_Q3_K: return 110;
     case T_Q4_K: return 144;
+    case T_Q5_K: return 176;
     case T_Q6_K: return 210;
+    case T_IQ4_XS: return 136;
     default: return 0;
     }
 }
@@ -312,58 +364,111 @@ typedef struct {
 
 /* --- portable scalar path ---------------------------------------------------------------------- */
 
+/* One block of a 256-weight type as the products take it: q[e], the integer each activation is
+ * multiplied by (the weight's level, offset to be unsigned where the vector paths need it: Q3_K's
+ * q + 4, Q6_K's q + 32); sc[g], the scale of the 16 elements 16g .. 16g + 15 (a sub-block of 32
+ * gives its two halves the same scale); cw[g], the correction's weight for the sum of those 16
+ * activations (the mins of Q2_K, Q4_K, Q5_K; the scales, for the offsets of Q3_K and Q6_K); d and
+ * dmin. Returns the offset (4, 32) or 0. */
+static inline int kq_decode(int type, const uint8_t *blk, int q[256], int sc[16], int cw[16], float *d, float *dmin) {
+    *dmin = 0.0f;
+    switch (type) {
+    case T_Q4_K: case T_Q5_K: {
+        *d = f16(blk), *dmin = f16(blk + 2);
+        uint8_t sc8[8], m8[8];
+        q4k_scales(blk + 4, sc8, m8);
+        for (int v = 0; v < 16; v++) sc[v] = sc8[v >> 1], cw[v] = m8[v >> 1];
+        const uint8_t *qh = blk + 16, *qs = blk + (type == T_Q5_K ? 48 : 16);
+        for (int k = 0; k < 4; k++)
+            for (int i = 0; i < 32; i++) { /* sub-blocks 2k, 2k + 1; Q5_K's fifth bit: bit s of qh[i] */
+                q[64 * k + i] = qs[32 * k + i] & 0xF;
+                q[64 * k + 32 + i] = qs[32 * k + i] >> 4;
+                if (type == T_Q5_K) {
+                    q[64 * k + i] |= ((qh[i] >> (2 * k)) & 1) << 4;
+                    q[64 * k + 32 + i] |= ((qh[i] >> (2 * k + 1)) & 1) << 4;
+                }
+            }
+        return 0;
+    }
+    case T_Q6_K: {
+        const uint8_t *ql = blk, *qh = blk + 128;
+        *d = f16(blk + 208);
+        for (int v = 0; v < 16; v++) sc[v] = cw[v] = (int8_t)blk[192 + v];
+        for (int h = 0; h < 2; h++)
+            for (int sq = 0; sq < 4; sq++)
+                for (int i = 0; i < 32; i++) {
+                    const uint8_t lo = ql[64 * h + 32 * (sq & 1) + i];
+                    q[128 * h + 32 * sq + i] = (sq < 2 ? lo & 0xF : lo >> 4) | (((qh[32 * h + i] >> (2 * sq)) & 3) << 4);
+                }
+        return 32;
+    }
+    case T_Q3_K: { /* element 128h + 32j + i: bits 2j of qs[32h + i], and bit 4h + j of hmask[i] (set: no -4) */
+        const uint8_t *hm = blk, *qs = blk + 32;
+        int8_t s8[16];
+        q3k_scales(blk + 96, s8);
+        *d = f16(blk + 108);
+        for (int v = 0; v < 16; v++) sc[v] = cw[v] = s8[v];
+        for (int h = 0; h < 2; h++)
+            for (int j = 0; j < 4; j++)
+                for (int i = 0; i < 32; i++)
+                    q[128 * h + 32 * j + i] = ((qs[32 * h + i] >> (2 * j)) & 3) | (((hm[i] >> (4 * h + j)) & 1) << 2);
+        return 4;
+    }
+    case T_Q2_K: { /* element 128h + 32j + i: bits 2j of qs[32h + i]; scale and min of 16: nibbles of scales[g] */
+        const uint8_t *qs = blk + 16;
+        *d = f16(blk + 80), *dmin = f16(blk + 82);
+        for (int v = 0; v < 16; v++) sc[v] = blk[v] & 0xF, cw[v] = blk[v] >> 4;
+        for (int h = 0; h < 2; h++)
+            for (int j = 0; j < 4; j++)
+                for (int i = 0; i < 32; i++) q[128 * h + 32 * j + i] = (qs[32 * h + i] >> (2 * j)) & 3;
+        return 0;
+    }
+    default: { /* IQ4_XS: sub-block s of 32 is the low, then the high nibbles of qs[16s .. 16s + 15] */
+        const uint8_t *qs = blk + 8;
+        int16_t s16[8];
+        iq4xs_scales(blk, s16);
+        *d = f16(blk);
+        for (int v = 0; v < 16; v++) sc[v] = s16[v >> 1], cw[v] = 0;
+        for (int sb = 0; sb < 8; sb++)
+            for (int i = 0; i < 16; i++) {
+                q[32 * sb + i] = kv_iq4[qs[16 * sb + i] & 0xF];
+                q[32 * sb + 16 + i] = kv_iq4[qs[16 * sb + i] >> 4];
+            }
+        return 0;
+    }
+    }
+}
+
 static void kq_scalar(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t nr, const Out *o) {
     const Acts *A = o->a;
     const int64_t n_in = A->n_in, nb = n_in / 256;
-    uint8_t q[256];
-    int sc[16], mn[8];
+    const int has_min = s->type == T_Q4_K || s->type == T_Q5_K || s->type == T_Q2_K;
+    int q[256], sc[16], cw[16];
     for (int64_t j = j0; j < j1; j++) {
         const uint8_t *row = s->w + j * s->row_bytes;
         float acc[RT][8];
         memset(acc, 0, sizeof acc);
         for (int64_t b = 0; b < nb; b++) {
-            float d, dmin = 0.0f;
-            if (s->type == T_Q4_K) {
-                const uint8_t *blk = row + b * 144;
-                d = f16(blk), dmin = f16(blk + 2);
-                uint8_t sc8[8], m8[8];
-                q4k_scales(blk + 4, sc8, m8);
-                for (int v = 0; v < 8; v++) sc[v] = sc8[v], mn[v] = m8[v];
-                for (int k = 0; k < 4; k++)
-                    for (int i = 0; i < 32; i++) {
-                        q[64 * k + i] = blk[16 + 32 * k + i] & 0xF;
-                        q[64 * k + 32 + i] = blk[16 + 32 * k + i] >> 4;
-                    }
-            } else { /* Q6_K */
-                const uint8_t *blk = row + b * 210, *ql = blk, *qh = blk + 128;
-                d = f16(blk + 208);
-                for (int v = 0; v < 16; v++) sc[v] = (int8_t)blk[192 + v];
-                for (int h = 0; h < 2; h++)
-                    for (int sq = 0; sq < 4; sq++)
-                        for (int i = 0; i < 32; i++) {
-                            const uint8_t lo = ql[64 * h + 32 * (sq & 1) + i];
-                            q[128 * h + 32 * sq + i] = (uint8_t)((sq < 2 ? lo & 0xF : lo >> 4) | (((qh[32 * h + i] >> (2 * sq)) & 3) << 4));
-                        }
-            }
+            float d, dmin;
+            const int off = kq_decode(s->type, row + b * block_bytes(s->type), q, sc, cw, &d, &dmin);
             for (int64_t t = 0; t < nr; t++) {
                 const int64_t r = r0 + t;
                 const int8_t *x = A->qk + r * n_in + b * 256;
                 const int16_t *bs = A->bk + r * (n_in / 16) + b * 16;
                 const float dx = A->dk[r * nb + b];
                 int32_t isum[8] = {0}, iadj[8];
-                if (s->type == T_Q4_K) {
-                    for (int e = 0; e < 256; e++) isum[(e & 31) >> 2] += sc[e >> 5] * (q[e] * x[e]);
-                    for (int l = 0; l < 8; l++) iadj[l] = mn[l] * (bs[2 * l] + bs[2 * l + 1]);
-                    const float dd = d * dx, md = dmin * dx;
+                for (int e = 0; e < 256; e++) isum[(e & 31) >> 2] += sc[e >> 4] * (q[e] * x[e]);
+                /* the correction of lane l: sums of 16 number 2l and 2l + 1 (the vector paths' madd) */
+                for (int l = 0; l < 8; l++) iadj[l] = cw[2 * l] * bs[2 * l] + cw[2 * l + 1] * bs[2 * l + 1];
+                const float dd = d * dx;
+                if (has_min) {
+                    const float md = dmin * dx;
                     for (int l = 0; l < 8; l++) {
                         acc[t][l] = fmaf(dd, (float)isum[l], acc[t][l]);
                         acc[t][l] = fmaf(-md, (float)iadj[l], acc[t][l]);
                     }
                 } else {
-                    for (int e = 0; e < 256; e++) isum[(e & 31) >> 2] += sc[e >> 4] * (q[e] * x[e]);
-                    for (int l = 0; l < 8; l++) iadj[l] = sc[2 * l] * bs[2 * l] + sc[2 * l + 1] * bs[2 * l + 1];
-                    const float dd = d * dx;
-                    for (int l = 0; l < 8; l++) acc[t][l] = fmaf(dd, (float)(isum[l] - 32 * iadj[l]), acc[t][l]);
+                    for (int l = 0; l < 8; l++) acc[t][l] = fmaf(dd, (float)(isum[l] - off * iadj[l]), acc[t][l]);
                 }
             }
         }
@@ -373,16 +478,20 @@ static void kq_scalar(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t 
 }
 
 /* Q5_0: d (fp16), 32 high bits qh, 16 bytes of low nibbles; value i has nibble i of qs (the low
- * nibbles first, then the high ones) and bit i of qh above it, w = d * (q - 16). */
-static inline void q5_0_values(const uint8_t *blk, int q[32]) {
+ * nibbles first, then the high ones) and bit i of qh above it, w = d * (q - 16). Q5_1: d, m, then
+ * the same (qh at byte 4), w = d * q + m. */
+static inline void q5_values(const uint8_t *blk, int type, int q[32]) {
     uint32_t qh;
-    memcpy(&qh, blk + 2, 4);
-    const uint8_t *qs = blk + 6;
+    const int at = type == T_Q5_1 ? 4 : 2, off = type == T_Q5_1 ? 0 : 16;
+    memcpy(&qh, blk + at, 4);
+    const uint8_t *qs = blk + at + 4;
     for (int i = 0; i < 16; i++) {
-        q[i] = ((qs[i] & 0xF) | (((qh >> i) & 1) << 4)) - 16;
-        q[i + 16] = ((qs[i] >> 4) | (((qh >> (i + 16)) & 1) << 4)) - 16;
+        q[i] = ((qs[i] & 0xF) | (((qh >> i) & 1) << 4)) - off;
+        q[i + 16] = ((qs[i] >> 4) | (((qh >> (i + 16)) & 1) << 4)) - off;
     }
 }
+
+static inline int has_m(int type) { return type == T_Q4_1 || type == T_Q5_1; } /* a min m per block of 32 */
 
 static void k32_scalar(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t nr, const Out *o) {
     const Acts *A = o->a;
@@ -398,14 +507,16 @@ static void k32_scalar(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t
             const uint8_t *blk = row + b * bb;
             const float d = f16(blk);
             float m = 0.0f;
+            if (has_m(s->type)) m = f16(blk + 2);
             if (s->type == T_Q8_0) {
                 for (int i = 0; i < 32; i++) q[i] = (int8_t)blk[2 + i];
-            } else if (s->type == T_Q5_0) {
-                q5_0_values(blk, q);
+            } else if (s->type == T_Q5_0 || s->type == T_Q5_1) {
+                q5_values(blk, s->type, q);
+            } else if (s->type == T_IQ4_NL) {
+                for (int i = 0; i < 16; i++) q[i] = kv_iq4[blk[2 + i] & 0xF], q[i + 16] = kv_iq4[blk[2 + i] >> 4];
             } else {
                 const uint8_t *qs = blk + (s->type == T_Q4_1 ? 4 : 2);
                 const int off = s->type == T_Q4_0 ? 8 : 0;
-                if (s->type == T_Q4_1) m = f16(blk + 2);
                 for (int i = 0; i < 16; i++) q[i] = (qs[i] & 0xF) - off, q[i + 16] = (qs[i] >> 4) - off;
             }
             for (int64_t t = 0; t < nr; t++) {
@@ -416,12 +527,12 @@ static void k32_scalar(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t
                 for (int i = 0; i < 32; i++) isum[i >> 2] += q[i] * x[i];
                 const float dd = d * dx;
                 for (int l = 0; l < 8; l++) acc[t][l] = fmaf(dd, (float)isum[l], acc[t][l]);
-                if (s->type == T_Q4_1) accm[t] = fmaf(m * dx, (float)A->s0[r * nb + b], accm[t]);
+                if (has_m(s->type)) accm[t] = fmaf(m * dx, (float)A->s0[r * nb + b], accm[t]);
             }
         }
         for (int64_t t = 0; t < nr; t++) {
             float v = tree8(acc[t]);
-            if (s->type == T_Q4_1) v = v + accm[t];
+            if (has_m(s->type)) v = v + accm[t];
             store(o->y + (r0 + t) * o->ldy + s->col + j, v, s->bias, j, o->accumulate);
         }
     }
@@ -497,6 +608,100 @@ static inline __attribute__((always_inline)) void q6k_vectors(const uint8_t *blk
     qv[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30));
     qv[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hb, m30));
     qv[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30));
+}
+
+/* byte i of the result is `value` where bit i of qh is set, else 0 (each byte reads its own bit) */
+static inline __attribute__((always_inline)) __m256i bits_to_bytes(uint32_t qh, char value) {
+    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh),
+        _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL, 0x0101010101010101LL, 0));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(value));
+}
+
+/* Q2_K, Q3_K, Q5_K, IQ4_XS (the kx kernels): what a block's products need besides its weights.
+ * sc: the s16 scales, either sc[0..7] (sub-blocks of 32) in both 128-bit halves, or sc[0..15] (of
+ * 16); cw: the s16 weights of the sums of 16 activations in the correction (madd with them puts
+ * sums 2l and 2l + 1 in lane l): the mins (Q5_K: m[0], m[0], m[1], m[1], ...; Q2_K: m[0..15]) or
+ * Q3_K's scales; hb: the 32 bytes of high bits (Q5_K's qh, Q3_K's hmask); d, dmin broadcast. */
+typedef struct {
+    __m256i sc, cw, hb;
+    __m256 d, dmin;
+} KxBlock;
+
+static inline __attribute__((always_inline)) void kx_block(const int type, const uint8_t *blk, KxBlock *B) {
+    if (type == T_Q5_K) {
+        uint32_t dd2;
+        memcpy(&dd2, blk, 4);
+        const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dd2)); /* d, dmin: exact, as f16() */
+        B->d = _mm256_broadcastss_ps(dm), B->dmin = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
+        q4k_scale_vectors(blk, &B->sc, &B->cw);
+        B->hb = _mm256_loadu_si256((const __m256i *)(blk + 16));
+    } else if (type == T_Q3_K) { /* q3k_scales, its words kept in a register (no store and reload) */
+        uint32_t a[3];
+        memcpy(a, blk + 96, 12);
+        const __m128i u = _mm_set_epi32((int)(((a[1] >> 4) & 0x0f0f0f0fu) | (((a[2] >> 6) & 0x03030303u) << 4)),
+                                        (int)(((a[0] >> 4) & 0x0f0f0f0fu) | (((a[2] >> 4) & 0x03030303u) << 4)),
+                                        (int)((a[1] & 0x0f0f0f0fu) | (((a[2] >> 2) & 0x03030303u) << 4)),
+                                        (int)((a[0] & 0x0f0f0f0fu) | ((a[2] & 0x03030303u) << 4)));
+        B->sc = B->cw = _mm256_cvtepi8_epi16(_mm_sub_epi8(u, _mm_set1_epi8(32)));
+        B->hb = _mm256_loadu_si256((const __m256i *)blk);
+        B->d = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(blk[108] | (blk[109] << 8))));
+    } else if (type == T_Q2_K) {
+        const __m128i raw = _mm_loadu_si128((const __m128i *)blk), m4 = _mm_set1_epi8(0x0F);
+        B->sc = _mm256_cvtepu8_epi16(_mm_and_si128(raw, m4));
+        B->cw = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), m4));
+        uint32_t dd2;
+        memcpy(&dd2, blk + 80, 4);
+        const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dd2));
+        B->d = _mm256_broadcastss_ps(dm), B->dmin = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
+    } else { /* IQ4_XS: iq4xs_scales, as the 8 bytes of one word */
+        const unsigned hi = (unsigned)(blk[2] | (blk[3] << 8));
+        uint64_t w = 0;
+        for (int v = 0; v < 8; v++)
+            w |= (uint64_t)(((blk[4 + v / 2] >> (4 * (v & 1))) & 0xF) | (((hi >> (2 * v)) & 3) << 4)) << (8 * v);
+        const __m128i s8 = _mm_sub_epi8(_mm_cvtsi64_si128((long long)w), _mm_set1_epi8(32));
+        B->sc = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(s8));
+        B->d = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(blk[0] | (blk[1] << 8))));
+    }
+}
+
+/* Bit `from` of each byte of hb moved to bit `to`, the byte's other bits cleared. A 16-bit shift by
+ * at most 5 carries bits across the bytes of a pair only into bits the mask clears (a right shift
+ * by k fills bits 8 - k .. 7 of the low byte, above bit `to`; a left shift by k fills bits 0 .. k - 1
+ * of the high byte, below it). */
+static inline __attribute__((always_inline)) __m256i bit_moved(__m256i hb, const int from, const int to) {
+    const __m256i moved = from >= to ? _mm256_srli_epi16(hb, from - to) : _mm256_slli_epi16(hb, to - from);
+    return _mm256_and_si256(moved, _mm256_set1_epi8((char)(1 << to)));
+}
+
+/* Vector v (elements 32v .. 32v + 31) of a kx block: its 32 weight integers as bytes (unsigned,
+ * Q3_K's offset by 4; IQ4_XS's signed levels) and its s16 scales, one per byte pair. */
+static inline __attribute__((always_inline)) void kx_vector(const int type, const uint8_t *blk, const KxBlock *B, const int v,
+                                                            __m256i *q, __m256i *sv) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
+    if (type == T_Q5_K || type == T_IQ4_XS) { /* sub-blocks of 32: scale v, in both halves */
+        *sv = _mm256_shuffle_epi8(B->sc, _mm256_set1_epi16((short)(0x0100 + 0x0202 * v)));
+    } else { /* sub-blocks 2v and 2v + 1 of 16: lanes v % 4 * 2 (+ 1) of the scales' half v / 4 */
+        const __m256i sh = _mm256_broadcastsi128_si256(v >= 4 ? _mm256_extracti128_si256(B->sc, 1) : _mm256_castsi256_si128(B->sc));
+        *sv = _mm256_shuffle_epi8(sh, _mm256_set_m128i(_mm_set1_epi16((short)(0x0100 + 0x0202 * (2 * (v & 3) + 1))),
+                                                       _mm_set1_epi16((short)(0x0100 + 0x0202 * (2 * (v & 3))))));
+    }
+    if (type == T_Q5_K) { /* the nibbles v % 2 of qs[32 (v / 2) ..], bit v of qh[i] as 16 */
+        const __m256i bits = _mm256_loadu_si256((const __m256i *)(blk + 48 + 32 * (v >> 1)));
+        const __m256i lo = (v & 1) ? _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4) : _mm256_and_si256(bits, m4);
+        *q = _mm256_or_si256(lo, bit_moved(B->hb, v, 4));
+    } else if (type == T_Q3_K) { /* bits 2 (v % 4) of qs[32 (v / 4) ..], bit v of hmask[i] as 4 */
+        const __m256i bits = _mm256_loadu_si256((const __m256i *)(blk + 32 + 32 * (v >> 2)));
+        const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(bits, 2 * (v & 3)), m3);
+        *q = _mm256_or_si256(lo, bit_moved(B->hb, v, 2));
+    } else if (type == T_Q2_K) { /* bits 2 (v % 4) of qs[32 (v / 4) ..] */
+        const __m256i bits = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * (v >> 2)));
+        *q = _mm256_and_si256(_mm256_srli_epi16(bits, 2 * (v & 3)), m3);
+    } else { /* IQ4_XS: the low, then the high nibbles of qs[16v ..], through the level table */
+        const __m128i bits = _mm_loadu_si128((const __m128i *)(blk + 8 + 16 * v)), n4 = _mm_set1_epi8(0x0F);
+        const __m256i nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(bits, 4), n4), _mm_and_si128(bits, n4));
+        *q = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)kv_iq4)), nib);
+    }
 }
 
 /* The quantized types' integer products, once per vector path (the body at the end of this file,
@@ -597,19 +802,14 @@ static void run_seg(const Seg *s, int64_t j0, int64_t j1, int64_t n_rows, const 
      * decide how often a block is decoded. */
     kernel_fn k;
     const int path = gguf_path();
-    switch (s->type) {
-    case T_Q4_K: k = kq_scalar; break;
-    case T_Q6_K: k = kq_scalar; break;
-    case T_Q4_0: case T_Q4_1: case T_Q5_0: case T_Q8_0: k = k32_scalar; break;
-    default: k = kf_scalar; break;
-    }
+    k = is_k(s->type) ? kq_scalar : is_32(s->type) ? k32_scalar : kf_scalar;
 #ifdef GG_AVX2
 #define PATH_KERNELS(SUFFIX)                                                          \
     switch (s->type) {                                                                \
     case T_Q4_K: k = q4k_##SUFFIX; break;                                             \
     case T_Q6_K: k = q6k_##SUFFIX; break;                                             \
-    case T_Q4_0: case T_Q4_1: case T_Q5_0: case T_Q8_0: k = k32_##SUFFIX; break;      \
-    default: k = kf_avx2; break;                                                      \
+    case T_Q2_K: case T_Q3_K: case T_Q5_K: case T_IQ4_XS: k = kx_##SUFFIX; break;     \
+    default: k = is_32(s->type) ? k32_##SUFFIX : kf_avx2; break;                      \
     }
     if (path == P_AVX2) { PATH_KERNELS(avx2) }
 #if defined(GG_VNNI) || defined(GG_EMULATE_VNNI)
@@ -669,8 +869,8 @@ int gguf_matmul_multi(int n_seg, const int32_t *types, const uint64_t *weights, 
                         biases ? (const float *)(uintptr_t)biases[i] : NULL};
         col += n_outs[i];
         total_bytes += rb * n_outs[i];
-        need_k |= types[i] == T_Q4_K || types[i] == T_Q6_K;
-        need_32 |= types[i] == T_Q4_0 || types[i] == T_Q4_1 || types[i] == T_Q5_0 || types[i] == T_Q8_0;
+        need_k |= is_k(types[i]);
+        need_32 |= is_32(types[i]);
     }
     if (col > ldy) return -1;
     /* the quantized rows */
@@ -755,13 +955,34 @@ int gguf_get_rows(int type, const uint8_t *w, int64_t n_in, const int64_t *ids, 
                 }
             }
             break;
-        case T_Q5_0:
+        case T_Q5_0: case T_Q5_1:
             for (int64_t b = 0; b < n_in / 32; b++) {
-                const uint8_t *blk = row + b * 22;
-                const float d = f16(blk);
+                const uint8_t *blk = row + b * block_bytes(type);
+                const float d = f16(blk), m = type == T_Q5_1 ? f16(blk + 2) : 0.0f;
                 int q[32];
-                q5_0_values(blk, q);
-                for (int i = 0; i < 32; i++) y[b * 32 + i] = d * (float)q[i];
+                q5_values(blk, type, q);
+                for (int i = 0; i < 32; i++) y[b * 32 + i] = type == T_Q5_0 ? d * (float)q[i] : d * (float)q[i] + m;
+            }
+            break;
+        case T_IQ4_NL:
+            for (int64_t b = 0; b < n_in / 32; b++) {
+                const uint8_t *blk = row + b * 18;
+                const float d = f16(blk);
+                for (int i = 0; i < 32; i++) y[b * 32 + i] = d * (float)kv_iq4[i < 16 ? blk[2 + i] & 0xF : blk[2 + i - 16] >> 4];
+            }
+            break;
+        case T_Q2_K: case T_Q3_K: case T_Q5_K: case T_IQ4_XS:
+            /* as gguf.quants: (d * scale) * q, less dmin * min where there are mins; Q3_K's level
+             * is q - 4 (its high bit clear), IQ4_XS's the non-linear level of q */
+            for (int64_t b = 0; b < n_in / 256; b++) {
+                int q[256], sc[16], cw[16];
+                float d, dmin;
+                const int off = kq_decode(type, row + b * block_bytes(type), q, sc, cw, &d, &dmin);
+                for (int e = 0; e < 256; e++) {
+                    const float dl = d * (float)sc[e >> 4];
+                    y[b * 256 + e] = type == T_Q2_K || type == T_Q5_K ? dl * (float)q[e] - dmin * (float)cw[e >> 4]
+                                                                      : dl * (float)(q[e] - off);
+                }
             }
             break;
         case T_Q8_0:
@@ -1258,8 +1479,9 @@ static void KN(q6k)(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t nr
     }
 }
 
-/* Q4_0, Q4_1, Q8_0 against G (1..4) rows whose accumulators stay in registers: the weight row is
- * decoded again for each group of rows (cheap for these types; the row is in L1). */
+/* The 32-weight types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) against G (1..4) rows whose
+ * accumulators stay in registers: the weight row is decoded again for each group of rows (cheap
+ * for these types; the row is in L1). */
 static inline __attribute__((always_inline)) void KN(k32_group)(const Seg *s, const uint8_t *row, int64_t j, int64_t r0,
                                                             const int G, const Out *o) {
     const Acts *A = o->a;
@@ -1281,38 +1503,36 @@ static inline __attribute__((always_inline)) void KN(k32_group)(const Seg *s, co
         __m256i w;
         if (type == T_Q8_0) {
             w = _mm256_loadu_si256((const __m256i *)(blk + 2));
-        } else if (type == T_Q5_0) {
-            const __m128i bits = _mm_loadu_si128((const __m128i *)(blk + 6));
+        } else if (type == T_Q5_0 || type == T_Q5_1) {
+            const int at = type == T_Q5_1 ? 4 : 2;
+            const __m128i bits = _mm_loadu_si128((const __m128i *)(blk + at + 4));
             uint32_t qh;
-            memcpy(&qh, blk + 2, 4);
-            /* byte i of `high` is 0x10 where bit i of qh is set (each byte reads its own bit) */
-            const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh),
-                _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL, 0x0101010101010101LL, 0));
-            const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-            const __m256i high = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
-            w = _mm256_or_si256(_mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(bits, 4), m4), _mm_and_si128(bits, m4)), high);
-            w = _mm256_sub_epi8(w, _mm256_set1_epi8(16));
+            memcpy(&qh, blk + at, 4);
+            w = _mm256_or_si256(_mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(bits, 4), m4), _mm_and_si128(bits, m4)),
+                                bits_to_bytes(qh, 0x10));
+            if (type == T_Q5_0) w = _mm256_sub_epi8(w, _mm256_set1_epi8(16));
         } else {
             const __m128i bits = _mm_loadu_si128((const __m128i *)(blk + (type == T_Q4_1 ? 4 : 2)));
             w = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(bits, 4), m4), _mm_and_si128(bits, m4));
             if (type == T_Q4_0) w = _mm256_sub_epi8(w, eight);
-            else m = _mm_cvtss_f32(_mm_movehdup_ps(dm));
+            else if (type == T_IQ4_NL) w = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)kv_iq4)), w);
         }
-        /* signed weights: |w| times x with w's sign (exact); Q4_1's are unsigned already */
-        const __m256i aw = type == T_Q4_1 ? w : _mm256_sign_epi8(w, w);
+        if (has_m(type)) m = _mm_cvtss_f32(_mm_movehdup_ps(dm));
+        /* signed weights: |w| times x with w's sign (exact); Q4_1's and Q5_1's are unsigned already */
+        const __m256i aw = has_m(type) ? w : _mm256_sign_epi8(w, w);
         for (int t = 0; t < G; t++) {
             const int64_t r = r0 + t;
             __m256i x = _mm256_loadu_si256((const __m256i *)(A->q0 + r * n_in + b * 32));
-            if (type != T_Q4_1) x = _mm256_sign_epi8(x, w);
+            if (!has_m(type)) x = _mm256_sign_epi8(x, w);
             const __m256i sum = DOT_BYTES(aw, x);
             const float dxs = A->d0[r * nb + b];
             acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dv, _mm256_set1_ps(dxs)), _mm256_cvtepi32_ps(sum), acc[t]);
-            if (type == T_Q4_1) accm[t] = fmaf(m * dxs, (float)A->s0[r * nb + b], accm[t]);
+            if (has_m(type)) accm[t] = fmaf(m * dxs, (float)A->s0[r * nb + b], accm[t]);
         }
     }
     for (int t = 0; t < G; t++) {
         float v = tree8v(acc[t]);
-        if (type == T_Q4_1) v = v + accm[t];
+        if (has_m(type)) v = v + accm[t];
         store(o->y + (r0 + t) * o->ldy + s->col + j, v, s->bias, j, o->accumulate);
     }
 }
@@ -1328,6 +1548,141 @@ static void KN(k32)(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t nr
         case 1: KN(k32_group)(s, row, j, r0 + t, 1, o); break;
         default: break;
         }
+    }
+}
+
+/* Q2_K, Q3_K, Q5_K, IQ4_XS against one to three rows (nr a constant): each block decoded once,
+ * vector by vector (kx_vector), and each vector applied to every row, whose integer lanes (exact)
+ * and accumulators stay in registers. */
+static inline __attribute__((always_inline)) void KN(kx_rows)(const int type, const Seg *s, int64_t j0, int64_t j1, int64_t r0,
+                                                           const int64_t nr, const Out *o) {
+    const Acts *A = o->a;
+    const int64_t n_in = A->n_in, nb = n_in / 256;
+    const int bb = block_bytes(type);
+    for (int64_t j = j0; j < j1; j++) {
+        const uint8_t *row = s->w + j * s->row_bytes;
+        __m256 acc[RT];
+        for (int64_t t = 0; t < nr; t++) acc[t] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *blk = row + b * bb;
+            prefetch_block(blk, bb);
+            KxBlock B;
+            kx_block(type, blk, &B);
+            __m256i sum[RT];
+            for (int64_t t = 0; t < nr; t++) sum[t] = _mm256_setzero_si256();
+            for (int v = 0; v < 8; v++) {
+                __m256i q, sv;
+                kx_vector(type, blk, &B, v, &q, &sv);
+                /* IQ4_XS's levels are signed: |w| times x with w's sign (exact; x is within +-127) */
+                const __m256i aq = type == T_IQ4_XS ? _mm256_sign_epi8(q, q) : q;
+                for (int64_t t = 0; t < nr; t++) {
+                    __m256i x = _mm256_loadu_si256((const __m256i *)(A->qk + (r0 + t) * n_in + b * 256 + 32 * v));
+                    if (type == T_IQ4_XS) x = _mm256_sign_epi8(x, q);
+                    sum[t] = DOT_ADD(sum[t], _mm256_maddubs_epi16(aq, x), sv);
+                }
+            }
+            for (int64_t t = 0; t < nr; t++) {
+                const int64_t r = r0 + t;
+                const __m256 dx = _mm256_broadcast_ss(A->dk + r * nb + b);
+                if (type == T_IQ4_XS) {
+                    acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(B.d, dx), _mm256_cvtepi32_ps(sum[t]), acc[t]);
+                    continue;
+                }
+                const __m256i adj = _mm256_madd_epi16(B.cw, _mm256_loadu_si256((const __m256i *)(A->bk + r * (n_in / 16) + b * 16)));
+                if (type == T_Q3_K) { /* the offset 4 of the weights: 4 * scale * (sum of 16) */
+                    const __m256i st = _mm256_sub_epi32(sum[t], _mm256_slli_epi32(adj, 2));
+                    acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(B.d, dx), _mm256_cvtepi32_ps(st), acc[t]);
+                } else {
+                    acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(B.d, dx), _mm256_cvtepi32_ps(sum[t]), acc[t]);
+                    acc[t] = _mm256_fnmadd_ps(_mm256_mul_ps(B.dmin, dx), _mm256_cvtepi32_ps(adj), acc[t]);
+                }
+            }
+        }
+        for (int64_t t = 0; t < nr; t++)
+            store(o->y + (r0 + t) * o->ldy + s->col + j, tree8v(acc[t]), s->bias, j, o->accumulate);
+    }
+}
+
+/* The same for four rows and more: a block in two halves of four vectors (their weights and
+ * scales in registers), each half run over the rows; a row's integer lanes from the first half wait
+ * in part[t] (exact), as in the Q4_K tile. */
+static inline __attribute__((always_inline)) void KN(kx_tile)(const int type, const Seg *s, int64_t j0, int64_t j1, int64_t r0,
+                                                           const int64_t nr, const Out *o) {
+    const Acts *A = o->a;
+    const int64_t n_in = A->n_in, nb = n_in / 256;
+    const int bb = block_bytes(type);
+    __m256i part[RT];
+    for (int64_t j = j0; j < j1; j++) {
+        const uint8_t *row = s->w + j * s->row_bytes;
+        __m256 acc[RT];
+        for (int64_t t = 0; t < nr; t++) acc[t] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *blk = row + b * bb;
+            prefetch_block(blk, bb);
+            KxBlock B;
+            kx_block(type, blk, &B);
+            for (int h = 0; h < 2; h++) {
+                __m256i q[4], aq[4], sv[4];
+                for (int v = 0; v < 4; v++) {
+                    kx_vector(type, blk, &B, 4 * h + v, &q[v], &sv[v]);
+                    aq[v] = type == T_IQ4_XS ? _mm256_sign_epi8(q[v], q[v]) : q[v];
+                }
+                for (int64_t t = 0; t < nr; t++) {
+                    const int64_t r = r0 + t;
+                    const int8_t *xr = A->qk + r * n_in + b * 256 + 128 * h;
+                    __m256i sum = h ? part[t] : _mm256_setzero_si256();
+                    for (int v = 0; v < 4; v++) {
+                        __m256i x = _mm256_loadu_si256((const __m256i *)(xr + 32 * v));
+                        if (type == T_IQ4_XS) x = _mm256_sign_epi8(x, q[v]);
+                        sum = DOT_ADD(sum, _mm256_maddubs_epi16(aq[v], x), sv[v]);
+                    }
+                    if (h == 0) {
+                        part[t] = sum;
+                        continue;
+                    }
+                    const __m256 dx = _mm256_broadcast_ss(A->dk + r * nb + b);
+                    if (type == T_IQ4_XS) {
+                        acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(B.d, dx), _mm256_cvtepi32_ps(sum), acc[t]);
+                        continue;
+                    }
+                    const __m256i adj = _mm256_madd_epi16(B.cw, _mm256_loadu_si256((const __m256i *)(A->bk + r * (n_in / 16) + b * 16)));
+                    if (type == T_Q3_K) {
+                        const __m256i st = _mm256_sub_epi32(sum, _mm256_slli_epi32(adj, 2));
+                        acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(B.d, dx), _mm256_cvtepi32_ps(st), acc[t]);
+                    } else {
+                        acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(B.d, dx), _mm256_cvtepi32_ps(sum), acc[t]);
+                        acc[t] = _mm256_fnmadd_ps(_mm256_mul_ps(B.dmin, dx), _mm256_cvtepi32_ps(adj), acc[t]);
+                    }
+                }
+            }
+        }
+        for (int64_t t = 0; t < nr; t++)
+            store(o->y + (r0 + t) * o->ldy + s->col + j, tree8v(acc[t]), s->bias, j, o->accumulate);
+    }
+}
+
+/* One function per type: the register kernel, the row count a constant, for one to three rows; the tile for more. */
+#define KX_TYPE(NAME, TYPE)                                                                               \
+    static void KN(NAME)(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t nr, const Out *o) {    \
+        switch (nr) {                                                                                     \
+        case 1: KN(kx_rows)(TYPE, s, j0, j1, r0, 1, o); break;                                            \
+        case 2: KN(kx_rows)(TYPE, s, j0, j1, r0, 2, o); break;                                            \
+        case 3: KN(kx_rows)(TYPE, s, j0, j1, r0, 3, o); break;                                            \
+        default: KN(kx_tile)(TYPE, s, j0, j1, r0, nr, o);                                                 \
+        }                                                                                                 \
+    }
+KX_TYPE(kx_q2k, T_Q2_K)
+KX_TYPE(kx_q3k, T_Q3_K)
+KX_TYPE(kx_q5k, T_Q5_K)
+KX_TYPE(kx_iq4xs, T_IQ4_XS)
+#undef KX_TYPE
+
+static void KN(kx)(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t nr, const Out *o) {
+    switch (s->type) {
+    case T_Q2_K: KN(kx_q2k)(s, j0, j1, r0, nr, o); break;
+    case T_Q3_K: KN(kx_q3k)(s, j0, j1, r0, nr, o); break;
+    case T_Q5_K: KN(kx_q5k)(s, j0, j1, r0, nr, o); break;
+    default: KN(kx_iq4xs)(s, j0, j1, r0, nr, o);
     }
 }
 
