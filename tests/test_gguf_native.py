@@ -407,8 +407,10 @@ def reference_logits(weights: native.GGUFWeights, tokens: list[int], *, quantize
     n, heads, kv, d = len(tokens), weights.heads, weights.kv_heads, weights.head_dim
     arch = weights.architecture
 
-    def angles(base: float, scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    def angles(base: float, scale: float = 1.0, factors: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         inv = base ** (-2.0 * torch.arange(d // 2, dtype=torch.float64) / d)
+        if factors is not None:  # Llama 3: each frequency divided by its factor
+            inv = inv / factors
         theta = (torch.arange(n, dtype=torch.float64) * scale)[:, None] * inv[None]
         return theta.cos()[:, None], theta.sin()[:, None]  # [n, 1, d/2]
 
@@ -436,7 +438,8 @@ def reference_logits(weights: native.GGUFWeights, tokens: list[int], *, quantize
     for i in range(weights.n_layers):
         p = f"blk.{i}."
         sliding = gemma and weights.sliding[i]
-        cos, sin = angles(weights.local_rope_base) if sliding else angles(weights.rope_base, weights.rope_scale)
+        factors = V("rope_freqs.weight") if "rope_freqs.weight" in tensors else None
+        cos, sin = angles(weights.local_rope_base) if sliding else angles(weights.rope_base, weights.rope_scale, factors)
         seen = causal & (position[:, None] - position[None, :] < weights.window) if sliding else causal
         h = norm(x, V(p + "attn_norm.weight"))
         q, k, v = (mul(h, p + f"attn_{s}.weight") for s in "qkv")
@@ -538,7 +541,8 @@ WINDOW = 6  # gemma3's sliding window in the tiny model: shorter than the tests'
 
 
 def write_arch_gguf(path, arch: str, *, seed: int = 0, types: dict[str, T] | None = None) -> None:
-    """A random qwen3 or gemma3 model as a GGUF file, at F32, F16 and Q8_0, with a byte-level
+    """A random qwen3, gemma3 or llama (with Llama 3's rope_freqs.weight) model as a GGUF file, at
+    F32, F16 and Q8_0, with a byte-level
     vocabulary (llama.cpp loads a file only with one); gemma3 ties its head to the embedding and
     has 6 layers (llama.cpp's pattern: five sliding-window layers, then a global one) with a
     window of WINDOW positions."""
@@ -580,6 +584,8 @@ def write_arch_gguf(path, arch: str, *, seed: int = 0, types: dict[str, T] | Non
         writer.add_tensor(name, (offset + scale * rng.standard_normal(n)).astype(np.float32))
 
     add("token_embd.weight", T.Q8_0, c["vocab"], c["hidden"])
+    if arch == "llama":  # Llama 3's rope scaling: the low frequencies divided by up to 8
+        writer.add_tensor("rope_freqs.weight", np.linspace(1.0, 8.0, d // 2).astype(np.float32))
     if arch != "gemma3":
         add("output.weight", T.Q8_0, c["vocab"], c["hidden"])
     vec("output_norm.weight", c["hidden"], 0.1, 1.0)
@@ -589,8 +595,9 @@ def write_arch_gguf(path, arch: str, *, seed: int = 0, types: dict[str, T] | Non
     for i in range(c["layers"]):
         vec(f"blk.{i}.attn_norm.weight", c["hidden"], 0.1, 1.0)
         vec(f"blk.{i}.ffn_norm.weight", c["hidden"], 0.1, 1.0)
-        vec(f"blk.{i}.attn_q_norm.weight", d, 0.1, 1.0)
-        vec(f"blk.{i}.attn_k_norm.weight", d, 0.1, 1.0)
+        if arch != "llama":
+            vec(f"blk.{i}.attn_q_norm.weight", d, 0.1, 1.0)
+            vec(f"blk.{i}.attn_k_norm.weight", d, 0.1, 1.0)
         if arch == "gemma3":
             vec(f"blk.{i}.post_attention_norm.weight", c["hidden"], 0.1, 1.0)
             vec(f"blk.{i}.post_ffw_norm.weight", c["hidden"], 0.1, 1.0)
@@ -606,7 +613,7 @@ def write_arch_gguf(path, arch: str, *, seed: int = 0, types: dict[str, T] | Non
 ARCH_TOKENS = [1, 17, 200, 3, 3, 99, 250, 14, 8, 301, 42, 5, 77, 160, 2, 9]  # longer than WINDOW
 
 
-@pytest.fixture(scope="module", params=["qwen3", "gemma3"])
+@pytest.fixture(scope="module", params=["qwen3", "gemma3", "llama"])
 def arch_model(request, tmp_path_factory, lib):
     path = tmp_path_factory.mktemp("arch") / f"tiny-{request.param}.gguf"
     write_arch_gguf(path, request.param)
@@ -616,7 +623,9 @@ def arch_model(request, tmp_path_factory, lib):
 def test_qwen3_and_gemma3_load_with_their_facts(arch_model):
     w = arch_model.weights
     assert w.head_dim == 128 and w.heads * w.head_dim != w.hidden  # a head width of its own
-    assert all(layer.q_norm is not None and layer.k_norm is not None for layer in w.layers)
+    norms = w.architecture != "llama"
+    assert all((layer.q_norm is not None and layer.k_norm is not None) == norms for layer in w.layers)
+    assert (w.rope_factors is not None) == (w.architecture == "llama")
     if w.architecture == "gemma3":
         assert w.sliding == [True] * 5 + [False] and w.window == WINDOW
         assert [layer.window for layer in w.layers] == [WINDOW] * 5 + [0]
@@ -1140,3 +1149,62 @@ def test_the_default_target_is_batch_invariant(lib):
     decided = top2[:, 0] - top2[:, 1] > 2 * bound
     assert decided.any()  # the comparison below is not empty: most rows of this prompt are far from a tie
     assert torch.equal(ours.argmax(-1)[decided], ref.argmax(-1)[decided])
+
+
+# -- (f) Gemma 3 270M (the gemma3-270m pack: Q4_K_M, sliding-window layers, a tied Q8_0 head) -------
+
+GEMMA = "gemma3-270m"
+GEMMA_PROMPTS = ["The capital of France is", "def fibonacci(n):", "Water boils at a temperature of"]
+
+
+def gemma_path():
+    missing = packs.missing_parts(packs.PACKS[GEMMA])
+    if missing:
+        pytest.skip(f"pack {GEMMA} is not installed: {packs.PACKS[GEMMA].install_command(missing)}")
+    return packs.gguf_file(GEMMA, progress=False)
+
+
+def test_gemma3_270m_runs_on_specdec_generate_and_speculation_keeps_plain_decodings_tokens(capsys):
+    import json
+
+    from specdec import cli
+
+    gemma_path()
+    code = cli.main(["generate", GEMMA_PROMPTS[0], "--target", GEMMA, "--draft", GEMMA, "--backend", "gguf",
+                     "--max-new-tokens", "24", "--threads", "2", "--compare-ar", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["exact"] and report["ar"]["token_ids"] == report["token_ids"]
+    assert len(report["token_ids"]) > 0 and "Paris" in report["text"]
+
+
+def test_gemma3_270m_greedy_text_is_llamacpps_up_to_a_near_tie():
+    """On each prompt the kernel's greedy tokens are llama.cpp's, or the first difference is a near
+    tie: llama.cpp's margin between its token and the kernel's is within twice the largest
+    difference between the two engines' logits on the prompt's rows (each logit may move by it)."""
+    from specdec import generate, models
+
+    path = gemma_path()
+    model = native.load_gguf_native(path, n_threads=2, n_ctx=512)
+    theirs = llamacpp_model(path)
+    tokenizer = models.load_tokenizer(GEMMA)
+    assert model.weights.architecture == "gemma3" and model.vocab_size == 262144
+    assert model.weights.window == 512 and sum(model.weights.sliding) == 15
+    for prompt in GEMMA_PROMPTS:
+        ids = tokenizer(prompt)["input_ids"]
+        assert ids[0] == 2  # <bos>
+        model.reset()
+        theirs.reset()
+        ours_rows, ref_rows = model.forward(ids), theirs.forward(ids)
+        top = ref_rows.topk(8, -1).indices
+        bound = float((ours_rows.gather(1, top) - ref_rows.gather(1, top)).abs().max())
+        ours = generate(model, ids, max_new_tokens=24, eos_token_ids=[]).token_ids
+        ref = generate(theirs, ids, max_new_tokens=24, eos_token_ids=[]).token_ids
+        if ours == ref:
+            continue
+        step = next(i for i, (a, b) in enumerate(zip(ours, ref)) if a != b)
+        theirs.reset()
+        row = theirs.forward(ids + ref[:step])[-1]
+        margin = float(row[ref[step]] - row[ours[step]])
+        assert margin <= 2 * bound, (prompt, step, margin, bound)

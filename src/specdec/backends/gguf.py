@@ -413,11 +413,15 @@ class _Layer:
                 self.rope[0].data_ptr(), self.rope[1].data_ptr(), self.window]
 
 
-def rope_tables(base: float, head_dim: int, positions: int, scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin [positions, d / 2] fp32 of the angles (p * scale) * base^(-2i / d), computed in
-    float64 and rounded once (scale < 1: linear rope scaling, positions squeezed by it)."""
+def rope_tables(base: float, head_dim: int, positions: int, scale: float = 1.0,
+                factors: np.ndarray | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [positions, d / 2] fp32 of the angles (p * scale) * base^(-2i / d) / factors[i],
+    computed in float64 and rounded once (scale < 1: linear rope scaling, positions squeezed by it;
+    factors: Llama 3's rope_freqs.weight, each frequency divided by its factor)."""
     half = head_dim // 2
     inv = base ** (-2.0 * np.arange(half, dtype=np.float64) / head_dim)  # [d/2]
+    if factors is not None:
+        inv = inv / factors
     theta = (np.arange(positions, dtype=np.float64) * scale)[:, None] * inv[None]  # [positions, d/2]
     return torch.from_numpy(np.cos(theta).astype(np.float32)), torch.from_numpy(np.sin(theta).astype(np.float32))
 
@@ -456,7 +460,7 @@ class GGUFWeights:
         # rope.scale_linear) squeezes positions linearly unless the type asks for another method
         scaling = key("rope.scaling.type", "linear")
         factor = float(key("rope.scaling.factor", 0.0) or key("rope.scale_linear", 0.0) or 0.0)
-        if scaling not in (None, "none", "linear") or "rope_freqs.weight" in {t.name for t in reader.tensors}:
+        if scaling not in (None, "none", "linear"):
             raise ValueError(f"{self.path}: rope scaling ({scaling}) is not supported; {LLAMACPP_HINT}")
         self.rope_scale = 1.0 / factor if factor > 0 else 1.0
         if int(key("expert_count", 0) or 0) > 0:
@@ -531,7 +535,12 @@ class GGUFWeights:
                     or any(v is not None and v.numel() != self.hidden for v in (layer.post1, layer.post2))):
                 raise ValueError(f"{self.path}: a layer's tensor shapes do not match the model's configuration")
         self.capacity = self.max_context + TREE_SLACK  # cache rows, and rope positions tabulated
-        self.cos, self.sin = rope_tables(self.rope_base, self.head_dim, self.capacity, self.rope_scale)
+        # Llama 3's rope scaling: rope_freqs.weight divides each frequency (llama.cpp's freq_factors)
+        factors = get("rope_freqs.weight", optional=True)
+        self.rope_factors = factors.vector().numpy().astype(np.float64) if factors is not None else None
+        if self.rope_factors is not None and (self.gemma or self.rope_factors.shape != (self.head_dim // 2,)):
+            raise ValueError(f"{self.path}: rope_freqs.weight does not fit this model; {LLAMACPP_HINT}")
+        self.cos, self.sin = rope_tables(self.rope_base, self.head_dim, self.capacity, self.rope_scale, self.rope_factors)
         local = rope_tables(self.local_rope_base, self.head_dim, self.capacity) if any(self.sliding) else None
         for layer, sliding in zip(self.layers, self.sliding):
             layer.rope = local if sliding else (self.cos, self.sin)
