@@ -541,7 +541,8 @@ ARCH_TYPES = {
 WINDOW = 6  # gemma3's sliding window in the tiny model: shorter than the tests' sequences
 
 
-def write_arch_gguf(path, arch: str, *, seed: int = 0, types: dict[str, T] | None = None) -> None:
+def write_arch_gguf(path, arch: str, *, seed: int = 0, types: dict[str, T] | None = None,
+                    extra: dict[str, Any] | None = None) -> None:
     """A random qwen3, gemma3 or llama (with Llama 3's rope_freqs.weight) model as a GGUF file, at
     F32, F16 and Q8_0, with a byte-level
     vocabulary (llama.cpp loads a file only with one); gemma3 ties its head to the embedding and
@@ -573,6 +574,8 @@ def write_arch_gguf(path, arch: str, *, seed: int = 0, types: dict[str, T] | Non
     writer.add_token_types([1] * len(tokens))
     writer.add_token_merges(["Ġ t"])
     writer.add_eos_token_id(7)
+    for key, value in (extra or {}).items():  # more metadata (strings or unsigned integers)
+        (writer.add_string if isinstance(value, str) else writer.add_uint32)(key, value)
 
     def add(name: str, qtype: T, n_out: int, n_in: int) -> None:
         w = (rng.standard_normal((n_out, n_in)) * 0.08).astype(np.float32)
@@ -649,6 +652,15 @@ def test_qwen3_and_gemma3_match_a_float_forward(arch_model):
     assert per_row.max() <= 0.02 * spread
     ref = reference_logits(arch_model.weights, ARCH_TOKENS)
     assert (ours - ref).abs().mean() <= 0.02 * spread
+
+
+def test_a_mixture_of_experts_and_rope_scaling_the_kernel_lacks_are_refused_at_load(tmp_path, lib):
+    for name, extra, what in [("moe", {"qwen3.expert_count": 8}, "mixture of experts"),
+                              ("yarn", {"qwen3.rope.scaling.type": "yarn"}, "rope scaling")]:
+        path = tmp_path / f"{name}.gguf"
+        write_arch_gguf(path, "qwen3", extra=extra)
+        with pytest.raises(ValueError, match=rf"{what}.*--backend llamacpp"):
+            native.load_gguf_native(path)
 
 
 def test_gemma3s_sliding_window_hides_the_keys_behind_it(tmp_path, lib):
