@@ -442,7 +442,10 @@ def reference_logits(weights: native.GGUFWeights, tokens: list[int], *, quantize
         cos, sin = angles(weights.local_rope_base) if sliding else angles(weights.rope_base, weights.rope_scale, factors)
         seen = causal & (position[:, None] - position[None, :] < weights.window) if sliding else causal
         h = norm(x, V(p + "attn_norm.weight"))
-        q, k, v = (mul(h, p + f"attn_{s}.weight") for s in "qkv")
+        if p + "attn_qkv.weight" in tensors:  # phi3: Q, K and V rows in one tensor
+            q, k, v = mul(h, p + "attn_qkv.weight").split([heads * d, kv * d, kv * d], -1)
+        else:
+            q, k, v = (mul(h, p + f"attn_{s}.weight") for s in "qkv")
         if arch == "qwen2":
             q, k, v = q + V(p + "attn_q.bias"), k + V(p + "attn_k.bias"), v + V(p + "attn_v.bias")
         q, k = q.view(n, heads, d), k.view(n, kv, d)
@@ -461,12 +464,15 @@ def reference_logits(weights: native.GGUFWeights, tokens: list[int], *, quantize
         out = mul(attended.reshape(n, heads * d), p + "attn_output.weight")
         x = x + (norm(out, V(p + "post_attention_norm.weight")) if gemma else out)
         h = norm(x, V(p + "ffn_norm.weight"))
-        gate = mul(h, p + "ffn_gate.weight")
+        if p + "ffn_gate.weight" in tensors:
+            gate, up = mul(h, p + "ffn_gate.weight"), mul(h, p + "ffn_up.weight")
+        else:  # phi3: gate and up rows in one tensor, gate first
+            gate, up = mul(h, p + "ffn_up.weight").chunk(2, -1)
         if gemma:
             act = tap("gelu", torch.nn.functional.gelu(tap("gelu input", gate), approximate="tanh"))
         else:
             act = torch.nn.functional.silu(gate)
-        out = mul(act * mul(h, p + "ffn_up.weight"), p + "ffn_down.weight")
+        out = mul(act * up, p + "ffn_down.weight")
         x = x + (norm(out, V(p + "post_ffw_norm.weight")) if gemma else out)
     head = "output.weight" if "output.weight" in tensors else "token_embd.weight"
     return mul(norm(x, V("output_norm.weight")), head).float()
@@ -543,7 +549,8 @@ WINDOW = 6  # gemma3's sliding window in the tiny model: shorter than the tests'
 
 def write_arch_gguf(path, arch: str, *, seed: int = 0, types: dict[str, T] | None = None,
                     extra: dict[str, Any] | None = None) -> None:
-    """A random qwen3, gemma3 or llama (with Llama 3's rope_freqs.weight) model as a GGUF file, at
+    """A random qwen3, gemma3, llama (with Llama 3's rope_freqs.weight) or phi3 (fused Q/K/V and
+    gate/up tensors) model as a GGUF file, at
     F32, F16 and Q8_0, with a byte-level
     vocabulary (llama.cpp loads a file only with one); gemma3 ties its head to the embedding and
     has 6 layers (llama.cpp's pattern: five sliding-window layers, then a global one) with a
@@ -552,7 +559,7 @@ def write_arch_gguf(path, arch: str, *, seed: int = 0, types: dict[str, T] | Non
 
     rng = np.random.default_rng(seed)
     c = ARCH_TINY
-    d = c["head_dim"]
+    d = c["hidden"] // c["heads"] if arch == "phi3" else c["head_dim"]  # llama.cpp's phi3 needs heads * d = hidden
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(c["layers"])
     writer.add_context_length(512)
@@ -599,13 +606,18 @@ def write_arch_gguf(path, arch: str, *, seed: int = 0, types: dict[str, T] | Non
     for i in range(c["layers"]):
         vec(f"blk.{i}.attn_norm.weight", c["hidden"], 0.1, 1.0)
         vec(f"blk.{i}.ffn_norm.weight", c["hidden"], 0.1, 1.0)
-        if arch != "llama":
+        if arch in ("qwen3", "gemma3"):
             vec(f"blk.{i}.attn_q_norm.weight", d, 0.1, 1.0)
             vec(f"blk.{i}.attn_k_norm.weight", d, 0.1, 1.0)
         if arch == "gemma3":
             vec(f"blk.{i}.post_attention_norm.weight", c["hidden"], 0.1, 1.0)
             vec(f"blk.{i}.post_ffw_norm.weight", c["hidden"], 0.1, 1.0)
+        if arch == "phi3":  # Q, K, V in one tensor; gate and up in another
+            add(f"blk.{i}.attn_qkv.weight", kinds["attn_q"], outs["attn_q"] + 2 * outs["attn_k"], c["hidden"])
+            add(f"blk.{i}.ffn_up.weight", kinds["ffn_up"], 2 * c["ffn"], c["hidden"])
         for name, n_out in outs.items():
+            if arch == "phi3" and name in ("attn_q", "attn_k", "attn_v", "ffn_gate", "ffn_up"):
+                continue
             n_in = c["ffn"] if name == "ffn_down" else c["heads"] * d if name == "attn_output" else c["hidden"]
             add(f"blk.{i}.{name}.weight", kinds[name], n_out, n_in)
     writer.write_header_to_file()
@@ -617,7 +629,7 @@ def write_arch_gguf(path, arch: str, *, seed: int = 0, types: dict[str, T] | Non
 ARCH_TOKENS = [1, 17, 200, 3, 3, 99, 250, 14, 8, 301, 42, 5, 77, 160, 2, 9]  # longer than WINDOW
 
 
-@pytest.fixture(scope="module", params=["qwen3", "gemma3", "llama"])
+@pytest.fixture(scope="module", params=["qwen3", "gemma3", "llama", "phi3"])
 def arch_model(request, tmp_path_factory, lib):
     path = tmp_path_factory.mktemp("arch") / f"tiny-{request.param}.gguf"
     write_arch_gguf(path, request.param)
@@ -626,8 +638,11 @@ def arch_model(request, tmp_path_factory, lib):
 
 def test_qwen3_and_gemma3_load_with_their_facts(arch_model):
     w = arch_model.weights
-    assert w.head_dim == 128 and w.heads * w.head_dim != w.hidden  # a head width of its own
-    norms = w.architecture != "llama"
+    if w.architecture == "phi3":  # its Q, K, V and gate, up: rows of two fused tensors
+        assert w.head_dim == 64 and "blk.0.attn_qkv.weight (K)" in w.layers[0].qkv.names
+    else:
+        assert w.head_dim == 128 and w.heads * w.head_dim != w.hidden  # a head width of its own
+    norms = w.architecture in ("qwen3", "gemma3")
     assert all((layer.q_norm is not None and layer.k_norm is not None) == norms for layer in w.layers)
     assert (w.rope_factors is not None) == (w.architecture == "llama")
     if w.architecture == "gemma3":

@@ -86,7 +86,7 @@ FLAGS_EMULATED_VNNI = [*FLAGS_NATIVE, "-DGG_EMULATE_VNNI"]
 
 # ggml type ids this backend's kernel multiplies.
 TYPE_NAMES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 8: "Q8_0", 12: "Q4_K", 14: "Q6_K", 30: "BF16"}
-ARCHITECTURES = {"llama": False, "qwen2": True, "qwen3": True, "gemma3": True}  # architecture -> NEOX rope (pairs i, i + d/2)
+ARCHITECTURES = {"llama": False, "qwen2": True, "qwen3": True, "gemma3": True, "phi3": True}  # architecture -> NEOX rope (pairs i, i + d/2)
 QKV_BIASES = {"qwen2"}  # architectures whose Q, K and V projections have biases
 QK_NORMS = {"qwen3", "gemma3"}  # architectures that RMSNorm each head of Q and K before RoPE
 GEMMA = {"gemma3"}  # embedding times sqrt(hidden), post-attention and post-FFN norms, GeGLU, sliding-window layers
@@ -346,6 +346,19 @@ class _Tensor:
         return type_name(self.type)
 
 
+def _rows(t: _Tensor, first: int, count: int, name: str) -> _Tensor:
+    """Rows first .. first + count - 1 of a tensor, as a tensor of their own (a view of its bytes):
+    phi3 stores Q, K and V in one tensor (attn_qkv) and gate and up in another (ffn_up)."""
+    if first + count > t.n_out:
+        raise ValueError(f"tensor {t.name} has {t.n_out} rows, fewer than {first + count}")
+    part = object.__new__(_Tensor)
+    row_bytes = t.data.nbytes // t.n_out
+    part.name, part.type, part.n_in, part.n_out = name, t.type, t.n_in, count
+    part.data = t.data.reshape(t.n_out, -1)[first : first + count]
+    part.ptr = t.ptr + first * row_bytes
+    return part
+
+
 class _Fused:
     """Tensors that read the same input, multiplied in one kernel call (outputs side by side)."""
 
@@ -360,6 +373,7 @@ class _Fused:
         self.n_in = n_in
         self.width = sum(t.n_out for t in tensors)
         self.count = len(tensors)
+        self.names = [t.name for t in tensors]
         self._types = (ctypes.c_int32 * len(tensors))(*[t.type for t in tensors])
         self._ptrs = (ctypes.c_uint64 * len(tensors))(*[t.ptr for t in tensors])
         self._outs = (ctypes.c_int64 * len(tensors))(*[t.n_out for t in tensors])
@@ -381,16 +395,28 @@ LAYER_FIELDS = 33  # int64 fields of a layer's record for gguf_forward_seqs (see
 
 
 class _Layer:
-    def __init__(self, get: Any, i: int, arch: str) -> None:
+    def __init__(self, get: Any, i: int, arch: str, widths: tuple[int, int, int] = (0, 0, 0), ffn: int = 0) -> None:
         p = f"blk.{i}."
         self.norm1 = get(p + "attn_norm.weight").vector()
         self.norm2 = get(p + "ffn_norm.weight").vector()
-        qkv = [get(p + f"attn_{x}.weight") for x in "qkv"]
+        fused = get(p + "attn_qkv.weight", optional=True)  # phi3: Q, K and V rows in one tensor
+        if fused is not None:
+            q_rows, kv_rows, _ = widths
+            qkv = [_rows(fused, 0, q_rows, fused.name + " (Q)"), _rows(fused, q_rows, kv_rows, fused.name + " (K)"),
+                   _rows(fused, q_rows + kv_rows, kv_rows, fused.name + " (V)")]
+        else:
+            qkv = [get(p + f"attn_{x}.weight") for x in "qkv"]
         biases = arch in QKV_BIASES
         bias = [get(p + f"attn_{x}.bias", optional=True) for x in "qkv"] if biases else [None] * 3
         self.qkv = _Fused(qkv, [b.vector() if b is not None else None for b in bias])
         self.o = _Fused([get(p + "attn_output.weight")])
-        self.gate_up = _Fused([get(p + "ffn_gate.weight"), get(p + "ffn_up.weight")])
+        gate = get(p + "ffn_gate.weight", optional=True)
+        if gate is None:  # phi3: gate and up rows in one tensor, gate first
+            up = get(p + "ffn_up.weight")
+            gate, up = _rows(up, 0, ffn, up.name + " (gate)"), _rows(up, ffn, ffn, up.name + " (up)")
+        else:
+            up = get(p + "ffn_up.weight")
+        self.gate_up = _Fused([gate, up])
         self.down = _Fused([get(p + "ffn_down.weight")])
         qk = arch in QK_NORMS
         self.q_norm = get(p + "attn_q_norm.weight").vector() if qk else None
@@ -524,7 +550,10 @@ class GGUFWeights:
                              f"does not support; {LLAMACPP_HINT}")
         self.vocab_size = self.head.width
         self.final_norm = get("output_norm.weight").vector()
-        self.layers = [_Layer(get, i, arch) for i in range(self.n_layers)]
+        if any(name.startswith("rope_factors_") for name in tensors):  # phi3's LongRoPE
+            raise ValueError(f"{self.path}: rope scaling (LongRoPE factors) is not supported; {LLAMACPP_HINT}")
+        widths = (self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim)
+        self.layers = [_Layer(get, i, arch, widths, self.ffn) for i in range(self.n_layers)]
         for layer in self.layers:
             if ((layer.qkv.width, layer.qkv.n_in, layer.o.width, layer.o.n_in, layer.gate_up.width, layer.gate_up.n_in,
                  layer.down.width, layer.down.n_in) != ((self.heads + 2 * self.kv_heads) * self.head_dim, self.hidden,
