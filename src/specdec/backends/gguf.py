@@ -1,7 +1,7 @@
 """specdec's own GGUF backend: llama-family GGUF files run on a batch-invariant quantized kernel.
 
 :class:`GGUFCausalLM` runs GGUF files of the ``llama`` (SmolLM2, Llama), ``qwen2``
-(Qwen2.5-Coder), ``qwen3`` and ``gemma3`` (Gemma 3) architectures (docs/kernels.md, "What it runs,
+(Qwen2.5-Coder), ``qwen3``, ``phi3`` and ``gemma3`` (Gemma 3) architectures (docs/kernels.md, "What it runs,
 and what it refuses") from their quantized weights as stored in the file, memory-mapped
 by ``gguf.GGUFReader`` and never dequantized (except the few embedding rows a step looks up; norms
 and biases are small fp32 vectors). The forward pass runs in the C kernels of ``csrc/linear_gguf.c``
@@ -598,7 +598,7 @@ def load_gguf_native(
     n_ctx: int = DEFAULT_CTX,
     eos_token_ids: Sequence[int] | None = None,
 ) -> "GGUFCausalLM":
-    """Load a local llama, qwen2, qwen3 or gemma3 ``.gguf`` file into a :class:`GGUFCausalLM` (one KV cache).
+    """Load a local llama, qwen2, qwen3, phi3 or gemma3 ``.gguf`` file into a :class:`GGUFCausalLM` (one KV cache).
 
     n_threads: default the CPUs this process may use. n_ctx: the context length (capped at the
     model's training context), reported as ``max_context``. eos_token_ids: default the GGUF's
