@@ -11,7 +11,11 @@ Q8_0, Q4_K, Q6_K, F32, F16, BF16). What is checked here:
 - the backend: a k-token pass, a token tree and a restored snapshot give the bits of one-token
   steps; its logits are as close to a float forward on the dequantized weights as llama.cpp's are
   (SmolLM2-135M Q4_1, measured: mean |diff| 0.24 for both, max 2.0 vs 2.1, over 19 prompt rows of
-  logits up to 33); the default target (Qwen2.5-Coder-1.5B Q4_K_M) is invariant too (slow).
+  logits up to 33); the default target (Qwen2.5-Coder-1.5B Q4_K_M) is invariant too (slow);
+- the architectures beyond llama and qwen2 (qwen3, gemma3 with its sliding windows, phi3, llama
+  with Llama 3's rope_freqs.weight) on tiny random files: a float forward, batch invariance,
+  speculative decoding, and llama.cpp's logits within a bound derived from what it rounds; the
+  gemma3-270m pack against llama.cpp's greedy text.
 """
 
 from __future__ import annotations
@@ -539,7 +543,7 @@ def test_unsupported_types_and_architectures_are_refused_at_load(tmp_path, lib):
 ARCH_TINY = dict(hidden=256, heads=4, kv_heads=2, head_dim=128, ffn=512, layers=6, vocab=320)
 # The layers' tensors at F32 and F16, the embedding (and the head) at Q8_0: the products whose
 # input llama.cpp rounds (to fp16 for an F16 weight, to 8-bit blocks with an fp16 scale for Q8_0)
-# are those the bound of test_qwen3_and_gemma3_logits_agree_with_llamacpp_within_a_bound accounts for.
+# are those the bound of test_the_new_architectures_logits_agree_with_llamacpp_within_a_bound accounts for.
 ARCH_TYPES = {
     "attn_q": T.F32, "attn_k": T.F16, "attn_v": T.F32, "attn_output": T.F16,
     "ffn_gate": T.F16, "ffn_up": T.F32, "ffn_down": T.F16,
@@ -636,7 +640,7 @@ def arch_model(request, tmp_path_factory, lib):
     return native.load_gguf_native(path, n_threads=2, n_ctx=256)
 
 
-def test_qwen3_and_gemma3_load_with_their_facts(arch_model):
+def test_the_new_architectures_load_with_their_facts(arch_model):
     w = arch_model.weights
     if w.architecture == "phi3":  # its Q, K, V and gate, up: rows of two fused tensors
         assert w.head_dim == 64 and "blk.0.attn_qkv.weight (K)" in w.layers[0].qkv.names
@@ -655,7 +659,7 @@ def test_qwen3_and_gemma3_load_with_their_facts(arch_model):
         assert not any(w.sliding) and w.activation == native.ACT_SWIGLU and w.embed_scale == 1.0
 
 
-def test_qwen3_and_gemma3_match_a_float_forward(arch_model):
+def test_the_new_architectures_match_a_float_forward(arch_model):
     arch_model.reset()
     ours = arch_model.forward(ARCH_TOKENS)
     # As for the llama and qwen2 models above: with each product's input quantized as the kernel
@@ -694,7 +698,7 @@ def test_gemma3s_sliding_window_hides_the_keys_behind_it(tmp_path, lib):
     assert not torch.equal(windowed[WINDOW:], unwindowed[WINDOW:])
 
 
-def test_qwen3_and_gemma3_rows_are_batch_invariant(arch_model):
+def test_the_new_architectures_rows_are_batch_invariant(arch_model):
     """A pass of n rows has the bits of n one-token steps (beyond the window too), on every path."""
     context, extra = ARCH_TOKENS[:9], [11, 12, 250, 3, 4, 5, 6, 7]
     steps = one_token_steps(arch_model, context, extra)
@@ -714,7 +718,7 @@ def test_qwen3_and_gemma3_rows_are_batch_invariant(arch_model):
         assert torch.equal(rows[1 + node], one_token_steps(arch_model, context, [tree.tokens[i] for i in path])[-1])
 
 
-def test_qwen3_and_gemma3_greedy_speculative_output_equals_plain_decoding(arch_model):
+def test_the_new_architectures_greedy_speculative_output_equals_plain_decoding(arch_model):
     from specdec import generate
 
     arch_model.reset()
@@ -797,7 +801,7 @@ def llamacpp_model(path):
     return llamacpp.LlamaCppCausalLM(llamacpp.GGUFWeights(path), n_threads=1, n_ctx=256)
 
 
-def test_qwen3_and_gemma3_logits_agree_with_llamacpp_within_a_bound(arch_model):
+def test_the_new_architectures_logits_agree_with_llamacpp_within_a_bound(arch_model):
     theirs = llamacpp_model(arch_model.weights.path)
     arch_model.reset()
     ours, ref = arch_model.forward(ARCH_TOKENS), theirs.forward(ARCH_TOKENS)  # [n, V]
@@ -809,7 +813,7 @@ def test_qwen3_and_gemma3_logits_agree_with_llamacpp_within_a_bound(arch_model):
     assert bounds.max() < 0.1 * ref.abs().max()  # a bound that says something
 
 
-def test_qwen3_and_gemma3_greedy_tokens_equal_llamacpps_where_the_margin_exceeds_the_bound(arch_model):
+def test_the_new_architectures_greedy_tokens_equal_llamacpps_where_the_margin_exceeds_the_bound(arch_model):
     """64 greedy steps of the kernel, then the whole sequence through llama.cpp: at each step its
     argmax is the kernel's token, or the two are a near tie: llama.cpp's margin between them is
     within the sum of their bounds (each logit may move by its bound)."""
