@@ -42,7 +42,8 @@ def main() -> None:
     args = parser.parse_args()
     pair = models.load_pair(args.target, args.draft, backend="gguf", n_threads=args.threads)
     machine = machine_record(args.threads, models.gguf_path(args.target))
-    roles = {id(pair.target.weights): "target", id(pair.draft.weights): "draft"}
+    # a draft named as the target shares its weights: its passes are then counted as the target's
+    roles = {id(pair.draft.weights): "draft", id(pair.target.weights): "target"}
     spent: dict[str, list[float]] = {}  # role -> [seconds, passes, rows]
     inner = shared.run_together
 

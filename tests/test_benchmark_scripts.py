@@ -390,6 +390,37 @@ def test_request_path_runs(tmp_path):
         positive_numbers(data[key], count=2)
 
 
+@pytest.mark.slow
+def test_one_client_slots_runs(tmp_path):
+    out = tmp_path / "one-client.json"
+    ran(run_script("one_client_slots.py", "--target", PACK, "--draft", PACK, "--prompts", "mtbench:1", "--repeats", "1",
+                   "--max-tokens", "4", "--threads", THREADS, "--out", str(out)))
+    data = read_json(out)
+    summary = data["summary"]
+    assert summary["requests"] == 1 and summary["identical_text"] == 1  # both servers: the same greedy answer
+    assert set(summary["median_tokens_per_second"]) == {"default", "parallel-1"}
+    row = data["rows"][0]
+    assert row["default"]["tokens"] == row["parallel-1"]["tokens"] == 4  # end of text ignored
+    low, high = summary["ratio_default_to_parallel_1"]["bootstrap_95"]
+    assert low == high == summary["ratio_default_to_parallel_1"]["median"]  # one pair: no spread
+    assert data["machine"]["gguf_kernel_path"] in ("portable", "avx2", "avx512vnni", "avxvnni")
+
+
+@pytest.mark.slow
+def test_shared_pass_parts_runs(tmp_path):
+    out = tmp_path / "parts.json"
+    ran(run_script("shared_pass_parts.py", "--target", PACK, "--draft", PACK, "--prompts", "mtbench:2",
+                   "--sequences", "1", "2", "--methods", "ar", "--max-new-tokens", "4", "--threads", THREADS,
+                   "--out", str(out)))
+    runs = read_json(out)["runs"]
+    assert [(r["method"], r["sequences"], r["tokens"]) for r in runs] == [("ar", 1, 4), ("ar", 2, 8)]
+    for run in runs:
+        target = run["passes"]["target"]
+        assert target["passes"] >= 4 and target["rows"] >= run["tokens"]  # a row per token at least, prefill too
+        assert 0 < target["seconds"] < run["wall_seconds"] and run["outside_passes_seconds"] > 0
+        assert "draft" not in run["passes"]  # ar: the draft model never runs
+
+
 def test_sampler_cost_runs(tmp_path):
     out = tmp_path / "sampler-cost.json"
     ran(run_script("sampler_cost.py", "--rounds", "1", "--rows", "2", "--threads", THREADS, "--out", str(out)))

@@ -97,7 +97,8 @@ def test_committed_results_read_back_as_the_methods_they_name():
     files = sorted(Path(__file__).parents[1].glob("benchmarks/*/*/results.json"))
     assert files
     for path in files:
-        for name, entry in json.loads(path.read_text())["methods"].items():
+        # a concurrency run's results.json holds runs of servers named by method text, no records
+        for name, entry in json.loads(path.read_text()).get("methods", {}).items():
             record = entry["spec"]
             method = method_of_record(record)
             if record["kind"] == "spec":

@@ -24,7 +24,7 @@ from specdec.backends import llamacpp  # imports the optional llama-cpp-python b
 from specdec.backends import table as backend_table
 from specdec.backends.table import AUTO, GGUF, TORCH
 from specdec.backends.choice import choose_gguf_backend
-from specdec.backends.gguf import LLAMACPP_HINT, KernelUnavailable, load_gguf_native
+from specdec.backends.gguf import LLAMACPP_HINT, KernelUnavailable, _field, _reader, load_gguf_native
 from specdec.packs import DEFAULT_DRAFT, DEFAULT_TARGET, PACKS, ModelPackError  # re-exported
 from specdec.paths import CACHE_ENV, cache_root
 
@@ -314,8 +314,6 @@ SPM_ARCHITECTURES = ("gemma3",)
 
 def _gguf_architecture(gguf: Path) -> str | None:
     """``general.architecture`` of a GGUF file (its metadata only; the vocabulary is skipped)."""
-    from specdec.backends.gguf import _field, _reader
-
     try:
         return _field(_reader(gguf), "general.architecture")
     except (OSError, ValueError):
