@@ -1094,42 +1094,18 @@ void gguf_exp(const float *x, int64_t n, float *y) {
     for (; i < n; i++) y[i] = exp_s(x[i]);
 }
 
-/* out[r, i] = silu(gu[r, i]) * gu[r, ff + i] with silu(g) = g / (1 + exp(-g)): gate and up side by
- * side in each row of gu [n_rows, 2 * ff]. */
-void gguf_swiglu(const float *gu, int64_t n_rows, int64_t ff, float *out, int n_threads) {
-    #pragma omp parallel for schedule(static) num_threads(n_threads) if (n_rows * ff >= 32768)
-    for (int64_t r = 0; r < n_rows; r++) {
-        const float *g = gu + r * 2 * ff, *u = g + ff;
-        float *o = out + r * ff;
-        int64_t i = 0;
-#ifdef GG_AVX2
-        if (vec()) {
-            const __m256 one = _mm256_set1_ps(1.0f), neg = _mm256_set1_ps(-0.0f);
-            for (; i + 8 <= ff; i += 8) {
-                const __m256 gv = _mm256_loadu_ps(g + i);
-                const __m256 e = exp_v(_mm256_xor_ps(gv, neg));
-                _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), _mm256_loadu_ps(u + i)));
-            }
-        }
-#endif
-        for (; i < ff; i++) o[i] = (g[i] / (1.0f + exp_s(-g[i]))) * u[i];
-    }
-}
-
-/* out[r, i] = gelu(gu[r, i]) * gu[r, ff + i] (GeGLU: Gemma's feed-forward), gelu the tanh
- * approximation 0.5 g (1 + tanh(sqrt(2 / pi) g (1 + 0.044715 g^2))) as ggml_gelu_f32 writes it,
- * computed through the identity 0.5 (1 + tanh(y)) = 1 / (1 + exp(-2 y)):
- * gelu(g) = g / (1 + exp(-(K g) (1 + A g^2))) with K = 2 sqrt(2 / pi), A = 0.044715, and the exp
- * above: the same operations, in the same order, on both paths (no fused multiply-add). */
+/* The gated feed-forward's activation: out[r, i] = act(gu[r, i]) * gu[r, ff + i], gate and up side
+ * by side in each row of gu [n_rows, 2 * ff]; act(g) = g / (1 + exp(-z)) with
+ * - SwiGLU (act 0): z = g, silu;
+ * - GeGLU (act 1, Gemma's): z = (K g) (1 + A g^2), K = 2 sqrt(2 / pi), A = 0.044715: the tanh
+ *   approximation 0.5 g (1 + tanh(sqrt(2 / pi) g (1 + A g^2))) that ggml_gelu_f32 writes, through the
+ *   identity 0.5 (1 + tanh(y)) = 1 / (1 + exp(-2 y)).
+ * The same operations, in the same order, on both paths (no fused multiply-add). */
 #define GELU_K 1.5957691216057308f /* 2 sqrt(2 / pi) */
 #define GELU_A 0.044715f
-static inline float gelu_s(float g) {
-    const float b = 1.0f + GELU_A * (g * g);
-    const float z = (GELU_K * g) * b;
-    return g / (1.0f + exp_s(-z));
-}
+static inline float glu_z(float g, int act) { return act ? (GELU_K * g) * (1.0f + GELU_A * (g * g)) : g; }
 
-void gguf_geglu(const float *gu, int64_t n_rows, int64_t ff, float *out, int n_threads) {
+void gguf_glu(const float *gu, int64_t n_rows, int64_t ff, float *out, int act, int n_threads) {
     #pragma omp parallel for schedule(static) num_threads(n_threads) if (n_rows * ff >= 32768)
     for (int64_t r = 0; r < n_rows; r++) {
         const float *g = gu + r * 2 * ff, *u = g + ff;
@@ -1141,23 +1117,24 @@ void gguf_geglu(const float *gu, int64_t n_rows, int64_t ff, float *out, int n_t
             const __m256 ka = _mm256_set1_ps(GELU_A), kk = _mm256_set1_ps(GELU_K);
             for (; i + 8 <= ff; i += 8) {
                 const __m256 gv = _mm256_loadu_ps(g + i);
-                const __m256 b = _mm256_add_ps(one, _mm256_mul_ps(ka, _mm256_mul_ps(gv, gv)));
-                const __m256 z = _mm256_mul_ps(_mm256_mul_ps(kk, gv), b);
+                const __m256 z = act ? _mm256_mul_ps(_mm256_mul_ps(kk, gv),
+                                                     _mm256_add_ps(one, _mm256_mul_ps(ka, _mm256_mul_ps(gv, gv))))
+                                     : gv;
                 const __m256 e = exp_v(_mm256_xor_ps(z, neg));
                 _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), _mm256_loadu_ps(u + i)));
             }
         }
 #endif
-        for (; i < ff; i++) o[i] = gelu_s(g[i]) * u[i];
+        for (; i < ff; i++) o[i] = (g[i] / (1.0f + exp_s(-glu_z(g[i], act)))) * u[i];
     }
 }
 
-/* For tests: y[i] = gelu(x[i]) as gguf_geglu computes it (times an up of 1). */
+/* For tests: y[i] = gelu(x[i]) as gguf_glu computes it (times an up of 1). */
 void gguf_gelu(const float *x, int64_t n, float *y) {
     float *gu = (float *)malloc((size_t)(n > 0 ? n : 1) * 2 * sizeof(float));
     if (!gu) return;
     for (int64_t i = 0; i < n; i++) gu[i] = x[i], gu[n + i] = 1.0f;
-    gguf_geglu(gu, 1, n, y, 1);
+    gguf_glu(gu, 1, n, y, 1, 1);
     free(gu);
 }
 
@@ -1341,8 +1318,7 @@ int gguf_forward_seqs(const int64_t *layers, int64_t n_layers, int64_t hidden, i
         }
         gguf_rmsnorm(x, (const float *)(uintptr_t)L[L_NORM2], n, hidden, eps, h);
         if ((rc = gguf_matmul_multi(2, t2, p2, o2, NULL, hidden, h, n, gu, 2 * ffn, 0, threads))) return rc;
-        if (act == ACT_GEGLU) gguf_geglu(gu, n, ffn, actv, threads);
-        else gguf_swiglu(gu, n, ffn, actv, threads);
+        gguf_glu(gu, n, ffn, actv, act == ACT_GEGLU, threads);
         t1 = (int32_t)L[L_DOWN_TYPE], p1 = (uint64_t)L[L_DOWN_PTR], o1 = L[L_DOWN_OUT];
         if (post2) {
             if ((rc = gguf_matmul_multi(1, &t1, &p1, &o1, NULL, ffn, actv, n, h, hidden, 0, threads))) return rc;
