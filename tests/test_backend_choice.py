@@ -87,7 +87,8 @@ def test_a_file_the_kernel_cannot_run_goes_to_llamacpp_with_its_caveat_or_to_tor
     assert "--backend llamacpp" not in result["why"]  # the hint is for users who named the kernel
     monkeypatch.setattr(llamacpp, "available", lambda: False)
     fallback = models.backend_choice(str(path), "auto")
-    assert fallback["backend"] == "torch" and fallback["why"].startswith("torch: llama.cpp is not installed and ")
+    assert fallback["backend"] == "torch" and fallback["why"].startswith("torch: llama.cpp is not installed (")
+    assert f"{llamacpp.INSTALL} adds it" in fallback["why"]  # the one line that names what to install
 
 
 def test_the_choice_takes_no_thread_count_and_keeps_no_measurement():

@@ -52,5 +52,6 @@ def choose_gguf_backend(path: str | Path) -> dict[str, Any]:
     if refusal is None:
         return {"backend": GGUF, "why": KERNEL_WHY + ("" if gguf.uses_avx2() else PORTABLE_WHY), "source": "rule"}
     if not llamacpp.available():
-        return {"backend": None, "why": f"llama.cpp is not installed and {refusal}", "source": "rule"}
+        return {"backend": None, "why": f"llama.cpp is not installed ({llamacpp.INSTALL} adds it, compiling "
+                f"llama.cpp: about 6 minutes on 2 cores) and {refusal}", "source": "rule"}
     return {"backend": LLAMACPP, "why": f"llama.cpp: {refusal}; {BY_NAME[LLAMACPP].caveat}", "source": "rule"}
