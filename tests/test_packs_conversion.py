@@ -100,3 +100,54 @@ def test_smollm2_converted_one_tensor_at_a_time_has_transformers_own_weights_and
         assert torch.equal(converted(ids).logits, direct(ids).logits)
     assert converted.generation_config.eos_token_id == list(pack.eos_token_ids)
     assert converted.config.architectures == ["LlamaForCausalLM"] and converted.config.tie_word_embeddings
+
+
+def test_the_metadata_reader_gives_transformers_the_fields_gguf_reader_gives(tmp_path):
+    """Every field of a GGUF file (scalars, a string, arrays of strings, of integers, of floats, of
+    booleans) reads the same through the one-pass metadata reader as through gguf's own reader:
+    the same types, the same ``contents()``, and the same values as transformers parses them."""
+    import gguf
+    from transformers.integrations.ggml import _gguf_parse_value
+
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path)
+    writer = gguf.GGUFWriter(str(tmp_path / "arrays.gguf"), "qwen2")
+    writer.add_array("test.floats", [0.5, -1.25, 3.0])
+    writer.add_array("test.bools", [True, False, True])
+    writer.add_array("test.strings", ["", "é", "a b"])
+    writer.add_array("test.empty", [])
+    writer.add_string("test.string", "ünïcode")
+    writer.write_header_to_file(); writer.write_kv_data_to_file(); writer.write_tensors_to_file(); writer.close()
+    for file in (path, tmp_path / "arrays.gguf"):
+        ours, theirs = packs._metadata_reader(file), gguf.GGUFReader(str(file))
+        assert list(ours.fields) == list(theirs.fields) and len(ours.fields) > 5
+        for name, field in theirs.fields.items():
+            mine = ours.fields[name]
+            assert (mine.offset, mine.types, mine.data) == (field.offset, field.types, field.data), name
+            assert mine.contents() == field.contents(), name
+            parse = [_gguf_parse_value(f.parts[i], f.types) for f in (mine, field) for i in f.data]
+            assert parse[:len(mine.data)] == parse[len(mine.data):], name
+        assert [t.name for t in ours.tensors] == [t.name for t in theirs.tensors]
+    assert packs._metadata_reader(path).fields["tokenizer.ggml.merges"].contents() == ["Ġ t", "h e", "Ġt he"]
+
+
+def test_a_gguf_tokenizer_is_transformers_own_built_from_the_file_read_once(tmp_path, monkeypatch):
+    """``tokenizer_from_gguf`` gives what transformers builds from the file, and parses the file's
+    metadata once however many times transformers opens it."""
+    import gguf
+    from transformers import AutoTokenizer
+
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path)
+    made = []
+    real = packs._metadata_reader
+    monkeypatch.setattr(packs, "_metadata_reader", lambda p: made.append(p) or real(p))
+    ours = packs.tokenizer_from_gguf(path)
+    assert len(made) == 1
+    theirs = AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name, local_files_only=True)
+    packs.fix_gguf_tokenizer(theirs, path)
+    assert gguf.GGUFReader is gguf.gguf_reader.GGUFReader  # the stand-in is gone after the block
+    text = "the cat<|im_end|> then  the"
+    assert ours(text)["input_ids"] == theirs(text)["input_ids"] and len(ours(text)["input_ids"]) > 3
+    assert ours.backend_tokenizer.to_str() == theirs.backend_tokenizer.to_str()
+    assert (ours.eos_token, ours.pad_token, ours.bos_token) == (theirs.eos_token, theirs.pad_token, theirs.bos_token)

@@ -307,22 +307,9 @@ def load_tokenizer(name_or_path: str | os.PathLike, cache_dir: str | Path | None
     )
 
 
-# Architectures whose GGUF tokenizer specdec builds itself from the file's SentencePiece vocabulary
-# (packs.spm_tokenizer_from_gguf): transformers 4.57 builds Gemma 3's wrongly.
-SPM_ARCHITECTURES = ("gemma3",)
-
-
-def _gguf_architecture(gguf: Path) -> str | None:
-    """``general.architecture`` of a GGUF file (its metadata only; the vocabulary is skipped)."""
-    try:
-        return _field(_reader(gguf), "general.architecture")
-    except (OSError, ValueError):
-        return None
-
-
 def _gguf_tokenizer(pack: packs.Pack | None, gguf: Path, cache_dir: str | Path | None) -> Any:
-    """The tokenizer of a GGUF: a pack's is read once from its GGUF (15-25 s for Qwen) and kept in
-    the cache (or taken from its conversion); a loose file's is read from it each time."""
+    """The tokenizer of a GGUF: a pack's is read once from its GGUF and kept in the cache (or taken
+    from its conversion); a loose file's is read from it each time (:func:`packs.tokenizer_from_gguf`)."""
     from transformers import AutoTokenizer
 
     extra = {"fix_mistral_regex": False} if pack else {}
@@ -331,12 +318,7 @@ def _gguf_tokenizer(pack: packs.Pack | None, gguf: Path, cache_dir: str | Path |
         found = (folder / "tokenizer_config.json").is_file()
         if found and (folder is not saved[0] or packs.is_converted(pack, cache_dir)):
             return AutoTokenizer.from_pretrained(folder, local_files_only=True, **extra)
-    packs.require_gguf_support()
-    if _gguf_architecture(gguf) in SPM_ARCHITECTURES:
-        tokenizer = packs.spm_tokenizer_from_gguf(gguf)
-    else:
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
-        packs.fix_gguf_tokenizer(tokenizer, gguf)
+    tokenizer = packs.tokenizer_from_gguf(gguf)
     if pack:
         tokenizer.save_pretrained(saved[1])
     return tokenizer
