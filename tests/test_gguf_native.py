@@ -360,8 +360,7 @@ def test_a_library_with_its_record_reordered_gives_the_same_model(lib, tmp_path)
     tokens = [1, 17, 200, 3, 3, 99, 250, 14]
     with native.running_path("portable", lib):
         expected = model.forward(tokens)
-    model.weights.records = np.array([native.layer_record(layer.fields(), fields) for layer in model.weights.layers],
-                                     dtype=np.uint64).view(np.int64)
+    model.weights.records = model.weights.layer_records(fields)
     model.lib = other
     model.reset()
     assert torch.equal(model.forward(tokens), expected)
@@ -831,7 +830,7 @@ def test_gemma3s_sliding_window_hides_the_keys_behind_it(tmp_path, lib):
     windowed = model.forward(ARCH_TOKENS)
     for layer in model.weights.layers:
         layer.window = 1000 if layer.window else 0
-    model.weights.records[:] = np.array([layer.record() for layer in model.weights.layers], np.uint64).view(np.int64)
+    model.weights.records[:] = model.weights.layer_records()
     model.reset()
     unwindowed = model.forward(ARCH_TOKENS)
     assert torch.equal(windowed[:WINDOW], unwindowed[:WINDOW])

@@ -636,12 +636,16 @@ class GGUFWeights:
         for layer, sliding in zip(self.layers, self.sliding):
             layer.rope = local if sliding else (self.cos, self.sin)
             layer.window = self.window if sliding else 0
-        fields = layer_fields()
-        self.records = np.array([layer_record(layer.fields(), fields) for layer in self.layers],
-                                dtype=np.uint64).view(np.int64)
+        self.records = self.layer_records()
         self.weight_bytes = sum(int(t.data.nbytes) for t in tensors.values())
         types_seen = sorted({tensors[n].type_name for n in tensors if len(tensors[n].data.shape) > 1})
         self.description = f"{arch} {self.n_layers}x{self.hidden} ({'/'.join(types_seen)})"
+
+    def layer_records(self, fields: Sequence[tuple[str, int]] | None = None) -> np.ndarray:
+        """The layers' records for gguf_forward_seqs, int64 [layers, fields], laid out as ``fields``
+        (default: the library's :func:`layer_fields`)."""
+        fields = layer_fields() if fields is None else fields
+        return np.array([layer_record(layer.fields(), fields) for layer in self.layers], dtype=np.uint64).view(np.int64)
 
 
 # -- the backend ------------------------------------------------------------------------------------
