@@ -29,7 +29,7 @@
  *
  * Threads split the OUTPUT elements j (chunks of weight rows, handed out as threads ask); the
  * reduction over i is never split, so neither the thread count nor the split changes a result. The AVX2 path and the portable scalar
- * path (gguf_set_portable, or a build without -mavx2) run the same operations: the scalar path
+ * path (gguf_set_portable; what a CPU without AVX2 runs) run the same operations: the scalar path
  * keeps the 8 lanes in arrays and uses fmaf where the vector path fuses, so they agree bit for bit.
  * Build with -ffp-contract=off (the scalar path must not fuse what the vector path rounds twice).
  *
