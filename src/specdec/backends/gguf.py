@@ -200,7 +200,7 @@ def _c_type(text: str, where: str) -> Any:
     """The ctypes type of a C parameter or result (``const float *x``, ``int64_t n``, ``void``)."""
     if "*" in text:
         return ctypes.c_void_p
-    words = [w for w in text.replace("const ", " ").split()]
+    words = text.replace("const ", " ").split()  # a parameter's last word is its name
     base = words[0] if len(words) == 1 or where.endswith("result") else " ".join(words[:-1])
     if base not in C_TYPES:
         raise InterfaceMismatch(f"{where}: the C type {base!r} has no ctypes type here ({', '.join(C_TYPES)})")
