@@ -20,6 +20,7 @@ Q5_0, Q5_1, Q8_0, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, F32, F16, BF16).
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any
 
 import numpy as np
@@ -195,9 +196,9 @@ def test_the_portable_path_gives_the_avx2_paths_bits(lib, qtype):
         assert not native.uses_avx2()
         scalar = native.matmul(weight, int(qtype), n_in, x, threads=2)
     assert torch.equal(fast, scalar)
-    # the library built without any instruction-set flag (what a CPU without AVX2 runs)
+    # the build of the portable path alone (what a CPU of another family compiles)
     portable = native.library("portable")
-    assert not portable.gguf_uses_avx2()
+    assert native.available_paths(portable) == ["portable"] and not portable.gguf_avx2_compiled()
     assert torch.equal(native.matmul(weight, int(qtype), n_in, x, threads=2, lib=portable), fast)
 
 
@@ -304,8 +305,69 @@ def test_the_path_is_chosen_once_and_named(lib):
             pass
 
 
+def test_every_function_is_declared_from_the_librarys_prototypes(lib):
+    """The library describes its interface once (gguf_interface: its C prototypes and its layer
+    record's fields); every function is declared to ctypes from that text, nothing by hand."""
+    functions, fields = native.parse_interface(lib.gguf_interface().decode())
+    assert {"gguf_forward_seqs", "gguf_matmul_multi", "gguf_attention", "gguf_cpu_paths"} <= set(functions)
+    for name, (args, result) in functions.items():
+        assert getattr(lib, name).argtypes == args and getattr(lib, name).restype == result, name
+    assert functions["gguf_row_bytes"] == ([ctypes.c_int, ctypes.c_int64], ctypes.c_int64)
+    assert fields == native.layer_fields(lib) and fields[0] == ("qkv_type", 3) and fields[-1] == ("window", 1)
+    with pytest.raises(native.InterfaceMismatch, match="'unsigned long'"):
+        native.parse_interface("int gguf_f(unsigned long n);")
+    with pytest.raises(native.InterfaceMismatch, match="cannot read"):
+        native.parse_interface("gguf_f(int n)")
+
+
+def test_a_layer_record_is_laid_out_as_the_library_says_and_a_mismatch_is_named(lib):
+    fields = native.layer_fields(lib)
+    values = {name: [1000 * i + k for k in range(count)] for i, (name, count) in enumerate(fields)}
+    assert native.layer_record(values, fields) == [v for name, _ in fields for v in values[name]]
+    swapped = (fields[1], fields[0], *fields[2:])  # a library whose first two fields traded places
+    assert native.layer_record(values, swapped)[: fields[1][1]] == values[fields[1][0]]
+    with pytest.raises(native.InterfaceMismatch, match="has a field 'window'"):
+        native.layer_record({k: v for k, v in values.items() if k != "window"}, fields)
+    with pytest.raises(native.InterfaceMismatch, match="'qkv_ptr' holds 3 values, this module gives 2"):
+        native.layer_record({**values, "qkv_ptr": [1, 2]}, fields)
+    with pytest.raises(native.InterfaceMismatch, match="fills a layer record field 'rope_scale'"):
+        native.layer_record({**values, "rope_scale": 1}, fields)
+
+
+def test_a_library_with_its_record_reordered_gives_the_same_model(lib, tmp_path):
+    """The record's order is the C source's alone: a build whose GG_LAYER lists two fields the other
+    way round (Python unchanged) runs a model to the same bits."""
+    import re
+    import subprocess
+    from importlib import resources
+
+    code = resources.files("specdec").joinpath("csrc", native.SOURCE).read_text()
+    swapped, n = re.subn(r"F\(norm1, 1\) F\(norm2, 1\)", "F(norm2, 1) F(norm1, 1)", code)
+    assert n == 1
+    source, built = tmp_path / native.SOURCE, tmp_path / "swapped.so"
+    source.write_text(swapped)
+    done = subprocess.run(["gcc", *native.FLAGS_PORTABLE, "-o", str(built), str(source), *native.LIBS],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"no C compiler for the reordered build: {done.stderr[-300:]}")
+    other = ctypes.CDLL(str(built))
+    native.declare(other)
+    fields = native.layer_fields(other)
+    assert fields[13:15] == (("norm2", 1), ("norm1", 1))
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path, "qwen2", **TINY_MODELS["qwen2"][1])
+    model = native.load_gguf_native(path, n_threads=2, n_ctx=256)
+    tokens = [1, 17, 200, 3, 3, 99, 250, 14]
+    with native.running_path("portable", lib):
+        expected = model.forward(tokens)
+    model.weights.records = model.weights.layer_records(fields)
+    model.lib = other
+    model.reset()
+    assert torch.equal(model.forward(tokens), expected)
+
+
 def test_the_avx2_path_runs_where_the_cpu_has_it(lib):
-    if not native._cpu_has_avx2():
+    if "avx2" not in native.available_paths(lib):
         pytest.skip("this CPU lacks AVX2/FMA/F16C: only the portable path runs")
     assert native.uses_avx2()
     # and SPECDEC_GGUF_PORTABLE=1 asks for the portable path
@@ -768,7 +830,7 @@ def test_gemma3s_sliding_window_hides_the_keys_behind_it(tmp_path, lib):
     windowed = model.forward(ARCH_TOKENS)
     for layer in model.weights.layers:
         layer.window = 1000 if layer.window else 0
-    model.weights.records[:] = np.array([layer.record() for layer in model.weights.layers], np.uint64).view(np.int64)
+    model.weights.records[:] = model.weights.layer_records()
     model.reset()
     unwindowed = model.forward(ARCH_TOKENS)
     assert torch.equal(windowed[:WINDOW], unwindowed[:WINDOW])

@@ -107,7 +107,8 @@ CPU_FEATURES = {"avx2": "AVX2", "fma": "FMA", "f16c": "F16C", "avx512f": "AVX-51
 def cpu_flags(cpuinfo: str | None = None) -> frozenset[str]:
     """The instruction-set flags of the CPU (the first ``flags`` line of ``cpuinfo``, by default
     /proc/cpuinfo's); empty where there is none (another OS, an ARM CPU). The one place specdec
-    reads which vector instructions this CPU has."""
+    reads them for its reports; the GGUF kernel chooses its path from what the CPU itself reports
+    (``gguf_cpu_paths`` in csrc/linear_gguf.c), not from these."""
     text = _cpuinfo() if cpuinfo is None else cpuinfo
     return frozenset((_cpuinfo_field(text, "flags") or "").split())
 

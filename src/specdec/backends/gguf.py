@@ -67,7 +67,7 @@ import contextlib
 import ctypes
 import dataclasses
 import os
-import platform
+import re
 import sys
 import types
 from pathlib import Path
@@ -78,11 +78,14 @@ import torch
 
 from specdec import kernels
 from specdec.backends.base import SNAPSHOTS, TREES, CacheSnapshot, ModelFacts
-from specdec.measurements import cpu_flags, file_identity
+from specdec.measurements import file_identity
 
 SOURCE = "linear_gguf.c"
-FLAGS_NATIVE = ["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
-FLAGS_PORTABLE = ["-O2", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
+# One build for every CPU: the source compiles its AVX2 code under a target pragma and chooses the
+# path at run time from what the CPU reports (gguf_cpu_paths, the one detection).
+FLAGS_NATIVE = ["-O3", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
+# A test build of the portable path alone: what a CPU of another family (ARM) compiles.
+FLAGS_PORTABLE = [*FLAGS_NATIVE, "-DGG_PORTABLE_ONLY"]
 LIBS = ["-lm"]  # after the source file
 PORTABLE_ENV = "SPECDEC_GGUF_PORTABLE"  # "1": run the portable C path even where AVX2 is available
 PATH_ENV = "SPECDEC_GGUF_PATH"  # a name of PATHS: run that path (where this CPU has it) instead of the best
@@ -118,18 +121,11 @@ class KernelUnavailable(RuntimeError):
     """The C kernel could not be built or loaded (no compiler, unwritable cache)."""
 
 
-def _cpu_has_avx2() -> bool:
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return False
-    return {"avx2", "fma", "f16c"} <= cpu_flags()
-
-
 def library(variant: str = "native") -> ctypes.CDLL:
-    """The compiled ``linear_gguf.c``: ``"native"`` (with AVX2/FMA/F16C where this CPU has them,
-    else the portable build) or ``"portable"`` (no instruction-set flags). Built once per source
-    and flags into :func:`specdec.kernels.kernels_dir` (rebuilt where damaged). Raises :class:`KernelUnavailable`."""
-    if variant == "native" and not _cpu_has_avx2():
-        variant = "portable"
+    """The compiled ``linear_gguf.c``: ``"native"`` (every path; it runs the best one the CPU has,
+    which the library itself detects), or the test builds ``"portable"`` (the portable path alone)
+    and ``"emulated-vnni"``. Built once per source and flags into :func:`specdec.kernels.kernels_dir`
+    (rebuilt where damaged). Raises :class:`KernelUnavailable`."""
     flags = {"native": FLAGS_NATIVE, "portable": FLAGS_PORTABLE, "emulated-vnni": FLAGS_EMULATED_VNNI}
     if variant not in flags:
         raise ValueError(f"variant must be one of {', '.join(flags)}, got {variant!r}")
@@ -183,33 +179,89 @@ def running_path(name: str, lib: ctypes.CDLL | None = None) -> Iterator[None]:
 def _build_and_open(flags: list[str], variant: str) -> ctypes.CDLL:
     lib = kernels.build_library(SOURCE, flags, name=f"linear_gguf-{variant}", libs=LIBS, error=KernelUnavailable,
                                 serial_fallback=True)
-    p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    signatures = {
-        "gguf_matmul_multi": ([i32, p, p, p, p, i64, p, i64, p, i64, i32, i32], i32),
-        "gguf_matmul": ([i32, p, i64, i64, p, i64, p, i32, i32], i32),
-        "gguf_get_rows": ([i32, p, i64, p, i64, p], i32),
-        "gguf_row_bytes": ([i32, i64], i64),
-        "gguf_quantize_rows": ([p, i64, i64, i32, p, p], None),
-        "gguf_rmsnorm": ([p, p, i64, i64, ctypes.c_float, p], None),
-        "gguf_glu": ([p, i64, i64, p, i32, i32], None),
-        "gguf_gelu": ([p, i64, p], None),
-        "gguf_exp": ([p, i64, p], None),
-        "gguf_rope_store": ([p, p, p, p, i32, i64, i64, i64, i64, p, p, p, i64, i64], None),
-        "gguf_attention": ([p, p, p, p, p, i64, i64, i64, i64, i64, i64, ctypes.c_float, p, p, i64, i32], i32),
-        "gguf_forward_seqs": ([p, i64, i64, i64, i64, i64, i64, i32, i32, i64, ctypes.c_float, ctypes.c_float, p, i64, p,
-                               i64, p, p, p, p, p, p, i32], i32),
-        "gguf_set_portable": ([i32], None),
-        "gguf_cpu_paths": ([], i32),
-        "gguf_set_path": ([i32], i32),
-        "gguf_path": ([], i32),
-        "gguf_uses_avx2": ([], i32),
-        "gguf_avx2_compiled": ([], i32),
-        "gguf_avx2_available": ([], i32),
-    }
-    for name, (args, result) in signatures.items():
+    declare(lib)
+    return lib
+
+
+# -- the interface, as the library describes it ----------------------------------------------------
+
+# C types of the exported functions' prototypes -> ctypes (a pointer of any type is a c_void_p).
+C_TYPES: dict[str, Any] = {"void": None, "int": ctypes.c_int, "int32_t": ctypes.c_int32, "int64_t": ctypes.c_int64,
+                           "float": ctypes.c_float}
+_PROTOTYPE = re.compile(r"^(?P<result>[\w ]+?)\s*\b(?P<name>gguf_\w+)\s*\((?P<params>.*)\);$")
+_layouts: dict[int, tuple[tuple[str, int], ...]] = {}  # library handle -> the layer record's fields
+
+
+class InterfaceMismatch(KernelUnavailable):
+    """The library's description of its interface and what this module passes it disagree."""
+
+
+def _c_type(text: str, where: str) -> Any:
+    """The ctypes type of a C parameter or result (``const float *x``, ``int64_t n``, ``void``)."""
+    if "*" in text:
+        return ctypes.c_void_p
+    words = text.replace("const ", " ").split()  # a parameter's last word is its name
+    base = words[0] if len(words) == 1 or where.endswith("result") else " ".join(words[:-1])
+    if base not in C_TYPES:
+        raise InterfaceMismatch(f"{where}: the C type {base!r} has no ctypes type here ({', '.join(C_TYPES)})")
+    return C_TYPES[base]
+
+
+def parse_interface(text: str) -> tuple[dict[str, tuple[list[Any], Any]], tuple[tuple[str, int], ...]]:
+    """The text of ``gguf_interface()``: each exported function's (argtypes, restype) by name, and
+    the layer record's fields (name, count) in their order."""
+    functions: dict[str, tuple[list[Any], Any]] = {}
+    fields: list[tuple[str, int]] = []
+    for line in text.splitlines():
+        if line.startswith("field "):
+            _, name, count = line.split()
+            fields.append((name, int(count)))
+            continue
+        m = _PROTOTYPE.match(line.strip())
+        if m is None:
+            raise InterfaceMismatch(f"the GGUF kernel describes its interface with a line this module cannot read: {line!r}")
+        name, params = m["name"], m["params"].strip()
+        args = [] if params in ("", "void") else [_c_type(p, f"{name} parameter {p.strip()!r}") for p in params.split(",")]
+        functions[name] = (args, _c_type(m["result"], f"{name} result"))
+    return functions, tuple(fields)
+
+
+def declare(lib: ctypes.CDLL) -> None:
+    """Declares every exported function of ``lib`` to ctypes from the prototypes the library gives
+    (``gguf_interface``), and keeps its layer record's fields for :func:`layer_record`."""
+    lib.gguf_interface.argtypes, lib.gguf_interface.restype = [], ctypes.c_char_p
+    functions, fields = parse_interface(lib.gguf_interface().decode())
+    for name, (args, result) in functions.items():
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = args, result
-    return lib
+    _layouts[lib._handle] = fields
+
+
+def layer_fields(lib: ctypes.CDLL | None = None) -> tuple[tuple[str, int], ...]:
+    """The fields of a layer's record for ``gguf_forward_seqs``, (name, count) in the library's order."""
+    return _layouts[(lib or library())._handle]
+
+
+def layer_record(values: dict[str, Sequence[int] | int], fields: Sequence[tuple[str, int]]) -> list[int]:
+    """A layer's record: ``values`` (field name -> its ints, or one int) placed as ``fields`` (the
+    library's :func:`layer_fields`) lay them out. Raises :class:`InterfaceMismatch` naming the first
+    field that the two sides do not share, or whose count differs."""
+    record: list[int] = []
+    for name, count in fields:
+        if name not in values:
+            raise InterfaceMismatch(f"the GGUF kernel's layer record has a field {name!r} ({count} values) that this "
+                                    f"module does not fill (it fills {', '.join(values)})")
+        value = values[name]
+        got = [int(value)] if isinstance(value, int) else [int(v) for v in value]
+        if len(got) != count:
+            raise InterfaceMismatch(f"the GGUF kernel's layer record field {name!r} holds {count} values, this module "
+                                    f"gives {len(got)}")
+        record += got
+    extra = [name for name in values if name not in dict(fields)]
+    if extra:
+        raise InterfaceMismatch(f"this module fills a layer record field {extra[0]!r} that the GGUF kernel's record "
+                                f"lacks (it has {', '.join(name for name, _ in fields)})")
+    return record
 
 
 def set_portable(on: bool) -> None:
@@ -400,9 +452,6 @@ class _Fused:
             raise RuntimeError(f"gguf_matmul_multi failed ({rc})")
 
 
-LAYER_FIELDS = 33  # int64 fields of a layer's record for gguf_forward_seqs (see linear_gguf.c)
-
-
 class _Layer:
     def __init__(self, get: Any, i: int, arch: str, widths: tuple[int, int, int] = (0, 0, 0), ffn: int = 0) -> None:
         p = f"blk.{i}."
@@ -436,16 +485,20 @@ class _Layer:
         self.rope: tuple[torch.Tensor, torch.Tensor] | None = None  # (cos, sin), set by GGUFWeights
         self.window = 0  # > 0: a sliding-window layer, set by GGUFWeights
 
-    def record(self) -> list[int]:
-        """This layer's fields for gguf_forward_seqs: types, pointers and widths of its tensors."""
+    def fields(self) -> dict[str, Sequence[int] | int]:
+        """This layer's fields for gguf_forward_seqs, by the names of the kernel's layer record
+        (:func:`layer_record` lays them out): types, pointers and widths of its tensors."""
         q, o, gu, down = self.qkv, self.o, self.gate_up, self.down
         ptr = lambda t: 0 if t is None else t.data_ptr()  # noqa: E731
         assert self.rope is not None
-        return [*q._types, *q._ptrs, *q._outs, *(q._bias_ptrs if q.biases else (0, 0, 0)),
-                o._types[0], o._ptrs[0], o._outs[0], *gu._types, *gu._ptrs, *gu._outs,
-                down._types[0], down._ptrs[0], down._outs[0], self.norm1.data_ptr(), self.norm2.data_ptr(),
-                ptr(self.q_norm), ptr(self.k_norm), ptr(self.post1), ptr(self.post2),
-                self.rope[0].data_ptr(), self.rope[1].data_ptr(), self.window]
+        return {"qkv_type": q._types, "qkv_ptr": q._ptrs, "qkv_out": q._outs,
+                "qkv_bias": q._bias_ptrs if q.biases else (0, 0, 0),
+                "o_type": o._types[0], "o_ptr": o._ptrs[0], "o_out": o._outs[0],
+                "gu_type": gu._types, "gu_ptr": gu._ptrs, "gu_out": gu._outs,
+                "down_type": down._types[0], "down_ptr": down._ptrs[0], "down_out": down._outs[0],
+                "norm1": self.norm1.data_ptr(), "norm2": self.norm2.data_ptr(),
+                "q_norm": ptr(self.q_norm), "k_norm": ptr(self.k_norm), "post1": ptr(self.post1), "post2": ptr(self.post2),
+                "cos": self.rope[0].data_ptr(), "sin": self.rope[1].data_ptr(), "window": self.window}
 
 
 def rope_tables(base: float, head_dim: int, positions: int, scale: float = 1.0,
@@ -583,11 +636,16 @@ class GGUFWeights:
         for layer, sliding in zip(self.layers, self.sliding):
             layer.rope = local if sliding else (self.cos, self.sin)
             layer.window = self.window if sliding else 0
-        self.records = np.array([layer.record() for layer in self.layers], dtype=np.uint64).view(np.int64)
-        assert self.records.shape == (self.n_layers, LAYER_FIELDS)
+        self.records = self.layer_records()
         self.weight_bytes = sum(int(t.data.nbytes) for t in tensors.values())
         types_seen = sorted({tensors[n].type_name for n in tensors if len(tensors[n].data.shape) > 1})
         self.description = f"{arch} {self.n_layers}x{self.hidden} ({'/'.join(types_seen)})"
+
+    def layer_records(self, fields: Sequence[tuple[str, int]] | None = None) -> np.ndarray:
+        """The layers' records for gguf_forward_seqs, int64 [layers, fields], laid out as ``fields``
+        (default: the library's :func:`layer_fields`)."""
+        fields = layer_fields() if fields is None else fields
+        return np.array([layer_record(layer.fields(), fields) for layer in self.layers], dtype=np.uint64).view(np.int64)
 
 
 # -- the backend ------------------------------------------------------------------------------------

@@ -29,7 +29,7 @@
  *
  * Threads split the OUTPUT elements j (chunks of weight rows, handed out as threads ask); the
  * reduction over i is never split, so neither the thread count nor the split changes a result. The AVX2 path and the portable scalar
- * path (gguf_set_portable, or a build without -mavx2) run the same operations: the scalar path
+ * path (gguf_set_portable; what a CPU without AVX2 runs) run the same operations: the scalar path
  * keeps the 8 lanes in arrays and uses fmaf where the vector path fuses, so they agree bit for bit.
  * Build with -ffp-contract=off (the scalar path must not fuse what the vector path rounds twice).
  *
@@ -55,7 +55,13 @@
  *   IQ4_XS (256, 136): d, scales_h (16 bits), scales_l[4], qs[128]; sub-block s of 32 is the low,
  *        then the high nibbles of qs[16s ..]; w = d * (scale[s] - 32) * kv_iq4[q] (iq4xs_scales)
  */
-#ifndef GG_KERNEL_BODY /* the file; the kernel body (included once per path) is at its end */
+/* The file is read three ways. As itself (neither GG_COPY nor GG_KERNEL_BODY defined): what every
+ * path shares, the run-time choice of the path, and the exported functions. As one copy of the
+ * computing code (GG_COPY(name) naming its functions), included twice: once under GCC's target
+ * pragma for AVX2 + FMA + F16C (x86-64 only), once without it (the portable path), so that one
+ * build runs on any CPU and the CPU is detected in one place, gguf_cpu_paths. As one vector path's
+ * kernels (GG_KERNEL_BODY), included by the AVX2 copy once per vector path. */
+#if !defined(GG_COPY) && !defined(GG_KERNEL_BODY)
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -63,10 +69,12 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
-#if defined(__AVX2__) && defined(__FMA__)
+/* GG_X86: the AVX2 copy is compiled (GG_PORTABLE_ONLY: a build of the portable path alone, what
+ * another CPU family compiles). */
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && !defined(GG_PORTABLE_ONLY)
 #include <cpuid.h>
 #include <immintrin.h>
-#define GG_AVX2 1
+#define GG_X86 1
 #endif
 
 enum {
@@ -85,6 +93,83 @@ static const int8_t kv_iq4[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 1
 #define CHUNK_BYTES 262144 /* weights per unit of work handed to a thread (long runs: the prefetchers stream) */
 
 /* ---------------------------------------------------------------------------------------------- */
+/* the interface: described once, here */
+
+/* The exported functions. specdec.backends.gguf declares each one to ctypes from the prototypes
+ * that gguf_interface() returns, which are the text of these rows; the compiler checks each
+ * function against its row (the declarations below, and the dispatchers generated from it). A row:
+ * how it is defined (F: once, in this file; V, R: a function of the computing code, dispatched to
+ * the copy of the path that runs, V returning void and R a value), the result, the name, the
+ * parameters, the arguments as the dispatcher passes them on. */
+#define GG_EXPORTS(X)                                                                                               \
+    X(F, int, gguf_cpu_paths, (void), ())                                                                           \
+    X(F, int, gguf_set_path, (int p), ())                                                                           \
+    X(F, int, gguf_path, (void), ())                                                                                \
+    X(F, void, gguf_set_portable, (int on), ())                                                                     \
+    X(F, int, gguf_uses_avx2, (void), ())                                                                           \
+    X(F, int, gguf_avx2_compiled, (void), ())                                                                       \
+    X(F, int, gguf_avx2_available, (void), ())                                                                      \
+    X(F, int, gguf_type_supported, (int type), ())                                                                  \
+    X(F, int64_t, gguf_row_bytes, (int type, int64_t n_in), ())                                                     \
+    X(F, int, gguf_get_rows, (int type, const uint8_t *w, int64_t n_in, const int64_t *ids, int64_t n, float *out), ()) \
+    X(V, void, gguf_quantize_rows, (const float *x, int64_t n_rows, int64_t n_in, int block, int8_t *q, float *d),   \
+      (x, n_rows, n_in, block, q, d))                                                                               \
+    X(R, int, gguf_matmul_multi, (int n_seg, const int32_t *types, const uint64_t *weights, const int64_t *n_outs,  \
+      const uint64_t *biases, int64_t n_in, const float *x, int64_t n_rows, float *y, int64_t ldy, int accumulate,  \
+      int n_threads), (n_seg, types, weights, n_outs, biases, n_in, x, n_rows, y, ldy, accumulate, n_threads))      \
+    X(R, int, gguf_matmul, (int type, const uint8_t *w, int64_t n_out, int64_t n_in, const float *x, int64_t n_rows, \
+      float *y, int accumulate, int n_threads), (type, w, n_out, n_in, x, n_rows, y, accumulate, n_threads))        \
+    X(V, void, gguf_rmsnorm, (const float *x, const float *w, int64_t n_rows, int64_t dim, float eps, float *out),  \
+      (x, w, n_rows, dim, eps, out))                                                                                \
+    X(V, void, gguf_exp, (const float *x, int64_t n, float *y), (x, n, y))                                          \
+    X(V, void, gguf_glu, (const float *gu, int64_t n_rows, int64_t ff, float *out, int act, int n_threads),          \
+      (gu, n_rows, ff, out, act, n_threads))                                                                        \
+    X(V, void, gguf_gelu, (const float *x, int64_t n, float *y), (x, n, y))                                         \
+    X(V, void, gguf_rope_store, (const float *qkv, const int64_t *pos, const float *cos_t, const float *sin_t,      \
+      int neox, int64_t n, int64_t H, int64_t KV, int64_t d, float *q_out, float *k_cache, float *v_cache,          \
+      int64_t cap, int64_t start), (qkv, pos, cos_t, sin_t, neox, n, H, KV, d, q_out, k_cache, v_cache, cap, start)) \
+    X(R, int, gguf_attention, (const float *q, const float *k, const float *v, const uint8_t *visible, float *out,   \
+      int64_t H, int64_t KV, int64_t n, int64_t L, int64_t d, int64_t cap, float scale, const int64_t *qpos,        \
+      const int64_t *kpos, int64_t window, int n_threads),                                                          \
+      (q, k, v, visible, out, H, KV, n, L, d, cap, scale, qpos, kpos, window, n_threads))                           \
+    X(R, int, gguf_forward_seqs, (const int64_t *layers, int64_t n_layers, int64_t hidden, int64_t heads,           \
+      int64_t kv, int64_t d, int64_t ffn, int neox, int act, int64_t cap, float eps, float scale, float *x,         \
+      int64_t n, const int64_t *pos, int64_t n_seq, const int64_t *rows_of, const uint64_t *visibles,               \
+      const uint64_t *caches, const int64_t *starts, const uint64_t *kposes, float *scratch, int threads),          \
+      (layers, n_layers, hidden, heads, kv, d, ffn, neox, act, cap, eps, scale, x, n, pos, n_seq, rows_of,         \
+       visibles, caches, starts, kposes, scratch, threads))
+
+/* One layer's record for gguf_forward_seqs: int64 fields in this order (name, count), 0 where a
+ * layer has no such tensor. The Python side builds each record by these names (gguf_interface). */
+#define GG_LAYER(F)                                                                                                 \
+    F(qkv_type, 3) F(qkv_ptr, 3) F(qkv_out, 3) F(qkv_bias, 3) /* Q, K, V: ggml types, weights, widths, fp32 biases */ \
+    F(o_type, 1) F(o_ptr, 1) F(o_out, 1)                                                                            \
+    F(gu_type, 2) F(gu_ptr, 2) F(gu_out, 2) /* gate, up */                                                          \
+    F(down_type, 1) F(down_ptr, 1) F(down_out, 1)                                                                   \
+    F(norm1, 1) F(norm2, 1)                                                                                         \
+    F(q_norm, 1) F(k_norm, 1) /* fp32 [d]: RMSNorm of each head of Q and of K before RoPE (qwen3, gemma3) */        \
+    F(post1, 1) F(post2, 1) /* fp32 [hidden]: RMSNorm of the attention's and the FFN's output before the residual add (gemma3) */ \
+    F(cos, 1) F(sin, 1)     /* fp32 [cap, d / 2]: the layer's RoPE tables (gemma3's local and global layers differ) */ \
+    F(window, 1)            /* > 0: the layer's rows see only keys within this many positions (sliding window) */
+
+#define GG_FIELD_ENUM(name, count) L_##name, L_##name##_last = L_##name + (count)-1,
+enum { GG_LAYER(GG_FIELD_ENUM) L_FIELDS };
+#undef GG_FIELD_ENUM
+
+#define GG_DECLARE(how, result, name, params, args) result name params;
+GG_EXPORTS(GG_DECLARE)
+#undef GG_DECLARE
+
+/* The interface as text: one line a function (its C prototype), one a layer field ("field NAME COUNT"). */
+#define GG_PROTOTYPE(how, result, name, params, args) #result " " #name #params ";\n"
+#define GG_FIELD_LINE(name, count) "field " #name " " #count "\n"
+static const char g_interface[] = GG_EXPORTS(GG_PROTOTYPE) GG_LAYER(GG_FIELD_LINE);
+#undef GG_PROTOTYPE
+#undef GG_FIELD_LINE
+
+const char *gguf_interface(void) { return g_interface; }
+
+/* ---------------------------------------------------------------------------------------------- */
 /* dispatch */
 
 /* The paths, chosen at run time by what the CPU reports (gguf_cpu_paths, the one detection) unless
@@ -94,7 +179,7 @@ static const int8_t kv_iq4[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 1
  * integer lanes as the AVX2 instructions it replaces, and the float operations are the AVX2 path's. */
 enum { P_PORTABLE = 0, P_AVX2 = 1, P_AVX512VNNI = 2, P_AVXVNNI = 3, N_PATHS = 4 };
 
-#if defined(GG_AVX2) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11 && !defined(GG_NO_VNNI) && !defined(GG_EMULATE_VNNI)
+#if defined(GG_X86) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11 && !defined(GG_NO_VNNI) && !defined(GG_EMULATE_VNNI)
 #define GG_VNNI 1 /* the VNNI kernels are compiled (per function, with GCC's target pragmas) */
 #endif
 
@@ -103,7 +188,7 @@ static int g_path = -1; /* the path the kernels run; -1: not chosen yet (the bes
 /* Bit p set: this build has path p and this CPU can run it. */
 int gguf_cpu_paths(void) {
     int paths = 1 << P_PORTABLE;
-#if defined(GG_AVX2) && (defined(__x86_64__) || defined(__i386__))
+#ifdef GG_X86
     __builtin_cpu_init();
     unsigned a = 0, b = 0, c = 0, d = 0;
     const int f16c = __get_cpuid(1, &a, &b, &c, &d) && ((c >> 29) & 1);
@@ -140,7 +225,7 @@ int gguf_path(void) {
 }
 
 int gguf_avx2_compiled(void) {
-#ifdef GG_AVX2
+#ifdef GG_X86
     return 1;
 #else
     return 0;
@@ -152,7 +237,7 @@ int gguf_avx2_available(void) { return (gguf_cpu_paths() >> P_AVX2) & 1; }
 /* 1: the portable path; 0: the best path this CPU has. */
 void gguf_set_portable(int on) { gguf_set_path(on ? P_PORTABLE : -1); }
 
-static int vec(void) { return gguf_path() != P_PORTABLE; } /* every vector path runs the AVX2 code outside the products */
+static int vec(void) { return gguf_path() != P_PORTABLE; } /* every vector path runs the AVX2 copy (the AVX2 code outside the products) */
 
 int gguf_uses_avx2(void) { return vec(); }
 
@@ -180,13 +265,6 @@ static inline float tree8(const float a[8]) {
     return c0 + c1;
 }
 
-#ifdef GG_AVX2
-static inline float tree8v(__m256 v) {
-    const __m128 b = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    const __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
-    return _mm_cvtss_f32(_mm_add_ss(c, _mm_shuffle_ps(c, c, 1)));
-}
-#endif
 
 static inline void store(float *y, float v, const float *bias, int64_t j, int accumulate) {
     if (bias) v = v + bias[j];
@@ -275,75 +353,6 @@ typedef struct {
     int8_t *qk; float *dk; int16_t *bk; /* blocks of 256: q [rows, n_in], d [rows, n_in/256], sums of 16 [rows, n_in/16] */
     int8_t *q0; float *d0; int32_t *s0; /* blocks of 32:  q [rows, n_in], d [rows, n_in/32], sums [rows, n_in/32] */
 } Acts;
-
-/* One block of `len` values: d = amax / 127, q = round-half-even(x * (127 / amax)). The same
- * elementwise operations in both paths (a max is exact in any order). */
-static void quantize_block(const float *x, int len, int8_t *q, float *d) {
-    float amax = 0.0f;
-    int i = 0;
-#ifdef GG_AVX2
-    if (vec()) {
-        const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-        __m256 mx = _mm256_setzero_ps();
-        for (; i + 8 <= len; i += 8) mx = _mm256_max_ps(mx, _mm256_and_ps(_mm256_loadu_ps(x + i), absmask));
-        float lanes[8];
-        _mm256_storeu_ps(lanes, mx);
-        for (int l = 0; l < 8; l++) amax = lanes[l] > amax ? lanes[l] : amax;
-    }
-#endif
-    for (; i < len; i++) { const float a = fabsf(x[i]); amax = a > amax ? a : amax; }
-    const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
-    *d = amax / 127.0f;
-    i = 0;
-#ifdef GG_AVX2
-    if (vec()) {
-        const __m256 vid = _mm256_set1_ps(id);
-        for (; i + 32 <= len; i += 32) {
-            __m256i a = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-            __m256i b = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i + 8), vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-            __m256i c = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i + 16), vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-            __m256i e = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i + 24), vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-            __m256i ab = _mm256_packs_epi32(a, b), ce = _mm256_packs_epi32(c, e);
-            __m256i all = _mm256_packs_epi16(ab, ce);
-            all = _mm256_permutevar8x32_epi32(all, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-            all = _mm256_max_epi8(_mm256_min_epi8(all, _mm256_set1_epi8(127)), _mm256_set1_epi8(-127));
-            _mm256_storeu_si256((__m256i *)(q + i), all);
-        }
-    }
-#endif
-    for (; i < len; i++) {
-        float v = nearbyintf(x[i] * id);
-        v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;
-        q[i] = (int8_t)v;
-    }
-}
-
-static void quantize_row_k(const float *x, int64_t n_in, int8_t *q, float *d, int16_t *bs) {
-    for (int64_t b = 0; b < n_in / 256; b++) {
-        quantize_block(x + b * 256, 256, q + b * 256, d + b);
-        for (int g = 0; g < 16; g++) {
-            int s = 0;
-            for (int i = 0; i < 16; i++) s += q[b * 256 + g * 16 + i];
-            bs[b * 16 + g] = (int16_t)s;
-        }
-    }
-}
-
-static void quantize_row_32(const float *x, int64_t n_in, int8_t *q, float *d, int32_t *s) {
-    for (int64_t b = 0; b < n_in / 32; b++) {
-        quantize_block(x + b * 32, 32, q + b * 32, d + b);
-        int t = 0;
-        for (int i = 0; i < 32; i++) t += q[b * 32 + i];
-        s[b] = t;
-    }
-}
-
-/* Exposed for tests: the activation quantization the kernels use (block 256 or 32). */
-void gguf_quantize_rows(const float *x, int64_t n_rows, int64_t n_in, int block, int8_t *q, float *d) {
-    for (int64_t r = 0; r < n_rows; r++)
-        for (int64_t b = 0; b < n_in / block; b++)
-            quantize_block(x + r * n_in + b * block, block, q + r * n_in + b * block, d + r * (n_in / block) + b);
-}
 
 /* ---------------------------------------------------------------------------------------------- */
 /* kernels: rows [r0, r0 + nr) of the pass against weight rows [j0, j1) of one tensor */
@@ -564,6 +573,256 @@ static void kf_scalar(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t 
             store(o->y + (r0 + t) * o->ldy + s->col + j, v, s->bias, j, o->accumulate);
         }
     }
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* the entry points */
+
+static __thread uint8_t *g_scratch = NULL;
+static __thread size_t g_scratch_size = 0;
+
+static uint8_t *scratch(size_t bytes) {
+    if (bytes > g_scratch_size) {
+        free(g_scratch);
+        g_scratch = NULL;
+        g_scratch_size = 0;
+        if (posix_memalign((void **)&g_scratch, 64, bytes)) return NULL;
+        g_scratch_size = bytes;
+    }
+    return g_scratch;
+}
+
+static int64_t align64(int64_t n) { return (n + 63) & ~(int64_t)63; }
+
+/* ---------------------------------------------------------------------------------------------- */
+/* dequantized rows (the embedding lookup): out[k, :] = W[ids[k], :], as gguf.quants computes it */
+
+int gguf_get_rows(int type, const uint8_t *w, int64_t n_in, const int64_t *ids, int64_t n, float *out) {
+    const int64_t rb = gguf_row_bytes(type, n_in);
+    if (rb < 0) return -1;
+    for (int64_t k = 0; k < n; k++) {
+        const uint8_t *row = w + ids[k] * rb;
+        float *y = out + k * n_in;
+        switch (type) {
+        case T_F32: case T_F16: case T_BF16:
+            for (int64_t i = 0; i < n_in; i++) y[i] = wget(type, row, i);
+            break;
+        case T_Q4_0: case T_Q4_1:
+            for (int64_t b = 0; b < n_in / 32; b++) {
+                const uint8_t *blk = row + b * block_bytes(type);
+                const float d = f16(blk), m = type == T_Q4_1 ? f16(blk + 2) : 0.0f;
+                const uint8_t *qs = blk + (type == T_Q4_1 ? 4 : 2);
+                for (int i = 0; i < 32; i++) {
+                    const int q = i < 16 ? qs[i] & 0xF : qs[i - 16] >> 4;
+                    y[b * 32 + i] = type == T_Q4_0 ? d * (float)(q - 8) : d * (float)q + m;
+                }
+            }
+            break;
+        case T_Q5_0: case T_Q5_1:
+            for (int64_t b = 0; b < n_in / 32; b++) {
+                const uint8_t *blk = row + b * block_bytes(type);
+                const float d = f16(blk), m = type == T_Q5_1 ? f16(blk + 2) : 0.0f;
+                int q[32];
+                q5_values(blk, type, q);
+                for (int i = 0; i < 32; i++) y[b * 32 + i] = type == T_Q5_0 ? d * (float)q[i] : d * (float)q[i] + m;
+            }
+            break;
+        case T_IQ4_NL:
+            for (int64_t b = 0; b < n_in / 32; b++) {
+                const uint8_t *blk = row + b * 18;
+                const float d = f16(blk);
+                for (int i = 0; i < 32; i++) y[b * 32 + i] = d * (float)kv_iq4[i < 16 ? blk[2 + i] & 0xF : blk[2 + i - 16] >> 4];
+            }
+            break;
+        case T_Q2_K: case T_Q3_K: case T_Q5_K: case T_IQ4_XS:
+            /* as gguf.quants: (d * scale) * q, less dmin * min where there are mins; Q3_K's level
+             * is q - 4 (its high bit clear), IQ4_XS's the non-linear level of q */
+            for (int64_t b = 0; b < n_in / 256; b++) {
+                int q[256], sc[16], cw[16];
+                float d, dmin;
+                const int off = kq_decode(type, row + b * block_bytes(type), q, sc, cw, &d, &dmin);
+                for (int e = 0; e < 256; e++) {
+                    const float dl = d * (float)sc[e >> 4];
+                    y[b * 256 + e] = type == T_Q2_K || type == T_Q5_K ? dl * (float)q[e] - dmin * (float)cw[e >> 4]
+                                                                      : dl * (float)(q[e] - off);
+                }
+            }
+            break;
+        case T_Q8_0:
+            for (int64_t b = 0; b < n_in / 32; b++) {
+                const uint8_t *blk = row + b * 34;
+                const float d = f16(blk);
+                for (int i = 0; i < 32; i++) y[b * 32 + i] = (float)(int8_t)blk[2 + i] * d;
+            }
+            break;
+        case T_Q4_K:
+            for (int64_t b = 0; b < n_in / 256; b++) {
+                const uint8_t *blk = row + b * 144;
+                const float d = f16(blk), dmin = f16(blk + 2);
+                uint8_t sc[8], m[8];
+                q4k_scales(blk + 4, sc, m);
+                for (int e = 0; e < 256; e++) {
+                    const int sub = e >> 5, k = e >> 6, i = e & 31;
+                    const int q = (sub & 1) ? blk[16 + 32 * k + i] >> 4 : blk[16 + 32 * k + i] & 0xF;
+                    y[b * 256 + e] = (d * (float)sc[sub]) * (float)q - dmin * (float)m[sub];
+                }
+            }
+            break;
+        case T_Q6_K:
+            for (int64_t b = 0; b < n_in / 256; b++) {
+                const uint8_t *blk = row + b * 210, *ql = blk, *qh = blk + 128;
+                const float d = f16(blk + 208);
+                for (int e = 0; e < 256; e++) {
+                    const int h = e >> 7, sq = (e >> 5) & 3, i = e & 31;
+                    const uint8_t lo = ql[64 * h + 32 * (sq & 1) + i];
+                    const int q = ((sq < 2 ? lo & 0xF : lo >> 4) | (((qh[32 * h + i] >> (2 * sq)) & 3) << 4)) - 32;
+                    y[b * 256 + e] = (d * (float)(int8_t)blk[192 + (e >> 4)]) * (float)q;
+                }
+            }
+            break;
+        default:
+            return -1;
+        }
+    }
+    return 0;
+}
+
+enum { ACT_SWIGLU = 0, ACT_GEGLU = 1 };
+
+/* ---------------------------------------------------------------------------------------------- */
+/* the computing code, twice: the AVX2 copy (every function of it compiled for AVX2 + FMA + F16C,
+ * as a build with -mavx2 -mfma -mf16c compiles it, and run only where gguf_cpu_paths finds them)
+ * and the portable copy (compiled for any CPU of the family) */
+
+#ifdef GG_X86
+#ifdef __clang__
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#endif
+#define GG_AVX2 1
+#define GG_COPY(name) name##_avx2
+#include __FILE__
+#undef GG_COPY
+#undef GG_AVX2
+#ifdef __clang__
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+#define GG_PICK(name) (vec() ? name##_avx2 : name##_portable)
+#else
+#define GG_PICK(name) name##_portable
+#endif
+#define GG_COPY(name) name##_portable
+#include __FILE__
+#undef GG_COPY
+
+/* The exported functions of the computing code: each runs the copy of the path that runs. */
+#define GG_DISPATCH_F(result, name, params, args)
+#define GG_DISPATCH_V(result, name, params, args) result name params { GG_PICK(name) args; }
+#define GG_DISPATCH_R(result, name, params, args) result name params { return GG_PICK(name) args; }
+#define GG_DISPATCH(how, result, name, params, args) GG_DISPATCH_##how(result, name, params, args)
+GG_EXPORTS(GG_DISPATCH)
+
+#elif !defined(GG_KERNEL_BODY) /* one copy of the computing code (GG_AVX2 defined in the AVX2 copy) */
+
+/* The names each copy defines, made the copy's own (quantize_block_avx2, quantize_block_portable, ...). */
+#define quantize_block GG_COPY(quantize_block)
+#define quantize_row_k GG_COPY(quantize_row_k)
+#define quantize_row_32 GG_COPY(quantize_row_32)
+#define gguf_quantize_rows GG_COPY(gguf_quantize_rows)
+#define run_seg GG_COPY(run_seg)
+#define gguf_matmul_multi GG_COPY(gguf_matmul_multi)
+#define gguf_matmul GG_COPY(gguf_matmul)
+#define gguf_rmsnorm GG_COPY(gguf_rmsnorm)
+#define exp_s GG_COPY(exp_s)
+#define gguf_exp GG_COPY(gguf_exp)
+#define glu_z GG_COPY(glu_z)
+#define gguf_glu GG_COPY(gguf_glu)
+#define gguf_gelu GG_COPY(gguf_gelu)
+#define gguf_rope_store GG_COPY(gguf_rope_store)
+#define dot8 GG_COPY(dot8)
+#define gguf_attention GG_COPY(gguf_attention)
+#define add_rows GG_COPY(add_rows)
+#define gguf_forward_seqs GG_COPY(gguf_forward_seqs)
+
+#ifdef GG_AVX2
+static inline float tree8v(__m256 v) {
+    const __m128 b = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    const __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+    return _mm_cvtss_f32(_mm_add_ss(c, _mm_shuffle_ps(c, c, 1)));
+}
+#endif
+
+/* One block of `len` values: d = amax / 127, q = round-half-even(x * (127 / amax)). The same
+ * elementwise operations in both paths (a max is exact in any order). */
+static void quantize_block(const float *x, int len, int8_t *q, float *d) {
+    float amax = 0.0f;
+    int i = 0;
+#ifdef GG_AVX2
+    if (vec()) {
+        const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+        __m256 mx = _mm256_setzero_ps();
+        for (; i + 8 <= len; i += 8) mx = _mm256_max_ps(mx, _mm256_and_ps(_mm256_loadu_ps(x + i), absmask));
+        float lanes[8];
+        _mm256_storeu_ps(lanes, mx);
+        for (int l = 0; l < 8; l++) amax = lanes[l] > amax ? lanes[l] : amax;
+    }
+#endif
+    for (; i < len; i++) { const float a = fabsf(x[i]); amax = a > amax ? a : amax; }
+    const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    *d = amax / 127.0f;
+    i = 0;
+#ifdef GG_AVX2
+    if (vec()) {
+        const __m256 vid = _mm256_set1_ps(id);
+        for (; i + 32 <= len; i += 32) {
+            __m256i a = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+            __m256i b = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i + 8), vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+            __m256i c = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i + 16), vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+            __m256i e = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i + 24), vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+            __m256i ab = _mm256_packs_epi32(a, b), ce = _mm256_packs_epi32(c, e);
+            __m256i all = _mm256_packs_epi16(ab, ce);
+            all = _mm256_permutevar8x32_epi32(all, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            all = _mm256_max_epi8(_mm256_min_epi8(all, _mm256_set1_epi8(127)), _mm256_set1_epi8(-127));
+            _mm256_storeu_si256((__m256i *)(q + i), all);
+        }
+    }
+#endif
+    for (; i < len; i++) {
+        float v = nearbyintf(x[i] * id);
+        v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;
+        q[i] = (int8_t)v;
+    }
+}
+
+static void quantize_row_k(const float *x, int64_t n_in, int8_t *q, float *d, int16_t *bs) {
+    for (int64_t b = 0; b < n_in / 256; b++) {
+        quantize_block(x + b * 256, 256, q + b * 256, d + b);
+        for (int g = 0; g < 16; g++) {
+            int s = 0;
+            for (int i = 0; i < 16; i++) s += q[b * 256 + g * 16 + i];
+            bs[b * 16 + g] = (int16_t)s;
+        }
+    }
+}
+
+static void quantize_row_32(const float *x, int64_t n_in, int8_t *q, float *d, int32_t *s) {
+    for (int64_t b = 0; b < n_in / 32; b++) {
+        quantize_block(x + b * 32, 32, q + b * 32, d + b);
+        int t = 0;
+        for (int i = 0; i < 32; i++) t += q[b * 32 + i];
+        s[b] = t;
+    }
+}
+
+/* Exposed for tests: the activation quantization the kernels use (block 256 or 32). */
+static void gguf_quantize_rows(const float *x, int64_t n_rows, int64_t n_in, int block, int8_t *q, float *d) {
+    for (int64_t r = 0; r < n_rows; r++)
+        for (int64_t b = 0; b < n_in / block; b++)
+            quantize_block(x + r * n_in + b * block, block, q + r * n_in + b * block, d + r * (n_in / block) + b);
 }
 
 /* --- AVX2 path ------------------------------------------------------------------------------- */
@@ -830,32 +1089,13 @@ static void run_seg(const Seg *s, int64_t j0, int64_t j1, int64_t n_rows, const 
             k(s, j, j + 1, r0, n_rows - r0 < RT ? n_rows - r0 : RT, o);
 }
 
-/* ---------------------------------------------------------------------------------------------- */
-/* the entry points */
-
-static __thread uint8_t *g_scratch = NULL;
-static __thread size_t g_scratch_size = 0;
-
-static uint8_t *scratch(size_t bytes) {
-    if (bytes > g_scratch_size) {
-        free(g_scratch);
-        g_scratch = NULL;
-        g_scratch_size = 0;
-        if (posix_memalign((void **)&g_scratch, 64, bytes)) return NULL;
-        g_scratch_size = bytes;
-    }
-    return g_scratch;
-}
-
-static int64_t align64(int64_t n) { return (n + 63) & ~(int64_t)63; }
-
 /* y[r, col_s + j] (= y + ) sum_i W_s[j, i] x[r, i] (+ bias_s[j]) for each segment s, whose
  * outputs sit side by side in y's rows (ldy floats apart): several tensors that read the same x
  * (Q, K and V; gate and up) in one call. types[s]: ggml type ids; weights[s]: the tensor's bytes
  * (n_outs[s] rows of gguf_row_bytes(type, n_in)); biases[s]: fp32 [n_outs[s]] or 0.
  * accumulate: add into y (a residual) instead of overwriting it. Returns 0, or -1 for an
  * unsupported type or shape, -2 when out of memory. */
-int gguf_matmul_multi(int n_seg, const int32_t *types, const uint64_t *weights, const int64_t *n_outs,
+static int gguf_matmul_multi(int n_seg, const int32_t *types, const uint64_t *weights, const int64_t *n_outs,
                       const uint64_t *biases, int64_t n_in, const float *x, int64_t n_rows, float *y, int64_t ldy,
                       int accumulate, int n_threads) {
     if (n_seg <= 0 || n_seg > 16 || n_rows <= 0) return n_rows == 0 ? 0 : -1;
@@ -924,7 +1164,7 @@ int gguf_matmul_multi(int n_seg, const int32_t *types, const uint64_t *weights, 
 }
 
 /* One tensor: y[r, j] = sum_i W[j, i] x[r, i] (+ y[r, j] when accumulate). */
-int gguf_matmul(int type, const uint8_t *w, int64_t n_out, int64_t n_in, const float *x, int64_t n_rows, float *y,
+static int gguf_matmul(int type, const uint8_t *w, int64_t n_out, int64_t n_in, const float *x, int64_t n_rows, float *y,
                 int accumulate, int n_threads) {
     const int32_t t = type;
     const uint64_t p = (uint64_t)(uintptr_t)w;
@@ -932,104 +1172,11 @@ int gguf_matmul(int type, const uint8_t *w, int64_t n_out, int64_t n_in, const f
 }
 
 /* ---------------------------------------------------------------------------------------------- */
-/* dequantized rows (the embedding lookup): out[k, :] = W[ids[k], :], as gguf.quants computes it */
-
-int gguf_get_rows(int type, const uint8_t *w, int64_t n_in, const int64_t *ids, int64_t n, float *out) {
-    const int64_t rb = gguf_row_bytes(type, n_in);
-    if (rb < 0) return -1;
-    for (int64_t k = 0; k < n; k++) {
-        const uint8_t *row = w + ids[k] * rb;
-        float *y = out + k * n_in;
-        switch (type) {
-        case T_F32: case T_F16: case T_BF16:
-            for (int64_t i = 0; i < n_in; i++) y[i] = wget(type, row, i);
-            break;
-        case T_Q4_0: case T_Q4_1:
-            for (int64_t b = 0; b < n_in / 32; b++) {
-                const uint8_t *blk = row + b * block_bytes(type);
-                const float d = f16(blk), m = type == T_Q4_1 ? f16(blk + 2) : 0.0f;
-                const uint8_t *qs = blk + (type == T_Q4_1 ? 4 : 2);
-                for (int i = 0; i < 32; i++) {
-                    const int q = i < 16 ? qs[i] & 0xF : qs[i - 16] >> 4;
-                    y[b * 32 + i] = type == T_Q4_0 ? d * (float)(q - 8) : d * (float)q + m;
-                }
-            }
-            break;
-        case T_Q5_0: case T_Q5_1:
-            for (int64_t b = 0; b < n_in / 32; b++) {
-                const uint8_t *blk = row + b * block_bytes(type);
-                const float d = f16(blk), m = type == T_Q5_1 ? f16(blk + 2) : 0.0f;
-                int q[32];
-                q5_values(blk, type, q);
-                for (int i = 0; i < 32; i++) y[b * 32 + i] = type == T_Q5_0 ? d * (float)q[i] : d * (float)q[i] + m;
-            }
-            break;
-        case T_IQ4_NL:
-            for (int64_t b = 0; b < n_in / 32; b++) {
-                const uint8_t *blk = row + b * 18;
-                const float d = f16(blk);
-                for (int i = 0; i < 32; i++) y[b * 32 + i] = d * (float)kv_iq4[i < 16 ? blk[2 + i] & 0xF : blk[2 + i - 16] >> 4];
-            }
-            break;
-        case T_Q2_K: case T_Q3_K: case T_Q5_K: case T_IQ4_XS:
-            /* as gguf.quants: (d * scale) * q, less dmin * min where there are mins; Q3_K's level
-             * is q - 4 (its high bit clear), IQ4_XS's the non-linear level of q */
-            for (int64_t b = 0; b < n_in / 256; b++) {
-                int q[256], sc[16], cw[16];
-                float d, dmin;
-                const int off = kq_decode(type, row + b * block_bytes(type), q, sc, cw, &d, &dmin);
-                for (int e = 0; e < 256; e++) {
-                    const float dl = d * (float)sc[e >> 4];
-                    y[b * 256 + e] = type == T_Q2_K || type == T_Q5_K ? dl * (float)q[e] - dmin * (float)cw[e >> 4]
-                                                                      : dl * (float)(q[e] - off);
-                }
-            }
-            break;
-        case T_Q8_0:
-            for (int64_t b = 0; b < n_in / 32; b++) {
-                const uint8_t *blk = row + b * 34;
-                const float d = f16(blk);
-                for (int i = 0; i < 32; i++) y[b * 32 + i] = (float)(int8_t)blk[2 + i] * d;
-            }
-            break;
-        case T_Q4_K:
-            for (int64_t b = 0; b < n_in / 256; b++) {
-                const uint8_t *blk = row + b * 144;
-                const float d = f16(blk), dmin = f16(blk + 2);
-                uint8_t sc[8], m[8];
-                q4k_scales(blk + 4, sc, m);
-                for (int e = 0; e < 256; e++) {
-                    const int sub = e >> 5, k = e >> 6, i = e & 31;
-                    const int q = (sub & 1) ? blk[16 + 32 * k + i] >> 4 : blk[16 + 32 * k + i] & 0xF;
-                    y[b * 256 + e] = (d * (float)sc[sub]) * (float)q - dmin * (float)m[sub];
-                }
-            }
-            break;
-        case T_Q6_K:
-            for (int64_t b = 0; b < n_in / 256; b++) {
-                const uint8_t *blk = row + b * 210, *ql = blk, *qh = blk + 128;
-                const float d = f16(blk + 208);
-                for (int e = 0; e < 256; e++) {
-                    const int h = e >> 7, sq = (e >> 5) & 3, i = e & 31;
-                    const uint8_t lo = ql[64 * h + 32 * (sq & 1) + i];
-                    const int q = ((sq < 2 ? lo & 0xF : lo >> 4) | (((qh[32 * h + i] >> (2 * sq)) & 3) << 4)) - 32;
-                    y[b * 256 + e] = (d * (float)(int8_t)blk[192 + (e >> 4)]) * (float)q;
-                }
-            }
-            break;
-        default:
-            return -1;
-        }
-    }
-    return 0;
-}
-
-/* ---------------------------------------------------------------------------------------------- */
 /* per-row helpers of the forward pass (each a function of one row only) */
 
 /* out[r] = x[r] * (1 / sqrt(mean(x[r]^2) + eps)) * w, the sum of squares in double, in order (as
  * ggml_rms_norm). */
-void gguf_rmsnorm(const float *x, const float *w, int64_t n_rows, int64_t dim, float eps, float *out) {
+static void gguf_rmsnorm(const float *x, const float *w, int64_t n_rows, int64_t dim, float eps, float *out) {
     for (int64_t r = 0; r < n_rows; r++) {
         const float *xr = x + r * dim;
         double sum = 0.0;
@@ -1085,7 +1232,7 @@ static inline __m256 exp_v(__m256 x) {
 #endif
 
 /* For tests: y[i] = the exp above. */
-void gguf_exp(const float *x, int64_t n, float *y) {
+static void gguf_exp(const float *x, int64_t n, float *y) {
     int64_t i = 0;
 #ifdef GG_AVX2
     if (vec())
@@ -1105,7 +1252,7 @@ void gguf_exp(const float *x, int64_t n, float *y) {
 #define GELU_A 0.044715f
 static inline float glu_z(float g, int act) { return act ? (GELU_K * g) * (1.0f + GELU_A * (g * g)) : g; }
 
-void gguf_glu(const float *gu, int64_t n_rows, int64_t ff, float *out, int act, int n_threads) {
+static void gguf_glu(const float *gu, int64_t n_rows, int64_t ff, float *out, int act, int n_threads) {
     #pragma omp parallel for schedule(static) num_threads(n_threads) if (n_rows * ff >= 32768)
     for (int64_t r = 0; r < n_rows; r++) {
         const float *g = gu + r * 2 * ff, *u = g + ff;
@@ -1130,7 +1277,7 @@ void gguf_glu(const float *gu, int64_t n_rows, int64_t ff, float *out, int act, 
 }
 
 /* For tests: y[i] = gelu(x[i]) as gguf_glu computes it (times an up of 1). */
-void gguf_gelu(const float *x, int64_t n, float *y) {
+static void gguf_gelu(const float *x, int64_t n, float *y) {
     float *gu = (float *)malloc((size_t)(n > 0 ? n : 1) * 2 * sizeof(float));
     if (!gu) return;
     for (int64_t i = 0; i < n; i++) gu[i] = x[i], gu[n + i] = 1.0f;
@@ -1142,7 +1289,7 @@ void gguf_gelu(const float *x, int64_t n, float *y) {
  * cache. qkv [n, (H + 2 KV) * d] (Q, K, V side by side); pos [n]; cos_t, sin_t [positions, d / 2];
  * neox: 0 = pairs (2i, 2i + 1) (llama.cpp's NORM, GGUF llama), 1 = pairs (i, i + d / 2) (NEOX, qwen2).
  * q_out [H, n, d]; k_cache, v_cache [KV, cap, d], rows start .. start + n - 1 written. */
-void gguf_rope_store(const float *qkv, const int64_t *pos, const float *cos_t, const float *sin_t, int neox,
+static void gguf_rope_store(const float *qkv, const int64_t *pos, const float *cos_t, const float *sin_t, int neox,
                      int64_t n, int64_t H, int64_t KV, int64_t d, float *q_out, float *k_cache, float *v_cache,
                      int64_t cap, int64_t start) {
     const int64_t width = (H + 2 * KV) * d, half = d / 2;
@@ -1192,7 +1339,7 @@ static inline float dot8(const float *a, const float *b, int64_t d) {
  * q [H, n, d]; k, v [KV, cap, d]; out [n, H, d]. One (head, row) is one job of one thread, its keys
  * in order: a row's result does not depend on the other rows. Jobs run kv head by kv head, so a
  * thread reads a kv head's keys for all its query heads and rows while they are in cache. */
-int gguf_attention(const float *q, const float *k, const float *v, const uint8_t *visible, float *out, int64_t H,
+static int gguf_attention(const float *q, const float *k, const float *v, const uint8_t *visible, float *out, int64_t H,
                    int64_t KV, int64_t n, int64_t L, int64_t d, int64_t cap, float scale, const int64_t *qpos,
                    const int64_t *kpos, int64_t window, int n_threads) {
     const int64_t group = H / KV;
@@ -1243,19 +1390,6 @@ int gguf_attention(const float *q, const float *k, const float *v, const uint8_t
 /* the decoder layers of one pass, in one call (the Python loop around the kernels cost about
  * 0.1 ms a layer) */
 
-enum { /* one layer's record: int64 fields (0 where a layer has no such tensor) */
-    L_QKV_TYPE = 0, L_QKV_PTR = 3, L_QKV_OUT = 6, L_QKV_BIAS = 9, L_O_TYPE = 12, L_O_PTR = 13, L_O_OUT = 14,
-    L_GU_TYPE = 15, L_GU_PTR = 17, L_GU_OUT = 19, L_DOWN_TYPE = 21, L_DOWN_PTR = 22, L_DOWN_OUT = 23,
-    L_NORM1 = 24, L_NORM2 = 25,
-    L_QNORM = 26, L_KNORM = 27, /* fp32 [d]: RMSNorm of each head of Q and of K before RoPE (qwen3, gemma3) */
-    L_POST1 = 28, L_POST2 = 29, /* fp32 [hidden]: RMSNorm of the attention's and the FFN's output before the residual add (gemma3) */
-    L_COS = 30, L_SIN = 31,     /* fp32 [cap, d / 2]: the layer's RoPE tables (gemma3's local and global layers differ) */
-    L_WINDOW = 32,              /* > 0: the layer's rows see only keys within this many positions (sliding window) */
-    L_FIELDS = 33
-};
-
-enum { ACT_SWIGLU = 0, ACT_GEGLU = 1 };
-
 /* x[r, :] += y[r, :] (a residual add, elementwise). */
 static void add_rows(float *x, const float *y, int64_t count) {
     for (int64_t i = 0; i < count; i++) x[i] = x[i] + y[i];
@@ -1273,7 +1407,7 @@ static void add_rows(float *x, const float *y, int64_t count) {
  * read once for all the rows; each row's result is the one-sequence pass's, bit for bit (every step
  * is per row, and attention reads only its sequence's keys). scratch: at least n * (hidden + (heads
  * + 2 kv) d + 2 heads d + 3 ffn) floats. Returns 0, or the failing step's code. */
-int gguf_forward_seqs(const int64_t *layers, int64_t n_layers, int64_t hidden, int64_t heads, int64_t kv, int64_t d,
+static int gguf_forward_seqs(const int64_t *layers, int64_t n_layers, int64_t hidden, int64_t heads, int64_t kv, int64_t d,
                       int64_t ffn, int neox, int act, int64_t cap, float eps, float scale, float *x, int64_t n,
                       const int64_t *pos, int64_t n_seq, const int64_t *rows_of, const uint64_t *visibles,
                       const uint64_t *caches, const int64_t *starts, const uint64_t *kposes, float *scratch, int threads) {
@@ -1285,15 +1419,15 @@ int gguf_forward_seqs(const int64_t *layers, int64_t n_layers, int64_t hidden, i
         int32_t t3[3], t2[2], t1;
         uint64_t p3[3], b3[3], p2[2], p1;
         int64_t o3[3], o2[2], o1;
-        for (int i = 0; i < 3; i++) t3[i] = (int32_t)L[L_QKV_TYPE + i], p3[i] = (uint64_t)L[L_QKV_PTR + i],
-                                    o3[i] = L[L_QKV_OUT + i], b3[i] = (uint64_t)L[L_QKV_BIAS + i];
-        for (int i = 0; i < 2; i++) t2[i] = (int32_t)L[L_GU_TYPE + i], p2[i] = (uint64_t)L[L_GU_PTR + i], o2[i] = L[L_GU_OUT + i];
-        const float *qnorm = (const float *)(uintptr_t)L[L_QNORM], *knorm = (const float *)(uintptr_t)L[L_KNORM];
-        const float *post1 = (const float *)(uintptr_t)L[L_POST1], *post2 = (const float *)(uintptr_t)L[L_POST2];
-        const float *cos_t = (const float *)(uintptr_t)L[L_COS], *sin_t = (const float *)(uintptr_t)L[L_SIN];
-        const int64_t window = L[L_WINDOW];
+        for (int i = 0; i < 3; i++) t3[i] = (int32_t)L[L_qkv_type + i], p3[i] = (uint64_t)L[L_qkv_ptr + i],
+                                    o3[i] = L[L_qkv_out + i], b3[i] = (uint64_t)L[L_qkv_bias + i];
+        for (int i = 0; i < 2; i++) t2[i] = (int32_t)L[L_gu_type + i], p2[i] = (uint64_t)L[L_gu_ptr + i], o2[i] = L[L_gu_out + i];
+        const float *qnorm = (const float *)(uintptr_t)L[L_q_norm], *knorm = (const float *)(uintptr_t)L[L_k_norm];
+        const float *post1 = (const float *)(uintptr_t)L[L_post1], *post2 = (const float *)(uintptr_t)L[L_post2];
+        const float *cos_t = (const float *)(uintptr_t)L[L_cos], *sin_t = (const float *)(uintptr_t)L[L_sin];
+        const int64_t window = L[L_window];
         int rc;
-        gguf_rmsnorm(x, (const float *)(uintptr_t)L[L_NORM1], n, hidden, eps, h);
+        gguf_rmsnorm(x, (const float *)(uintptr_t)L[L_norm1], n, hidden, eps, h);
         if ((rc = gguf_matmul_multi(3, t3, p3, o3, b3[0] || b3[1] || b3[2] ? b3 : NULL, hidden, h, n, qkv, qkvw, 0, threads))) return rc;
         for (int64_t r = 0; r < n; r++) { /* each head of Q and of K normalized on its own (in place) */
             if (qnorm) gguf_rmsnorm(qkv + r * qkvw, qnorm, heads, d, eps, qkv + r * qkvw);
@@ -1308,7 +1442,7 @@ int gguf_forward_seqs(const int64_t *layers, int64_t n_layers, int64_t hidden, i
                                      att + r * heads * d, heads, kv, m, start + m, d, cap, scale, pos + r,
                                      (const int64_t *)(uintptr_t)kposes[sq], window, threads))) return rc;
         }
-        t1 = (int32_t)L[L_O_TYPE], p1 = (uint64_t)L[L_O_PTR], o1 = L[L_O_OUT];
+        t1 = (int32_t)L[L_o_type], p1 = (uint64_t)L[L_o_ptr], o1 = L[L_o_out];
         if (post1) { /* the attention's output normalized, then added (h is free once Q, K, V are made) */
             if ((rc = gguf_matmul_multi(1, &t1, &p1, &o1, NULL, heads * d, att, n, h, hidden, 0, threads))) return rc;
             gguf_rmsnorm(h, post1, n, hidden, eps, h);
@@ -1316,10 +1450,10 @@ int gguf_forward_seqs(const int64_t *layers, int64_t n_layers, int64_t hidden, i
         } else if ((rc = gguf_matmul_multi(1, &t1, &p1, &o1, NULL, heads * d, att, n, x, hidden, 1, threads))) {
             return rc;
         }
-        gguf_rmsnorm(x, (const float *)(uintptr_t)L[L_NORM2], n, hidden, eps, h);
+        gguf_rmsnorm(x, (const float *)(uintptr_t)L[L_norm2], n, hidden, eps, h);
         if ((rc = gguf_matmul_multi(2, t2, p2, o2, NULL, hidden, h, n, gu, 2 * ffn, 0, threads))) return rc;
         gguf_glu(gu, n, ffn, actv, act == ACT_GEGLU, threads);
-        t1 = (int32_t)L[L_DOWN_TYPE], p1 = (uint64_t)L[L_DOWN_PTR], o1 = L[L_DOWN_OUT];
+        t1 = (int32_t)L[L_down_type], p1 = (uint64_t)L[L_down_ptr], o1 = L[L_down_out];
         if (post2) {
             if ((rc = gguf_matmul_multi(1, &t1, &p1, &o1, NULL, ffn, actv, n, h, hidden, 0, threads))) return rc;
             gguf_rmsnorm(h, post2, n, hidden, eps, h);
@@ -1330,6 +1464,25 @@ int gguf_forward_seqs(const int64_t *layers, int64_t n_layers, int64_t hidden, i
     }
     return 0;
 }
+
+#undef quantize_block
+#undef quantize_row_k
+#undef quantize_row_32
+#undef gguf_quantize_rows
+#undef run_seg
+#undef gguf_matmul_multi
+#undef gguf_matmul
+#undef gguf_rmsnorm
+#undef exp_s
+#undef gguf_exp
+#undef glu_z
+#undef gguf_glu
+#undef gguf_gelu
+#undef gguf_rope_store
+#undef dot8
+#undef gguf_attention
+#undef add_rows
+#undef gguf_forward_seqs
 
 #else /* GG_KERNEL_BODY: one vector path's kernels for the quantized types (see above) */
 
