@@ -170,10 +170,11 @@ def backend_choice(name_or_path: str, backend: str, *, cache_dir: str | Path | N
     """:func:`choose_backend` for a name (checked, then located where the choice reads the file).
     n_threads does not enter the choice."""
     is_gguf = check_backend(name_or_path, backend)
-    if backend == AUTO and is_gguf:
+    if backend == AUTO and is_gguf:  # the rule reads the file
         return choose_backend(locate(name_or_path, cache_dir), AUTO)
-    kind = GGUF_FILE if is_gguf else HF_DIRECTORY
-    return choose_backend(Located(name_or_path, kind, Path(name_or_path).expanduser(), None, cache_dir), backend)
+    kind = PACK if name_or_path in PACKS else GGUF_FILE if is_gguf else HF_DIRECTORY
+    return choose_backend(Located(name_or_path, kind, Path(name_or_path).expanduser(), PACKS.get(name_or_path),
+                                  cache_dir), backend)
 
 
 def resolve_backend(name_or_path: str, backend: str, *, cache_dir: str | Path | None = None,
