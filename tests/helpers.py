@@ -427,11 +427,12 @@ class Server:
 
 
 def serve(target: Any, tokenizer: Any, draft: Any = None, **options: Any) -> Server:
-    from specdec.server.app import ServedModels, ServerOptions, create_app
+    from specdec.server.app import ServerOptions, create_app
+    from specdec.models import Pair
     from specdec.server.requests import method_config
 
     method = options.pop("method", "spec:model:block:k=4:policy=static" if draft is not None else "ar")
-    served = ServedModels(target, tokenizer, draft, name="tiny", draft_name="tiny-draft" if draft is not None else None)
+    served = Pair(target, tokenizer, draft, target_name="tiny", draft_name="tiny-draft" if draft is not None else None)
     return Server(create_app(served, ServerOptions(method_config(method, True), **options)))
 
 

@@ -25,7 +25,7 @@ def assert_error_after_notes(err: str, *, contains: str) -> None:
 @pytest.fixture
 def no_model_work(monkeypatch):
     """Fail the test if a model is loaded or a pack converted."""
-    monkeypatch.setattr(models, "load", lambda *a, **kw: pytest.fail("loaded a model for bad input"))
+    monkeypatch.setattr(models, "load_model", lambda *a, **kw: pytest.fail("loaded a model for bad input"))
     monkeypatch.setattr(packs, "convert", lambda *a, **kw: pytest.fail("converted a pack for bad input"))
 
 

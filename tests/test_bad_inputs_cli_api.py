@@ -31,7 +31,7 @@ SMOLLM2 = "smollm2-135m"
 @pytest.fixture
 def no_model_work(monkeypatch):
     """Fail the test if a model is loaded or a pack converted."""
-    monkeypatch.setattr(models, "load", lambda *a, **kw: pytest.fail("loaded a model for bad input"))
+    monkeypatch.setattr(models, "load_model", lambda *a, **kw: pytest.fail("loaded a model for bad input"))
     monkeypatch.setattr(packs, "convert", lambda *a, **kw: pytest.fail("converted a pack for bad input"))
 
 
@@ -41,7 +41,7 @@ def load_stops(monkeypatch):
     def refuse(*args, **kwargs):
         raise models.ModelPackError("loading stopped by the test", "none")
 
-    monkeypatch.setattr(models, "load", refuse)
+    monkeypatch.setattr(models, "load_model", refuse)  # the step every route loads a model through
 
 
 @pytest.fixture(scope="module")

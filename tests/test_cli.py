@@ -45,7 +45,7 @@ from helpers import tiny  # noqa: F401  (tiny: a fixture)
     ],
 )
 def test_bad_options_are_one_line(args, contains, capsys, monkeypatch):
-    monkeypatch.setattr(models, "load", lambda *a, **kw: pytest.fail("loaded a model for bad options"))
+    monkeypatch.setattr(models, "load_model", lambda *a, **kw: pytest.fail("loaded a model for bad options"))
     code, out, err = run_main(args, capsys)
     assert code == 2
     assert out == ""

@@ -178,11 +178,12 @@ def test_the_command_line_runs_a_registered_drafter(toy, tiny, capsys):
 def test_the_server_runs_a_registered_drafter(toy):
     from fastapi.testclient import TestClient
 
-    from specdec.server.app import ServedModels, ServerOptions, create_app
+    from specdec.server.app import ServerOptions, create_app
+    from specdec.models import Pair
     from specdec.server.requests import method_config
 
     target, _ = tiny_pair()
-    app = create_app(ServedModels(target, tiny_tokenizer(), name="tiny"), ServerOptions(method_config("ar", False)))
+    app = create_app(Pair(target, tiny_tokenizer(), target_name="tiny"), ServerOptions(method_config("ar", False)))
     body = {"prompt": "abcabcabc", "max_tokens": 12, "temperature": 0}
     with TestClient(app, base_url="http://localhost") as client:
         plain = client.post("/v1/completions", json=body)

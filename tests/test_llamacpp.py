@@ -396,10 +396,11 @@ def test_tree_methods_through_the_server_give_the_text_of_plain_decoding(model):
     from fastapi.testclient import TestClient
 
     from specdec.server.requests import method_config
-    from specdec.server.app import ServedModels, ServerOptions, create_app
+    from specdec.server.app import ServerOptions, create_app
+    from specdec.models import Pair
 
     tokenizer = _tokenizer()
-    served = ServedModels(model, tokenizer, _Unsure(model.fork()), name="smollm2-135m", draft_name="smollm2-135m")
+    served = Pair(model, tokenizer, _Unsure(model.fork()), target_name="smollm2-135m", draft_name="smollm2-135m")
     app = create_app(served, ServerOptions(method_config("spec:model:block:k=4:policy=static", True)))
     methods = ["spec:tree:choices=0|1|0.0", "spec:tree:choices=default", "spec:tree:budget=16",
                "spec:tree:depth=3:width=2", "spec:tree"]

@@ -259,6 +259,40 @@ def test_load_gguf_file_and_hf_directory(tmp_path):
     assert tok2("the cat")["input_ids"] == tokenizer("the cat")["input_ids"]
 
 
+def test_locate_says_what_a_name_is(fake_pack, tmp_path):
+    write_tiny_gguf(tmp_path / "m.gguf")
+    (tmp_path / "hf").mkdir()
+    cache = tmp_path / "cache"
+    pack = models.locate("tiny-pack", cache, progress=False)  # joined and hash-checked once, into the cache
+    assert (pack.kind, pack.pack, pack.path) == (models.PACK, fake_pack, cache / "gguf" / fake_pack.gguf_name)
+    assert pack.path.is_file() and pack.is_gguf and pack.tokenizer == "gguf"
+    for_torch = models.locate("tiny-pack", cache, backend="torch", progress=False)  # checked, not joined again
+    assert (for_torch.kind, for_torch.path) == (models.PACK, cache / "tiny-pack")
+    loose = models.locate(tmp_path / "m.gguf")
+    assert (loose.kind, loose.path, loose.pack, loose.is_gguf) == (models.GGUF_FILE, tmp_path / "m.gguf", None, True)
+    folder = models.locate(str(tmp_path / "hf"))
+    assert (folder.kind, folder.is_gguf, folder.tokenizer) == (models.HF_DIRECTORY, False, "directory")
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(ModelPackError, match="is not a .gguf file"):
+        models.locate(str(tmp_path / "notes.txt"))
+    with pytest.raises(ModelPackError, match="unknown model 'no-such-model'"):
+        models.locate("no-such-model")
+
+
+def test_load_pair_checks_and_chooses_each_model_once(fake_pack, tmp_path, monkeypatch):
+    checks, rules = [], []
+    real_check, real_rule = models.check_backend, models.choose_gguf_backend
+    monkeypatch.setattr(models, "check_backend", lambda *a: checks.append(a[0]) or real_check(*a))
+    monkeypatch.setattr(models, "choose_gguf_backend", lambda path: rules.append(path) or real_rule(path))
+    write_tiny_gguf(tmp_path / "m.gguf")
+    pair = models.load_pair("tiny-pack", str(tmp_path / "m.gguf"), backend="auto", cache_dir=tmp_path / "cache",
+                            n_threads=1)
+    assert checks == ["tiny-pack", str(tmp_path / "m.gguf")]
+    assert len(rules) == 2  # one choice per model
+    assert (pair.target_name, pair.draft_name) == ("tiny-pack", str(tmp_path / "m.gguf"))
+    assert pair.backend == models.choose_backend(models.locate("tiny-pack", tmp_path / "cache"), "auto")["backend"]
+
+
 @pytest.mark.parametrize("name", ["no-such-model", "qwen2.5-coder-7b"])
 def test_unknown_model(name):
     with pytest.raises(ModelPackError, match="unknown model") as err:

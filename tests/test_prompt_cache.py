@@ -82,7 +82,8 @@ def test_the_server_reports_cached_prompt_tokens_and_answers_as_a_cold_server():
     from fastapi.testclient import TestClient
     from transformers import AutoTokenizer
 
-    from specdec.server.app import ServedModels, ServerOptions, create_app
+    from specdec.server.app import ServerOptions, create_app
+    from specdec.models import Pair
     from specdec.server.requests import method_config
 
     model = _smollm2()
@@ -90,7 +91,7 @@ def test_the_server_reports_cached_prompt_tokens_and_answers_as_a_cold_server():
     prompts = [PROMPT, PROMPT + TURN, PROMPT[:5] + TURN, PROMPT + TURN]  # a conversation, another, the first again
     answers = {}
     for cache in (True, False):
-        served = ServedModels(model, tokenizer, name=PACK)
+        served = Pair(model, tokenizer, target_name=PACK)
         app = create_app(served, ServerOptions(method_config("ar", False), prompt_cache=cache))
         with TestClient(app, base_url="http://localhost") as client:
             got = []
@@ -175,12 +176,13 @@ def test_the_server_returns_to_a_conversation_from_its_saved_cache_and_answers_c
     from fastapi.testclient import TestClient
     from transformers import AutoTokenizer
 
-    from specdec.server.app import ServedModels, ServerOptions, create_app
+    from specdec.server.app import ServerOptions, create_app
+    from specdec.models import Pair
     from specdec.server.requests import method_config
 
     model = _smollm2()
     tokenizer = AutoTokenizer.from_pretrained(str(packs.pack_dir(PACK)))
-    served = ServedModels(model, tokenizer, name=PACK)
+    served = Pair(model, tokenizer, target_name=PACK)
 
     def ask(client, prompt):
         r = client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 6, "temperature": 0})
@@ -214,7 +216,8 @@ def test_the_torch_server_keeps_its_cache_and_answers_as_a_cold_server():
     from fastapi.testclient import TestClient
     from helpers import tiny_pair, tiny_tokenizer
 
-    from specdec.server.app import ServedModels, ServerOptions, create_app
+    from specdec.server.app import ServerOptions, create_app
+    from specdec.models import Pair
     from specdec.server.requests import method_config
 
     target, draft = tiny_pair()
@@ -223,7 +226,7 @@ def test_the_torch_server_keeps_its_cache_and_answers_as_a_cold_server():
     answers = {}
     for cache in (True, False):
         for method in ("ar", "spec:model:block:k=4:policy=static"):
-            served = ServedModels(target, tokenizer, draft, name="tiny")
+            served = Pair(target, tokenizer, draft, target_name="tiny")
             app = create_app(served, ServerOptions(method_config(method, True), prompt_cache=cache))
             with TestClient(app, base_url="http://localhost") as client:
                 got = [client.post("/v1/completions", json={"prompt": p, "max_tokens": 12, "temperature": 0}).json()
@@ -254,15 +257,16 @@ def test_a_six_turn_chat_that_resends_its_answers_is_answered_as_a_cold_server_t
     from fastapi.testclient import TestClient
     from transformers import AutoTokenizer
 
-    from specdec.server.app import ServedModels, ServerOptions, create_app
+    from specdec.server.app import ServerOptions, create_app
+    from specdec.models import Pair
     from specdec.server.requests import method_config
 
     model = _smollm2()
     draft = model.fork()
-    tokenizer = models._gguf_tokenizer(models.PACKS[PACK], _gguf(), None)
+    tokenizer = packs.gguf_tokenizer(_gguf(), pack=models.PACKS[PACK])
     answers, cached = {}, {}
     for cache in (True, False):
-        served = ServedModels(model, tokenizer, draft, name=PACK)
+        served = Pair(model, tokenizer, draft, target_name=PACK)
         app = create_app(served, ServerOptions(method_config(method, True), prompt_cache=cache))
         messages: list[dict[str, str]] = []
         answers[cache], cached[cache] = [], []

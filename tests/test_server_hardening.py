@@ -22,7 +22,8 @@ import httpx
 import pytest
 
 from specdec.server.requests import method_config
-from specdec.server.app import ServedModels, ServerOptions, create_app
+from specdec.server.app import ServerOptions, create_app
+from specdec.models import Pair
 from helpers import Server, running_stream, tiny_pair, tiny_tokenizer, wait_for
 
 LOOPBACK = "127.0.0.1"
@@ -81,7 +82,7 @@ def pair():
 
 def app_of(pair: Any, tokenizer: Any = None, **options: Any) -> Any:
     target, draft, default_tokenizer = pair
-    served = ServedModels(target, tokenizer or default_tokenizer, draft, name="tiny", draft_name="tiny-draft")
+    served = Pair(target, tokenizer or default_tokenizer, draft, target_name="tiny", draft_name="tiny-draft")
     return create_app(served, ServerOptions(method_config(options.pop("method", "spec:model:block:k=4:policy=static"), True), **options))
 
 

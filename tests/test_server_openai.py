@@ -196,12 +196,13 @@ def server():
 
     from specdec import packs
     from specdec.backends import llamacpp
-    from specdec.server.app import ServedModels, ServerOptions, create_app
+    from specdec.server.app import ServerOptions, create_app
+    from specdec.models import Pair
     from specdec.server.requests import method_config
 
     model = llamacpp.load_gguf(_gguf(), n_threads=1, n_ctx=1024, prefill_layout="repacked")
     tokenizer = AutoTokenizer.from_pretrained(str(packs.pack_dir(PACK)))
-    served = ServedModels(model, tokenizer, model.fork(), name=PACK, draft_name=PACK)  # drafting itself, for trees
+    served = Pair(model, tokenizer, model.fork(), target_name=PACK, draft_name=PACK)  # drafting itself, for trees
     with Server(create_app(served, ServerOptions(method_config(METHOD, False)))) as running:
         yield running
 

@@ -126,10 +126,11 @@ def test_page_with_smollm2(browser, tmp_path):
     if missing:
         pytest.skip(f"pack smollm2-135m is not installed: {pack.install_command(missing)}")
     from specdec.server.requests import method_config
-    from specdec.server.app import ServedModels, ServerOptions, create_app
+    from specdec.server.app import ServerOptions, create_app
+    from specdec.models import Pair
 
     target, tokenizer = models.load("smollm2-135m")
-    served = ServedModels(target, tokenizer, target, name="smollm2-135m", draft_name="smollm2-135m (int8)")
+    served = Pair(target, tokenizer, target, target_name="smollm2-135m", draft_name="smollm2-135m (int8)")
     prompt = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
     with Server(create_app(served, ServerOptions(method_config("spec:model:block:k=4:policy=static", True)))) as running:
         steps = streamed_steps(running, {"prompt": prompt, "max_tokens": 96, "temperature": 0})

@@ -16,7 +16,8 @@ import pytest
 
 from specdec import models, packs
 from specdec.backends.shared import default_slots
-from specdec.server.app import ServedModels, ServerOptions, create_app, make_slots
+from specdec.server.app import ServerOptions, create_app, make_slots
+from specdec.models import Pair
 from specdec.server.requests import method_config
 from helpers import Server, tiny_pair, tiny_tokenizer
 
@@ -48,7 +49,7 @@ def pair():
 
 @pytest.fixture(scope="module")
 def server(pair):
-    served = ServedModels(pair.target, pair.tokenizer, pair.draft, name=PACK, draft_name=PACK, backend="gguf")
+    served = Pair(pair.target, pair.tokenizer, pair.draft, target_name=PACK, draft_name=PACK, backend="gguf")
     app = create_app(served, ServerOptions(method_config("spec", True), parallel=3))
     with Server(app) as running:
         yield running
@@ -115,7 +116,7 @@ def test_concurrent_requests_get_their_answers_alone(server):
 
 def test_only_the_gguf_kernel_serves_several_requests_at_once():
     target, draft = tiny_pair()
-    served = ServedModels(target, tiny_tokenizer(), draft, name="tiny")
+    served = Pair(target, tiny_tokenizer(), draft, target_name="tiny")
     with pytest.raises(ValueError, match="GGUF kernel"):
         make_slots(served, 2)
     assert make_slots(served, 1) is None
@@ -141,11 +142,11 @@ def test_serve_chooses_its_slots_from_the_cost_curve_and_the_memory(monkeypatch,
 
     curve = [1, 1.25, 1.6, 2.0, 2.4, 2.8, 3.2, 3.5, 3.9, 4.3, 4.7, 5.1, 5.5, 5.9, 6.3, 6.6]
     monkeypatch.setattr(cli_serve, "row_costs", lambda model, rows: (curve[:rows], "cache"))
-    served = ServedModels(Kernel(), tiny_tokenizer(), Kernel(), name="kernel")
+    served = Pair(Kernel(), tiny_tokenizer(), Kernel(), target_name="kernel")
     monkeypatch.setattr(cli_serve, "available_memory", lambda: 10 << 30)
     assert cli_serve.choose_slots(served) == 7
     assert "--parallel 7: 7 sequences in a pass make 2.19x the tokens per second of one (a pass of 16: 2.42x" in capsys.readouterr().err
     monkeypatch.setattr(cli_serve, "available_memory", lambda: 650 << 20)  # three slots of 200 MiB
     assert cli_serve.choose_slots(served) == 3
     target, draft = tiny_pair()  # not the kernel: one request at a time
-    assert cli_serve.choose_slots(ServedModels(target, tiny_tokenizer(), draft, name="tiny")) == 1
+    assert cli_serve.choose_slots(Pair(target, tiny_tokenizer(), draft, target_name="tiny")) == 1

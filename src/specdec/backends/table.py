@@ -4,8 +4,8 @@ A :class:`Backend` row names a backend, says how messages call it, whether it ru
 own quantized weights, what its models can do beyond a plain forward (token trees, a subset of
 layers, hidden states, cache snapshots), whether several sequences may share its passes, and what
 its output may not share with plain decoding. ``auto`` is a choice, not a backend: it picks one of
-these when a model loads (:func:`specdec.models.resolve_backend`). This module names the
-backends; it imports none of them (:func:`specdec.models.load` does), only the names of the
+these when a model loads (:func:`specdec.models.choose_backend`). This module names the
+backends; it imports none of them (:func:`specdec.models.load_model` does), only the names of the
 capabilities (:mod:`specdec.backends.base`).
 """
 

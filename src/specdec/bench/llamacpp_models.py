@@ -1,11 +1,12 @@
-"""The llama.cpp side of a bench run: the GGUF files and what runs them, loaded once per run.
+"""The GGUF side of a bench run: the located GGUFs and what runs them, loaded once per run.
 
-Project methods with ``backend=llamacpp`` run on :mod:`specdec.backends.llamacpp` (the target's
-GGUF and, for draft-model methods, the draft's). The ``llamacpp-ar`` peer runs the binding's own
-``llama_cpp.Llama`` on the target's GGUF (:mod:`specdec.bench.peers`). The backend's models are loaded
-before the warm-up, with a context long enough for the run's longest prompt plus its token
-budget, the peer's on its first run (the warm-up); all are kept for every later method, prompt
-and temperature.
+Project methods with ``backend=llamacpp`` or ``backend=gguf`` run on the target's GGUF and, for
+draft-model methods, the draft's, loaded the way every command loads a model
+(:func:`specdec.models.load_model` on a :class:`~specdec.models.Located`), only with a context
+the run sizes. The ``llamacpp-ar`` peer runs the binding's own ``llama_cpp.Llama`` on the target's
+GGUF (:mod:`specdec.bench.peers`). The backend's models are loaded before the warm-up, with a
+context long enough for the run's longest prompt plus its token budget, the peer's on its first
+run (the warm-up); all are kept for every later method, prompt and temperature.
 """
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from specdec.backends.gguf import load_gguf_native
-from specdec.backends.llamacpp import DEFAULT_BATCH, load_gguf
-from specdec.backends.table import GGUF, LLAMACPP
+from specdec.backends.llamacpp import DEFAULT_BATCH
+from specdec.backends.table import LLAMACPP
 from specdec.bench.methods import MethodSpec
+from specdec.models import Located, load_model
 
 CONTEXT_STEP = 256  # contexts are rounded up to a multiple of this
 DRAFT_ROOM = 32  # room past the token budget for the last step's draft tokens
@@ -26,18 +27,27 @@ DRAFT_ROOM = 32  # room past the token budget for the last step's draft tokens
 
 @dataclass
 class LlamaCppModels:
-    """GGUF paths and the models loaded from them. ``n_threads``: threads for every model (decode
-    and batch), None: the backend's default. ``backend``: what runs the project's methods,
-    ``llamacpp`` or ``gguf`` (specdec's own kernel; the ``llamacpp-*`` peers need ``llamacpp``)."""
+    """The located GGUFs (:func:`specdec.models.locate`) and the models loaded from them.
+    ``n_threads``: threads for every model (decode and batch), None: the backend's default.
+    ``backend``: what runs the project's methods, ``llamacpp`` or ``gguf`` (specdec's own kernel;
+    the ``llamacpp-*`` peers need ``llamacpp``)."""
 
-    target_path: Path
-    draft_path: Path | None = None
+    target_gguf: Located
+    draft_gguf: Located | None = None
     n_threads: int | None = None
     backend: str = LLAMACPP
     n_ctx: int = 0
-    target: Any = None  # a CausalLM from specdec.backends.llamacpp
+    target: Any = None  # a CausalLM from specdec.backends.llamacpp or specdec.backends.gguf
     draft: Any = None
     peers: dict[str, Any] = field(default_factory=dict)  # peer kind -> the binding's own model object
+
+    @property
+    def target_path(self) -> Path:
+        return self.target_gguf.path
+
+    @property
+    def draft_path(self) -> Path | None:
+        return self.draft_gguf.path if self.draft_gguf is not None else None
 
     def prepare(self, methods: Sequence[MethodSpec], n_ctx: int) -> None:
         """Load what ``methods`` need, with room for ``n_ctx`` tokens; a model already loaded with
@@ -48,13 +58,13 @@ class LlamaCppModels:
             self.n_ctx = n_ctx
         mine = [m for m in methods if m.backend == self.backend and not m.is_server]  # servers load their own
         if any(not m.is_peer for m in mine) and self.target is None:
-            self.target = self._load_backend(self.target_path)
+            self.target = self._load_backend(self.target_gguf)
         if any(m.needs_draft_model for m in mine) and self.draft is None:
             if self.draft_path is None:
                 names = ", ".join(m.name for m in mine if m.needs_draft_model)
                 raise ValueError(f"methods {names} need a draft model's GGUF; give one (--draft)")
             same = self.target is not None and self.draft_path == self.target_path
-            self.draft = self.target.fork() if same else self._load_backend(self.draft_path)
+            self.draft = self.target.fork() if same else self._load_backend(self.draft_gguf)
 
     def peer(self, method: MethodSpec) -> Any:
         """The binding's own model object for a ``llamacpp-*`` peer (loaded on first use)."""
@@ -77,10 +87,8 @@ class LlamaCppModels:
         self.target = self.draft = None
         self.peers.clear()
 
-    def _load_backend(self, path: Path) -> Any:
-        if self.backend == GGUF:
-            return load_gguf_native(path, n_threads=self.n_threads, n_ctx=self.n_ctx)
-        return load_gguf(path, n_threads=self.n_threads, n_ctx=self.n_ctx)
+    def _load_backend(self, located: Located) -> Any:
+        return load_model(located, self.backend, n_threads=self.n_threads, n_ctx=self.n_ctx)
 
 
 def context_needed(prompt_lengths: Sequence[int], max_new_tokens: int) -> int:

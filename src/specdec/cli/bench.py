@@ -471,7 +471,7 @@ def llamacpp_models(args: argparse.Namespace, methods: Sequence[MethodSpec]) -> 
                        f"install it ({llamacpp_backend.INSTALL}), or leave out the llama.cpp methods "
                        "(--backend torch, no llamacpp-ar)", code=2)
     draft_gguf = args.draft is not None and any(m.needs_draft_model for m in on_llamacpp)
-    return LlamaCppModels(gguf_path(args.target, args), gguf_path(args.draft, args) if draft_gguf else None,
+    return LlamaCppModels(located_gguf(args.target, args), located_gguf(args.draft, args) if draft_gguf else None,
                           n_threads=args.threads or torch.get_num_threads())
 
 
@@ -484,7 +484,7 @@ def gguf_models(args: argparse.Namespace, methods: Sequence[MethodSpec]) -> Llam
     if not on_gguf:
         return None
     draft_gguf = args.draft is not None and any(m.needs_draft_model for m in on_gguf)
-    return LlamaCppModels(gguf_path(args.target, args), gguf_path(args.draft, args) if draft_gguf else None,
+    return LlamaCppModels(located_gguf(args.target, args), located_gguf(args.draft, args) if draft_gguf else None,
                           n_threads=args.threads or torch.get_num_threads(), backend=GGUF)
 
 
@@ -520,11 +520,16 @@ def _target_gguf(backends: BenchBackends) -> Path | None:
 
 
 def gguf_path(name: str, args: argparse.Namespace) -> Path:
-    """The GGUF a model name stands for on llama.cpp (:func:`specdec.models.gguf_path`): a pack's
-    (joined and hash-checked) or a local file."""
+    """The GGUF file a model name stands for on llama.cpp (:func:`located_gguf`)."""
+    return located_gguf(name, args).path
+
+
+def located_gguf(name: str, args: argparse.Namespace) -> models.Located:
+    """A model name located (:func:`specdec.models.locate`) as a GGUF to run on llama.cpp or
+    specdec's GGUF kernel: a pack's (joined and hash-checked) or a local file."""
     if models.is_gguf_source(name) and (name in models.PACKS or Path(name).expanduser().is_file()):
         try:
-            return models.gguf_path(name, args.cache_dir)
+            return models.locate(name, args.cache_dir)
         except models.ModelPackError as err:
             raise CLIError(err.message, err.hint) from None
     raise CLIError(f"the llama.cpp backend runs GGUF files, and {name} is neither a model pack nor a .gguf file",

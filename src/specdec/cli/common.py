@@ -269,14 +269,16 @@ def decode_config(args: argparse.Namespace) -> DecodeConfig:
 
 def load_models(target: str, draft: str | None = None, *, backend: str = TORCH, cache_dir: str | None = None,
                 dtype: str = "bfloat16", kernels: str = "auto", threads: int | None = None,
-                typed: Collection[str] = ()) -> models.Pair:
+                draft_weights: str = "int8", typed: Collection[str] = ()) -> models.Pair:
     """The target and, unless ``draft`` is None, the draft, as a
     :class:`~specdec.models.Pair` (:func:`specdec.models.load_pair`, which checks the two share a
-    vocabulary); notes on stderr say what loads, and a pack error is a :class:`CLIError`.
+    vocabulary): what every sub-command that decodes holds. Notes on stderr say what loads, and a
+    pack error is a :class:`CLIError`.
 
-    backend: --backend ('auto', 'torch' or 'llamacpp'); threads: llama.cpp's thread count (None:
-    its default). typed: the options the user typed (``args.given``): a typed --dtype or --kernels
-    is refused when every model runs on llama.cpp, where they do not apply."""
+    backend: --backend ('auto', 'torch', 'llamacpp' or 'gguf'); threads: the GGUF backends' thread
+    count (None: their default); draft_weights: --draft-weights, kept in the pair. typed: the
+    options the user typed (``args.given``): a typed --dtype or --kernels is refused when every
+    model runs a GGUF's own weights, where they do not apply."""
     names = [target] + ([draft] if draft is not None else [])
     _check_torch_options(names, backend, typed)
 
@@ -288,6 +290,7 @@ def load_models(target: str, draft: str | None = None, *, backend: str = TORCH, 
                                 n_threads=threads, on_load=loading)
     except models.ModelPackError as err:
         raise CLIError(err.message, err.hint) from None
+    pair.draft_weights = draft_weights
     if backend == AUTO and pair.backend != TORCH:
         note(f"{pair.target_name} runs on {pair.backend_why}")
     elif pair.backend_why != "asked for":  # a named backend whose output may differ from plain decoding
@@ -300,11 +303,12 @@ def load_models(target: str, draft: str | None = None, *, backend: str = TORCH, 
 
 def load_models_from(args: argparse.Namespace, *, draft: bool = True) -> models.Pair:
     """:func:`load_models` with what the parsed options say: --target, --draft (unless ``draft`` is
-    False), --backend (torch where the command has none), --cache-dir, --dtype, --kernels, --threads."""
+    False), --backend (torch where the command has none), --cache-dir, --dtype, --kernels, --threads,
+    --draft-weights."""
     return load_models(args.target, args.draft if draft else None, backend=getattr(args, "backend", TORCH),
                        cache_dir=getattr(args, "cache_dir", None), dtype=args.dtype,
                        kernels=getattr(args, "kernels", "auto"), threads=getattr(args, "threads", None),
-                       typed=getattr(args, "given", frozenset()))
+                       draft_weights=getattr(args, "draft_weights", "int8"), typed=getattr(args, "given", frozenset()))
 
 
 def _loaded_notes(name: str, model: Any, backend: str) -> None:
@@ -327,12 +331,8 @@ def check_cache_dir(cache_dir: str | None, *, create: bool) -> None:
 
 
 def _check_torch_options(names: list[str], backend: str, typed: Collection[str]) -> None:
-    """--dtype and --kernels shape transformers models: refused when typed and every model runs a GGUF's own weights."""
-    try:
-        for name in names:
-            models.check_backend(name, backend)
-    except models.ModelPackError as err:
-        raise CLIError(err.message, err.hint) from None
+    """--dtype and --kernels shape transformers models: refused when typed and every model runs a
+    GGUF's own weights (whether the backend runs the models at all, :func:`specdec.models.load_pair` checks)."""
     if not names or backend == TORCH or not all(models.is_gguf_source(name) for name in names):
         return
     where = backend_table.LABELS[backend] if backend in backend_table.GGUF_NAMES else "a GGUF backend"

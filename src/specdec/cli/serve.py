@@ -20,7 +20,7 @@ from specdec import datastore
 from specdec.config import SAMPLERS
 from specdec.constraints import ConstraintError, Constraints
 from specdec.costs import MAX_ROWS, row_costs
-from specdec.server.app import ServedModels, ServerOptions, create_app
+from specdec.server.app import ServerOptions, create_app
 from specdec.server.guard import allowed_hosts, uvicorn_config
 from specdec.server.worker import ModelThread
 from specdec.server.requests import method_config, method_kwargs
@@ -165,9 +165,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(args.threads)
     thread = ModelThread()  # every call into the models, loading included, runs on it (specdec.server.worker)
-    pair = thread.call(load_models_from, args)
-    models = ServedModels(pair.target, pair.tokenizer, pair.draft, name=args.target, draft_name=pair.draft_name,
-                          draft_weights=args.draft_weights, backend=pair.backend)
+    models = thread.call(load_models_from, args)  # a Pair: its target_name is the model id clients pass
     options = ServerOptions(method, max_queue=args.max_queue, request_timeout=args.request_timeout,
                             api_key=key, max_tokens=args.max_tokens,
                             allowed_hosts=allowed_hosts(args.host, args.allowed_hosts),

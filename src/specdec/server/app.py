@@ -44,7 +44,6 @@ import specdec
 from specdec.api import decode_text, eos_token_ids_of
 from specdec.backends.gguf import GGUFCausalLM
 from specdec.backends.shared import SharedPasses
-from specdec.backends.table import TORCH
 from specdec.datastore import MAX_MATCH
 from specdec.config import DecodeConfig
 from specdec.constraints import ConstraintError
@@ -53,6 +52,7 @@ from specdec.server.errors import APIError
 from specdec.server.guard import LOOPBACK_HOSTS, MAX_BODY_BYTES, READ_TIMEOUT_SECONDS, Guard
 from specdec.build import as_backend, is_backend
 from specdec.drafters import registry as drafters
+from specdec.models import Pair
 from specdec.server.logprobs import TokenText
 from specdec.server.metrics import Metrics
 from specdec.server.prompt_cache import DEFAULT_BUDGET_MIB, PromptCache
@@ -64,19 +64,6 @@ BodyModel = TypeVar("BodyModel", CompletionBody, ChatBody)
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 GRACE_SECONDS = 0.5  # past a request's deadline, how long to wait for the worker to notice it
 POLL_SECONDS = 0.25  # how often a waiting non-streamed request checks that its client is still there
-
-
-@dataclass
-class ServedModels:
-    """The loaded models; ``name`` is the model id clients pass (``GET /v1/models``)."""
-
-    target: Any
-    tokenizer: Any
-    draft: Any = None
-    name: str = "specdec"
-    draft_name: str | None = None
-    draft_weights: str = "int8"
-    backend: str = TORCH  # where the target runs: a name of specdec.backends.table (what the answers say of it)
 
 
 @dataclass
@@ -96,7 +83,7 @@ class ServerOptions:
     parallel: int = 1  # requests decoded at once, their passes shared (slots; the GGUF kernel only)
 
 
-def create_app(models: ServedModels, options: ServerOptions, thread: ModelThread | None = None) -> FastAPI:
+def create_app(models: Pair, options: ServerOptions, thread: ModelThread | None = None) -> FastAPI:
     """The application; its worker starts and stops with the app's lifespan. ``thread``: the
     thread the models were loaded on, which runs every generation (default: a new one)."""
     metrics = Metrics()
@@ -123,7 +110,7 @@ def create_app(models: ServedModels, options: ServerOptions, thread: ModelThread
     return app
 
 
-def make_slots(models: ServedModels, parallel: int, metrics: Metrics | None = None) -> list[Slot] | None:
+def make_slots(models: Pair, parallel: int, metrics: Metrics | None = None) -> list[Slot] | None:
     """``parallel`` slots whose passes are shared (None for one request at a time). ValueError
     where the models cannot share passes: only specdec's GGUF kernel computes a row of a shared pass
     as the sequence's own pass would, so only there does an answer not depend on the others."""
@@ -145,7 +132,7 @@ def make_slots(models: ServedModels, parallel: int, metrics: Metrics | None = No
 
 @dataclass
 class _State:
-    models: ServedModels
+    models: Pair
     options: ServerOptions
     metrics: Metrics
     scheduler: Scheduler
@@ -197,7 +184,7 @@ def _private_routes(state: _State) -> APIRouter:
     @router.get("/v1/models")
     async def list_models() -> dict[str, Any]:
         return {"object": "list", "data": [{
-            "id": models.name, "object": "model", "created": 0, "owned_by": "specdec",
+            "id": models.target_name, "object": "model", "created": 0, "owned_by": "specdec",
             "speculative": {"method": str(options.method), "seeded_sampler": options.seeded_sampler,
                             "draft": models.draft_name,
                             "draft_weights": models.draft_weights if models.draft is not None else None,
@@ -207,7 +194,7 @@ def _private_routes(state: _State) -> APIRouter:
     @router.post("/v1/completions")
     async def completions(request: Request) -> Response:
         body = await _body(request, CompletionBody)
-        _check_model(body.model, models.name)
+        _check_model(body.model, models.target_name)
         method = rq.choose_method(body, options.method, models.draft is not None, options.seeded_sampler)
         max_tokens = _max_tokens(body.max_tokens or COMPLETION_DEFAULT_MAX_TOKENS, "max_tokens", options)
         _check_stream_options(body)
@@ -223,7 +210,7 @@ def _private_routes(state: _State) -> APIRouter:
     @router.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
         body = await _body(request, ChatBody)
-        _check_model(body.model, models.name)
+        _check_model(body.model, models.target_name)
         method = rq.choose_method(body, options.method, models.draft is not None, options.seeded_sampler)
         if body.max_tokens is not None and body.max_completion_tokens is not None:
             raise APIError(400, "give max_tokens or max_completion_tokens, not both", param="max_tokens")
@@ -349,7 +336,7 @@ async def _serve(state: _State, request: Request, gen: Generation) -> Response:
         return Response(status_code=499)
     if first[0] == "error":
         raise first[1]
-    answer = Answer(gen, state.models.name, state.token_text)
+    answer = Answer(gen, state.models.target_name, state.token_text)
     if gen.stream:
         return StreamingResponse(_events(state, job, first, answer, endpoint),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
