@@ -44,7 +44,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from specdec.backends.gguf import _field, _reader
 from specdec.paths import CACHE_ENV, cache_root
 
 MARKER = "specdec-pack.json"  # written last into a converted pack's directory
