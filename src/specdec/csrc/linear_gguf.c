@@ -1696,55 +1696,61 @@ static void KN(q6k)(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t nr
     }
 }
 
-/* The 32-weight types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) against G (1..4) rows whose
- * accumulators stay in registers: the weight row is decoded again for each group of rows (cheap
- * for these types; the row is in L1). */
-static inline __attribute__((always_inline)) void KN(k32_group)(const Seg *s, const uint8_t *row, int64_t j, int64_t r0,
-                                                            const int G, const Out *o) {
+/* The 32-weight types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL), one function per type (`type` a
+ * constant: no branch on it in the loops). k32_weights: block `blk`'s 32 weight integers as bytes
+ * (signed; Q4_1's and Q5_1's unsigned) and its d (and Q4_1's / Q5_1's m) in the low lanes of dm. */
+static inline __attribute__((always_inline)) int KN(k32_bytes)(const int type) {
+    return type == T_Q8_0 ? 34 : type == T_Q5_0 ? 22 : type == T_Q5_1 ? 24 : type == T_Q4_1 ? 20 : 18;
+}
+
+static inline __attribute__((always_inline)) __m256i KN(k32_weights)(const int type, const uint8_t *blk, __m128 *dm) {
+    uint32_t dm2;
+    memcpy(&dm2, blk, 4);
+    *dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dm2)); /* d (and m): exact, as f16() */
+    if (type == T_Q8_0) return _mm256_loadu_si256((const __m256i *)(blk + 2));
+    const int at = type == T_Q4_1 ? 4 : type == T_Q5_0 ? 6 : type == T_Q5_1 ? 8 : 2; /* the nibbles */
+    const __m128i bits = _mm_loadu_si128((const __m128i *)(blk + at));
+    const __m256i w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(bits, 4), bits), _mm256_set1_epi8(0x0F));
+    if (type == T_Q5_0 || type == T_Q5_1) { /* 32 high bits qh just before the nibbles */
+        uint32_t qh;
+        memcpy(&qh, blk + at - 4, 4);
+        const __m256i q = _mm256_or_si256(w, bits_to_bytes(qh, 0x10));
+        return type == T_Q5_0 ? _mm256_sub_epi8(q, _mm256_set1_epi8(16)) : q;
+    }
+    if (type == T_Q4_0) return _mm256_sub_epi8(w, _mm256_set1_epi8(8));
+    if (type == T_IQ4_NL) return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)kv_iq4)), w);
+    return w;
+}
+
+/* One weight row against G (1..4) rows whose accumulators stay in registers: the weight row is
+ * decoded again for each group of rows (cheap for these types; the row is in L1). */
+static inline __attribute__((always_inline)) void KN(k32_group)(const int type, const Seg *s, const uint8_t *row, int64_t j,
+                                                            int64_t r0, const int G, const Out *o) {
     const Acts *A = o->a;
     const int64_t n_in = A->n_in, nb = n_in / 32;
-    const int bb = block_bytes(s->type), type = s->type;
-    const __m128i m4 = _mm_set1_epi8(0x0F);
-    const __m256i eight = _mm256_set1_epi8(8);
+    const int bb = KN(k32_bytes)(type);
+    const int8_t *xq = A->q0 + r0 * n_in;
+    const float *xd = A->d0 + r0 * nb;
+    const int32_t *xs = A->s0 + r0 * nb;
     __m256 acc[4];
     float accm[4];
     for (int t = 0; t < G; t++) acc[t] = _mm256_setzero_ps(), accm[t] = 0.0f;
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = row + b * bb;
         if (((uintptr_t)blk & 63) < (uintptr_t)bb) prefetch_block(blk, 1); /* once per 64-byte line */
-        uint32_t dm2;
-        memcpy(&dm2, blk, 4);
-        const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dm2)); /* d (and Q4_1's m): exact, as f16() */
+        __m128 dm;
+        const __m256i w = KN(k32_weights)(type, blk, &dm);
         const __m256 dv = _mm256_broadcastss_ps(dm);
-        float m = 0.0f;
-        __m256i w;
-        if (type == T_Q8_0) {
-            w = _mm256_loadu_si256((const __m256i *)(blk + 2));
-        } else if (type == T_Q5_0 || type == T_Q5_1) {
-            const int at = type == T_Q5_1 ? 4 : 2;
-            const __m128i bits = _mm_loadu_si128((const __m128i *)(blk + at + 4));
-            uint32_t qh;
-            memcpy(&qh, blk + at, 4);
-            w = _mm256_or_si256(_mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(bits, 4), m4), _mm_and_si128(bits, m4)),
-                                bits_to_bytes(qh, 0x10));
-            if (type == T_Q5_0) w = _mm256_sub_epi8(w, _mm256_set1_epi8(16));
-        } else {
-            const __m128i bits = _mm_loadu_si128((const __m128i *)(blk + (type == T_Q4_1 ? 4 : 2)));
-            w = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(bits, 4), m4), _mm_and_si128(bits, m4));
-            if (type == T_Q4_0) w = _mm256_sub_epi8(w, eight);
-            else if (type == T_IQ4_NL) w = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)kv_iq4)), w);
-        }
-        if (has_m(type)) m = _mm_cvtss_f32(_mm_movehdup_ps(dm));
+        const float m = has_m(type) ? _mm_cvtss_f32(_mm_movehdup_ps(dm)) : 0.0f;
         /* signed weights: |w| times x with w's sign (exact); Q4_1's and Q5_1's are unsigned already */
         const __m256i aw = has_m(type) ? w : _mm256_sign_epi8(w, w);
         for (int t = 0; t < G; t++) {
-            const int64_t r = r0 + t;
-            __m256i x = _mm256_loadu_si256((const __m256i *)(A->q0 + r * n_in + b * 32));
+            __m256i x = _mm256_loadu_si256((const __m256i *)(xq + t * n_in + b * 32));
             if (!has_m(type)) x = _mm256_sign_epi8(x, w);
             const __m256i sum = DOT_BYTES(aw, x);
-            const float dxs = A->d0[r * nb + b];
+            const float dxs = xd[t * nb + b];
             acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dv, _mm256_set1_ps(dxs)), _mm256_cvtepi32_ps(sum), acc[t]);
-            if (has_m(type)) accm[t] = fmaf(m * dxs, (float)A->s0[r * nb + b], accm[t]);
+            if (has_m(type)) accm[t] = fmaf(m * dxs, (float)xs[t * nb + b], accm[t]);
         }
     }
     for (int t = 0; t < G; t++) {
@@ -1754,17 +1760,36 @@ static inline __attribute__((always_inline)) void KN(k32_group)(const Seg *s, co
     }
 }
 
+#define K32_TYPE(NAME, TYPE)                                                                           \
+    static void KN(NAME)(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t nr, const Out *o) { \
+        for (int64_t j = j0; j < j1; j++) {                                                            \
+            const uint8_t *row = s->w + j * s->row_bytes;                                              \
+            int64_t t = 0;                                                                             \
+            for (; t + 4 <= nr; t += 4) KN(k32_group)(TYPE, s, row, j, r0 + t, 4, o);                  \
+            switch (nr - t) {                                                                          \
+            case 3: KN(k32_group)(TYPE, s, row, j, r0 + t, 3, o); break;                               \
+            case 2: KN(k32_group)(TYPE, s, row, j, r0 + t, 2, o); break;                               \
+            case 1: KN(k32_group)(TYPE, s, row, j, r0 + t, 1, o); break;                               \
+            default: break;                                                                            \
+            }                                                                                          \
+        }                                                                                              \
+    }
+K32_TYPE(k32_q4_0, T_Q4_0)
+K32_TYPE(k32_q4_1, T_Q4_1)
+K32_TYPE(k32_q5_0, T_Q5_0)
+K32_TYPE(k32_q5_1, T_Q5_1)
+K32_TYPE(k32_q8_0, T_Q8_0)
+K32_TYPE(k32_iq4_nl, T_IQ4_NL)
+#undef K32_TYPE
+
 static void KN(k32)(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t nr, const Out *o) {
-    for (int64_t j = j0; j < j1; j++) {
-        const uint8_t *row = s->w + j * s->row_bytes;
-        int64_t t = 0;
-        for (; t + 4 <= nr; t += 4) KN(k32_group)(s, row, j, r0 + t, 4, o);
-        switch (nr - t) {
-        case 3: KN(k32_group)(s, row, j, r0 + t, 3, o); break;
-        case 2: KN(k32_group)(s, row, j, r0 + t, 2, o); break;
-        case 1: KN(k32_group)(s, row, j, r0 + t, 1, o); break;
-        default: break;
-        }
+    switch (s->type) {
+    case T_Q4_0: KN(k32_q4_0)(s, j0, j1, r0, nr, o); break;
+    case T_Q4_1: KN(k32_q4_1)(s, j0, j1, r0, nr, o); break;
+    case T_Q5_0: KN(k32_q5_0)(s, j0, j1, r0, nr, o); break;
+    case T_Q5_1: KN(k32_q5_1)(s, j0, j1, r0, nr, o); break;
+    case T_Q8_0: KN(k32_q8_0)(s, j0, j1, r0, nr, o); break;
+    default: KN(k32_iq4_nl)(s, j0, j1, r0, nr, o);
     }
 }
 
