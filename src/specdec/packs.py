@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from specdec.backends import gguf as gguf_backend
 from specdec.paths import CACHE_ENV, cache_root
 
 MARKER = "specdec-pack.json"  # written last into a converted pack's directory
@@ -797,48 +798,10 @@ def _one_reader(gguf: Path) -> Iterator[None]:
         gguf_package.GGUFReader = real
 
 
-class _Bytes(bytes):
-    """A string element of a GGUF array as :func:`_metadata_reader` keeps it: the bytes themselves
-    (transformers decodes a part with ``list(part)``, fast on bytes and slow on a numpy view), with
-    numpy's ``tobytes`` for ``gguf``'s own ``ReaderField.contents``."""
-
-    def tobytes(self) -> bytes:
-        return bytes(self)
-
-
 def _metadata_reader(path: str | Path) -> Any:
-    """A ``gguf.GGUFReader`` of ``path`` whose arrays are parsed in one pass over the header's
-    bytes: the same fields, parts and data indices as ``GGUFReader`` gives (each element one part,
-    a string element its bytes), which is what transformers reads. ``GGUFReader`` takes a numpy view
-    per element, 1.5 million of them for Qwen's 151,936-token vocabulary and 151,387 merges
-    (about 100 s on 2 busy cores); this takes about a second."""
-    import numpy as np
-    from gguf import GGUFValueType
-    from gguf.gguf_reader import GGUFReader  # the class itself, also where _one_reader stands in for it
-
-    class _Reader(GGUFReader):
-        def _get_field_parts(self, orig_offs: int, raw_type: int) -> Any:
-            if GGUFValueType(raw_type) != GGUFValueType.ARRAY or self.byte_order != "I" or sys.byteorder != "little":
-                return super()._get_field_parts(orig_offs, raw_type)
-            raw_itype = self._get(orig_offs, np.uint32)
-            alen = self._get(orig_offs + 4, np.uint64)
-            itype, count, offs = GGUFValueType(int(raw_itype[0])), int(alen[0]), orig_offs + 12
-            nptype = self.gguf_scalar_to_np.get(itype)
-            if nptype is not None and count:  # [itype, count, v0, v1, ...]: one part per element
-                values = self._get(offs, nptype, count)
-                parts = [raw_itype, alen, *(values[i:i + 1] for i in range(count))]
-                return 12 + int(values.nbytes), parts, list(range(2, 2 + count)), [GGUFValueType.ARRAY, itype]
-            if itype == GGUFValueType.STRING and count:  # [itype, count, len0, str0, len1, str1, ...]
-                buf = memoryview(self.data)
-                parts = [raw_itype, alen]
-                for _ in range(count):
-                    n = int.from_bytes(buf[offs:offs + 8], "little")
-                    parts += (n, _Bytes(buf[offs + 8:offs + 8 + n]))
-                    offs += 8 + n
-                return offs - orig_offs, parts, list(range(3, 2 + 2 * count, 2)), [GGUFValueType.ARRAY, itype]
-            return super()._get_field_parts(orig_offs, raw_type)
-
-    return _Reader(str(path))
+    """The GGUF reader transformers is given: every array element a part of its own, parsed in one
+    pass over the header (:func:`specdec.backends.gguf._reader` with ``elements``)."""
+    return gguf_backend._reader(path, elements=True)
 
 
 def check_gguf(path: Path) -> None:

@@ -343,12 +343,25 @@ def quantize_activations(x: torch.Tensor, block: int, lib: ctypes.CDLL | None = 
 # -- reading the file -----------------------------------------------------------------------------
 
 
-def _reader(path: Path) -> Any:
-    """A ``gguf.GGUFReader`` on ``path`` (memory-mapped). GGUFReader parses array fields element
-    by element (about 10 s for Qwen's 151,936-token vocabulary on 2 cores); this subclass reads
-    arrays of numbers as one view and skips arrays of strings (the tokenizer's vocabulary and
-    merges, which this backend never reads: their ``contents()`` is empty)."""
-    from gguf import GGUFReader, GGUFValueType
+class _Bytes(bytes):
+    """A string element of a GGUF array as :func:`_reader` keeps it with ``elements``: the bytes
+    themselves (transformers decodes a part with ``list(part)``, fast on bytes and slow on a numpy
+    view), with numpy's ``tobytes`` for ``gguf``'s own ``ReaderField.contents``."""
+
+    def tobytes(self) -> bytes:
+        return bytes(self)
+
+
+def _reader(path: str | Path, *, elements: bool = False) -> Any:
+    """A ``gguf.GGUFReader`` on ``path`` (memory-mapped) whose arrays are parsed in one pass over
+    the header's bytes. ``GGUFReader`` takes a numpy view per element, 1.5 million for Qwen's
+    151,936-token vocabulary and merges (tens of seconds to minutes on 2 cores). By default arrays
+    of numbers are one view and arrays of strings are skipped (their ``contents()`` is empty: this
+    backend never reads the vocabulary); with ``elements`` every element is a part of its own, a
+    string element its bytes, the fields, parts and data indices ``GGUFReader`` gives, which is what
+    transformers reads (:func:`specdec.packs.tokenizer_from_gguf`)."""
+    from gguf import GGUFValueType
+    from gguf.gguf_reader import GGUFReader  # the class itself, even where a caller stands in for gguf.GGUFReader
 
     class _Reader(GGUFReader):
         def _get_field_parts(self, orig_offs: int, raw_type: int) -> Any:
@@ -357,15 +370,23 @@ def _reader(path: Path) -> Any:
             raw_itype = self._get(orig_offs, np.uint32)
             alen = self._get(orig_offs + 4, np.uint64)
             itype, count, offs = GGUFValueType(int(raw_itype[0])), int(alen[0]), orig_offs + 12
+            kinds = [GGUFValueType.ARRAY, itype]
             nptype = self.gguf_scalar_to_np.get(itype)
             if nptype is not None and count:
                 values = self._get(offs, nptype, count)
-                return 12 + int(values.nbytes), [raw_itype, alen, values], [2], [GGUFValueType.ARRAY, itype]
-            if itype == GGUFValueType.STRING and count:
+                if not elements:  # [itype, count, values]
+                    return 12 + int(values.nbytes), [raw_itype, alen, values], [2], kinds
+                parts = [raw_itype, alen, *(values[i:i + 1] for i in range(count))]  # one part per element
+                return 12 + int(values.nbytes), parts, list(range(2, 2 + count)), kinds
+            if itype == GGUFValueType.STRING and count:  # [itype, count(, len0, str0, len1, str1, ...)]
                 buf = memoryview(self.data)
+                parts = [raw_itype, alen]
                 for _ in range(count):
-                    offs += 8 + int.from_bytes(buf[offs : offs + 8], "little")
-                return offs - orig_offs, [raw_itype, alen], [], [GGUFValueType.ARRAY, itype]
+                    n = int.from_bytes(buf[offs:offs + 8], "little")
+                    if elements:
+                        parts += (n, _Bytes(buf[offs + 8:offs + 8 + n]))
+                    offs += 8 + n
+                return offs - orig_offs, parts, list(range(3, len(parts), 2)), kinds
             return super()._get_field_parts(orig_offs, raw_type)
 
     return _Reader(str(path))
