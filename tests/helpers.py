@@ -11,6 +11,7 @@ import hashlib
 import importlib
 import itertools
 import json
+import os
 import socket
 import threading
 import time
@@ -42,6 +43,10 @@ from specdec.sampling import SamplingConfig, logits_to_probs
 from specdec.verify.base import VerifyPlan
 from specdec.verify.tree import TreeVerifier
 from tiny import noisy_copy, tiny_llama
+
+# The threads a test's real model runs on: this process's CPUs (under pytest-xdist, the worker's own
+# share: conftest pins each worker to it).
+THREADS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 if TYPE_CHECKING:
     import httpx

@@ -7,7 +7,7 @@ import json
 import threading
 
 import pytest
-from helpers import PACK, assert_one_line_error
+from helpers import THREADS, PACK, assert_one_line_error
 
 from specdec import cli, packs
 from specdec.bench import concurrency, servers
@@ -221,7 +221,7 @@ def test_without_llama_server_the_table_has_no_column_for_it():
 
 def test_servers_start_with_n_slots_and_llama_server_with_n_times_the_context(monkeypatch, tmp_path):
     monkeypatch.setattr(servers, "llama_server_binary", lambda: tmp_path / "llama-server")
-    run = servers.Servers(tmp_path / "t.gguf", None, ["--target", "t", "--draft", "d"], n_threads=2, n_ctx=4096)
+    run = servers.Servers(tmp_path / "t.gguf", None, ["--target", "t", "--draft", "d"], n_threads=THREADS, n_ctx=4096)
     key = f"specdec:gguf:{parse_method('spec', 'gguf').config}"
     assert "--parallel" not in run._argv(key)  # not set: specdec serve's default slots
     one = run._argv("llama-server")

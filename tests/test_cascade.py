@@ -19,7 +19,7 @@ from specdec.policies import StaticK
 from specdec.policies.auto import AutoPolicy
 from specdec.costs import CostModel
 from specdec.verify import make_verifier
-from helpers import CHEAP_ROWS
+from helpers import THREADS, CHEAP_ROWS
 from tiny import noisy_copy, tiny_llama
 
 PROMPT = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 5, 6, 1, 2, 3]  # repeats itself: the lookup proposes
@@ -166,7 +166,7 @@ def test_greedy_cascade_on_the_smollm2_gguf_equals_plain_decoding():
 
     from specdec.backends import llamacpp
 
-    model = llamacpp.load_gguf(_gguf(), n_threads=2, n_ctx=512, prefill_layout="repacked")
+    model = llamacpp.load_gguf(_gguf(), n_threads=THREADS, n_ctx=512, prefill_layout="repacked")
     draft = _Unsure(model.fork(), scale=1.0)
     expected = generate(model, CONTEXT, max_new_tokens=24, eos_token_ids=[]).token_ids
     for method in (dict(k=4, policy="static"), dict(policy=AutoPolicy(costs=PRICEY_DRAFT))):

@@ -210,7 +210,7 @@ def test_readme_commands_and_ci_agree():
     assert len(commands) == 2
     setup, test = commands
     assert test in ci
-    assert test.endswith("python -m pytest -q -n 2 --dist loadfile") and "-r requirements-models.txt" in test
+    assert test.endswith("python -m pytest -q -n 2 --dist loadgroup") and "-r requirements-models.txt" in test
     assert setup.endswith('specdec generate "def quicksort(arr):" --compare-ar')
     assert "set -euo pipefail" in ci
 

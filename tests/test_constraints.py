@@ -29,7 +29,7 @@ from specdec.policies.auto import AutoPolicy
 from specdec.sampling import SamplingConfig, logits_to_probs
 from specdec.token_tree import TokenTree
 from specdec.verify import make_verifier
-from helpers import CHEAP_ROWS, dirichlet, outcomes, point_mass
+from helpers import THREADS, CHEAP_ROWS, dirichlet, outcomes, point_mass
 from tiny import noisy_copy, tiny_llama
 
 
@@ -360,7 +360,7 @@ def smollm():
     if packs.missing_parts(pack):
         pytest.skip("pack smollm2-135m is not installed")
     gguf = packs.gguf_file("smollm2-135m", progress=False)
-    model = llamacpp.load_gguf(gguf, n_threads=2, n_ctx=512, prefill_layout="repacked")
+    model = llamacpp.load_gguf(gguf, n_threads=THREADS, n_ctx=512, prefill_layout="repacked")
     return model, models.load_tokenizer("smollm2-135m")
 
 

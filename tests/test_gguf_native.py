@@ -35,6 +35,7 @@ from specdec import packs  # noqa: E402
 from specdec.backends import gguf as native  # noqa: E402
 from specdec.backends.base import SNAPSHOTS, TREES, capabilities  # noqa: E402
 from specdec.token_tree import TokenTree, forward_tree, keep_path  # noqa: E402
+from helpers import THREADS  # noqa: E402
 
 TYPES = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.IQ4_NL, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K,
          T.Q6_K, T.IQ4_XS]
@@ -275,7 +276,7 @@ def test_a_model_pass_on_the_vnni_path_has_the_bits_of_the_other_paths(lib, emul
     path = tmp_path / "tiny-qwen2.gguf"
     arch, kwargs = TINY_MODELS[tiny_model]
     write_tiny_gguf(path, arch, **kwargs)
-    model = native.load_gguf_native(path, n_threads=2, n_ctx=256)
+    model = native.load_gguf_native(path, n_threads=THREADS, n_ctx=256)
     tokens = [1, 17, 200, 3, 3, 99, 250, 14, 8, 301, 42, 5]
     logits = {}
     for name, library in (("portable", lib), ("avx2", lib), ("avx512vnni", emulated)):
@@ -356,7 +357,7 @@ def test_a_library_with_its_record_reordered_gives_the_same_model(lib, tmp_path)
     assert fields[13:15] == (("norm2", 1), ("norm1", 1))
     path = tmp_path / "tiny.gguf"
     write_tiny_gguf(path, "qwen2", **TINY_MODELS["qwen2"][1])
-    model = native.load_gguf_native(path, n_threads=2, n_ctx=256)
+    model = native.load_gguf_native(path, n_threads=THREADS, n_ctx=256)
     tokens = [1, 17, 200, 3, 3, 99, 250, 14]
     with native.running_path("portable", lib):
         expected = model.forward(tokens)
@@ -582,7 +583,7 @@ def tiny(request, tmp_path_factory, lib):
     arch, kwargs = TINY_MODELS[request.param]
     path = tmp_path_factory.mktemp("tiny") / f"tiny-{request.param}.gguf"
     write_tiny_gguf(path, arch, **kwargs)
-    return native.load_gguf_native(path, n_threads=2, n_ctx=256)
+    return native.load_gguf_native(path, n_threads=THREADS, n_ctx=256)
 
 
 def test_a_tiny_model_of_every_type_matches_a_float_forward(tiny):
@@ -642,8 +643,8 @@ def test_a_tiny_model_of_the_other_types_agrees_with_llamacpp_within_a_bound(tmp
         pytest.skip(f"the llama.cpp binding is not installed: {llamacpp.INSTALL}")
     path = tmp_path / "tiny-more-types.gguf"
     write_tiny_gguf(path, "qwen2", head_type=T.Q5_K, embed_type=T.IQ4_XS, override=MORE_TYPES, tokenizer=True)
-    model = native.load_gguf_native(path, n_threads=2, n_ctx=256)
-    theirs = llamacpp.load_gguf(path, n_threads=2, n_ctx=256, prefill_layout="repacked", cache_dir=tmp_path)
+    model = native.load_gguf_native(path, n_threads=THREADS, n_ctx=256)
+    theirs = llamacpp.load_gguf(path, n_threads=THREADS, n_ctx=256, prefill_layout="repacked", cache_dir=tmp_path)
     tokens = [1, 17, 200, 3, 3, 99, 250, 14, 8, 160, 42, 5]
     model.reset()
     ours, ref_llamacpp = model.forward(tokens), theirs.forward(tokens)  # [n, V]
@@ -776,7 +777,7 @@ ARCH_TOKENS = [1, 17, 200, 3, 3, 99, 250, 14, 8, 301, 42, 5, 77, 160, 2, 9]  # l
 def arch_model(request, tmp_path_factory, lib):
     path = tmp_path_factory.mktemp("arch") / f"tiny-{request.param}.gguf"
     write_arch_gguf(path, request.param)
-    return native.load_gguf_native(path, n_threads=2, n_ctx=256)
+    return native.load_gguf_native(path, n_threads=THREADS, n_ctx=256)
 
 
 def test_the_new_architectures_load_with_their_facts(arch_model):
@@ -1351,7 +1352,7 @@ def test_gemma3_270m_runs_on_specdec_generate_and_speculation_keeps_plain_decodi
 
     gemma_path()
     code = cli.main(["generate", GEMMA_PROMPTS[0], "--target", GEMMA, "--draft", GEMMA, "--backend", "gguf",
-                     "--max-new-tokens", "24", "--threads", "2", "--compare-ar", "--json"])
+                     "--max-new-tokens", "24", "--threads", str(THREADS), "--compare-ar", "--json"])
     out, err = capsys.readouterr()
     assert code == 0, err
     report = json.loads(out)
@@ -1366,7 +1367,7 @@ def test_gemma3_270m_greedy_text_is_llamacpps_up_to_a_near_tie():
     from specdec import generate, models
 
     path = gemma_path()
-    model = native.load_gguf_native(path, n_threads=2, n_ctx=512)
+    model = native.load_gguf_native(path, n_threads=THREADS, n_ctx=512)
     theirs = llamacpp_model(path)
     tokenizer = models.load_tokenizer(GEMMA)
     assert model.weights.architecture == "gemma3" and model.vocab_size == 262144

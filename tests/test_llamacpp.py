@@ -21,12 +21,12 @@ from specdec import generate, packs
 from specdec.backends import llamacpp
 from specdec.token_tree import TokenTree, forward_tree, keep_path
 
-from helpers import CONTEXT, SIGNIFICANCE, _Unsure, chi_square_p_value, chi_square_power, _gguf
+from helpers import THREADS, CONTEXT, SIGNIFICANCE, _Unsure, chi_square_p_value, chi_square_power, _gguf
 
 
 @pytest.fixture(scope="module")
 def model():
-    return llamacpp.load_gguf(_gguf(), n_threads=2, n_ctx=512, prefill_layout="repacked")
+    return llamacpp.load_gguf(_gguf(), n_threads=THREADS, n_ctx=512, prefill_layout="repacked")
 
 
 # Token ids of some English and code text in SmolLM2's vocabulary (any ids would do).
@@ -58,7 +58,7 @@ def test_prefill_is_fed_in_n_batch_chunks(model):
     a single 150-token pass's: test_trees_of_every_budget... and docs/backends.md.)"""
     prompt = (CONTEXT * 8)[:150]
     assert model.kv_type == "bf16"
-    small = llamacpp.LlamaCppCausalLM(model.weights, n_threads=2, n_ctx=512, n_batch=64, kv_type=model.kv_type)
+    small = llamacpp.LlamaCppCausalLM(model.weights, n_threads=THREADS, n_ctx=512, n_batch=64, kv_type=model.kv_type)
     chunked = small.forward(prompt, num_logits=30)  # [30, V]: rows from the last two chunks
     model.reset()
     model.forward(prompt[:64])
@@ -70,7 +70,7 @@ def test_prefill_is_fed_in_n_batch_chunks(model):
 def _layouts_agree(path) -> bool:
     """Whether a 100-token pass gives bit-identical logits on the repacked and the stored layout."""
     ids = (CONTEXT * 5)[:100]
-    runs = [llamacpp.LlamaCppCausalLM(llamacpp.GGUFWeights(path, repack=r), n_threads=2, n_ctx=512).forward(ids)
+    runs = [llamacpp.LlamaCppCausalLM(llamacpp.GGUFWeights(path, repack=r), n_threads=THREADS, n_ctx=512).forward(ids)
             for r in (True, False)]
     return torch.equal(*runs)
 
@@ -86,8 +86,8 @@ def test_a_prefill_on_the_stored_layout_leaves_the_cache_decoding_would_have(mon
     moves = []
     real_move = llamacpp._move_sequence
     monkeypatch.setattr(llamacpp, "_move_sequence", lambda a, b: (moves.append((a, b)), real_move(a, b))[1])
-    split = llamacpp.load_gguf(path, n_threads=2, n_ctx=512, prefill_layout="file")
-    plain = llamacpp.load_gguf(path, n_threads=2, n_ctx=512, prefill_layout="repacked")
+    split = llamacpp.load_gguf(path, n_threads=THREADS, n_ctx=512, prefill_layout="file")
+    plain = llamacpp.load_gguf(path, n_threads=THREADS, n_ctx=512, prefill_layout="repacked")
     assert split.prefill_choice == {"layout": "file", "source": "asked for"} and plain.prefill_weights is None
     prompt = (CONTEXT * 6)[: llamacpp.FILE_LAYOUT_ROWS + 36]
     for m in (split, plain):
@@ -108,7 +108,7 @@ def test_a_prefill_on_the_stored_layout_leaves_the_cache_decoding_would_have(mon
 
 
 def test_a_failed_move_between_contexts_is_an_error_and_leaves_an_empty_cache(monkeypatch):
-    split = llamacpp.load_gguf(_gguf(), n_threads=2, n_ctx=512, prefill_layout="file")
+    split = llamacpp.load_gguf(_gguf(), n_threads=THREADS, n_ctx=512, prefill_layout="file")
     monkeypatch.setattr(split._api, "llama_state_seq_set_data", lambda *args: 0)
     with pytest.raises(RuntimeError, match="could not move a sequence's cache between contexts"):
         split.forward((CONTEXT * 4)[: llamacpp.FILE_LAYOUT_ROWS])
@@ -222,7 +222,7 @@ def test_parked_cells_are_compacted_away_when_they_would_fill_the_cache(monkeypa
     take new tokens out of position order), sequence 0 is rewritten as one block and decoding goes
     on bit-identically."""
     monkeypatch.setattr(llamacpp, "_TREE_SLACK", 64)  # room for fewer parked cells: they fill it sooner
-    small = llamacpp.load_gguf(_gguf(), n_threads=2, n_ctx=64, prefill_layout="repacked")
+    small = llamacpp.load_gguf(_gguf(), n_threads=THREADS, n_ctx=64, prefill_layout="repacked")
     small.reset()
     small.forward(CONTEXT[:-1])
     context = list(CONTEXT)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import PACK, _gguf
+from helpers import THREADS, PACK, _gguf
 from tiny import tiny_llama
 
 import specdec
@@ -22,7 +22,7 @@ TURN = [3158, 314, 260, 1345, 30, 2784, 28, 1070]
 
 def _smollm2():
     """A fresh SmolLM2 context (skipped without the binding or the pack), as test_llamacpp loads it."""
-    return llamacpp.load_gguf(_gguf(), n_threads=2, n_ctx=512, prefill_layout="repacked")
+    return llamacpp.load_gguf(_gguf(), n_threads=THREADS, n_ctx=512, prefill_layout="repacked")
 
 
 def counting(model):
@@ -43,7 +43,7 @@ def backend(request):
     if request.param == "gguf":  # specdec's GGUF kernel on the same file
         from specdec.backends.gguf import load_gguf_native
 
-        return load_gguf_native(_gguf(), n_threads=2, n_ctx=512)
+        return load_gguf_native(_gguf(), n_threads=THREADS, n_ctx=512)
     return _smollm2() if request.param == "llamacpp" else HFCausalLM(tiny_llama(3, vocab=5000, context=512))
 
 

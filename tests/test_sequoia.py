@@ -23,7 +23,7 @@ from specdec.sequoia import (
 )
 from specdec.token_tree import TokenTree
 from specdec.verify.tree import TreeVerifier
-from helpers import PROMPT, assert_same_law, cases, drafted_tree_joint, orderings, target_joint
+from helpers import THREADS, PROMPT, assert_same_law, cases, drafted_tree_joint, orderings, target_joint
 from tiny import noisy_copy, tiny_llama
 
 # --- the dynamic program -----------------------------------------------------------------------------
@@ -329,7 +329,7 @@ def test_greedy_sequoia_on_the_smollm2_gguf_equals_plain_decoding():
 
     from specdec.backends import llamacpp
 
-    model = llamacpp.load_gguf(_gguf(), n_threads=2, n_ctx=512, prefill_layout="repacked")
+    model = llamacpp.load_gguf(_gguf(), n_threads=THREADS, n_ctx=512, prefill_layout="repacked")
     draft = _Unsure(model.fork())
     expected = generate(model, CONTEXT, max_new_tokens=20, eos_token_ids=[]).token_ids
     spec = generate(model, CONTEXT, draft=draft, verify="tree", tree=dict(mode="sequoia", budget=12),

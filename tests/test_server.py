@@ -25,7 +25,7 @@ from specdec import generate, models, packs
 from specdec.server.requests import method_config
 from specdec.server.app import ServerOptions, create_app
 from specdec.models import Pair
-from helpers import Server, running_stream, serve, sse_events, tiny_pair, tiny_tokenizer, wait_for
+from helpers import THREADS, Server, running_stream, serve, sse_events, tiny_pair, tiny_tokenizer, wait_for
 
 
 # ------------------------------------------------------------------------------------------------
@@ -277,7 +277,7 @@ def test_the_default_targets_middle_ends_before_the_suffix():
     pack = packs.PACKS[models.DEFAULT_TARGET]
     if packs.missing_parts(pack):
         pytest.skip(f"pack {pack.name} is not installed")
-    pair = models.load_pair(pack.name, None, backend="gguf", n_threads=2)
+    pair = models.load_pair(pack.name, None, backend="gguf", n_threads=THREADS)
     body = rq.CompletionBody.model_validate({"prompt": "def add(a, b):\n    ", "suffix": "\n    return c\n",
                                              "max_tokens": 32, "temperature": 0})
     ids = rq.completion_prompt(body, pair.tokenizer, fim=True)

@@ -19,7 +19,7 @@ from specdec.backends.shared import default_slots
 from specdec.server.app import ServerOptions, create_app, make_slots
 from specdec.models import Pair
 from specdec.server.requests import method_config
-from helpers import Server, tiny_pair, tiny_tokenizer
+from helpers import THREADS, Server, tiny_pair, tiny_tokenizer
 
 PACK = "smollm2-135m"
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
@@ -44,7 +44,7 @@ REQUESTS = [
 def pair():
     if packs.missing_parts(packs.PACKS[PACK]):
         pytest.skip(f"pack {PACK} is not installed")
-    return models.load_pair(PACK, PACK, backend="gguf", n_threads=2)
+    return models.load_pair(PACK, PACK, backend="gguf", n_threads=THREADS)
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,8 @@ from specdec import Constraints, DecodeConfig, generate, generate_many, models, 
 from specdec.backends.gguf import GGUFCausalLM
 from specdec.backends.shared import SharedPasses
 
+from helpers import THREADS
+
 PACK = "smollm2-135m"
 
 # (prompt, method, options): greedy and Gumbel-seeded, chains, trees and plain decoding, stops,
@@ -40,7 +42,7 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"
 def pair():
     if packs.missing_parts(packs.PACKS[PACK]):
         pytest.skip(f"pack {PACK} is not installed")
-    return models.load_pair(PACK, PACK, backend="gguf", n_threads=2)
+    return models.load_pair(PACK, PACK, backend="gguf", n_threads=THREADS)
 
 
 def request_kwargs(i: int) -> dict:
@@ -169,7 +171,7 @@ def test_the_default_pair_answers_each_prompt_as_alone():
     target, draft = packs.DEFAULT_TARGET, packs.DEFAULT_DRAFT
     if packs.missing_parts(packs.PACKS[target]) or packs.missing_parts(packs.PACKS[draft]):
         pytest.skip("the default pair is not installed")
-    pair = models.load_pair(target, draft, backend="gguf", n_threads=2)
+    pair = models.load_pair(target, draft, backend="gguf", n_threads=THREADS)
     prompts = ["def quicksort(arr):", "# Read a CSV file and print its columns\n", "class Stack:"]
     configs = [DecodeConfig.parse("spec").replace(temperature=0, max_new_tokens=32, eos_token_ids=[]),
                DecodeConfig.parse("spec").replace(temperature=1.0, sampler="gumbel", seed=4, max_new_tokens=24,

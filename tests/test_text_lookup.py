@@ -20,6 +20,8 @@ from specdec.policies import StaticK
 from specdec.sampling import SamplingConfig
 from specdec.verify import make_verifier
 
+from helpers import THREADS
+
 PIECES = [b"Dr", b".", b" Amara", b" Ok", b"afor", b" is", b" here", b'"', b"Am", b"ara", b"{", b"}", b":",
           b" ", b"a", b"r", b"O", b"k", b"f", b"o", b"A", b"m", b"D", b"e", b"h", b"i", b"s"]
 
@@ -137,7 +139,7 @@ def smollm():
         pytest.skip(f"the llama.cpp binding is not installed: {llamacpp.INSTALL}")
     if packs.missing_parts(packs.PACKS["smollm2-135m"]):
         pytest.skip("pack smollm2-135m is not installed")
-    model = llamacpp.load_gguf(packs.gguf_file("smollm2-135m", progress=False), n_threads=2, n_ctx=512,
+    model = llamacpp.load_gguf(packs.gguf_file("smollm2-135m", progress=False), n_threads=THREADS, n_ctx=512,
                                prefill_layout="repacked")
     return model, models.load_tokenizer("smollm2-135m")
 
