@@ -51,6 +51,7 @@ ONE_WORKER = {"test_bench_llamacpp.py", "test_bench_extract.py", "test_constrain
               "test_benchmark_scripts.py", "test_shared_passes.py", "test_server_page.py"}
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if item.path.name in ONE_WORKER:

@@ -46,6 +46,12 @@ CPU implementer\t: 0x41
 """
 
 
+@pytest.fixture(autouse=True)
+def measured_afresh(monkeypatch):
+    """Each test measures its own machine record (machine_record keeps one per process)."""
+    monkeypatch.setattr(bench_machine, "_RECORDS", {})
+
+
 def test_cpu_features_are_read_from_the_first_flags_line():
     features = cpu_features(AVX512_VNNI_CPUINFO)
     assert list(features) == list(CPU_FEATURES)
@@ -116,6 +122,26 @@ def test_the_machine_record_has_its_fields_without_a_target(monkeypatch):
     assert record["cpu"] == measurements.machine() and record["features"] == cpu_features()
     assert record["memory_read"] == {"gb_per_s": 12.5, "threads": 2, "mib": 8, "repeats": 3}
     assert record["one_row_step"] == {"skipped": "no method runs a GGUF"}
+
+
+def test_the_machine_record_is_measured_once_per_process_and_target(monkeypatch, tmp_path):
+    reads = []
+    monkeypatch.setattr(bench_machine, "read_speed", lambda threads, mib: reads.append(threads) or {
+        "gb_per_s": 10.0 + len(reads), "threads": threads, "mib": mib, "repeats": 3})
+    monkeypatch.setattr(bench_machine, "one_row_steps", lambda path, threads: {"model": path.name})
+    first = bench_machine.machine_record(1, None, read_mib=8)
+    first["memory_read"]["gb_per_s"] = -1.0  # a caller's change does not reach the kept record
+    again = bench_machine.machine_record(1, None, read_mib=8)
+    assert reads == [1] and again["memory_read"]["gb_per_s"] == 11.0
+    assert bench_machine.machine_record(2, None, read_mib=8)["memory_read"]["gb_per_s"] == 12.0  # other threads
+    target = tmp_path / "t.gguf"
+    target.write_bytes(b"GGUF")
+    assert bench_machine.machine_record(1, target, read_mib=8)["one_row_step"] == {"model": "t.gguf"}
+    assert reads == [1, 2, 1]
+    bench_machine.machine_record(1, target, read_mib=8)
+    target.write_bytes(b"GGUF, rewritten")  # another file at the same path: measured again
+    bench_machine.machine_record(1, target, read_mib=8)
+    assert reads == [1, 2, 1, 1]
 
 
 def test_a_read_speed_that_cannot_be_measured_is_skipped_with_its_reason(monkeypatch):

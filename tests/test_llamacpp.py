@@ -340,9 +340,10 @@ def test_sampled_speculative_output_follows_the_target_law(model):
     assert chi_square_power(expected, SAMPLES, effect=0.15) >= 0.95
     counts = np.zeros(len(keys))
     accepted = 0
-    for seed in range(SAMPLES):
+    for seed in range(SAMPLES):  # the prompt cache keeps all but the prompt's last token: one prefill
         r = generate(model, prompt, drafter="ngram", verify="block", k=2, policy="static", temperature=1.0, top_k=TOP_K,
-                     max_new_tokens=2, seed=seed, eos_token_ids=[])
+                     max_new_tokens=2, seed=seed, eos_token_ids=[], prompt_cache=True)
+        assert r.stats.prompt_cached == len(prompt) - 1
         counts[keys.index(tuple(r.token_ids))] += 1
         accepted += r.stats.accepted_tokens
     assert accepted > 0  # drafts are really being accepted, not just resampled

@@ -13,6 +13,7 @@ store them in their JSON.
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import time
 from pathlib import Path
@@ -43,7 +44,23 @@ def machine_record(threads: int, target: str | Path | None, *, why_no_target: st
     """``{"cpu": model name, "features": {flag: bool} | None, "memory_read": ..., "one_row_step": ...}``:
     :func:`specdec.measurements.cpu_features`, :func:`read_speed` with ``threads`` threads and
     :func:`one_row_steps` on ``target`` (a GGUF file; None: ``{"skipped": why_no_target}``). A
-    figure that cannot be measured here is ``{"skipped": why}``."""
+    figure that cannot be measured here is ``{"skipped": why}``.
+
+    Measured once per process for the same arguments (and the same target file, by size and
+    modification time): a process that runs several benches -- a notebook, a script, the test suite
+    -- spends the seconds of the measurement once and records the same figures in each run."""
+    file = None if target is None else Path(target)
+    stamp = None if file is None or not file.exists() else (file.stat().st_size, file.stat().st_mtime_ns)
+    key = (threads, None if file is None else str(file.resolve()), stamp, why_no_target, read_mib)
+    if key not in _RECORDS:
+        _RECORDS[key] = _measure(threads, target, why_no_target, read_mib)
+    return copy.deepcopy(_RECORDS[key])
+
+
+_RECORDS: dict[tuple, dict[str, Any]] = {}  # machine_record's measurements in this process, by its arguments
+
+
+def _measure(threads: int, target: str | Path | None, why_no_target: str, read_mib: int) -> dict[str, Any]:
     try:
         read = read_speed(threads, mib=read_mib)
     except (ReadSpeedUnavailable, MemoryError) as err:
