@@ -18,7 +18,7 @@ import time
 import zlib
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import numpy as np
 import pytest
@@ -517,6 +517,59 @@ def chi_square_power(law: np.ndarray, samples: int, effect: float) -> float:
     return float(scipy_stats.ncx2.sf(critical, cells - 1, samples * effect**2))
 
 
+class ContextLM:
+    """A :class:`~specdec.backends.base.CausalLM` whose row for each token is ``model``'s logits of the
+    token's whole context (the cached tokens it attends to, then itself), computed once per context
+    and remembered. The law tests draw thousands of short generations from a tiny model over a
+    handful of contexts: answered from memory each costs microseconds instead of a transformers pass,
+    and its logits are those :func:`exact_target_law` enumerates, bit for bit. (The transformers
+    backend's own cache, rollback and tree attention are checked against whole-context passes in
+    test_engine.py and test_tree.py.)"""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self._tokens: list[int] = []
+        self._rows: dict[tuple[int, ...], torch.Tensor] = {}
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.config.vocab_size
+
+    @property
+    def max_context(self) -> int | None:
+        return self.model.config.max_position_embeddings
+
+    @property
+    def tokens(self) -> list[int]:
+        return self._tokens
+
+    def _row(self, context: tuple[int, ...]) -> torch.Tensor:
+        if context not in self._rows:
+            with torch.no_grad():
+                self._rows[context] = self.model(torch.tensor([context])).logits[0, -1].float()  # [V]
+        return self._rows[context]
+
+    def forward(self, tokens: Sequence[int], num_logits: int = 0, *, attend: torch.Tensor | None = None,
+                positions: Sequence[int] | None = None) -> torch.Tensor:
+        cached, seq = len(self._tokens), [*self._tokens, *tokens]
+        rows = []
+        for i in range(len(tokens)):
+            seen = range(cached + i + 1) if attend is None else attend[i].nonzero().flatten().tolist()
+            rows.append(self._row(tuple(seq[j] for j in seen)))
+        self._tokens = seq
+        out = torch.stack(rows)  # [len(tokens), V]
+        return out[-num_logits:] if num_logits else out
+
+    def keep(self, indices: Sequence[int]) -> None:
+        self._tokens = [self._tokens[i] for i in indices]
+
+    def trim(self, length: int) -> None:
+        del self._tokens[length:]
+
+    def reset(self) -> None:
+        self._tokens = []
+
+
 def assert_sampled_law(top_k: int = 0, **method) -> None:
     """The first HORIZON tokens of ``generate`` with ``method`` at T = 1 (and ``top_k``), over SAMPLES
     seeds, against the exact law of a 5-token target drafted by a noisy copy of it. Stated power:
@@ -529,9 +582,10 @@ def assert_sampled_law(top_k: int = 0, **method) -> None:
     assert chi_square_power(law, SAMPLES, effect=0.15) >= 0.95
     counts = np.zeros_like(law)
     accepted = 0
+    target_lm, draft_lm = ContextLM(target), ContextLM(draft)
     for seed in range(SAMPLES):
-        r = generate(target, PROMPT, draft=draft, temperature=1.0, top_k=top_k, max_new_tokens=HORIZON, seed=seed,
-                     eos_token_ids=[], **method)
+        r = generate(target_lm, PROMPT, draft=draft_lm, temperature=1.0, top_k=top_k, max_new_tokens=HORIZON,
+                     seed=seed, eos_token_ids=[], **method)
         counts[tuple(r.token_ids)] += 1
         accepted += r.stats.accepted_tokens
     assert accepted > SAMPLES // 2  # drafts are really being accepted, not just resampled

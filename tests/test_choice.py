@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 from helpers import (
-    CHEAP_ROWS, DEAR_ROWS, EDGE_ROWS, SAMPLES, SIGNIFICANCE, ar_tokens, chi_square_p_value, chi_square_power,
+    ContextLM, CHEAP_ROWS, DEAR_ROWS, EDGE_ROWS, SAMPLES, SIGNIFICANCE, ar_tokens, chi_square_p_value, chi_square_power,
 )
 from tiny import noisy_copy, tiny_llama
 
@@ -179,7 +179,7 @@ def test_sampled_output_follows_the_target_law_while_the_planner_switches_drafte
     law = exact_law(target, LOOKUP_PROMPT, sampling, vocab, horizon)
     # Stated power, as in test_engine: a deviation of Cohen's w = 0.15 is caught with prob. >= 0.95.
     assert chi_square_power(law, SAMPLES, effect=0.15) >= 0.95
-    target_backend, draft_backend = HFCausalLM(target), HFCausalLM(draft)
+    target_backend, draft_backend = ContextLM(target), ContextLM(draft)  # answers from memory: helpers.ContextLM
     counts = np.zeros_like(law)
     used = {"ngram": 0, "model": 0}
     for seed in range(SAMPLES):

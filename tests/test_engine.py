@@ -14,7 +14,7 @@ from specdec.drafters.model import ModelDrafter
 from specdec.engine import speculative_steps
 from specdec.policies import StaticK
 from specdec.verify import make_verifier
-from helpers import HORIZON, PROMPT, SAMPLES, SIGNIFICANCE, assert_sampled_law, chi_square_p_value, exact_target_law
+from helpers import ContextLM, HORIZON, PROMPT, SAMPLES, SIGNIFICANCE, assert_sampled_law, chi_square_p_value, exact_target_law
 from tiny import noisy_copy, tiny_llama
 
 
@@ -115,8 +115,9 @@ def test_chi_square_catches_the_draft_law() -> None:
     sampling = SamplingConfig(temperature=1.0)
     law = exact_target_law(target, sampling, vocab)
     counts = np.zeros_like(law)
+    draft_lm = ContextLM(draft)  # answers from memory, as in assert_sampled_law
     for seed in range(SAMPLES // 3):
-        r = generate(draft, PROMPT, temperature=1.0, max_new_tokens=HORIZON, seed=seed, eos_token_ids=[])
+        r = generate(draft_lm, PROMPT, temperature=1.0, max_new_tokens=HORIZON, seed=seed, eos_token_ids=[])
         counts[tuple(r.token_ids)] += 1
     assert chi_square_p_value(counts, law) < SIGNIFICANCE
 
