@@ -485,6 +485,7 @@ class _Fused:
         self.width = sum(t.n_out for t in tensors)
         self.count = len(tensors)
         self.names = [t.name for t in tensors]
+        self.tensors = list(tensors)  # the file's tensors (a tied head: the embedding itself)
         types, ptrs = [t.type for t in tensors], [t.ptr for t in tensors]
         # the 32-weight types' rows repacked eight at a time (a copy in memory; the file's bytes stay
         # mapped for the embedding's rows): what the vector kernels read fastest, the same bits
