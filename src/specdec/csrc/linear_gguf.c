@@ -10,20 +10,25 @@
  *     one fp32 scale and sums of 16 (for the K types and IQ4_XS; llama.cpp's Q8_K), or of 32 with
  *     one fp32 scale and their sum (for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL; like llama.cpp's
  *     Q8_0 / Q8_1, with an fp32 scale);
- *   - inside a weight block the products are integers, summed exactly (their order is irrelevant),
- *     into 8 integer lanes: lane l holds the products of the elements e with (e % 32) / 4 == l
- *     (times the sub-block's integer scale for the K types and IQ4_XS). The block's correction
- *     terms are integers too, lane l taking those of the sums of 16 activations number 2l and
- *     2l + 1: the mins of Q2_K, Q4_K, Q5_K (m * sum), the offsets of Q3_K (4) and Q6_K (32)
- *     (offset * scale * sum, subtracted from the lane); Q4_1's and Q5_1's min is one scalar per
- *     block (sum * m);
+ *   - for the K types and IQ4_XS, inside a weight block the products are integers, summed exactly
+ *     (their order is irrelevant), into 8 integer lanes: lane l holds the products of the elements
+ *     e with (e % 32) / 4 == l, times the sub-block's integer scale. The block's correction terms
+ *     are integers too, lane l taking those of the sums of 16 activations number 2l and 2l + 1: the
+ *     mins of Q2_K, Q4_K, Q5_K (m * sum), the offsets of Q3_K (4) and Q6_K (32) (offset * scale *
+ *     sum, subtracted from the lane);
  *   - each block then adds its lanes, converted to float, into 8 fp32 lane accumulators, blocks in
  *     order 0, 1, 2, ...: lane += (d * dx) * lanes (one fused multiply-add; d the weight block's
  *     scale, dx the activation block's), and for Q2_K, Q4_K, Q5_K lane -= (dmin * dx) * mins (a
- *     second one); Q4_1's and Q5_1's min terms go, in block order, into one fp32 scalar:
- *     s += (m * dx) * sum;
- *   - the 8 lanes are summed in a fixed tree ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)), then the min
- *     scalar, the bias and the residual (if asked) are added, in that order.
+ *     second one);
+ *   - the 8 lanes are summed in a fixed tree ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)), then the bias
+ *     and the residual (if asked) are added, in that order;
+ *   - for the 32-weight types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) a block's products are summed
+ *     exactly into one integer (Q4_0's and Q5_0's offset 8, 16 taken off as offset * the
+ *     activation block's sum), added into one fp32 accumulator per output, blocks in order:
+ *     acc += (d * dx) * sum (one fused multiply-add); Q4_1's and Q5_1's min terms go, in block
+ *     order, into a second: s += (m * dx) * (the activation block's sum); then acc (+ s), the bias
+ *     and the residual, in that order. (The vector kernels take 8 outputs at a time, a lane each,
+ *     on rows repacked eight at a time: gguf_repack.)
  * Float weights (F32, F16, BF16) multiply the fp32 rows directly: 8 fp32 lanes (lane l: elements
  * i % 8 == l, in order), the same tree, then the tail in order.
  *
@@ -703,6 +708,7 @@ static int64_t align64(int64_t n) { return (n + 63) & ~(int64_t)63; }
 
 /* A kernel's own buffer (per thread): a group of 8 rows of a tensor in the file's layout, repacked
  * for the vector kernels (scratch() holds the calling thread's activations, which every thread reads). */
+#ifdef GG_X86
 static __thread uint8_t *g_pack = NULL;
 static __thread size_t g_pack_size = 0;
 
@@ -716,6 +722,7 @@ static uint8_t *pack_buffer(size_t bytes) {
     }
     return g_pack;
 }
+#endif
 
 /* ---------------------------------------------------------------------------------------------- */
 /* dequantized rows (the embedding lookup): out[k, :] = W[ids[k], :], as gguf.quants computes it */
@@ -959,11 +966,13 @@ static void gguf_quantize_rows(const float *x, int64_t n_rows, int64_t n_in, int
  * after the previous block's arithmetic, so a pass of n rows costs the memory time plus the
  * arithmetic of n rows. With it, the arithmetic of a few rows hides under the memory stream. Only
  * timing changes: no value depends on it. */
-#ifndef X8_PF
-#define X8_PF 2048
-#endif
 #ifndef PF_AHEAD
 #define PF_AHEAD 2048
+#endif
+/* The same, X8_PF bytes ahead, for the repacked 32-weight types (k32_group: a group of 8 rows is one
+ * contiguous run, several records a 64-byte line apart; 4096 measured best, 2048 about 5% slower). */
+#ifndef X8_PF
+#define X8_PF 4096
 #endif
 static inline __attribute__((always_inline)) void prefetch_block(const uint8_t *p, int bytes) {
     for (int i = 0; i < bytes; i += 64) _mm_prefetch((const char *)(p + PF_AHEAD + i), _MM_HINT_T0);
@@ -1919,9 +1928,7 @@ static inline __attribute__((always_inline)) void KN(k32_group)(const int type, 
     for (int t = 0; t < G; t++) acc[t] = _mm256_setzero_ps(), accm[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *rec = grp + b * rec_bytes;
-#if X8_PF
-        for (int i = 0; i < rec_bytes; i += 64) _mm_prefetch((const char *)(rec + X8_PF + i), _MM_HINT_T0);
-#endif
+        for (int i = 0; X8_PF && i < rec_bytes; i += 64) _mm_prefetch((const char *)(rec + X8_PF + i), _MM_HINT_T0);
         __m256i w[8], aw[8];
         KN(k32_weights)(type, rec, w);
         for (int v = 0; v < 8; v++) aw[v] = sgn ? _mm256_sign_epi8(w[v], w[v]) : w[v];
