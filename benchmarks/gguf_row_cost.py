@@ -175,15 +175,19 @@ def type_costs(args: argparse.Namespace) -> None:
         weight = first
         floor = weight.nbytes / gb_per_s / 1e6
         x = torch.randn(max(sizes), n_in, generator=torch.Generator().manual_seed(0))
+        kind = qtype
+        if native.repack(first[:1], qtype, n_in) is not None:  # a 32-weight type: the layout a loaded model multiplies
+            packed = [native.repack(w, qtype, n_in) for w in weights]
+            weights, kind = [p[0] for p in packed], packed[0][1]
         for w in weights:
-            native.matmul(w, qtype, n_in, x[:1], threads=args.threads)  # a warm-up: pages mapped
+            native.matmul(w, kind, n_in, x[:1], threads=args.threads, n_out=n_out)  # a warm-up: pages mapped
         best = {}
         for n in sizes:
             times = []
             for _ in range(args.repeats):
                 for w in weights:
                     t0 = time.perf_counter()
-                    native.matmul(w, qtype, n_in, x[:n], threads=args.threads)
+                    native.matmul(w, kind, n_in, x[:n], threads=args.threads, n_out=n_out)
                     times.append(time.perf_counter() - t0)
             best[n] = min(times) * 1000
         results[name] = {"bytes": weight.nbytes, "floor_ms": floor, "min_ms": best}

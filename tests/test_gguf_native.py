@@ -287,6 +287,43 @@ def test_a_model_pass_on_the_vnni_path_has_the_bits_of_the_other_paths(lib, emul
     assert torch.equal(logits["avx512vnni"], logits["portable"]) and torch.equal(logits["avx2"], logits["portable"])
 
 
+REPACKABLE = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.IQ4_NL]  # the 32-weight types (native.repack)
+
+
+@pytest.mark.parametrize("qtype", REPACKABLE, ids=lambda t: t.name)
+def test_rows_repacked_eight_at_a_time_give_the_files_layouts_bits_on_every_path(lib, qtype):
+    """A tensor repacked eight rows at a time (what a loaded model multiplies) gives the bits of the
+    file's layout, on every path (the emulated VNNI one where SIMDe is installed, the portable build),
+    for passes of 1 .. 9 rows on 1 and 2 threads, for row counts that are not a multiple of 8, and
+    for a tensor that 2 threads split; its dequantized rows are the file layout's."""
+    from pathlib import Path
+
+    runs = [(lib, name) for name in native.available_paths(lib)] + [(native.library("portable"), "portable")]
+    if Path("/usr/include/simde/x86/avx512/dpwssd.h").is_file() and "avx2" in native.available_paths(lib):
+        runs.append((native.library("emulated-vnni"), "avx512vnni"))
+    rng = np.random.default_rng(500 + int(qtype))
+    n_in = 512
+    rb = native.row_bytes(int(qtype), n_in)
+    for n_out, rows in ((1, 9), (5, 9), (8, 9), (13, 9), (37, 9), (1859, 3)):  # 1859 rows: chunks for 2 threads
+        weight = any_blocks(qtype, n_out, n_in, rng)
+        packed, packed_type = native.repack(weight, int(qtype), n_in)
+        assert packed_type != int(qtype) and packed.nbytes == (n_out + 7) // 8 * 8 * rb
+        x = torch.from_numpy(activations(rows, n_in, rng))
+        with native.running_path("portable", lib):
+            one = torch.cat([native.matmul(weight, int(qtype), n_in, x[i : i + 1], lib=lib) for i in range(rows)])
+        for library, path in runs:
+            with native.running_path(path, library):
+                for n in range(1, rows + 1):
+                    for threads in (1, 2):
+                        for w, t in ((weight, int(qtype)), (packed, packed_type)):
+                            got = native.matmul(w, t, n_in, x[:n], threads=threads, lib=library, n_out=n_out)
+                            assert torch.equal(got, one[:n]), (n_out, path, t, n, threads)
+        ids = [0, n_out - 1, n_out // 2, 0]
+        assert torch.equal(native.dequantize_rows(packed, packed_type, n_in, ids),
+                           native.dequantize_rows(weight, int(qtype), n_in, ids))
+    assert native.repack(weight, int(T.Q4_K), 256) is None  # no such layout for another type
+
+
 def test_the_path_is_chosen_once_and_named(lib):
     """The best path the CPU has runs unless $SPECDEC_GGUF_PATH names another; the planner's cost
     key names the path."""
@@ -794,7 +831,7 @@ def test_the_new_architectures_load_with_their_facts(arch_model):
         assert [layer.window for layer in w.layers] == [WINDOW] * 5 + [0]
         assert w.local_rope_base == 10000.0 and w.rope_base == 1e6
         assert w.embed_scale == float(np.sqrt(np.float32(256))) and w.activation == native.ACT_GEGLU
-        assert w.head._ptrs[0] == w.embed.ptr and arch_model.vocab_size == ARCH_TINY["vocab"]  # tied to the embedding
+        assert w.head.tensors[0] is w.embed and arch_model.vocab_size == ARCH_TINY["vocab"]  # tied to the embedding
     else:
         assert not any(w.sliding) and w.activation == native.ACT_SWIGLU and w.embed_scale == 1.0
 

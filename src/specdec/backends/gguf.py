@@ -89,6 +89,9 @@ FLAGS_PORTABLE = [*FLAGS_NATIVE, "-DGG_PORTABLE_ONLY"]
 LIBS = ["-lm"]  # after the source file
 PORTABLE_ENV = "SPECDEC_GGUF_PORTABLE"  # "1": run the portable C path even where AVX2 is available
 PATH_ENV = "SPECDEC_GGUF_PATH"  # a name of PATHS: run that path (where this CPU has it) instead of the best
+# "0": a loaded model keeps its 32-weight tensors (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) in the
+# file's layout instead of repacking them (:func:`repack`); the same bits, slower (for measurements)
+REPACK_ENV = "SPECDEC_GGUF_REPACK"
 # The kernel's paths (csrc/linear_gguf.c), by the id the library gives them; each gives the same bits.
 PATHS = ("portable", "avx2", "avx512vnni", "avxvnni")
 # A test build whose avx512vnni path runs on any AVX2 CPU, its two VNNI instructions emulated by
@@ -295,16 +298,21 @@ def row_bytes(ggml_type: int, n_in: int) -> int:
 
 
 def matmul(weight: np.ndarray, ggml_type: int, n_in: int, x: torch.Tensor, *, threads: int = 1,
-           lib: ctypes.CDLL | None = None) -> torch.Tensor:
+           lib: ctypes.CDLL | None = None, n_out: int | None = None) -> torch.Tensor:
     """x [n, n_in] fp32 times the GGUF tensor ``weight`` (its bytes, [n_out, row_bytes] uint8, or
-    a float array [n_out, n_in]) transposed: [n, n_out] fp32, with the batch-invariant kernel."""
+    a float array [n_out, n_in]; or :func:`repack`'s bytes and type) transposed: [n, n_out] fp32,
+    with the batch-invariant kernel. n_out: the rows to compute (default: every row the bytes hold;
+    a repacked tensor holds a multiple of 8)."""
     lib = lib or library()
     rb = int(lib.gguf_row_bytes(int(ggml_type), int(n_in)))
     if rb < 0:
         raise ValueError(f"{type_name(ggml_type)} with {n_in} inputs is not supported by specdec's GGUF kernel")
     if not weight.flags["C_CONTIGUOUS"] or weight.nbytes % rb:
         raise ValueError("weight must be a C-contiguous array of whole rows")
-    n_out = weight.nbytes // rb
+    if n_out is None:
+        n_out = weight.nbytes // rb
+    elif not 0 < n_out <= weight.nbytes // rb:
+        raise ValueError(f"n_out must be 1 .. {weight.nbytes // rb}, got {n_out}")
     rows = x.to(torch.float32).contiguous()
     if rows.dim() != 2 or rows.shape[1] != n_in:
         raise ValueError(f"x must be [n, {n_in}], got {list(x.shape)}")
@@ -314,6 +322,27 @@ def matmul(weight: np.ndarray, ggml_type: int, n_in: int, x: torch.Tensor, *, th
     if rc != 0:
         raise RuntimeError(f"gguf_matmul failed ({rc})")
     return y
+
+
+def repack(weight: np.ndarray, ggml_type: int, n_in: int, lib: ctypes.CDLL | None = None) -> tuple[np.ndarray, int] | None:
+    """A tensor of a 32-weight type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL; its bytes, whole rows of
+    the file's layout) with its rows repacked eight at a time, the layout the kernel's vector paths
+    multiply without rearranging it (``linear_gguf.c``, "rows repacked eight at a time"): (the new
+    bytes, uint8, the row count rounded up to a multiple of 8; the type id that names the layout to
+    :func:`matmul`, the kernel and :func:`dequantize_rows`). None for another type. Every path gives
+    the same bits on either layout."""
+    lib = lib or library()
+    packed_type = int(lib.gguf_repacked_type(int(ggml_type)))
+    if packed_type < 0:
+        return None
+    rb = int(lib.gguf_row_bytes(int(ggml_type), int(n_in)))
+    if rb < 0 or not weight.flags["C_CONTIGUOUS"] or weight.nbytes % rb or weight.nbytes == 0:
+        raise ValueError("weight must be a C-contiguous array of whole rows")
+    n_out = weight.nbytes // rb
+    out = np.empty(int(lib.gguf_repacked_bytes(int(ggml_type), n_out, int(n_in))), dtype=np.uint8)
+    if lib.gguf_repack(int(ggml_type), weight.ctypes.data, n_out, int(n_in), out.ctypes.data) != 0:
+        raise ValueError(f"{type_name(ggml_type)} with {n_in} inputs cannot be repacked")
+    return out, packed_type
 
 
 def dequantize_rows(weight: np.ndarray, ggml_type: int, n_in: int, ids: Sequence[int],
@@ -456,8 +485,23 @@ class _Fused:
         self.width = sum(t.n_out for t in tensors)
         self.count = len(tensors)
         self.names = [t.name for t in tensors]
-        self._types = (ctypes.c_int32 * len(tensors))(*[t.type for t in tensors])
-        self._ptrs = (ctypes.c_uint64 * len(tensors))(*[t.ptr for t in tensors])
+        self.tensors = list(tensors)  # the file's tensors (a tied head: the embedding itself)
+        types, ptrs = [t.type for t in tensors], [t.ptr for t in tensors]
+        # the 32-weight types' rows repacked eight at a time (a copy in memory; the file's bytes stay
+        # mapped for the embedding's rows): what the vector kernels read fastest, the same bits
+        self._packed: list[np.ndarray] = []
+        if os.environ.get(REPACK_ENV, "1") != "0":
+            lib = library()
+            for i, t in enumerate(tensors):
+                if lib.gguf_repacked_type(t.type) >= 0:
+                    rb = int(lib.gguf_row_bytes(t.type, n_in))
+                    packed = repack(np.ctypeslib.as_array(ctypes.cast(t.ptr, ctypes.POINTER(ctypes.c_uint8)),
+                                                          shape=(t.n_out * rb,)), t.type, n_in, lib)
+                    assert packed is not None
+                    self._packed.append(packed[0])
+                    types[i], ptrs[i] = packed[1], int(packed[0].ctypes.data)
+        self._types = (ctypes.c_int32 * len(tensors))(*types)
+        self._ptrs = (ctypes.c_uint64 * len(tensors))(*ptrs)
         self._outs = (ctypes.c_int64 * len(tensors))(*[t.n_out for t in tensors])
         self.types, self.ptrs, self.outs = (ctypes.addressof(a) for a in (self._types, self._ptrs, self._outs))
         self.biases = 0

@@ -10,20 +10,25 @@
  *     one fp32 scale and sums of 16 (for the K types and IQ4_XS; llama.cpp's Q8_K), or of 32 with
  *     one fp32 scale and their sum (for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL; like llama.cpp's
  *     Q8_0 / Q8_1, with an fp32 scale);
- *   - inside a weight block the products are integers, summed exactly (their order is irrelevant),
- *     into 8 integer lanes: lane l holds the products of the elements e with (e % 32) / 4 == l
- *     (times the sub-block's integer scale for the K types and IQ4_XS). The block's correction
- *     terms are integers too, lane l taking those of the sums of 16 activations number 2l and
- *     2l + 1: the mins of Q2_K, Q4_K, Q5_K (m * sum), the offsets of Q3_K (4) and Q6_K (32)
- *     (offset * scale * sum, subtracted from the lane); Q4_1's and Q5_1's min is one scalar per
- *     block (sum * m);
+ *   - for the K types and IQ4_XS, inside a weight block the products are integers, summed exactly
+ *     (their order is irrelevant), into 8 integer lanes: lane l holds the products of the elements
+ *     e with (e % 32) / 4 == l, times the sub-block's integer scale. The block's correction terms
+ *     are integers too, lane l taking those of the sums of 16 activations number 2l and 2l + 1: the
+ *     mins of Q2_K, Q4_K, Q5_K (m * sum), the offsets of Q3_K (4) and Q6_K (32) (offset * scale *
+ *     sum, subtracted from the lane);
  *   - each block then adds its lanes, converted to float, into 8 fp32 lane accumulators, blocks in
  *     order 0, 1, 2, ...: lane += (d * dx) * lanes (one fused multiply-add; d the weight block's
  *     scale, dx the activation block's), and for Q2_K, Q4_K, Q5_K lane -= (dmin * dx) * mins (a
- *     second one); Q4_1's and Q5_1's min terms go, in block order, into one fp32 scalar:
- *     s += (m * dx) * sum;
- *   - the 8 lanes are summed in a fixed tree ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)), then the min
- *     scalar, the bias and the residual (if asked) are added, in that order.
+ *     second one);
+ *   - the 8 lanes are summed in a fixed tree ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)), then the bias
+ *     and the residual (if asked) are added, in that order;
+ *   - for the 32-weight types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) a block's products are summed
+ *     exactly into one integer (Q4_0's and Q5_0's offset 8, 16 taken off as offset * the
+ *     activation block's sum), added into one fp32 accumulator per output, blocks in order:
+ *     acc += (d * dx) * sum (one fused multiply-add); Q4_1's and Q5_1's min terms go, in block
+ *     order, into a second: s += (m * dx) * (the activation block's sum); then acc (+ s), the bias
+ *     and the residual, in that order. (The vector kernels take 8 outputs at a time, a lane each,
+ *     on rows repacked eight at a time: gguf_repack.)
  * Float weights (F32, F16, BF16) multiply the fp32 rows directly: 8 fp32 lanes (lane l: elements
  * i % 8 == l, in order), the same tree, then the tail in order.
  *
@@ -86,6 +91,12 @@ enum {
 static inline int is_k(int t) { return t == T_Q2_K || t == T_Q3_K || t == T_Q4_K || t == T_Q5_K || t == T_Q6_K || t == T_IQ4_XS; }
 static inline int is_32(int t) { return t == T_Q4_0 || t == T_Q4_1 || t == T_Q5_0 || t == T_Q5_1 || t == T_Q8_0 || t == T_IQ4_NL; }
 
+/* A 32-weight type's id with this bit set: the tensor's rows repacked eight at a time (gguf_repack,
+ * the layout below "rows repacked eight at a time"). */
+#define GG_X8 0x100
+static inline int is_x8(int t) { return (t & GG_X8) && is_32(t & ~GG_X8); }
+static inline int base_type(int t) { return is_x8(t) ? t & ~GG_X8 : t; }
+
 /* IQ4_NL's and IQ4_XS's 16 non-linear levels (ggml's kvalues_iq4nl), indexed by a nibble. */
 static const int8_t kv_iq4[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
@@ -112,6 +123,9 @@ static const int8_t kv_iq4[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 1
     X(F, int, gguf_type_supported, (int type), ())                                                                  \
     X(F, int64_t, gguf_row_bytes, (int type, int64_t n_in), ())                                                     \
     X(F, int, gguf_get_rows, (int type, const uint8_t *w, int64_t n_in, const int64_t *ids, int64_t n, float *out), ()) \
+    X(F, int, gguf_repacked_type, (int type), ())                                                                   \
+    X(F, int64_t, gguf_repacked_bytes, (int type, int64_t n_out, int64_t n_in), ())                                 \
+    X(F, int, gguf_repack, (int type, const uint8_t *w, int64_t n_out, int64_t n_in, uint8_t *out), ())             \
     X(V, void, gguf_quantize_rows, (const float *x, int64_t n_rows, int64_t n_in, int block, int8_t *q, float *d),   \
       (x, n_rows, n_in, block, q, d))                                                                               \
     X(R, int, gguf_matmul_multi, (int n_seg, const int32_t *types, const uint64_t *weights, const int64_t *n_outs,  \
@@ -335,13 +349,112 @@ static int block_bytes(int type) {
     }
 }
 
-int gguf_type_supported(int type) { return block_elems(type) > 0; }
+int gguf_type_supported(int type) { return block_elems(base_type(type)) > 0; }
 
 /* Bytes of one weight row of n_in elements, or -1 (unsupported type, or n_in not whole blocks). */
 int64_t gguf_row_bytes(int type, int64_t n_in) {
+    type = base_type(type);
     const int be = block_elems(type);
     if (be == 0 || n_in <= 0 || n_in % be) return -1;
     return n_in / be * block_bytes(type);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* rows repacked eight at a time (the 32-weight types)
+ *
+ * Output rows 8g .. 8g + 7 of a tensor (a group) are stored together, block by block: block b of
+ * the group (its eight rows' blocks b, 8 * bb bytes, bb the type's block bytes) is one record at
+ * byte (g * nb + b) * 8 * bb (nb blocks a row), so a group is 8 rows' bytes and a tensor whose row
+ * count is not a multiple of 8 ends in a group padded with rows of zero bytes. In a record, with
+ * k = 0..7 the row of the group and i = 0..3:
+ *   d of row k at 2k (fp16), and Q4_1's and Q5_1's m at 16 + 2k;
+ *   Q5_0's and Q5_1's high bits at 16 (Q5_1: 32), 32 bytes: byte 4k + i has, at bit v, bit 4v + i
+ *     of row k's qh (the fifth bit of element 4v + i);
+ *   the nibbles (Q4_0, IQ4_NL at 16; Q4_1 at 32; Q5_0 at 48; Q5_1 at 64), 128 bytes: byte
+ *     32u + 4k + i is row k's qs[4u + i] (u = 0..3): low nibble element 4u + i, high 16 + 4u + i;
+ *   Q8_0's values at 16, 256 bytes: byte 32v + 4k + i is row k's element 4v + i (v = 0..7).
+ * So the 32 bytes at 32u are, in 32-bit lane k, four consecutive elements of row k: one vector
+ * multiplies eight outputs by the same four activations (the vector kernels' layout). */
+
+static inline int x8_at(int type, int what) { /* what: 0 the nibbles (Q8_0's values), 1 the high bits */
+    if (what == 1) return type == T_Q5_1 ? 32 : 16;
+    return type == T_Q4_1 ? 32 : type == T_Q5_0 ? 48 : type == T_Q5_1 ? 64 : 16;
+}
+
+static inline int qs_at(int type) { /* the nibbles (Q8_0's values) in a block of the file's layout */
+    return type == T_Q4_1 ? 4 : type == T_Q5_0 ? 6 : type == T_Q5_1 ? 8 : 2;
+}
+
+/* Row k's block of record rec, in the file's layout, written to blk. */
+static void x8_unpack(int type, const uint8_t *rec, int k, uint8_t *blk) {
+    memcpy(blk, rec + 2 * k, 2);
+    if (type == T_Q4_1 || type == T_Q5_1) memcpy(blk + 2, rec + 16 + 2 * k, 2);
+    const uint8_t *q = rec + x8_at(type, 0);
+    uint8_t *qs = blk + qs_at(type);
+    for (int v = 0; v < (type == T_Q8_0 ? 8 : 4); v++) memcpy(qs + 4 * v, q + 32 * v + 4 * k, 4);
+    if (type == T_Q5_0 || type == T_Q5_1) {
+        const uint8_t *h = rec + x8_at(type, 1) + 4 * k;
+        uint32_t qh = 0;
+        for (int v = 0; v < 8; v++)
+            for (int i = 0; i < 4; i++) qh |= (uint32_t)((h[i] >> v) & 1) << (4 * v + i);
+        memcpy(qs - 4, &qh, 4);
+    }
+}
+
+/* The records of one group: rows w, w + row_bytes, ... (n of them, 1..8; the others zeros), nb blocks each. */
+static void x8_pack(int type, const uint8_t *w, int64_t row_bytes, int n, int64_t nb, uint8_t *out) {
+    const int bb = block_bytes(type);
+    memset(out, 0, (size_t)(8 * row_bytes));
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t *rec = out + b * 8 * bb;
+        for (int k = 0; k < n; k++) {
+            const uint8_t *blk = w + k * row_bytes + b * bb;
+            memcpy(rec + 2 * k, blk, 2);
+            if (type == T_Q4_1 || type == T_Q5_1) memcpy(rec + 16 + 2 * k, blk + 2, 2);
+            const uint8_t *qs = blk + qs_at(type);
+            uint8_t *q = rec + x8_at(type, 0);
+            for (int v = 0; v < (type == T_Q8_0 ? 8 : 4); v++) memcpy(q + 32 * v + 4 * k, qs + 4 * v, 4);
+            if (type == T_Q5_0 || type == T_Q5_1) {
+                uint32_t qh;
+                memcpy(&qh, qs - 4, 4);
+                uint8_t *h = rec + x8_at(type, 1) + 4 * k;
+                for (int i = 0; i < 4; i++) {
+                    uint8_t byte = 0;
+                    for (int v = 0; v < 8; v++) byte |= (uint8_t)(((qh >> (4 * v + i)) & 1) << v);
+                    h[i] = byte;
+                }
+            }
+        }
+    }
+}
+
+/* The id of `type` repacked (type | GG_X8), or -1 where the type has no such layout. */
+int gguf_repacked_type(int type) { return is_32(type) ? type | GG_X8 : -1; }
+
+/* Bytes of a repacked tensor of n_out rows (a multiple of 8 rows), or -1. */
+int64_t gguf_repacked_bytes(int type, int64_t n_out, int64_t n_in) {
+    const int64_t rb = gguf_row_bytes(type, n_in);
+    if (!is_32(base_type(type)) || rb < 0 || n_out <= 0) return -1;
+    return (n_out + 7) / 8 * 8 * rb;
+}
+
+/* out (gguf_repacked_bytes of them) = the n_out rows of w (the file's layout) repacked eight at a
+ * time. Returns 0, or -1 (a type without the layout, bad shape). */
+int gguf_repack(int type, const uint8_t *w, int64_t n_out, int64_t n_in, uint8_t *out) {
+    const int64_t rb = gguf_row_bytes(type, n_in);
+    if (!is_32(type) || rb < 0 || n_out <= 0) return -1;
+    for (int64_t j = 0; j < n_out; j += 8)
+        x8_pack(type, w + j * rb, rb, n_out - j < 8 ? (int)(n_out - j) : 8, n_in / 32, out + j * rb);
+    return 0;
+}
+
+/* Block b of row j of a 32-weight tensor in the file's layout: where it lies, or (repacked) tmp, where it is reassembled. */
+static inline const uint8_t *k32_block(int type, int x8, const uint8_t *w, int64_t row_bytes, int64_t j, int64_t b,
+                                       uint8_t tmp[34]) {
+    const int bb = block_bytes(type);
+    if (!x8) return w + j * row_bytes + b * bb;
+    x8_unpack(type, w + (j & ~(int64_t)7) * row_bytes + b * 8 * bb, (int)(j & 7), tmp);
+    return tmp;
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -358,10 +471,11 @@ typedef struct {
 /* kernels: rows [r0, r0 + nr) of the pass against weight rows [j0, j1) of one tensor */
 
 typedef struct {
-    int type;
+    int type; /* the block type (a repacked tensor's base type) */
     const uint8_t *w;
     int64_t row_bytes, n_out, col;
     const float *bias;
+    int x8; /* a 32-weight type's rows repacked eight at a time (gguf_repack) */
 } Seg;
 
 typedef struct {
@@ -505,15 +619,14 @@ static inline int has_m(int type) { return type == T_Q4_1 || type == T_Q5_1; } /
 static void k32_scalar(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t nr, const Out *o) {
     const Acts *A = o->a;
     const int64_t n_in = A->n_in, nb = n_in / 32;
-    const int bb = block_bytes(s->type);
     int q[32];
+    uint8_t tmp[34];
     for (int64_t j = j0; j < j1; j++) {
-        const uint8_t *row = s->w + j * s->row_bytes;
-        float acc[RT][8], accm[RT];
+        float acc[RT], accm[RT];
         memset(acc, 0, sizeof acc);
         memset(accm, 0, sizeof accm);
         for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *blk = row + b * bb;
+            const uint8_t *blk = k32_block(s->type, s->x8, s->w, s->row_bytes, j, b, tmp);
             const float d = f16(blk);
             float m = 0.0f;
             if (has_m(s->type)) m = f16(blk + 2);
@@ -532,15 +645,14 @@ static void k32_scalar(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t
                 const int64_t r = r0 + t;
                 const int8_t *x = A->q0 + r * n_in + b * 32;
                 const float dx = A->d0[r * nb + b];
-                int32_t isum[8] = {0};
-                for (int i = 0; i < 32; i++) isum[i >> 2] += q[i] * x[i];
-                const float dd = d * dx;
-                for (int l = 0; l < 8; l++) acc[t][l] = fmaf(dd, (float)isum[l], acc[t][l]);
+                int32_t isum = 0;
+                for (int i = 0; i < 32; i++) isum += q[i] * x[i];
+                acc[t] = fmaf(d * dx, (float)isum, acc[t]);
                 if (has_m(s->type)) accm[t] = fmaf(m * dx, (float)A->s0[r * nb + b], accm[t]);
             }
         }
         for (int64_t t = 0; t < nr; t++) {
-            float v = tree8(acc[t]);
+            float v = acc[t];
             if (has_m(s->type)) v = v + accm[t];
             store(o->y + (r0 + t) * o->ldy + s->col + j, v, s->bias, j, o->accumulate);
         }
@@ -594,22 +706,43 @@ static uint8_t *scratch(size_t bytes) {
 
 static int64_t align64(int64_t n) { return (n + 63) & ~(int64_t)63; }
 
+/* A kernel's own buffer (per thread): a group of 8 rows of a tensor in the file's layout, repacked
+ * for the vector kernels (scratch() holds the calling thread's activations, which every thread reads). */
+#ifdef GG_X86
+static __thread uint8_t *g_pack = NULL;
+static __thread size_t g_pack_size = 0;
+
+static uint8_t *pack_buffer(size_t bytes) {
+    if (bytes > g_pack_size) {
+        free(g_pack);
+        g_pack = NULL;
+        g_pack_size = 0;
+        if (posix_memalign((void **)&g_pack, 64, bytes)) return NULL;
+        g_pack_size = bytes;
+    }
+    return g_pack;
+}
+#endif
+
 /* ---------------------------------------------------------------------------------------------- */
 /* dequantized rows (the embedding lookup): out[k, :] = W[ids[k], :], as gguf.quants computes it */
 
 int gguf_get_rows(int type, const uint8_t *w, int64_t n_in, const int64_t *ids, int64_t n, float *out) {
     const int64_t rb = gguf_row_bytes(type, n_in);
     if (rb < 0) return -1;
+    const int x8 = is_x8(type);
+    type = base_type(type);
     for (int64_t k = 0; k < n; k++) {
         const uint8_t *row = w + ids[k] * rb;
         float *y = out + k * n_in;
+        uint8_t tmp[34];
         switch (type) {
         case T_F32: case T_F16: case T_BF16:
             for (int64_t i = 0; i < n_in; i++) y[i] = wget(type, row, i);
             break;
         case T_Q4_0: case T_Q4_1:
             for (int64_t b = 0; b < n_in / 32; b++) {
-                const uint8_t *blk = row + b * block_bytes(type);
+                const uint8_t *blk = k32_block(type, x8, w, rb, ids[k], b, tmp);
                 const float d = f16(blk), m = type == T_Q4_1 ? f16(blk + 2) : 0.0f;
                 const uint8_t *qs = blk + (type == T_Q4_1 ? 4 : 2);
                 for (int i = 0; i < 32; i++) {
@@ -620,7 +753,7 @@ int gguf_get_rows(int type, const uint8_t *w, int64_t n_in, const int64_t *ids, 
             break;
         case T_Q5_0: case T_Q5_1:
             for (int64_t b = 0; b < n_in / 32; b++) {
-                const uint8_t *blk = row + b * block_bytes(type);
+                const uint8_t *blk = k32_block(type, x8, w, rb, ids[k], b, tmp);
                 const float d = f16(blk), m = type == T_Q5_1 ? f16(blk + 2) : 0.0f;
                 int q[32];
                 q5_values(blk, type, q);
@@ -629,7 +762,7 @@ int gguf_get_rows(int type, const uint8_t *w, int64_t n_in, const int64_t *ids, 
             break;
         case T_IQ4_NL:
             for (int64_t b = 0; b < n_in / 32; b++) {
-                const uint8_t *blk = row + b * 18;
+                const uint8_t *blk = k32_block(type, x8, w, rb, ids[k], b, tmp);
                 const float d = f16(blk);
                 for (int i = 0; i < 32; i++) y[b * 32 + i] = d * (float)kv_iq4[i < 16 ? blk[2 + i] & 0xF : blk[2 + i - 16] >> 4];
             }
@@ -650,7 +783,7 @@ int gguf_get_rows(int type, const uint8_t *w, int64_t n_in, const int64_t *ids, 
             break;
         case T_Q8_0:
             for (int64_t b = 0; b < n_in / 32; b++) {
-                const uint8_t *blk = row + b * 34;
+                const uint8_t *blk = k32_block(type, x8, w, rb, ids[k], b, tmp);
                 const float d = f16(blk);
                 for (int i = 0; i < 32; i++) y[b * 32 + i] = (float)(int8_t)blk[2 + i] * d;
             }
@@ -836,6 +969,11 @@ static void gguf_quantize_rows(const float *x, int64_t n_rows, int64_t n_in, int
 #ifndef PF_AHEAD
 #define PF_AHEAD 2048
 #endif
+/* The same, X8_PF bytes ahead, for the repacked 32-weight types (k32_group: a group of 8 rows is one
+ * contiguous run, several records a 64-byte line apart; 4096 measured best, 2048 about 5% slower). */
+#ifndef X8_PF
+#define X8_PF 4096
+#endif
 static inline __attribute__((always_inline)) void prefetch_block(const uint8_t *p, int bytes) {
     for (int i = 0; i < bytes; i += 64) _mm_prefetch((const char *)(p + PF_AHEAD + i), _MM_HINT_T0);
 }
@@ -965,40 +1103,40 @@ static inline __attribute__((always_inline)) void kx_vector(const int type, cons
 
 /* The quantized types' integer products, once per vector path (the body at the end of this file,
  * included with the path's operations): DOT_FIRST(p, w) and DOT_ADD(acc, p, w) multiply s16 pairs
- * p * w and add each pair into an int32 lane (then into acc); DOT_BYTES(u, s) sums four u8 * s8
- * products into each int32 lane. The AVX2 forms use madd (and maddubs); the VNNI forms are one
- * vpdpwssd / vpdpbusd each. No sum overflows or saturates (weights below 2^7 in magnitude times
- * activations clamped to +-127, pairs below 2^15), so every form gives the same integers. */
+ * p * w and add each pair into an int32 lane (then into acc); DOT_ACC(acc, u, s), defined on the
+ * VNNI paths only, adds four u8 * s8 products into each int32 lane of acc (one vpdpbusd), where the
+ * AVX2 path sums maddubs' s16 pairs (k32_sum). The AVX2 forms use madd (and maddubs); the VNNI forms
+ * are one vpdpwssd / vpdpbusd each. No sum overflows or saturates (weights below 2^7 in magnitude
+ * times activations clamped to +-127, pairs below 2^15; k32_sum's bounds there), so every form gives
+ * the same integers. */
 #define GG_KERNEL_BODY 1
 #define KN(name) name##_avx2
 #define DOT_FIRST(p, w) _mm256_madd_epi16((p), (w))
 #define DOT_ADD(acc, p, w) _mm256_add_epi32((acc), _mm256_madd_epi16((p), (w)))
-#define DOT_BYTES(u, s) _mm256_madd_epi16(_mm256_maddubs_epi16((u), (s)), _mm256_set1_epi16(1))
 #include __FILE__
 #undef KN
 #undef DOT_ADD
-#undef DOT_BYTES
 #if defined(GG_VNNI)
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512vl,avx512bw,avx512vnni")
 #define KN(name) name##_vnni512
 #define DOT_ADD(acc, p, w) _mm256_dpwssd_epi32((acc), (p), (w))
-#define DOT_BYTES(u, s) _mm256_dpbusd_epi32(_mm256_setzero_si256(), (u), (s))
+#define DOT_ACC(acc, u, s) _mm256_dpbusd_epi32((acc), (u), (s))
 #include __FILE__
 #pragma GCC pop_options
 #undef KN
 #undef DOT_ADD
-#undef DOT_BYTES
+#undef DOT_ACC
 #pragma GCC push_options
 #pragma GCC target("avxvnni")
 #define KN(name) name##_avxvnni
 #define DOT_ADD(acc, p, w) _mm256_dpwssd_avx_epi32((acc), (p), (w))
-#define DOT_BYTES(u, s) _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), (u), (s))
+#define DOT_ACC(acc, u, s) _mm256_dpbusd_avx_epi32((acc), (u), (s))
 #include __FILE__
 #pragma GCC pop_options
 #undef KN
 #undef DOT_ADD
-#undef DOT_BYTES
+#undef DOT_ACC
 #elif defined(GG_EMULATE_VNNI)
 /* A test build for CPUs without VNNI: the 512-bit VNNI path's code with its two instructions
  * emulated by SIMDe (their definition, in portable code), so that what the path computes can be
@@ -1007,11 +1145,11 @@ static inline __attribute__((always_inline)) void kx_vector(const int type, cons
 #include <simde/x86/avx512/dpwssd.h>
 #define KN(name) name##_vnni512
 #define DOT_ADD(acc, p, w) simde_mm256_dpwssd_epi32((acc), (p), (w))
-#define DOT_BYTES(u, s) simde_mm256_dpbusd_epi32(_mm256_setzero_si256(), (u), (s))
+#define DOT_ACC(acc, u, s) simde_mm256_dpbusd_epi32((acc), (u), (s))
 #include __FILE__
 #undef KN
 #undef DOT_ADD
-#undef DOT_BYTES
+#undef DOT_ACC
 #endif
 #undef DOT_FIRST
 #undef GG_KERNEL_BODY
@@ -1084,9 +1222,10 @@ static void run_seg(const Seg *s, int64_t j0, int64_t j1, int64_t n_rows, const 
         k(s, j0, j1, 0, n_rows, o);
         return;
     }
-    for (int64_t j = j0; j < j1; j++)
+    const int64_t step = is_32(s->type) ? 8 : 1; /* the 32-weight kernels take outputs in groups of 8 */
+    for (int64_t j = j0; j < j1; j += step)
         for (int64_t r0 = 0; r0 < n_rows; r0 += RT)
-            k(s, j, j + 1, r0, n_rows - r0 < RT ? n_rows - r0 : RT, o);
+            k(s, j, j + step < j1 ? j + step : j1, r0, n_rows - r0 < RT ? n_rows - r0 : RT, o);
 }
 
 /* y[r, col_s + j] (= y + ) sum_i W_s[j, i] x[r, i] (+ bias_s[j]) for each segment s, whose
@@ -1105,12 +1244,13 @@ static int gguf_matmul_multi(int n_seg, const int32_t *types, const uint64_t *we
     for (int i = 0; i < n_seg; i++) {
         const int64_t rb = gguf_row_bytes(types[i], n_in);
         if (rb < 0) return -1;
-        segs[i] = (Seg){types[i], (const uint8_t *)(uintptr_t)weights[i], rb, n_outs[i], col,
-                        biases ? (const float *)(uintptr_t)biases[i] : NULL};
+        const int type = base_type(types[i]);
+        segs[i] = (Seg){type, (const uint8_t *)(uintptr_t)weights[i], rb, n_outs[i], col,
+                        biases ? (const float *)(uintptr_t)biases[i] : NULL, is_x8(types[i])};
         col += n_outs[i];
         total_bytes += rb * n_outs[i];
-        need_k |= is_k(types[i]);
-        need_32 |= is_32(types[i]);
+        need_k |= is_k(type);
+        need_32 |= is_32(type);
     }
     if (col > ldy) return -1;
     /* the quantized rows */
@@ -1135,6 +1275,7 @@ static int gguf_matmul_multi(int n_seg, const int32_t *types, const uint64_t *we
     first_chunk[0] = 0;
     for (int i = 0; i < n_seg; i++) {
         chunk_rows[i] = CHUNK_BYTES / segs[i].row_bytes > 0 ? CHUNK_BYTES / segs[i].row_bytes : 1;
+        if (is_32(segs[i].type)) chunk_rows[i] = (chunk_rows[i] + 7) & ~(int64_t)7; /* whole groups of 8 rows */
         first_chunk[i + 1] = first_chunk[i] + (segs[i].n_out + chunk_rows[i] - 1) / chunk_rows[i];
     }
     const int64_t n_chunks = first_chunk[n_seg];
@@ -1697,82 +1838,143 @@ static void KN(q6k)(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t nr
 }
 
 /* The 32-weight types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL), one function per type (`type` a
- * constant: no branch on it in the loops). k32_weights: block `blk`'s 32 weight integers as bytes
- * (signed; Q4_1's and Q5_1's unsigned) and its d (and Q4_1's / Q5_1's m) in the low lanes of dm. */
-static inline __attribute__((always_inline)) int KN(k32_bytes)(const int type) {
-    return type == T_Q8_0 ? 34 : type == T_Q5_0 ? 22 : type == T_Q5_1 ? 24 : type == T_Q4_1 ? 20 : 18;
-}
-
-static inline __attribute__((always_inline)) __m256i KN(k32_weights)(const int type, const uint8_t *blk, __m128 *dm) {
-    uint32_t dm2;
-    memcpy(&dm2, blk, 4);
-    *dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dm2)); /* d (and m): exact, as f16() */
-    if (type == T_Q8_0) return _mm256_loadu_si256((const __m256i *)(blk + 2));
-    const int at = type == T_Q4_1 ? 4 : type == T_Q5_0 ? 6 : type == T_Q5_1 ? 8 : 2; /* the nibbles */
-    const __m128i bits = _mm_loadu_si128((const __m128i *)(blk + at));
-    const __m256i w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(bits, 4), bits), _mm256_set1_epi8(0x0F));
-    if (type == T_Q5_0 || type == T_Q5_1) { /* 32 high bits qh just before the nibbles */
-        uint32_t qh;
-        memcpy(&qh, blk + at - 4, 4);
-        const __m256i q = _mm256_or_si256(w, bits_to_bytes(qh, 0x10));
-        return type == T_Q5_0 ? _mm256_sub_epi8(q, _mm256_set1_epi8(16)) : q;
+ * constant: no branch on it in the loops), on groups of 8 outputs in the repacked layout (see "rows
+ * repacked eight at a time"; a tensor in the file's layout is repacked here, a group at a time, into
+ * the thread's pack_buffer). A 32-bit lane is an output: vector v of a record holds elements
+ * 4v .. 4v + 3 of each of the 8 rows, multiplied by those 4 activations broadcast, so each
+ * activation block is read once for 8 outputs and the block's integer sums of the 8 outputs land in
+ * one vector, then one multiply-add of 8 fp32 accumulators, as k32_scalar does for each output.
+ *
+ * k32_weights: record rec's 8 vectors; unsigned for Q4_0, Q4_1 (the nibble q), Q5_0, Q5_1 (the
+ * five bits q): Q4_0's and Q5_0's offset (8, 16) is taken off the sum as offset * (the activation
+ * block's sum); Q8_0's and IQ4_NL's signed (the value, the level). */
+static inline __attribute__((always_inline)) void KN(k32_weights)(const int type, const uint8_t *rec, __m256i w[8]) {
+    if (type == T_Q8_0) {
+        for (int v = 0; v < 8; v++) w[v] = _mm256_loadu_si256((const __m256i *)(rec + 16 + 32 * v));
+        return;
     }
-    if (type == T_Q4_0) return _mm256_sub_epi8(w, _mm256_set1_epi8(8));
-    if (type == T_IQ4_NL) return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)kv_iq4)), w);
-    return w;
+    const uint8_t *qs = rec + x8_at(type, 0);
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    for (int u = 0; u < 4; u++) {
+        const __m256i p = _mm256_loadu_si256((const __m256i *)(qs + 32 * u));
+        w[u] = _mm256_and_si256(p, m4);
+        w[u + 4] = _mm256_and_si256(_mm256_srli_epi16(p, 4), m4);
+    }
+    if (type == T_Q5_0 || type == T_Q5_1) { /* bit v of the high bits' bytes, as 16, into vector v */
+        const __m256i h = _mm256_loadu_si256((const __m256i *)(rec + x8_at(type, 1)));
+        for (int v = 0; v < 8; v++) w[v] = _mm256_or_si256(w[v], bit_moved(h, v, 4));
+    }
+    if (type == T_IQ4_NL) {
+        const __m256i levels = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)kv_iq4));
+        for (int v = 0; v < 8; v++) w[v] = _mm256_shuffle_epi8(levels, w[v]);
+    }
 }
 
-/* One weight row against G (1..4) rows whose accumulators stay in registers: the weight row is
- * decoded again for each group of rows (cheap for these types; the row is in L1). */
-static inline __attribute__((always_inline)) void KN(k32_group)(const int type, const Seg *s, const uint8_t *row, int64_t j,
-                                                            int64_t r0, const int G, const Out *o) {
+/* The block's integer sums of the 8 outputs against activation block x (s0: its sum): aw the
+ * weights as k32_weights gives them, made unsigned (Q8_0, IQ4_NL: |w|, and x takes w's sign).
+ * AVX2: maddubs' s16 pairs summed as s16 where no sum can overflow (a pair of Q4's nibbles
+ * (<= 15) times activations (|x| <= 127) is below 3810 in magnitude: eight pairs' sum below 2^15;
+ * Q5's five bits (<= 31): four; |w| <= 128: one), then madd by 1 into int32. */
+static inline __attribute__((always_inline)) __m256i KN(k32_sum)(const int type, const __m256i *aw, const __m256i *w,
+                                                                const int8_t *x, int32_t s0) {
+    const int sgn = type == T_Q8_0 || type == T_IQ4_NL;
+    __m256i xb[8];
+    for (int v = 0; v < 8; v++) {
+        int32_t x4;
+        memcpy(&x4, x + 4 * v, 4);
+        xb[v] = _mm256_set1_epi32(x4);
+        if (sgn) xb[v] = _mm256_sign_epi8(xb[v], w[v]);
+    }
+#ifdef DOT_ACC
+    __m256i sum = DOT_ACC(_mm256_setzero_si256(), aw[0], xb[0]);
+    for (int v = 1; v < 8; v++) sum = DOT_ACC(sum, aw[v], xb[v]);
+#else
+    const __m256i one = _mm256_set1_epi16(1);
+    __m256i p[8];
+    for (int v = 0; v < 8; v++) p[v] = _mm256_maddubs_epi16(aw[v], xb[v]);
+    __m256i sum;
+    if (type == T_Q4_0 || type == T_Q4_1) {
+        const __m256i a = _mm256_add_epi16(_mm256_add_epi16(p[0], p[1]), _mm256_add_epi16(p[2], p[3]));
+        const __m256i b = _mm256_add_epi16(_mm256_add_epi16(p[4], p[5]), _mm256_add_epi16(p[6], p[7]));
+        sum = _mm256_madd_epi16(_mm256_add_epi16(a, b), one);
+    } else if (type == T_Q5_0 || type == T_Q5_1) {
+        const __m256i a = _mm256_add_epi16(_mm256_add_epi16(p[0], p[1]), _mm256_add_epi16(p[2], p[3]));
+        const __m256i b = _mm256_add_epi16(_mm256_add_epi16(p[4], p[5]), _mm256_add_epi16(p[6], p[7]));
+        sum = _mm256_add_epi32(_mm256_madd_epi16(a, one), _mm256_madd_epi16(b, one));
+    } else {
+        __m256i q[4];
+        for (int v = 0; v < 4; v++) q[v] = _mm256_add_epi32(_mm256_madd_epi16(p[2 * v], one), _mm256_madd_epi16(p[2 * v + 1], one));
+        sum = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+    }
+#endif
+    if (type == T_Q4_0) sum = _mm256_sub_epi32(sum, _mm256_set1_epi32(s0 * 8));
+    if (type == T_Q5_0) sum = _mm256_sub_epi32(sum, _mm256_set1_epi32(s0 * 16));
+    return sum;
+}
+
+/* The 8 outputs of group grp (records of nb blocks; the first n of them written) against G (1..4)
+ * rows, their accumulators in registers: per block, lanes += (d * dx) * sums (one fused
+ * multiply-add), and Q4_1's and Q5_1's mins: lanes_m += (m * dx) * s0; then lanes (+ lanes_m). */
+static inline __attribute__((always_inline)) void KN(k32_group)(const int type, const Seg *s, const uint8_t *grp, int64_t j,
+                                                            const int n, int64_t r0, const int G, const Out *o) {
     const Acts *A = o->a;
     const int64_t n_in = A->n_in, nb = n_in / 32;
-    const int bb = KN(k32_bytes)(type);
+    const int rec_bytes = 8 * block_bytes(type);
+    const int sgn = type == T_Q8_0 || type == T_IQ4_NL;
     const int8_t *xq = A->q0 + r0 * n_in;
     const float *xd = A->d0 + r0 * nb;
     const int32_t *xs = A->s0 + r0 * nb;
-    __m256 acc[4];
-    float accm[4];
-    for (int t = 0; t < G; t++) acc[t] = _mm256_setzero_ps(), accm[t] = 0.0f;
+    __m256 acc[4], accm[4];
+    for (int t = 0; t < G; t++) acc[t] = _mm256_setzero_ps(), accm[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *blk = row + b * bb;
-        if (((uintptr_t)blk & 63) < (uintptr_t)bb) prefetch_block(blk, 1); /* once per 64-byte line */
-        __m128 dm;
-        const __m256i w = KN(k32_weights)(type, blk, &dm);
-        const __m256 dv = _mm256_broadcastss_ps(dm);
-        const float m = has_m(type) ? _mm_cvtss_f32(_mm_movehdup_ps(dm)) : 0.0f;
-        /* signed weights: |w| times x with w's sign (exact); Q4_1's and Q5_1's are unsigned already */
-        const __m256i aw = has_m(type) ? w : _mm256_sign_epi8(w, w);
+        const uint8_t *rec = grp + b * rec_bytes;
+        for (int i = 0; X8_PF && i < rec_bytes; i += 64) _mm_prefetch((const char *)(rec + X8_PF + i), _MM_HINT_T0);
+        __m256i w[8], aw[8];
+        KN(k32_weights)(type, rec, w);
+        for (int v = 0; v < 8; v++) aw[v] = sgn ? _mm256_sign_epi8(w[v], w[v]) : w[v];
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)rec));
         for (int t = 0; t < G; t++) {
-            __m256i x = _mm256_loadu_si256((const __m256i *)(xq + t * n_in + b * 32));
-            if (!has_m(type)) x = _mm256_sign_epi8(x, w);
-            const __m256i sum = DOT_BYTES(aw, x);
-            const float dxs = xd[t * nb + b];
-            acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dv, _mm256_set1_ps(dxs)), _mm256_cvtepi32_ps(sum), acc[t]);
-            if (has_m(type)) accm[t] = fmaf(m * dxs, (float)xs[t * nb + b], accm[t]);
+            const __m256i sum = KN(k32_sum)(type, aw, w, xq + t * n_in + b * 32, xs[t * nb + b]);
+            const __m256 dx = _mm256_set1_ps(xd[t * nb + b]);
+            acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(sum), acc[t]);
+            if (has_m(type)) {
+                const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 16)));
+                accm[t] = _mm256_fmadd_ps(_mm256_mul_ps(m, dx), _mm256_set1_ps((float)xs[t * nb + b]), accm[t]);
+            }
         }
     }
     for (int t = 0; t < G; t++) {
-        float v = tree8v(acc[t]);
-        if (has_m(type)) v = v + accm[t];
-        store(o->y + (r0 + t) * o->ldy + s->col + j, v, s->bias, j, o->accumulate);
+        float v[8];
+        _mm256_storeu_ps(v, has_m(type) ? _mm256_add_ps(acc[t], accm[t]) : acc[t]);
+        for (int k = 0; k < n; k++) store(o->y + (r0 + t) * o->ldy + s->col + j + k, v[k], s->bias, j + k, o->accumulate);
     }
 }
 
-#define K32_TYPE(NAME, TYPE)                                                                           \
-    static void KN(NAME)(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t nr, const Out *o) { \
-        for (int64_t j = j0; j < j1; j++) {                                                            \
-            const uint8_t *row = s->w + j * s->row_bytes;                                              \
-            int64_t t = 0;                                                                             \
-            for (; t + 4 <= nr; t += 4) KN(k32_group)(TYPE, s, row, j, r0 + t, 4, o);                  \
-            switch (nr - t) {                                                                          \
-            case 3: KN(k32_group)(TYPE, s, row, j, r0 + t, 3, o); break;                               \
-            case 2: KN(k32_group)(TYPE, s, row, j, r0 + t, 2, o); break;                               \
-            case 1: KN(k32_group)(TYPE, s, row, j, r0 + t, 1, o); break;                               \
-            default: break;                                                                            \
-            }                                                                                          \
-        }                                                                                              \
+/* Outputs j0 .. j1 - 1 (j0 a multiple of 8 for a repacked tensor) in groups of 8, rows in groups of 4. */
+#define K32_TYPE(NAME, TYPE)                                                                                  \
+    static void KN(NAME)(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t nr, const Out *o) {        \
+        const int64_t nb = o->a->n_in / 32;                                                                   \
+        uint8_t *buf = s->x8 ? NULL : pack_buffer((size_t)(8 * s->row_bytes));                               \
+        if (!s->x8 && !buf) { /* no memory for a group: the portable kernel (the same operations) */          \
+            k32_scalar(s, j0, j1, r0, nr, o);                                                                 \
+            return;                                                                                           \
+        }                                                                                                     \
+        for (int64_t j = j0; j < j1; j += 8) {                                                                \
+            const int n = j1 - j < 8 ? (int)(j1 - j) : 8;                                                     \
+            const uint8_t *grp = s->w + j * s->row_bytes;                                                     \
+            if (!s->x8) {                                                                                     \
+                x8_pack(TYPE, grp, s->row_bytes, n, nb, buf);                                                 \
+                grp = buf;                                                                                    \
+            }                                                                                                 \
+            int64_t t = 0;                                                                                    \
+            for (; t + 4 <= nr; t += 4) KN(k32_group)(TYPE, s, grp, j, n, r0 + t, 4, o);                      \
+            switch (nr - t) {                                                                                 \
+            case 3: KN(k32_group)(TYPE, s, grp, j, n, r0 + t, 3, o); break;                                   \
+            case 2: KN(k32_group)(TYPE, s, grp, j, n, r0 + t, 2, o); break;                                   \
+            case 1: KN(k32_group)(TYPE, s, grp, j, n, r0 + t, 1, o); break;                                   \
+            default: break;                                                                                   \
+            }                                                                                                 \
+        }                                                                                                     \
     }
 K32_TYPE(k32_q4_0, T_Q4_0)
 K32_TYPE(k32_q4_1, T_Q4_1)
