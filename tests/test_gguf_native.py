@@ -21,6 +21,7 @@ Q5_0, Q5_1, Q8_0, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, F32, F16, BF16).
 from __future__ import annotations
 
 import ctypes
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -1426,3 +1427,21 @@ def test_gemma3_270m_greedy_text_is_llamacpps_up_to_a_near_tie():
         row = theirs.forward(ids + ref[:step])[-1]
         margin = float(row[ref[step]] - row[ours[step]])
         assert margin <= 2 * bound, (prompt, step, margin, bound)
+
+
+def _rss_kib() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads this process's memory from /proc")
+def test_a_repacked_tensors_file_pages_leave_the_process_and_read_back_the_same(tmp_path):
+    path = tmp_path / "t.bin"
+    path.write_bytes(np.random.default_rng(0).integers(0, 256, 64 << 20, dtype=np.uint8).tobytes())
+    mapped = np.memmap(path, dtype=np.uint8, mode="r")
+    tensor = mapped[4196:4196 + 60_000_000].reshape(-1, 100)  # [rows, row bytes], not page-aligned
+    total = int(tensor.astype(np.uint64).sum())  # every page read: resident
+    before = _rss_kib()
+    native._drop_pages(tensor)
+    assert before - _rss_kib() > 0.9 * tensor.nbytes / 1024  # the tensor's pages are no longer resident
+    assert int(tensor.astype(np.uint64).sum()) == total  # and read back from the file
