@@ -66,6 +66,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
+import mmap
 import os
 import re
 import sys
@@ -476,8 +477,6 @@ def _drop_pages(view: np.ndarray) -> None:
     tensors hold: the default draft is 798 MB resident after a step, 628 MB with them let go, as
     much as without repacking.) Whole pages inside the tensor only; nothing where the
     view is not of a memory map or the platform has no madvise."""
-    import mmap
-
     owner = view  # the array whose buffer is the map itself
     while isinstance(owner, np.ndarray) and not isinstance(owner.base, mmap.mmap):
         owner = owner.base
