@@ -511,11 +511,8 @@ class _Fused:
         if os.environ.get(REPACK_ENV, "1") != "0":
             lib = library()
             for i, t in enumerate(tensors):
-                if lib.gguf_repacked_type(t.type) >= 0:
-                    rb = int(lib.gguf_row_bytes(t.type, n_in))
-                    packed = repack(np.ctypeslib.as_array(ctypes.cast(t.ptr, ctypes.POINTER(ctypes.c_uint8)),
-                                                          shape=(t.n_out * rb,)), t.type, n_in, lib)
-                    assert packed is not None
+                packed = repack(t.data, t.type, n_in, lib)  # None: not a 32-weight type
+                if packed is not None:
                     self._packed.append(packed[0])
                     types[i], ptrs[i] = packed[1], int(packed[0].ctypes.data)
                     _drop_pages(t.data)  # a tied embedding's rows come back from the file page by page, as looked up

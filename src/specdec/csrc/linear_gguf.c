@@ -690,19 +690,22 @@ static void kf_scalar(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t 
 /* ---------------------------------------------------------------------------------------------- */
 /* the entry points */
 
+/* A per-thread buffer of at least `bytes` bytes, 64-byte aligned, grown (never shrunk) in place. */
+static uint8_t *grown(uint8_t **buf, size_t *size, size_t bytes) {
+    if (bytes > *size) {
+        free(*buf);
+        *buf = NULL;
+        *size = 0;
+        if (posix_memalign((void **)buf, 64, bytes)) return NULL;
+        *size = bytes;
+    }
+    return *buf;
+}
+
 static __thread uint8_t *g_scratch = NULL;
 static __thread size_t g_scratch_size = 0;
 
-static uint8_t *scratch(size_t bytes) {
-    if (bytes > g_scratch_size) {
-        free(g_scratch);
-        g_scratch = NULL;
-        g_scratch_size = 0;
-        if (posix_memalign((void **)&g_scratch, 64, bytes)) return NULL;
-        g_scratch_size = bytes;
-    }
-    return g_scratch;
-}
+static uint8_t *scratch(size_t bytes) { return grown(&g_scratch, &g_scratch_size, bytes); }
 
 static int64_t align64(int64_t n) { return (n + 63) & ~(int64_t)63; }
 
@@ -712,16 +715,7 @@ static int64_t align64(int64_t n) { return (n + 63) & ~(int64_t)63; }
 static __thread uint8_t *g_pack = NULL;
 static __thread size_t g_pack_size = 0;
 
-static uint8_t *pack_buffer(size_t bytes) {
-    if (bytes > g_pack_size) {
-        free(g_pack);
-        g_pack = NULL;
-        g_pack_size = 0;
-        if (posix_memalign((void **)&g_pack, 64, bytes)) return NULL;
-        g_pack_size = bytes;
-    }
-    return g_pack;
-}
+static uint8_t *pack_buffer(size_t bytes) { return grown(&g_pack, &g_pack_size, bytes); }
 #endif
 
 /* ---------------------------------------------------------------------------------------------- */
