@@ -416,8 +416,9 @@ async def _next(job: Job, watch: _Watch | None) -> tuple[str, Any] | None:
 async def _events(state: _State, job: Job, first: tuple[str, Any], answer: Answer,
                   endpoint: str) -> AsyncIterator[str]:
     """Server-sent events; if the client goes away, the server cancels this generator and the
-    ``finally`` stops the job."""
-    outcome = "cancelled"
+    ``finally`` stops the job. A finished request is counted before its last event leaves, so a
+    client that has read ``[DONE]`` finds it in /metrics."""
+    outcome: str | None = "cancelled"
     try:
         message: tuple[str, Any] | None = first
         while message is not None:
@@ -425,20 +426,24 @@ async def _events(state: _State, job: Job, first: tuple[str, Any], answer: Answe
             if kind == "step":
                 yield sse(answer.chunk(payload))
             elif kind == "done":
-                for chunk in answer.last_chunks(*payload):
-                    yield sse(chunk)
+                last = [sse(chunk) for chunk in answer.last_chunks(*payload)]
+                state.metrics.outcome(endpoint, "ok")
+                outcome = None
+                for event in last:
+                    yield event
                 yield "data: [DONE]\n\n"
-                outcome = "ok"
                 return
             else:
-                outcome = errors.outcome(payload)
+                state.metrics.outcome(endpoint, errors.outcome(payload))
+                outcome = None
                 yield sse(payload.body())
                 yield "data: [DONE]\n\n"
                 return
             message = await _next(job, None)
     finally:
         job.stop()
-        state.metrics.outcome(endpoint, outcome)
+        if outcome is not None:
+            state.metrics.outcome(endpoint, outcome)
 
 
 # ------------------------------------------------------------------------------------------------
