@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 import builtins
+import functools
 import shutil
 
 import numpy as np
@@ -306,13 +307,10 @@ def test_greedy_speculative_output_equals_its_own_autoregressive_output(model):
     assert selfdraft.stats.acceptance_rate == 1.0  # draft = target accepts every greedy draft token
 
 
+@functools.cache
 def _tokenizer():
-    from transformers import AutoTokenizer
-
-    path = _gguf()
-    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
-    packs.fix_gguf_tokenizer(tokenizer, path)
-    return tokenizer
+    """The file's own tokenizer, built once per process (parsing its 49k-token vocabulary takes seconds)."""
+    return packs.tokenizer_from_gguf(_gguf())
 
 
 SAMPLES = 2000

@@ -7,7 +7,6 @@ The cache is the user's (``$SPECDEC_CACHE`` or ``~/.cache/specdec``), so convers
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
@@ -15,6 +14,8 @@ import pytest
 import torch
 
 from specdec import generate, models, packs
+
+from helpers import THREADS
 
 pytestmark = pytest.mark.slow
 
@@ -28,9 +29,10 @@ def require(*names: str) -> None:
 
 @pytest.fixture(autouse=True)
 def threads():
-    """conftest.py pins one thread for tiny models; real models use the machine's cores."""
+    """conftest.py pins one thread for tiny models; real models use the CPUs this worker may run on
+    (more threads than those cores spin against each other)."""
     before = torch.get_num_threads()
-    torch.set_num_threads(max(1, min(os.cpu_count() or 1, 4)))
+    torch.set_num_threads(min(THREADS, 4))
     yield
     torch.set_num_threads(before)
 
