@@ -524,12 +524,22 @@ class ContextLM:
     handful of contexts: answered from memory each costs microseconds instead of a transformers pass,
     and its logits are those :func:`exact_target_law` enumerates, bit for bit. (The transformers
     backend's own cache, rollback and tree attention are checked against whole-context passes in
-    test_engine.py and test_tree.py.)"""
+    test_engine.py and test_tree.py.)
 
-    def __init__(self, model: Any) -> None:
+    ``keep_hidden``: also keep each cached position's final normed hidden state (:attr:`hidden`, the
+    LM head's input, taken from the same whole-context pass as the transformers backend takes it),
+    for the drafters that read the target's features (heads, EAGLE)."""
+
+    def __init__(self, model: Any, *, keep_hidden: bool = False) -> None:
+        from specdec.backends.base import HIDDEN_STATES, TREES
+        from specdec.backends.hf import final_norm
+
         self.model = model
+        self._norm = final_norm(model) if keep_hidden else None
+        self.capabilities = frozenset({TREES, HIDDEN_STATES} if keep_hidden else {TREES})
         self._tokens: list[int] = []
-        self._rows: dict[tuple[int, ...], torch.Tensor] = {}
+        self._states: list[torch.Tensor] = []  # [H] per cached position, when keep_hidden
+        self._rows: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor | None]] = {}
 
     @property
     def vocab_size(self) -> int:
@@ -543,10 +553,32 @@ class ContextLM:
     def tokens(self) -> list[int]:
         return self._tokens
 
-    def _row(self, context: tuple[int, ...]) -> torch.Tensor:
+    @property
+    def keeps_hidden(self) -> bool:
+        return self._norm is not None
+
+    @property
+    def hidden(self) -> torch.Tensor:
+        """[len(tokens), H]"""
+        if self._norm is None:
+            raise ValueError("this backend was built without keep_hidden=True")
+        if not self._states:
+            return torch.zeros(0, self.model.config.hidden_size, dtype=self.model.dtype)
+        return torch.stack(self._states)
+
+    def _row(self, context: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(logits [V], hidden state [H] or None) of the context's last token."""
         if context not in self._rows:
-            with torch.no_grad():
-                self._rows[context] = self.model(torch.tensor([context])).logits[0, -1].float()  # [V]
+            captured: list[torch.Tensor] = []
+            hook = None if self._norm is None else self._norm.register_forward_hook(
+                lambda _m, _a, out: captured.append(out[0, -1]))
+            try:
+                with torch.no_grad():
+                    logits = self.model(torch.tensor([context])).logits[0, -1].float()  # [V]
+            finally:
+                if hook is not None:
+                    hook.remove()
+            self._rows[context] = (logits, captured[-1] if captured else None)
         return self._rows[context]
 
     def forward(self, tokens: Sequence[int], num_logits: int = 0, *, attend: torch.Tensor | None = None,
@@ -555,19 +587,25 @@ class ContextLM:
         rows = []
         for i in range(len(tokens)):
             seen = range(cached + i + 1) if attend is None else attend[i].nonzero().flatten().tolist()
-            rows.append(self._row(tuple(seq[j] for j in seen)))
+            logits, state = self._row(tuple(seq[j] for j in seen))
+            rows.append(logits)
+            if self._norm is not None:
+                self._states.append(state)
         self._tokens = seq
         out = torch.stack(rows)  # [len(tokens), V]
         return out[-num_logits:] if num_logits else out
 
     def keep(self, indices: Sequence[int]) -> None:
         self._tokens = [self._tokens[i] for i in indices]
+        if self._norm is not None:
+            self._states = [self._states[i] for i in indices]
 
     def trim(self, length: int) -> None:
         del self._tokens[length:]
+        del self._states[length:]
 
     def reset(self) -> None:
-        self._tokens = []
+        self._tokens, self._states = [], []
 
 
 def assert_sampled_law(top_k: int = 0, **method) -> None:

@@ -18,7 +18,9 @@ import random
 import numpy as np
 import pytest
 import torch
-from helpers import PROMPT, SAMPLES, SIGNIFICANCE, chi_square_p_value, chi_square_power, exact_target_law, random_heads
+from helpers import (
+    PROMPT, SAMPLES, SIGNIFICANCE, ContextLM, chi_square_p_value, chi_square_power, exact_target_law, random_heads,
+)
 from tiny import tiny_llama
 
 from specdec import generate
@@ -92,7 +94,7 @@ def test_sampled_output_with_heads_follows_the_target_law(verify: str) -> None:
     law = exact_target_law(target, sampling, vocab)
     assert (law.sum(axis=(1, 2))[[2, 4]] > 0.05).all()  # the target does pick the missing tokens
     assert chi_square_power(law, SAMPLES, effect=0.15) >= 0.95  # as in test_engine
-    backend = target_backend("heads", target)
+    backend = ContextLM(target, keep_hidden=True)  # answers from memory: helpers.ContextLM
     drafter = HeadsDrafter(backend, heads)
     counts = np.zeros_like(law)
     accepted = 0
@@ -216,3 +218,28 @@ def test_training_resumes_and_beats_untrained_heads(tmp_path) -> None:
     assert any("resuming after epoch 3" in line for line in logs)
     h = hidden[:5].float()
     assert torch.equal(again.features(h), heads.features(h))
+
+
+def test_the_memoized_backend_keeps_the_hidden_states_of_a_whole_context_pass() -> None:
+    """helpers.ContextLM (the law tests' target) gives each position the logits and the final normed
+    hidden state that the transformers backend computes over that position's whole context, through
+    extension, a kept tree path and a trim."""
+    target = tiny_llama(4, vocab=24, layers=2)
+    memo, fresh = ContextLM(target, keep_hidden=True), target_backend("heads", target)
+
+    def whole(context: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        fresh.reset()
+        logits = fresh.forward(context)
+        return logits[-1], fresh.hidden[-1]
+
+    memo.forward([3, 7, 1, 3])
+    memo.forward([5, 2, 9], attend=torch.ones(3, 7, dtype=torch.bool).tril(4), positions=[4, 5, 6])
+    memo.keep([0, 1, 2, 3, 4, 5])
+    memo.trim(5)
+    rows = memo.forward([11, 4])  # [2, V]
+    assert memo.tokens == [3, 7, 1, 3, 5, 11, 4] and memo.hidden.shape == (7, target.config.hidden_size)
+    for n in range(1, 8):
+        logits, hidden = whole(memo.tokens[:n])
+        assert torch.equal(memo.hidden[n - 1], hidden), n
+        if n >= 6:
+            assert torch.equal(rows[n - 6], logits.float()), n
