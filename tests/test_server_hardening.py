@@ -459,3 +459,38 @@ def test_retry_after_grows_with_the_queue():
     assert seen == [1, 2, 3, 4, 5, 6]
     scheduler.durations.extend([0.2] * 16)  # only recent generations count
     assert scheduler.retry_after() == 2
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_grammar_past_the_engines_limits_mid_generation_is_a_400_naming_its_field(server, monkeypatch, stream):
+    """A grammar that passed the check at its first tokens can still reach one of llguidance's limits
+    as the output grows (the processor raises ConstraintError then): the request's fault, a 400 naming
+    the field, never a 500; a stream ends with that error after the tokens it sent. The server serves on."""
+    import specdec
+    from specdec.constraints import ConstraintError
+
+    real = specdec.stream
+
+    def grows_past_a_limit(*args: Any, **kwargs: Any) -> Any:
+        events = real(*args, **kwargs)
+        for i, event in enumerate(events):
+            if i == 2:
+                events.close()
+                raise ConstraintError("regex", "is too large for the grammar engine: (a limit)")
+            yield event
+
+    monkeypatch.setattr(specdec, "stream", grows_past_a_limit)
+    body = {"prompt": "abc", "max_tokens": 8, "temperature": 0, "stream": stream}
+    r = post(server, "/v1/completions", body)
+    if stream:
+        assert r.status_code == 200
+        events = [line.removeprefix("data: ") for line in r.text.splitlines() if line.startswith("data: ")]
+        assert events[-1] == "[DONE]" and len(events) >= 3  # the steps it sent, then the error
+        error = json.loads(events[-2])["error"]
+    else:
+        assert r.status_code == 400
+        error = r.json()["error"]
+    assert error["param"] == "regex" and "too large for the grammar engine" in error["message"]
+    assert "generated tokens" in error["message"]
+    monkeypatch.undo()
+    assert post(server, "/v1/completions", {"prompt": "abc", "max_tokens": 2}).status_code == 200

@@ -30,6 +30,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
+from specdec.constraints import ConstraintError
 from specdec.server.errors import APIError, timed_out
 from specdec.server.metrics import Metrics
 
@@ -249,6 +250,9 @@ class Scheduler:
             return
         try:
             self._drive(job, events)
+        except ConstraintError as err:  # the request's grammar went past the engine's limits as it grew
+            job.outcome = "bad_request"
+            job.post("error", APIError(400, f"{err} (after {job.tokens} generated tokens)", param=err.field))
         except Exception:
             log.exception("a generation failed")
             job.outcome = "error"
