@@ -373,6 +373,48 @@ def _gguf():
 # The command line, run in-process
 
 
+def first_layers_gguf(source: Path, dest: Path, layers: int) -> Path:
+    """A copy of the GGUF ``source`` with only its first ``layers`` blocks (``block_count`` set to
+    match): the same tokenizer, embedding, output head and tensor types, byte for byte, in a fraction
+    of the compute. For the llama.cpp backend's tests of its own mechanics (batch invariance, trees,
+    the cache), which hold or fail alike at any depth."""
+    import gguf
+
+    reader = gguf.GGUFReader(source)
+    arch = reader.fields["general.architecture"].contents()
+    writer = gguf.GGUFWriter(str(dest), arch)
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        value = layers if name == f"{arch}.block_count" else field.contents()
+        kind = field.types[0]
+        sub = field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(name, value, kind, sub_type=sub)
+    for tensor in reader.tensors:
+        parts = tensor.name.split(".")
+        if parts[0] == "blk" and int(parts[1]) >= layers:
+            continue
+        writer.add_tensor(tensor.name, tensor.data, raw_dtype=tensor.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dest
+
+
+@lru_cache(maxsize=None)
+def smollm2_first_layers(layers: int = 6) -> Path:
+    """The installed SmolLM2 pack's GGUF cut to its first ``layers`` blocks (:func:`first_layers_gguf`),
+    written once per process into a folder removed at exit (skipped as :func:`_gguf` is)."""
+    import atexit
+    import shutil
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="specdec-smollm2-"))
+    atexit.register(shutil.rmtree, folder, True)
+    return first_layers_gguf(_gguf(), folder / f"smollm2-first-{layers}-layers.gguf", layers)
+
+
 def run_main(args, capsys):
     code = cli.main(args)
     out, err = capsys.readouterr()

@@ -104,18 +104,36 @@ def need_llamacpp() -> None:
 # --help, every script
 
 
+# Runs each script given as an argument as ``python SCRIPT --help`` would, one after another in this
+# one process (each script mostly imports torch and specdec: once here instead of once per script),
+# and prints {script: [exit status, stdout, stderr]} as JSON.
+_EVERY_HELP = """
+import contextlib, io, json, os, runpy, sys
+results = {}
+for path in sys.argv[1:]:
+    out, err, status = io.StringIO(), io.StringIO(), 0
+    sys.argv, sys.path[0] = [path, "--help"], os.path.dirname(path)  # as python puts a script's folder first
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            runpy.run_path(path, run_name="__main__")
+        except SystemExit as stop:
+            status = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+        except BaseException as error:
+            status = 1
+            print(f"{type(error).__name__}: {error}", file=err)
+    results[os.path.basename(path)] = [status, out.getvalue(), err.getvalue()]
+print(json.dumps(results))
+"""
+
+
 @pytest.fixture(scope="module")
 def helps() -> dict[str, subprocess.CompletedProcess]:
-    """Every script's ``--help``, the processes run side by side (each mostly imports torch)."""
+    """Every script's ``--help``, all in one Python process (:data:`_EVERY_HELP`)."""
     environment = dict(os.environ, HF_HUB_OFFLINE="1", COLUMNS="100")
-    running = {name: subprocess.Popen([sys.executable, str(BENCHMARKS / name), "--help"], cwd=ROOT, env=environment,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-               for name in SCRIPTS}
-    done = {}
-    for name, process in running.items():
-        out, err = process.communicate(timeout=300)
-        done[name] = subprocess.CompletedProcess(process.args, process.returncode, out, err)
-    return done
+    proc = ran(subprocess.run([sys.executable, "-c", _EVERY_HELP, *(str(BENCHMARKS / name) for name in SCRIPTS)],
+                              cwd=ROOT, env=environment, capture_output=True, text=True, timeout=600))
+    return {name: subprocess.CompletedProcess([name, "--help"], status, out, err)
+            for name, (status, out, err) in json.loads(proc.stdout.splitlines()[-1]).items()}
 
 
 @pytest.mark.parametrize("script", SCRIPTS)

@@ -1,4 +1,5 @@
-"""The llama.cpp backend on the SmolLM2-135M GGUF (pack ``smollm2-135m``).
+"""The llama.cpp backend on the SmolLM2-135M GGUF (pack ``smollm2-135m``), and on its first 6 layers
+for the tests that decode thousands of tokens (the ``shallow`` fixture).
 
 Skipped, with the reason, when the binding (llama-cpp-python) or the pack is not installed. What
 holds on this file, measured: its kernels are batch invariant (a row of an n-token pass has the
@@ -9,6 +10,7 @@ and trees, and greedy speculative output equal to the backend's own greedy decod
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import builtins
 import functools
@@ -22,12 +24,23 @@ from specdec import generate, packs
 from specdec.backends import llamacpp
 from specdec.token_tree import TokenTree, forward_tree, keep_path
 
-from helpers import THREADS, CONTEXT, SIGNIFICANCE, _Unsure, chi_square_p_value, chi_square_power, _gguf
+from helpers import (
+    THREADS, CONTEXT, SIGNIFICANCE, _Unsure, chi_square_p_value, chi_square_power, _gguf, smollm2_first_layers,
+)
 
 
 @pytest.fixture(scope="module")
 def model():
     return llamacpp.load_gguf(_gguf(), n_threads=THREADS, n_ctx=512, prefill_layout="repacked")
+
+
+@pytest.fixture(scope="module")
+def shallow():
+    """The file's first 6 of its 30 layers (helpers.first_layers_gguf): the same tokenizer, tensor
+    types and kernels at about a third of a step's cost, for the tests that decode thousands of
+    tokens to compare speculative output with plain decoding (which the model's depth does not
+    change: a row equals a one-token step's bits or it does not)."""
+    return llamacpp.load_gguf(smollm2_first_layers(6), n_threads=THREADS, n_ctx=512, prefill_layout="repacked")
 
 
 # Token ids of some English and code text in SmolLM2's vocabulary (any ids would do).
@@ -261,14 +274,17 @@ TREES = {
 
 
 @pytest.mark.parametrize("tree", list(TREES), ids=list(TREES))
-def test_every_tree_kind_decodes_greedily_the_backends_own_greedy_output(model, tree, monkeypatch):
+def test_every_tree_kind_decodes_greedily_the_backends_own_greedy_output(request, tree, monkeypatch):
+    # The first 6 layers (see the fixture), except for the confident tree: on their laws it keeps
+    # only first children, and the kept paths with holes this checks need the whole model's.
+    model = request.getfixturevalue("model" if tree == "confident" else "shallow")
     tokenizer = _tokenizer()
     draft = _Unsure(model.fork())
     holes = []  # kept paths that skip cells of the tree: where a cache with holes once went wrong
     real_keep = model.keep
     monkeypatch.setattr(model, "keep", lambda kept: (holes.append(kept != list(range(len(kept)))), real_keep(kept))[1])
     for prompt in PROMPTS:
-        ar = generate(model, prompt, tokenizer=tokenizer, max_new_tokens=40, eos_token_ids=[])
+        ar = greedy_tokens(model, prompt, 40)
         spec = generate(model, prompt, tokenizer=tokenizer, draft=draft, verify="tree", tree=TREES[tree],
                         max_new_tokens=40, eos_token_ids=[])
         assert spec.token_ids == ar.token_ids, prompt
@@ -293,7 +309,7 @@ def test_greedy_speculative_output_equals_its_own_autoregressive_output(model):
     tokenizer = _tokenizer()
     prompt = "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\ndef"
     model.reset()
-    ar = generate(model, prompt, tokenizer=tokenizer, max_new_tokens=40, eos_token_ids=[])
+    ar = greedy_tokens(model, prompt, 40)
     assert len(ar.token_ids) == 40
     draft = model.fork()  # the same weights as their own draft: a second context and KV cache
     for kwargs in (dict(draft=draft, verify="block", k=4, policy="static"),
@@ -305,6 +321,20 @@ def test_greedy_speculative_output_equals_its_own_autoregressive_output(model):
     selfdraft = generate(model, prompt, tokenizer=tokenizer, draft=draft, drafter="model", k=4, policy="static", max_new_tokens=40,
                          eos_token_ids=[])
     assert selfdraft.stats.acceptance_rate == 1.0  # draft = target accepts every greedy draft token
+
+
+_GREEDY: dict[tuple[int, str, int], Any] = {}
+
+
+def greedy_tokens(model, prompt: str, tokens: int) -> Any:
+    """Plain greedy decoding of ``prompt`` on ``model`` (one of the module's; its ``token_ids`` the
+    reference the speculative runs are compared with), decoded once per model, prompt and length:
+    every speculative run of the file compares with the same bits, and the reference costs its
+    seconds once."""
+    key = (id(model), prompt, tokens)
+    if key not in _GREEDY:
+        _GREEDY[key] = generate(model, prompt, tokenizer=_tokenizer(), max_new_tokens=tokens, eos_token_ids=[])
+    return _GREEDY[key]
 
 
 @functools.cache
@@ -389,9 +419,10 @@ def test_the_context_limit_is_max_context(model):
         model.forward([1] * 513)
 
 
-def test_tree_methods_through_the_server_give_the_text_of_plain_decoding(model):
+def test_tree_methods_through_the_server_give_the_text_of_plain_decoding(shallow):
     """Every tree kind a request may name runs on llama.cpp (none is refused or fails mid-stream)
     and, greedy, answers the very text of the `ar` method with ``exact: true``."""
+    model = shallow  # the first 6 layers: see the fixture
     from fastapi.testclient import TestClient
 
     from specdec.server.requests import method_config
@@ -422,10 +453,11 @@ GUMBEL_SETTINGS = [dict(temperature=t, **f) for t in (0.7, 1.0, 1.5) for f in ({
 
 @pytest.mark.parametrize("settings", GUMBEL_SETTINGS,
                          ids=[f"T{s['temperature']}-{next(iter(s.keys() - {'temperature'}), 'full')}" for s in GUMBEL_SETTINGS])
-def test_coupled_methods_give_the_tokens_of_plain_gumbel_decoding(model, settings):
+def test_coupled_methods_give_the_tokens_of_plain_gumbel_decoding(shallow, settings):
     """Same seed, same text: under the Gumbel-max sampler, chains of k = 1, 4 and 8 from an unsure
     draft, the n-gram lookup, the planner (ngram+model) and a tree give exactly the tokens of plain
     decoding with that seed; another seed gives other text."""
+    model = shallow  # the first 6 layers: see the fixture
     from specdec.policies.auto import AutoPolicy
 
     from helpers import CHEAP_ROWS
@@ -462,18 +494,19 @@ def static_choices(nodes: int) -> list[tuple[int, ...]]:
 
 @pytest.mark.parametrize("budget", [16, 32, 64, 128])
 @pytest.mark.parametrize("shape", ["dynamic", "static"])
-def test_trees_of_every_budget_decode_greedily_the_backends_own_greedy_output(model, shape, budget):
+def test_trees_of_every_budget_decode_greedily_the_backends_own_greedy_output(shallow, shape, budget):
     """Trees of up to 128 nodes (two or more llama.cpp passes' worth of rows, at any context length):
     the bf16 KV cache keeps llama.cpp's flash attention on its per-row kernel, so every tree row
     equals a one-token step bit for bit and greedy output is plain decoding's (with an f16 cache,
     llama.cpp's tiled kernel for passes of 64 rows or more rounds them differently). The draft is the target itself (its tree's first path always holds)
     for the longer run, an unsure copy (other branches kept) for the others."""
+    model = shallow  # the first 6 layers: see the fixture
     tokenizer = _tokenizer()
     tree = dict(mode="dynamic", budget=budget) if shape == "dynamic" else dict(mode="static", choices=static_choices(budget))
     long_run = budget == 64 and shape == "dynamic"
     for prompt, draft, tokens in ([("Once upon a time in a small village by the sea,", model.fork(), 400)] if long_run else
                                   [(PROMPTS[budget % 3], _Unsure(model.fork()), 32 if budget <= 32 else 16)]):
-        ar = generate(model, prompt, tokenizer=tokenizer, max_new_tokens=tokens, eos_token_ids=[])
+        ar = greedy_tokens(model, prompt, tokens)
         spec = generate(model, prompt, tokenizer=tokenizer, draft=draft, verify="tree", tree=tree,
                         max_new_tokens=tokens, eos_token_ids=[])
         assert spec.token_ids == ar.token_ids, (prompt, tree)
