@@ -780,3 +780,37 @@ def test_every_drafter_that_drafts_with_the_draft_model_gets_it_in_the_bench():
         text += ":datastore=x.npz" if name.startswith("retrieval") else ""
         assert parse_method(text).needs_draft_model == (name in model_drafters), text
     assert set(model_drafters) == {"model", "ngram+model", "retrieval+model", "cascade"}
+
+
+def test_a_peer_that_will_not_sample_the_end_where_ar_did_is_explained_as_such(monkeypatch, prompts):
+    """With the end ignored, ar samples an end-of-generation token and goes on; a peer asked to
+    ignore the end (llama-server's ignore_eos) never samples one. Where the peer leaves ar at such a
+    token, the report says so instead of calling it a near-tie that rounding flipped; a peer that
+    leaves ar at any other token keeps the rounding explanation."""
+    from specdec.bench import runner
+
+    target = tiny_llama(0, vocab=VOCAB, sharpness=1.0)
+    models = Pair(target, CharTokenizer(), copy.deepcopy(target))
+    run_peer = runner.run_peer
+    settings = BenchSettings(max_new_tokens=8, temperature=0.0, warmup_tokens=0)
+    plain = run_bench(models, parse_methods("hf-ar"), prompts, settings, progress=False)
+    third = {s.prompt: s.token_ids[2] for s in plain.samples if s.method == "ar"}
+
+    def flipped(*args, **kwargs):  # the peer's third new token replaced by the next id
+        sample = run_peer(*args, **kwargs)
+        sample.token_ids = sample.token_ids[:2] + [(sample.token_ids[2] + 1) % VOCAB] + sample.token_ids[3:]
+        return sample
+
+    monkeypatch.setattr(runner, "run_peer", flipped)
+    for ends in (True, False):  # ar's third token an end-of-generation token, or not one
+        eos = {third[0]} if ends else {VOCAB + 5}
+        monkeypatch.setattr(runner, "eos_token_ids_of", lambda model, tokenizer: eos)
+        run = run_bench(models, parse_methods("hf-ar"), prompts, settings, progress=False)
+        first = next(d for d in run.divergences if d["prompt"] == 0)
+        assert first["position"] == 2 and first["ar_token_ends"] is ends
+        table = report.markdown(report.results(run, report.environment("x", "float32"), {"target": None, "draft": None})
+                                | {"models": {"target": {"name": "tiny"}, "draft": None}})
+        line = next(line for line in table.splitlines() if line.startswith("`hf-ar` leaves `ar` on") and "repeat 0) at new token 2" in line
+                    and line.split(" on ")[1].startswith(str(run.prompts[0].id)))
+        assert ("never samples such a token" in line) is ends
+        assert ("can flip a near-tie" in line) is not ends

@@ -162,7 +162,13 @@ def _noised_row(logits: torch.Tensor, token: int, sampling: SamplingConfig, posi
 def cause(d: Mapping[str, Any], *, peer: bool = False) -> str:
     """What a divergence record (:meth:`Divergence.to_dict`) says about why, from what was measured.
     ``peer``: the output is another tool's (a bench peer), whose passes specdec neither ran nor
-    recorded: its difference is its own, whatever the batch invariance of specdec's backend."""
+    recorded: its difference is its own, whatever the batch invariance of specdec's backend; where the
+    reference's token ends the output in a run that ignores the end (``ar_token_ends``), the peer was
+    asked never to sample it."""
+    if peer and d.get("ar_token_ends"):
+        return ("there the reference chose an end-of-generation token and, as the run ignores the end, went on; "
+                "a peer asked to ignore the end (llama-server's ignore_eos) never samples such a token and takes "
+                "another: the difference is the request's, not a rounding")
     if peer:
         return ("the peer's own passes (its library's, not recorded) need not be batch invariant: its multi-token "
                 "rows can round differently from plain decoding's one-token steps, which can flip a near-tie "

@@ -292,8 +292,13 @@ def find_divergences(pair: Pair, backends: BenchBackends, methods: Sequence[Meth
         found = explain(ids[s.prompt], s.token_ids, base.token_ids, recorder, ar_recorder, invariance, gumbel)
         texts = {f"{key}_text": pair.tokenizer.decode([getattr(found, key)])
                  for key in ("token", "ar_token") if getattr(found, key) is not None}
+        # where the run ignores the end, ar samples an end-of-generation token and goes on, while a peer
+        # asked to ignore the end (llama-server's ignore_eos) never samples one: not a rounding question
+        ends = bool(method.is_peer and settings.ignore_eos
+                    and found.ar_token in eos_token_ids_of(pair.target, pair.tokenizer))
         out.append({"method": s.method, "base": base.method, "prompt": s.prompt, "prompt_id": prompts[s.prompt].id,
-                    "repeat": s.repeat, "replayed": {"ar": ar_same, "method": same}} | found.to_dict() | texts)
+                    "repeat": s.repeat, "replayed": {"ar": ar_same, "method": same}, "ar_token_ends": ends}
+                   | found.to_dict() | texts)
     return out
 
 
