@@ -415,6 +415,14 @@ def smollm2_first_layers(layers: int = 6) -> Path:
     return first_layers_gguf(_gguf(), folder / f"smollm2-first-{layers}-layers.gguf", layers)
 
 
+def smollm2_llamacpp(layers: int | None = None) -> Any:
+    """A fresh llama.cpp context of the installed SmolLM2 GGUF (its first ``layers`` blocks where given:
+    :func:`smollm2_first_layers`), as the llama.cpp tests load it: the worker's threads, 512 cells, the
+    repacked prefill layout (skipped as :func:`_gguf` is)."""
+    path = _gguf() if layers is None else smollm2_first_layers(layers)
+    return llamacpp.load_gguf(path, n_threads=THREADS, n_ctx=512, prefill_layout="repacked")
+
+
 def run_main(args, capsys):
     code = cli.main(args)
     out, err = capsys.readouterr()

@@ -25,13 +25,13 @@ from specdec.backends import llamacpp
 from specdec.token_tree import TokenTree, forward_tree, keep_path
 
 from helpers import (
-    THREADS, CONTEXT, SIGNIFICANCE, _Unsure, chi_square_p_value, chi_square_power, _gguf, smollm2_first_layers,
+    THREADS, CONTEXT, SIGNIFICANCE, _Unsure, chi_square_p_value, chi_square_power, _gguf, smollm2_llamacpp,
 )
 
 
 @pytest.fixture(scope="module")
 def model():
-    return llamacpp.load_gguf(_gguf(), n_threads=THREADS, n_ctx=512, prefill_layout="repacked")
+    return smollm2_llamacpp()
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,7 @@ def shallow():
     types and kernels at about a third of a step's cost, for the tests that decode thousands of
     tokens to compare speculative output with plain decoding (which the model's depth does not
     change: a row equals a one-token step's bits or it does not)."""
-    return llamacpp.load_gguf(smollm2_first_layers(6), n_threads=THREADS, n_ctx=512, prefill_layout="repacked")
+    return smollm2_llamacpp(6)
 
 
 # Token ids of some English and code text in SmolLM2's vocabulary (any ids would do).

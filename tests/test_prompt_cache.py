@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import THREADS, PACK, _gguf, smollm2_first_layers
+from helpers import THREADS, PACK, _gguf, smollm2_llamacpp
 from tiny import tiny_llama
 
 import specdec
@@ -22,7 +22,7 @@ TURN = [3158, 314, 260, 1345, 30, 2784, 28, 1070]
 
 def _smollm2():
     """A fresh SmolLM2 context (skipped without the binding or the pack), as test_llamacpp loads it."""
-    return llamacpp.load_gguf(_gguf(), n_threads=THREADS, n_ctx=512, prefill_layout="repacked")
+    return smollm2_llamacpp()
 
 
 def counting(model):
@@ -261,8 +261,7 @@ def test_a_six_turn_chat_that_resends_its_answers_is_answered_as_a_cold_server_t
     from specdec.models import Pair
     from specdec.server.requests import method_config
 
-    # SmolLM2's first 6 layers (helpers.smollm2_first_layers): its tokenizer and kernels, a third of the cost
-    model = llamacpp.load_gguf(smollm2_first_layers(6), n_threads=THREADS, n_ctx=512, prefill_layout="repacked")
+    model = smollm2_llamacpp(6)  # the first 6 layers: its tokenizer and kernels, a third of the cost
     draft = model.fork()
     tokenizer = packs.gguf_tokenizer(_gguf(), pack=models.PACKS[PACK])
     answers, cached = {}, {}
