@@ -12,7 +12,6 @@ from tiny import tiny_llama
 
 import specdec
 from specdec import models, packs
-from specdec.backends import llamacpp
 from specdec.backends.hf import HFCausalLM
 from specdec.config import DecodeConfig
 
