@@ -288,7 +288,7 @@ def test_a_model_pass_on_the_vnni_path_has_the_bits_of_the_other_paths(lib, emul
     assert torch.equal(logits["avx512vnni"], logits["portable"]) and torch.equal(logits["avx2"], logits["portable"])
 
 
-REPACKABLE = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.IQ4_NL]  # the 32-weight types (native.repack)
+REPACKABLE = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.IQ4_NL, T.Q4_K, T.Q5_K]  # native.repack's types
 
 
 @pytest.mark.parametrize("qtype", REPACKABLE, ids=lambda t: t.name)
@@ -322,7 +322,7 @@ def test_rows_repacked_eight_at_a_time_give_the_files_layouts_bits_on_every_path
         ids = [0, n_out - 1, n_out // 2, 0]
         assert torch.equal(native.dequantize_rows(packed, packed_type, n_in, ids),
                            native.dequantize_rows(weight, int(qtype), n_in, ids))
-    assert native.repack(weight, int(T.Q4_K), 256) is None  # no such layout for another type
+    assert native.repack(any_blocks(T.Q6_K, 8, 256, rng), int(T.Q6_K), 256) is None  # no such layout for another type
 
 
 def test_the_path_is_chosen_once_and_named(lib):

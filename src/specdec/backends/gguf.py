@@ -90,7 +90,7 @@ FLAGS_PORTABLE = [*FLAGS_NATIVE, "-DGG_PORTABLE_ONLY"]
 LIBS = ["-lm"]  # after the source file
 PORTABLE_ENV = "SPECDEC_GGUF_PORTABLE"  # "1": run the portable C path even where AVX2 is available
 PATH_ENV = "SPECDEC_GGUF_PATH"  # a name of PATHS: run that path (where this CPU has it) instead of the best
-# "0": a loaded model keeps its 32-weight tensors (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) in the
+# "0": a loaded model keeps its tensors of the grouped types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q4_K, Q5_K) in the
 # file's layout instead of repacking them (:func:`repack`); the same bits, slower (for measurements)
 REPACK_ENV = "SPECDEC_GGUF_REPACK"
 # The kernel's paths (csrc/linear_gguf.c), by the id the library gives them; each gives the same bits.
@@ -326,8 +326,8 @@ def matmul(weight: np.ndarray, ggml_type: int, n_in: int, x: torch.Tensor, *, th
 
 
 def repack(weight: np.ndarray, ggml_type: int, n_in: int, lib: ctypes.CDLL | None = None) -> tuple[np.ndarray, int] | None:
-    """A tensor of a 32-weight type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL; its bytes, whole rows of
-    the file's layout) with its rows repacked eight at a time, the layout the kernel's vector paths
+    """A tensor of a type the vector kernels take 8 outputs at a time (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+    IQ4_NL, Q4_K, Q5_K; its bytes, whole rows of the file's layout) with its rows repacked eight at a time, the layout the kernel's vector paths
     multiply without rearranging it (``linear_gguf.c``, "rows repacked eight at a time"): (the new
     bytes, uint8, the row count rounded up to a multiple of 8; the type id that names the layout to
     :func:`matmul`, the kernel and :func:`dequantize_rows`). None for another type. Every path gives
@@ -505,13 +505,13 @@ class _Fused:
         self.names = [t.name for t in tensors]
         self.tensors = list(tensors)  # the file's tensors (a tied head: the embedding itself)
         types, ptrs = [t.type for t in tensors], [t.ptr for t in tensors]
-        # the 32-weight types' rows repacked eight at a time (a copy in memory, the file's pages let
+        # the grouped types' rows repacked eight at a time (a copy in memory, the file's pages let
         # go): what the vector kernels read fastest, the same bits
         self._packed: list[np.ndarray] = []
         if os.environ.get(REPACK_ENV, "1") != "0":
             lib = library()
             for i, t in enumerate(tensors):
-                packed = repack(t.data, t.type, n_in, lib)  # None: not a 32-weight type
+                packed = repack(t.data, t.type, n_in, lib)  # None: a type without that layout
                 if packed is not None:
                     self._packed.append(packed[0])
                     types[i], ptrs[i] = packed[1], int(packed[0].ctypes.data)

@@ -10,16 +10,22 @@
  *     one fp32 scale and sums of 16 (for the K types and IQ4_XS; llama.cpp's Q8_K), or of 32 with
  *     one fp32 scale and their sum (for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL; like llama.cpp's
  *     Q8_0 / Q8_1, with an fp32 scale);
- *   - for the K types and IQ4_XS, inside a weight block the products are integers, summed exactly
- *     (their order is irrelevant), into 8 integer lanes: lane l holds the products of the elements
- *     e with (e % 32) / 4 == l, times the sub-block's integer scale. The block's correction terms
- *     are integers too, lane l taking those of the sums of 16 activations number 2l and 2l + 1: the
- *     mins of Q2_K, Q4_K, Q5_K (m * sum), the offsets of Q3_K (4) and Q6_K (32) (offset * scale *
- *     sum, subtracted from the lane);
+ *   - for Q4_K and Q5_K, inside a weight block the products (each times its sub-block's integer
+ *     scale) are integers, summed exactly (their order is irrelevant) into one integer, and so are
+ *     the mins' terms (the sum over sub-blocks of m * the sum of its 32 activations); blocks in
+ *     order 0, 1, 2, ... then go into one fp32 accumulator per output: acc += (d * dx) * sum (one
+ *     fused multiply-add; d the weight block's scale, dx the activation block's), then
+ *     acc -= (dmin * dx) * mins (a second one); then the bias and the residual (if asked), in that
+ *     order. (The vector kernels take 8 outputs at a time, a lane each, on rows repacked eight at
+ *     a time: gguf_repack.)
+ *   - for the other K types (Q2_K, Q3_K, Q6_K) and IQ4_XS, inside a weight block the products are
+ *     integers, summed exactly into 8 integer lanes: lane l holds the products of the elements e
+ *     with (e % 32) / 4 == l, times the sub-block's integer scale. The block's correction terms are
+ *     integers too, lane l taking those of the sums of 16 activations number 2l and 2l + 1: the
+ *     mins of Q2_K (m * sum), the offsets of Q3_K (4) and Q6_K (32) (offset * scale * sum,
+ *     subtracted from the lane);
  *   - each block then adds its lanes, converted to float, into 8 fp32 lane accumulators, blocks in
- *     order 0, 1, 2, ...: lane += (d * dx) * lanes (one fused multiply-add; d the weight block's
- *     scale, dx the activation block's), and for Q2_K, Q4_K, Q5_K lane -= (dmin * dx) * mins (a
- *     second one);
+ *     order: lane += (d * dx) * lanes, and for Q2_K lane -= (dmin * dx) * mins (a second one);
  *   - the 8 lanes are summed in a fixed tree ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)), then the bias
  *     and the residual (if asked) are added, in that order;
  *   - for the 32-weight types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) a block's products are summed
@@ -90,11 +96,15 @@ enum {
 /* The types multiplied against activations quantized in blocks of 256 (Q8_K-like), and in blocks of 32. */
 static inline int is_k(int t) { return t == T_Q2_K || t == T_Q3_K || t == T_Q4_K || t == T_Q5_K || t == T_Q6_K || t == T_IQ4_XS; }
 static inline int is_32(int t) { return t == T_Q4_0 || t == T_Q4_1 || t == T_Q5_0 || t == T_Q5_1 || t == T_Q8_0 || t == T_IQ4_NL; }
+/* The 256-weight types whose products sum a block into one integer per output and whose vector
+ * kernels take 8 outputs at a time, like the 32-weight types (rows repacked eight at a time). */
+static inline int is_k8(int t) { return t == T_Q4_K || t == T_Q5_K; }
+static inline int in_groups(int t) { return is_32(t) || is_k8(t); } /* the vector kernels take outputs 8 at a time */
 
-/* A 32-weight type's id with this bit set: the tensor's rows repacked eight at a time (gguf_repack,
+/* A grouped type's id with this bit set: the tensor's rows repacked eight at a time (gguf_repack,
  * the layout below "rows repacked eight at a time"). */
 #define GG_X8 0x100
-static inline int is_x8(int t) { return (t & GG_X8) && is_32(t & ~GG_X8); }
+static inline int is_x8(int t) { return (t & GG_X8) && in_groups(t & ~GG_X8); }
 static inline int base_type(int t) { return is_x8(t) ? t & ~GG_X8 : t; }
 
 /* IQ4_NL's and IQ4_XS's 16 non-linear levels (ggml's kvalues_iq4nl), indexed by a nibble. */
@@ -360,7 +370,7 @@ int64_t gguf_row_bytes(int type, int64_t n_in) {
 }
 
 /* ---------------------------------------------------------------------------------------------- */
-/* rows repacked eight at a time (the 32-weight types)
+/* rows repacked eight at a time (the 32-weight types, Q4_K and Q5_K)
  *
  * Output rows 8g .. 8g + 7 of a tensor (a group) are stored together, block by block: block b of
  * the group (its eight rows' blocks b, 8 * bb bytes, bb the type's block bytes) is one record at
@@ -374,7 +384,30 @@ int64_t gguf_row_bytes(int type, int64_t n_in) {
  *     32u + 4k + i is row k's qs[4u + i] (u = 0..3): low nibble element 4u + i, high 16 + 4u + i;
  *   Q8_0's values at 16, 256 bytes: byte 32v + 4k + i is row k's element 4v + i (v = 0..7).
  * So the 32 bytes at 32u are, in 32-bit lane k, four consecutive elements of row k: one vector
- * multiplies eight outputs by the same four activations (the vector kernels' layout). */
+ * multiplies eight outputs by the same four activations (the vector kernels' layout).
+ *
+ * Q4_K and Q5_K the same way, a record being block b of the eight rows (8 * 144, 8 * 176 bytes):
+ *   d of row k at 2k, dmin at 16 + 2k;
+ *   the scales at 32, 96 bytes: byte 32 + 8i + k is row k's scales[i] (i = 0..11);
+ *   Q5_K's high bits at 128, 256 bytes: byte 32q + 4k + i is row k's qh[4q + i] (q = 0..7);
+ *   the nibbles at 128 (Q5_K: 384), 1024 bytes: byte 32(8p + q) + 4k + i is row k's
+ *     qs[32p + 4q + i] (p = 0..3, q = 0..7): low nibble element 64p + 4q + i (sub-block 2p), high
+ *     64p + 32 + 4q + i (sub-block 2p + 1). */
+
+static inline int k8_qs_at(int type) { return type == T_Q5_K ? 384 : 128; } /* the nibbles in a record */
+
+/* Row k's block (the file's layout, blk) into record rec, or (unpack) back. */
+static void k8_move(int type, uint8_t *rec, int k, uint8_t *blk, int unpack) {
+    const int qs_file = type == T_Q5_K ? 48 : 16;
+#define K8_MOVE(rec_at, blk_at, n) (unpack ? memcpy(blk + (blk_at), rec + (rec_at), n) : memcpy(rec + (rec_at), blk + (blk_at), n))
+    K8_MOVE(2 * k, 0, 2);
+    K8_MOVE(16 + 2 * k, 2, 2);
+    for (int i = 0; i < 12; i++) K8_MOVE(32 + 8 * i + k, 4 + i, 1);
+    if (type == T_Q5_K)
+        for (int q = 0; q < 8; q++) K8_MOVE(128 + 32 * q + 4 * k, 16 + 4 * q, 4);
+    for (int u = 0; u < 32; u++) K8_MOVE(k8_qs_at(type) + 32 * u + 4 * k, qs_file + 4 * u, 4);
+#undef K8_MOVE
+}
 
 static inline int x8_at(int type, int what) { /* what: 0 the nibbles (Q8_0's values), 1 the high bits */
     if (what == 1) return type == T_Q5_1 ? 32 : 16;
@@ -387,6 +420,10 @@ static inline int qs_at(int type) { /* the nibbles (Q8_0's values) in a block of
 
 /* Row k's block of record rec, in the file's layout, written to blk. */
 static void x8_unpack(int type, const uint8_t *rec, int k, uint8_t *blk) {
+    if (is_k8(type)) {
+        k8_move(type, (uint8_t *)rec, k, blk, 1);
+        return;
+    }
     memcpy(blk, rec + 2 * k, 2);
     if (type == T_Q4_1 || type == T_Q5_1) memcpy(blk + 2, rec + 16 + 2 * k, 2);
     const uint8_t *q = rec + x8_at(type, 0);
@@ -409,6 +446,10 @@ static void x8_pack(int type, const uint8_t *w, int64_t row_bytes, int n, int64_
         uint8_t *rec = out + b * 8 * bb;
         for (int k = 0; k < n; k++) {
             const uint8_t *blk = w + k * row_bytes + b * bb;
+            if (is_k8(type)) {
+                k8_move(type, rec, k, (uint8_t *)blk, 0);
+                continue;
+            }
             memcpy(rec + 2 * k, blk, 2);
             if (type == T_Q4_1 || type == T_Q5_1) memcpy(rec + 16 + 2 * k, blk + 2, 2);
             const uint8_t *qs = blk + qs_at(type);
@@ -429,12 +470,12 @@ static void x8_pack(int type, const uint8_t *w, int64_t row_bytes, int n, int64_
 }
 
 /* The id of `type` repacked (type | GG_X8), or -1 where the type has no such layout. */
-int gguf_repacked_type(int type) { return is_32(type) ? type | GG_X8 : -1; }
+int gguf_repacked_type(int type) { return in_groups(type) ? type | GG_X8 : -1; }
 
 /* Bytes of a repacked tensor of n_out rows (a multiple of 8 rows), or -1. */
 int64_t gguf_repacked_bytes(int type, int64_t n_out, int64_t n_in) {
     const int64_t rb = gguf_row_bytes(type, n_in);
-    if (!is_32(base_type(type)) || rb < 0 || n_out <= 0) return -1;
+    if (!in_groups(base_type(type)) || rb < 0 || n_out <= 0) return -1;
     return (n_out + 7) / 8 * 8 * rb;
 }
 
@@ -442,15 +483,16 @@ int64_t gguf_repacked_bytes(int type, int64_t n_out, int64_t n_in) {
  * time. Returns 0, or -1 (a type without the layout, bad shape). */
 int gguf_repack(int type, const uint8_t *w, int64_t n_out, int64_t n_in, uint8_t *out) {
     const int64_t rb = gguf_row_bytes(type, n_in);
-    if (!is_32(type) || rb < 0 || n_out <= 0) return -1;
+    if (!in_groups(type) || rb < 0 || n_out <= 0) return -1;
     for (int64_t j = 0; j < n_out; j += 8)
-        x8_pack(type, w + j * rb, rb, n_out - j < 8 ? (int)(n_out - j) : 8, n_in / 32, out + j * rb);
+        x8_pack(type, w + j * rb, rb, n_out - j < 8 ? (int)(n_out - j) : 8, n_in / block_elems(type), out + j * rb);
     return 0;
 }
 
-/* Block b of row j of a 32-weight tensor in the file's layout: where it lies, or (repacked) tmp, where it is reassembled. */
-static inline const uint8_t *k32_block(int type, int x8, const uint8_t *w, int64_t row_bytes, int64_t j, int64_t b,
-                                       uint8_t tmp[34]) {
+/* Block b of row j of a grouped type's tensor in the file's layout: where it lies, or (repacked)
+ * tmp (block_bytes(type) of them), where it is reassembled. */
+static inline const uint8_t *block_at(int type, int x8, const uint8_t *w, int64_t row_bytes, int64_t j, int64_t b,
+                                       uint8_t *tmp) {
     const int bb = block_bytes(type);
     if (!x8) return w + j * row_bytes + b * bb;
     x8_unpack(type, w + (j & ~(int64_t)7) * row_bytes + b * 8 * bb, (int)(j & 7), tmp);
@@ -567,13 +609,27 @@ static void kq_scalar(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t 
     const int64_t n_in = A->n_in, nb = n_in / 256;
     const int has_min = s->type == T_Q4_K || s->type == T_Q5_K || s->type == T_Q2_K;
     int q[256], sc[16], cw[16];
+    uint8_t tmp[176];
     for (int64_t j = j0; j < j1; j++) {
-        const uint8_t *row = s->w + j * s->row_bytes;
         float acc[RT][8];
         memset(acc, 0, sizeof acc);
         for (int64_t b = 0; b < nb; b++) {
             float d, dmin;
-            const int off = kq_decode(s->type, row + b * block_bytes(s->type), q, sc, cw, &d, &dmin);
+            const int off = kq_decode(s->type, block_at(s->type, s->x8, s->w, s->row_bytes, j, b, tmp), q, sc, cw, &d, &dmin);
+            if (is_k8(s->type)) { /* one integer per block, one accumulator (lane 0) */
+                for (int64_t t = 0; t < nr; t++) {
+                    const int64_t r = r0 + t;
+                    const int8_t *x = A->qk + r * n_in + b * 256;
+                    const int16_t *bs = A->bk + r * (n_in / 16) + b * 16;
+                    const float dx = A->dk[r * nb + b];
+                    int32_t isum = 0, iadj = 0;
+                    for (int e = 0; e < 256; e++) isum += sc[e >> 4] * (q[e] * x[e]);
+                    for (int g = 0; g < 16; g++) iadj += cw[g] * bs[g];
+                    acc[t][0] = fmaf(d * dx, (float)isum, acc[t][0]);
+                    acc[t][0] = fmaf(-(dmin * dx), (float)iadj, acc[t][0]);
+                }
+                continue;
+            }
             for (int64_t t = 0; t < nr; t++) {
                 const int64_t r = r0 + t;
                 const int8_t *x = A->qk + r * n_in + b * 256;
@@ -596,7 +652,8 @@ static void kq_scalar(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t 
             }
         }
         for (int64_t t = 0; t < nr; t++)
-            store(o->y + (r0 + t) * o->ldy + s->col + j, tree8(acc[t]), s->bias, j, o->accumulate);
+            store(o->y + (r0 + t) * o->ldy + s->col + j, is_k8(s->type) ? acc[t][0] : tree8(acc[t]), s->bias, j,
+                  o->accumulate);
     }
 }
 
@@ -620,13 +677,13 @@ static void k32_scalar(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t
     const Acts *A = o->a;
     const int64_t n_in = A->n_in, nb = n_in / 32;
     int q[32];
-    uint8_t tmp[34];
+    uint8_t tmp[176];
     for (int64_t j = j0; j < j1; j++) {
         float acc[RT], accm[RT];
         memset(acc, 0, sizeof acc);
         memset(accm, 0, sizeof accm);
         for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *blk = k32_block(s->type, s->x8, s->w, s->row_bytes, j, b, tmp);
+            const uint8_t *blk = block_at(s->type, s->x8, s->w, s->row_bytes, j, b, tmp);
             const float d = f16(blk);
             float m = 0.0f;
             if (has_m(s->type)) m = f16(blk + 2);
@@ -729,14 +786,14 @@ int gguf_get_rows(int type, const uint8_t *w, int64_t n_in, const int64_t *ids, 
     for (int64_t k = 0; k < n; k++) {
         const uint8_t *row = w + ids[k] * rb;
         float *y = out + k * n_in;
-        uint8_t tmp[34];
+        uint8_t tmp[176];
         switch (type) {
         case T_F32: case T_F16: case T_BF16:
             for (int64_t i = 0; i < n_in; i++) y[i] = wget(type, row, i);
             break;
         case T_Q4_0: case T_Q4_1:
             for (int64_t b = 0; b < n_in / 32; b++) {
-                const uint8_t *blk = k32_block(type, x8, w, rb, ids[k], b, tmp);
+                const uint8_t *blk = block_at(type, x8, w, rb, ids[k], b, tmp);
                 const float d = f16(blk), m = type == T_Q4_1 ? f16(blk + 2) : 0.0f;
                 const uint8_t *qs = blk + (type == T_Q4_1 ? 4 : 2);
                 for (int i = 0; i < 32; i++) {
@@ -747,7 +804,7 @@ int gguf_get_rows(int type, const uint8_t *w, int64_t n_in, const int64_t *ids, 
             break;
         case T_Q5_0: case T_Q5_1:
             for (int64_t b = 0; b < n_in / 32; b++) {
-                const uint8_t *blk = k32_block(type, x8, w, rb, ids[k], b, tmp);
+                const uint8_t *blk = block_at(type, x8, w, rb, ids[k], b, tmp);
                 const float d = f16(blk), m = type == T_Q5_1 ? f16(blk + 2) : 0.0f;
                 int q[32];
                 q5_values(blk, type, q);
@@ -756,7 +813,7 @@ int gguf_get_rows(int type, const uint8_t *w, int64_t n_in, const int64_t *ids, 
             break;
         case T_IQ4_NL:
             for (int64_t b = 0; b < n_in / 32; b++) {
-                const uint8_t *blk = k32_block(type, x8, w, rb, ids[k], b, tmp);
+                const uint8_t *blk = block_at(type, x8, w, rb, ids[k], b, tmp);
                 const float d = f16(blk);
                 for (int i = 0; i < 32; i++) y[b * 32 + i] = d * (float)kv_iq4[i < 16 ? blk[2 + i] & 0xF : blk[2 + i - 16] >> 4];
             }
@@ -767,7 +824,7 @@ int gguf_get_rows(int type, const uint8_t *w, int64_t n_in, const int64_t *ids, 
             for (int64_t b = 0; b < n_in / 256; b++) {
                 int q[256], sc[16], cw[16];
                 float d, dmin;
-                const int off = kq_decode(type, row + b * block_bytes(type), q, sc, cw, &d, &dmin);
+                const int off = kq_decode(type, block_at(type, x8, w, rb, ids[k], b, tmp), q, sc, cw, &d, &dmin);
                 for (int e = 0; e < 256; e++) {
                     const float dl = d * (float)sc[e >> 4];
                     y[b * 256 + e] = type == T_Q2_K || type == T_Q5_K ? dl * (float)q[e] - dmin * (float)cw[e >> 4]
@@ -777,14 +834,14 @@ int gguf_get_rows(int type, const uint8_t *w, int64_t n_in, const int64_t *ids, 
             break;
         case T_Q8_0:
             for (int64_t b = 0; b < n_in / 32; b++) {
-                const uint8_t *blk = k32_block(type, x8, w, rb, ids[k], b, tmp);
+                const uint8_t *blk = block_at(type, x8, w, rb, ids[k], b, tmp);
                 const float d = f16(blk);
                 for (int i = 0; i < 32; i++) y[b * 32 + i] = (float)(int8_t)blk[2 + i] * d;
             }
             break;
         case T_Q4_K:
             for (int64_t b = 0; b < n_in / 256; b++) {
-                const uint8_t *blk = row + b * 144;
+                const uint8_t *blk = block_at(type, x8, w, rb, ids[k], b, tmp);
                 const float d = f16(blk), dmin = f16(blk + 2);
                 uint8_t sc[8], m[8];
                 q4k_scales(blk + 4, sc, m);
@@ -972,24 +1029,6 @@ static inline __attribute__((always_inline)) void prefetch_block(const uint8_t *
     for (int i = 0; i < bytes; i += 64) _mm_prefetch((const char *)(p + PF_AHEAD + i), _MM_HINT_T0);
 }
 
-/* Q4_K's scales and mins of one block as s16 vectors: `scales` holds sc[0..7] in both 128-bit
- * halves, `mins` holds m[0], m[0], m[1], m[1], ..., m[7], m[7]. */
-static inline __attribute__((always_inline)) void q4k_scale_vectors(const uint8_t *blk, __m256i *scales, __m256i *mins) {
-    /* ggml's get_scale_min_k4 on the 12 bytes as 32-bit words u0, u1, u2 (the load's 4 more bytes
-     * are the block's first nibbles, unused): sc[0..3] = u0 & 0x3f.., sc[4..7] = (u2 & 0x0f..) |
-     * (top two bits of u0's bytes) << 4, m[0..3] = u1 & 0x3f.., m[4..7] = (u2 >> 4 & 0x0f..) |
-     * (top two bits of u1's bytes) << 4 */
-    const __m128i u = _mm_loadu_si128((const __m128i *)(blk + 4));
-    const __m128i a = _mm_shuffle_epi32(u, _MM_SHUFFLE(2, 1, 2, 0)); /* u0, u2, u1, u2 */
-    const __m128i b = _mm_shuffle_epi32(u, _MM_SHUFFLE(1, 1, 0, 0)); /* u0, u0, u1, u1 */
-    const __m128i low = _mm_and_si128(_mm_srlv_epi32(a, _mm_set_epi32(4, 0, 0, 0)),
-                                      _mm_set_epi32(0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f));
-    const __m128i high = _mm_and_si128(_mm_srli_epi32(b, 2), _mm_set_epi32(0x30303030, 0, 0x30303030, 0));
-    const __m128i v = _mm_or_si128(low, high); /* bytes sc[0..7], m[0..7] */
-    *scales = _mm256_cvtepu8_epi16(_mm_unpacklo_epi64(v, v));
-    *mins = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(v, v));
-}
-
 static inline __attribute__((always_inline)) void q6k_vectors(const uint8_t *blk, int h, __m256i *qv) {
     const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
     const __m256i l0 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h));
@@ -1009,25 +1048,18 @@ static inline __attribute__((always_inline)) __m256i bits_to_bytes(uint32_t qh, 
     return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(value));
 }
 
-/* Q2_K, Q3_K, Q5_K, IQ4_XS (the kx kernels): what a block's products need besides its weights.
+/* Q2_K, Q3_K, IQ4_XS (the kx kernels): what a block's products need besides its weights.
  * sc: the s16 scales, either sc[0..7] (sub-blocks of 32) in both 128-bit halves, or sc[0..15] (of
  * 16); cw: the s16 weights of the sums of 16 activations in the correction (madd with them puts
- * sums 2l and 2l + 1 in lane l): the mins (Q5_K: m[0], m[0], m[1], m[1], ...; Q2_K: m[0..15]) or
- * Q3_K's scales; hb: the 32 bytes of high bits (Q5_K's qh, Q3_K's hmask); d, dmin broadcast. */
+ * sums 2l and 2l + 1 in lane l): Q2_K's mins m[0..15] or Q3_K's scales; hb: the 32 bytes of high
+ * bits (Q3_K's hmask); d, dmin broadcast. */
 typedef struct {
     __m256i sc, cw, hb;
     __m256 d, dmin;
 } KxBlock;
 
 static inline __attribute__((always_inline)) void kx_block(const int type, const uint8_t *blk, KxBlock *B) {
-    if (type == T_Q5_K) {
-        uint32_t dd2;
-        memcpy(&dd2, blk, 4);
-        const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dd2)); /* d, dmin: exact, as f16() */
-        B->d = _mm256_broadcastss_ps(dm), B->dmin = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
-        q4k_scale_vectors(blk, &B->sc, &B->cw);
-        B->hb = _mm256_loadu_si256((const __m256i *)(blk + 16));
-    } else if (type == T_Q3_K) { /* q3k_scales, its words kept in a register (no store and reload) */
+    if (type == T_Q3_K) { /* q3k_scales, its words kept in a register (no store and reload) */
         uint32_t a[3];
         memcpy(a, blk + 96, 12);
         const __m128i u = _mm_set_epi32((int)(((a[1] >> 4) & 0x0f0f0f0fu) | (((a[2] >> 6) & 0x03030303u) << 4)),
@@ -1069,19 +1101,15 @@ static inline __attribute__((always_inline)) __m256i bit_moved(__m256i hb, const
  * Q3_K's offset by 4; IQ4_XS's signed levels) and its s16 scales, one per byte pair. */
 static inline __attribute__((always_inline)) void kx_vector(const int type, const uint8_t *blk, const KxBlock *B, const int v,
                                                             __m256i *q, __m256i *sv) {
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
-    if (type == T_Q5_K || type == T_IQ4_XS) { /* sub-blocks of 32: scale v, in both halves */
+    const __m256i m3 = _mm256_set1_epi8(3);
+    if (type == T_IQ4_XS) { /* sub-blocks of 32: scale v, in both halves */
         *sv = _mm256_shuffle_epi8(B->sc, _mm256_set1_epi16((short)(0x0100 + 0x0202 * v)));
     } else { /* sub-blocks 2v and 2v + 1 of 16: lanes v % 4 * 2 (+ 1) of the scales' half v / 4 */
         const __m256i sh = _mm256_broadcastsi128_si256(v >= 4 ? _mm256_extracti128_si256(B->sc, 1) : _mm256_castsi256_si128(B->sc));
         *sv = _mm256_shuffle_epi8(sh, _mm256_set_m128i(_mm_set1_epi16((short)(0x0100 + 0x0202 * (2 * (v & 3) + 1))),
                                                        _mm_set1_epi16((short)(0x0100 + 0x0202 * (2 * (v & 3))))));
     }
-    if (type == T_Q5_K) { /* the nibbles v % 2 of qs[32 (v / 2) ..], bit v of qh[i] as 16 */
-        const __m256i bits = _mm256_loadu_si256((const __m256i *)(blk + 48 + 32 * (v >> 1)));
-        const __m256i lo = (v & 1) ? _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4) : _mm256_and_si256(bits, m4);
-        *q = _mm256_or_si256(lo, bit_moved(B->hb, v, 4));
-    } else if (type == T_Q3_K) { /* bits 2 (v % 4) of qs[32 (v / 4) ..], bit v of hmask[i] as 4 */
+    if (type == T_Q3_K) { /* bits 2 (v % 4) of qs[32 (v / 4) ..], bit v of hmask[i] as 4 */
         const __m256i bits = _mm256_loadu_si256((const __m256i *)(blk + 32 + 32 * (v >> 2)));
         const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(bits, 2 * (v & 3)), m3);
         *q = _mm256_or_si256(lo, bit_moved(B->hb, v, 2));
@@ -1197,9 +1225,9 @@ static void run_seg(const Seg *s, int64_t j0, int64_t j1, int64_t n_rows, const 
 #ifdef GG_AVX2
 #define PATH_KERNELS(SUFFIX)                                                          \
     switch (s->type) {                                                                \
-    case T_Q4_K: k = q4k_##SUFFIX; break;                                             \
+    case T_Q4_K: case T_Q5_K: k = k8_##SUFFIX; break;                                 \
     case T_Q6_K: k = q6k_##SUFFIX; break;                                             \
-    case T_Q2_K: case T_Q3_K: case T_Q5_K: case T_IQ4_XS: k = kx_##SUFFIX; break;     \
+    case T_Q2_K: case T_Q3_K: case T_IQ4_XS: k = kx_##SUFFIX; break;                  \
     default: k = is_32(s->type) ? k32_##SUFFIX : kf_avx2; break;                      \
     }
     if (path == P_AVX2) { PATH_KERNELS(avx2) }
@@ -1216,7 +1244,7 @@ static void run_seg(const Seg *s, int64_t j0, int64_t j1, int64_t n_rows, const 
         k(s, j0, j1, 0, n_rows, o);
         return;
     }
-    const int64_t step = is_32(s->type) ? 8 : 1; /* the 32-weight kernels take outputs in groups of 8 */
+    const int64_t step = in_groups(s->type) ? 8 : 1; /* the grouped types' kernels take outputs in groups of 8 */
     for (int64_t j = j0; j < j1; j += step)
         for (int64_t r0 = 0; r0 < n_rows; r0 += RT)
             k(s, j, j + step < j1 ? j + step : j1, r0, n_rows - r0 < RT ? n_rows - r0 : RT, o);
@@ -1269,7 +1297,7 @@ static int gguf_matmul_multi(int n_seg, const int32_t *types, const uint64_t *we
     first_chunk[0] = 0;
     for (int i = 0; i < n_seg; i++) {
         chunk_rows[i] = CHUNK_BYTES / segs[i].row_bytes > 0 ? CHUNK_BYTES / segs[i].row_bytes : 1;
-        if (is_32(segs[i].type)) chunk_rows[i] = (chunk_rows[i] + 7) & ~(int64_t)7; /* whole groups of 8 rows */
+        if (in_groups(segs[i].type)) chunk_rows[i] = (chunk_rows[i] + 7) & ~(int64_t)7; /* whole groups of 8 rows */
         first_chunk[i + 1] = first_chunk[i] + (segs[i].n_out + chunk_rows[i] - 1) / chunk_rows[i];
     }
     const int64_t n_chunks = first_chunk[n_seg];
@@ -1626,58 +1654,11 @@ static int gguf_forward_seqs(const int64_t *layers, int64_t n_layers, int64_t hi
  * integer lanes from the first half wait in `part` (exact). For one to three rows the whole block
  * stays in registers instead (the register kernels). */
 
-static inline __attribute__((always_inline)) __m256i KN(q4k_half)(const __m256i *qv, const __m256i *sv, const int8_t *x) {
+static inline __attribute__((always_inline)) __m256i KN(k_half)(const __m256i *qv, const __m256i *sv, const int8_t *x) {
     __m256i sum = DOT_FIRST(_mm256_maddubs_epi16(qv[0], _mm256_loadu_si256((const __m256i *)x)), sv[0]);
     sum = DOT_ADD(sum, _mm256_maddubs_epi16(qv[1], _mm256_loadu_si256((const __m256i *)(x + 32))), sv[1]);
     sum = DOT_ADD(sum, _mm256_maddubs_epi16(qv[2], _mm256_loadu_si256((const __m256i *)(x + 64))), sv[2]);
     return DOT_ADD(sum, _mm256_maddubs_epi16(qv[3], _mm256_loadu_si256((const __m256i *)(x + 96))), sv[3]);
-}
-
-/* One to three rows (a decoding step, a verification pass): the whole block decoded once into
- * registers and applied to each row in turn, each row's integer sums and accumulator in registers
- * (NR <= 4; with four the registers spill, and the tiled kernel below is as fast: it takes four
- * rows and more). */
-static inline __attribute__((always_inline)) void KN(q4k_few)(const Seg *s, int64_t j0, int64_t j1, int64_t r0, const int NR,
-                                                           const Out *o) {
-    const Acts *A = o->a;
-    const int64_t n_in = A->n_in, nb = n_in / 256;
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
-    for (int64_t j = j0; j < j1; j++) {
-        const uint8_t *row = s->w + j * s->row_bytes;
-        __m256 acc[4];
-        for (int t = 0; t < NR; t++) acc[t] = _mm256_setzero_ps();
-        for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *blk = row + b * 144;
-            prefetch_block(blk, 144);
-            uint32_t dd2;
-            memcpy(&dd2, blk, 4);
-            const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dd2));
-            __m256i scales, mins, sum[4];
-            q4k_scale_vectors(blk, &scales, &mins);
-            for (int t = 0; t < NR; t++) sum[t] = _mm256_setzero_si256();
-            for (int k = 0; k < 4; k++) {
-                const __m256i bits = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * k));
-                const __m256i lo = _mm256_and_si256(bits, m4), hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
-                const __m256i sl = _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * k))));
-                const __m256i sh = _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * k + 1))));
-                for (int t = 0; t < NR; t++) {
-                    const int8_t *x = A->qk + (r0 + t) * n_in + b * 256 + 64 * k;
-                    sum[t] = DOT_ADD(sum[t], _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)x)), sl);
-                    sum[t] = DOT_ADD(sum[t], _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(x + 32))), sh);
-                }
-            }
-            const __m256 dv = _mm256_broadcastss_ps(dm), mv = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
-            for (int t = 0; t < NR; t++) {
-                const int64_t r = r0 + t;
-                const __m256i adj = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)(A->bk + r * (n_in / 16) + b * 16)));
-                const __m256 dx = _mm256_broadcast_ss(A->dk + r * nb + b);
-                acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dv, dx), _mm256_cvtepi32_ps(sum[t]), acc[t]);
-                acc[t] = _mm256_fnmadd_ps(_mm256_mul_ps(mv, dx), _mm256_cvtepi32_ps(adj), acc[t]);
-            }
-        }
-        for (int t = 0; t < NR; t++)
-            store(o->y + (r0 + t) * o->ldy + s->col + j, tree8v(acc[t]), s->bias, j, o->accumulate);
-    }
 }
 
 static inline __attribute__((always_inline)) void KN(q6k_few)(const Seg *s, int64_t j0, int64_t j1, int64_t r0, const int NR,
@@ -1720,63 +1701,6 @@ static inline __attribute__((always_inline)) void KN(q6k_few)(const Seg *s, int6
     }
 }
 
-/* Q4_K: d, dmin (fp16), 12 bytes of six-bit scales and mins, 128 bytes of nibbles. */
-static inline __attribute__((always_inline)) void KN(q4k_tile)(const Seg *s, int64_t j0, int64_t j1, int64_t r0, const int64_t nr,
-                                                            const Out *o) {
-    const Acts *A = o->a;
-    const int64_t n_in = A->n_in, nb = n_in / 256;
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
-    __m256i part[RT];
-    for (int64_t j = j0; j < j1; j++) {
-        const uint8_t *row = s->w + j * s->row_bytes;
-        __m256 acc[RT];
-        for (int t = 0; t < nr; t++) acc[t] = _mm256_setzero_ps();
-        for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *blk = row + b * 144;
-            prefetch_block(blk, 144);
-            uint32_t dd2;
-            memcpy(&dd2, blk, 4);
-            const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dd2)); /* d, dmin: exact, as f16() */
-            __m256i scales, mins;
-            q4k_scale_vectors(blk, &scales, &mins);
-            const __m256 dv = _mm256_broadcastss_ps(dm), mv = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
-            for (int h = 0; h < 2; h++) {
-                /* sub-blocks 4h .. 4h + 3: the low and high nibbles of qs[64h ..], then of qs[64h + 32 ..] */
-                const __m256i b0 = _mm256_loadu_si256((const __m256i *)(blk + 16 + 64 * h));
-                const __m256i b1 = _mm256_loadu_si256((const __m256i *)(blk + 48 + 64 * h));
-                const __m256i qv[4] = {_mm256_and_si256(b0, m4), _mm256_and_si256(_mm256_srli_epi16(b0, 4), m4),
-                                       _mm256_and_si256(b1, m4), _mm256_and_si256(_mm256_srli_epi16(b1, 4), m4)};
-                __m256i sv[4];
-                for (int v = 0; v < 4; v++) sv[v] = _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (4 * h + v))));
-                for (int64_t t = 0; t < nr; t++) {
-                    const int64_t r = r0 + t;
-                    const __m256i half = KN(q4k_half)(qv, sv, A->qk + r * n_in + b * 256 + 128 * h);
-                    if (h == 0) {
-                        part[t] = half;
-                        continue;
-                    }
-                    const __m256i sum = _mm256_add_epi32(part[t], half);
-                    const __m256i adj = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)(A->bk + r * (n_in / 16) + b * 16)));
-                    const __m256 dx = _mm256_set1_ps(A->dk[r * nb + b]);
-                    acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dv, dx), _mm256_cvtepi32_ps(sum), acc[t]);
-                    acc[t] = _mm256_fnmadd_ps(_mm256_mul_ps(mv, dx), _mm256_cvtepi32_ps(adj), acc[t]);
-                }
-            }
-        }
-        for (int64_t t = 0; t < nr; t++)
-            store(o->y + (r0 + t) * o->ldy + s->col + j, tree8v(acc[t]), s->bias, j, o->accumulate);
-    }
-}
-
-static void KN(q4k)(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t nr, const Out *o) {
-    switch (nr) { /* the register kernel, its loops over the rows unrolled, for up to three rows */
-    case 1: KN(q4k_few)(s, j0, j1, r0, 1, o); break;
-    case 2: KN(q4k_few)(s, j0, j1, r0, 2, o); break;
-    case 3: KN(q4k_few)(s, j0, j1, r0, 3, o); break;
-    default: KN(q4k_tile)(s, j0, j1, r0, nr, o);
-    }
-}
-
 /* Q6_K: ql[128], qh[64], int8 scales[16], d (fp16). Half h is ql[64h .. 64h + 63] and qh[32h ..]. */
 static inline __attribute__((always_inline)) void KN(q6k_tile)(const Seg *s, int64_t j0, int64_t j1, int64_t r0, const int64_t nr,
                                                             const Out *o) {
@@ -1804,7 +1728,7 @@ static inline __attribute__((always_inline)) void KN(q6k_tile)(const Seg *s, int
                                                                      _mm_set1_epi16((short)(0x0100 + 0x0202 * (2 * v)))));
                 for (int64_t t = 0; t < nr; t++) {
                     const int64_t r = r0 + t;
-                    const __m256i half = KN(q4k_half)(qv, sv, A->qk + r * n_in + b * 256 + 128 * h);
+                    const __m256i half = KN(k_half)(qv, sv, A->qk + r * n_in + b * 256 + 128 * h);
                     if (h == 0) {
                         part[t] = half;
                         continue;
@@ -1989,7 +1913,212 @@ static void KN(k32)(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t nr
     }
 }
 
-/* Q2_K, Q3_K, Q5_K, IQ4_XS against one to three rows (nr a constant): each block decoded once,
+/* Q4_K and Q5_K on groups of 8 outputs in the repacked layout (a tensor in the file's layout is
+ * repacked a group at a time into the thread's pack_buffer), a 32-bit lane an output, as the
+ * 32-weight types: vector (p, q) of a record holds qs[32p + 4q ..] of each of the 8 rows, its low
+ * nibbles multiplied by activations 64p + 4q .. (sub-block 2p), its high ones by 64p + 32 + 4q ..
+ * (sub-block 2p + 1), each four broadcast. maddubs' s16 pairs of one sub-block add up as s16 where
+ * no sum can overflow (a pair of nibbles times activations is below 3810 in magnitude: eight
+ * vectors' sum below 2^15; Q5_K's five bits, below 7874: four), then one multiply by the 8 outputs'
+ * scales into int32 (DOT_ADD). The mins' term, one integer per output: sum over the sub-blocks of
+ * m * (the sum of its 32 activations). Per block and output: acc += (d * dx) * sum, then
+ * acc -= (dmin * dx) * mins (kq_scalar's operations). */
+
+/* The 8 outputs' scales and mins of a record: byte 8s + k (s = 0..3) of lo, of hi for s + 4. */
+static inline __attribute__((always_inline)) void KN(k8_scales)(const uint8_t *rec, __m256i *sc_lo, __m256i *sc_hi,
+                                                             __m256i *mn_lo, __m256i *mn_hi) {
+    const __m256i a = _mm256_loadu_si256((const __m256i *)(rec + 32)), b = _mm256_loadu_si256((const __m256i *)(rec + 64));
+    const __m256i c = _mm256_loadu_si256((const __m256i *)(rec + 96));
+    const __m256i m6 = _mm256_set1_epi8(0x3F), m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
+    /* get_scale_min_k4 on all 8 rows at once: scales[0..3] & 63, scales[4..7] & 63 (the mins), and
+     * for sub-blocks 4..7 the nibbles of scales[8..11] with the top two bits of scales[0..3] (of
+     * scales[4..7] for the mins) above them. A 16-bit shift by 6 (4) leaves in a byte's low 2 (4)
+     * bits only its own bits. */
+    *sc_lo = _mm256_and_si256(a, m6);
+    *mn_lo = _mm256_and_si256(b, m6);
+    *sc_hi = _mm256_or_si256(_mm256_and_si256(c, m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(a, 6), m2), 4));
+    *mn_hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), m4),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(b, 6), m2), 4));
+}
+
+/* What a record's products need besides its weights: sv[s], the 8 outputs' scales of sub-block s
+ * (each in both s16 halves of its lane); mv[p], their mins of sub-blocks 2p, 2p + 1 (the s16 pair
+ * of each lane); d, dmin. */
+typedef struct {
+    __m256i sv[8], mv[4];
+    __m256 d, dmin;
+} KN(K8Rec);
+
+static inline __attribute__((always_inline)) void KN(k8_rec)(const uint8_t *rec, KN(K8Rec) *R) {
+    __m256i sc_lo, sc_hi, mn_lo, mn_hi;
+    KN(k8_scales)(rec, &sc_lo, &sc_hi, &mn_lo, &mn_hi);
+    for (int p = 0; p < 4; p++) {
+        const __m256i sc = p < 2 ? sc_lo : sc_hi, mn = p < 2 ? mn_lo : mn_hi;
+        const __m128i s2 = (p & 1) ? _mm256_extracti128_si256(sc, 1) : _mm256_castsi256_si128(sc);
+        const __m128i m2 = (p & 1) ? _mm256_extracti128_si256(mn, 1) : _mm256_castsi256_si128(mn);
+        R->sv[2 * p] = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(s2, s2));
+        R->sv[2 * p + 1] = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(s2, s2));
+        R->mv[p] = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m2, _mm_srli_si128(m2, 8)));
+    }
+    R->d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)rec));
+    R->dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 16)));
+}
+
+/* Vector (p, q) of a record: its low (sub-block 2p) and high (2p + 1) values as bytes. */
+static inline __attribute__((always_inline)) void KN(k8_vector)(const int type, const uint8_t *rec, int p, int q, __m256i *lo,
+                                                             __m256i *hi) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i bits = _mm256_loadu_si256((const __m256i *)(rec + k8_qs_at(type) + 32 * (8 * p + q)));
+    *lo = _mm256_and_si256(bits, m4);
+    *hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+    if (type == T_Q5_K) { /* bits 2p, 2p + 1 of qh[4q + i], as 16 */
+        const __m256i h = _mm256_loadu_si256((const __m256i *)(rec + 128 + 32 * q));
+        *lo = _mm256_or_si256(*lo, bit_moved(h, 2 * p, 4));
+        *hi = _mm256_or_si256(*hi, bit_moved(h, 2 * p + 1, 4));
+    }
+}
+
+/* Block b (record rec) of the 8 outputs against rows r0 .. r0 + G - 1 (G = 1..3), into acc[0 .. G - 1];
+ * the weights decoded here, or (dec) read as decoded before: vectors 2(8p + q) and 2(8p + q) + 1. */
+static inline __attribute__((always_inline)) void KN(k8_rows)(const int type, const uint8_t *rec, const __m256i *dec,
+                                                           const KN(K8Rec) *R, const Acts *A, int64_t b, int64_t r0,
+                                                           const int G, __m256 *acc) {
+    const int64_t n_in = A->n_in, nb = n_in / 256;
+    const int run = type == T_Q5_K ? 4 : 8; /* vectors whose s16 pair sums add up without overflow */
+    __m256i sum[4];
+    for (int t = 0; t < G; t++) sum[t] = _mm256_setzero_si256();
+    for (int p = 0; p < 4; p++)
+        for (int q0 = 0; q0 < 8; q0 += run) {
+            __m256i sl[4], sh[4];
+            for (int t = 0; t < G; t++) sl[t] = sh[t] = _mm256_setzero_si256();
+            for (int q = q0; q < q0 + run; q++) {
+                __m256i lo, hi;
+                if (dec) lo = dec[2 * (8 * p + q)], hi = dec[2 * (8 * p + q) + 1];
+                else KN(k8_vector)(type, rec, p, q, &lo, &hi);
+                for (int t = 0; t < G; t++) {
+                    const int8_t *x = A->qk + (r0 + t) * n_in + b * 256 + 64 * p + 4 * q;
+                    int32_t xl, xh;
+                    memcpy(&xl, x, 4);
+                    memcpy(&xh, x + 32, 4);
+                    sl[t] = _mm256_add_epi16(sl[t], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(xl)));
+                    sh[t] = _mm256_add_epi16(sh[t], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xh)));
+                    /* running sums in registers (the compiler would otherwise keep every product to
+                     * add them as a tree, and spill) */
+                    __asm__("" : "+x"(sl[t]), "+x"(sh[t]));
+                }
+            }
+            for (int t = 0; t < G; t++) sum[t] = DOT_ADD(DOT_ADD(sum[t], sl[t], R->sv[2 * p]), sh[t], R->sv[2 * p + 1]);
+        }
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int t = 0; t < G; t++) {
+        const int64_t r = r0 + t;
+        /* the sums of 32 activations as s16 pairs: dword p of each 128-bit half of `pairs` holds
+         * sub-blocks 2p, 2p + 1 (the low half 0..3, the high 4..7) */
+        const __m256i s32 = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(A->bk + r * (n_in / 16) + b * 16)), ones);
+        const __m256i pairs = _mm256_packs_epi32(s32, s32); /* |a sum of 32| <= 4064: no saturation */
+        __m256i adj = _mm256_madd_epi16(R->mv[0], _mm256_permutevar8x32_epi32(pairs, _mm256_set1_epi32(0)));
+        adj = _mm256_add_epi32(adj, _mm256_madd_epi16(R->mv[1], _mm256_permutevar8x32_epi32(pairs, _mm256_set1_epi32(1))));
+        adj = _mm256_add_epi32(adj, _mm256_madd_epi16(R->mv[2], _mm256_permutevar8x32_epi32(pairs, _mm256_set1_epi32(4))));
+        adj = _mm256_add_epi32(adj, _mm256_madd_epi16(R->mv[3], _mm256_permutevar8x32_epi32(pairs, _mm256_set1_epi32(5))));
+        const __m256 dx = _mm256_set1_ps(A->dk[r * nb + b]);
+        acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(R->d, dx), _mm256_cvtepi32_ps(sum[t]), acc[t]);
+        acc[t] = _mm256_fnmadd_ps(_mm256_mul_ps(R->dmin, dx), _mm256_cvtepi32_ps(adj), acc[t]);
+    }
+}
+
+/* The 8 outputs of group grp (the first n of them written) from accumulators acc[0 .. nr - 1]. */
+static inline __attribute__((always_inline)) void KN(k8_store)(const Seg *s, int64_t j, int n, int64_t r0, int64_t nr,
+                                                            const __m256 *acc, const Out *o) {
+    for (int64_t t = 0; t < nr; t++) {
+        float v[8];
+        _mm256_storeu_ps(v, acc[t]);
+        for (int k = 0; k < n; k++) store(o->y + (r0 + t) * o->ldy + s->col + j + k, v[k], s->bias, j + k, o->accumulate);
+    }
+}
+
+/* The 8 outputs of group grp against G (1..3) rows: each vector decoded as it is used, the
+ * accumulators in registers. */
+static inline __attribute__((always_inline)) void KN(k8_few)(const int type, const Seg *s, const uint8_t *grp, int64_t j,
+                                                          const int n, int64_t r0, const int G, const Out *o) {
+    const int64_t nb = o->a->n_in / 256;
+    const int rec_bytes = 8 * block_bytes(type);
+    __m256 acc[4];
+    for (int t = 0; t < G; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *rec = grp + b * rec_bytes;
+        for (int i = 0; X8_PF && i < rec_bytes; i += 64) _mm_prefetch((const char *)(rec + X8_PF + i), _MM_HINT_T0);
+        KN(K8Rec) R;
+        KN(k8_rec)(rec, &R);
+        KN(k8_rows)(type, rec, NULL, &R, o->a, b, r0, G, acc);
+    }
+    KN(k8_store)(s, j, n, r0, G, acc, o);
+}
+
+/* The same against nr (4 .. RT) rows: each record decoded once into dec, then taken three rows at
+ * a time (four as two and two). */
+static inline __attribute__((always_inline)) void KN(k8_many)(const int type, const Seg *s, const uint8_t *grp, int64_t j,
+                                                           const int n, int64_t r0, const int64_t nr, const Out *o) {
+    const int64_t nb = o->a->n_in / 256;
+    const int rec_bytes = 8 * block_bytes(type);
+    __m256 acc[RT];
+    __m256i dec[64];
+    for (int64_t t = 0; t < nr; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *rec = grp + b * rec_bytes;
+        for (int i = 0; X8_PF && i < rec_bytes; i += 64) _mm_prefetch((const char *)(rec + X8_PF + i), _MM_HINT_T0);
+        KN(K8Rec) R;
+        KN(k8_rec)(rec, &R);
+        for (int p = 0; p < 4; p++)
+            for (int q = 0; q < 8; q++) KN(k8_vector)(type, rec, p, q, &dec[2 * (8 * p + q)], &dec[2 * (8 * p + q) + 1]);
+        int64_t t = 0;
+        for (; nr - t >= 4; t += 4) KN(k8_rows)(type, rec, dec, &R, o->a, b, r0 + t, 4, acc + t);
+        if (nr - t == 3) KN(k8_rows)(type, rec, dec, &R, o->a, b, r0 + t, 3, acc + t);
+        else if (nr - t == 2) KN(k8_rows)(type, rec, dec, &R, o->a, b, r0 + t, 2, acc + t);
+        else if (nr - t == 1) KN(k8_rows)(type, rec, dec, &R, o->a, b, r0 + t, 1, acc + t);
+    }
+    KN(k8_store)(s, j, n, r0, nr, acc, o);
+}
+
+static inline __attribute__((always_inline)) void KN(k8_group)(const int type, const Seg *s, const uint8_t *grp, int64_t j,
+                                                            const int n, int64_t r0, const int64_t nr, const Out *o) {
+    switch (nr) {
+    case 1: KN(k8_few)(type, s, grp, j, n, r0, 1, o); break;
+    case 2: KN(k8_few)(type, s, grp, j, n, r0, 2, o); break;
+    case 3: KN(k8_few)(type, s, grp, j, n, r0, 3, o); break;
+    case 4: KN(k8_few)(type, s, grp, j, n, r0, 4, o); break;
+    default: KN(k8_many)(type, s, grp, j, n, r0, nr, o);
+    }
+}
+
+/* Outputs j0 .. j1 - 1 (j0 a multiple of 8 for a repacked tensor) in groups of 8. */
+#define K8_TYPE(NAME, TYPE)                                                                                   \
+    static void KN(NAME)(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t nr, const Out *o) {        \
+        const int64_t nb = o->a->n_in / 256;                                                                  \
+        uint8_t *buf = s->x8 ? NULL : pack_buffer((size_t)(8 * s->row_bytes));                               \
+        if (!s->x8 && !buf) { /* no memory for a group: the portable kernel (the same operations) */          \
+            kq_scalar(s, j0, j1, r0, nr, o);                                                                  \
+            return;                                                                                           \
+        }                                                                                                     \
+        for (int64_t j = j0; j < j1; j += 8) {                                                                \
+            const int n = j1 - j < 8 ? (int)(j1 - j) : 8;                                                     \
+            const uint8_t *grp = s->w + j * s->row_bytes;                                                     \
+            if (!s->x8) {                                                                                     \
+                x8_pack(TYPE, grp, s->row_bytes, n, nb, buf);                                                 \
+                grp = buf;                                                                                    \
+            }                                                                                                 \
+            KN(k8_group)(TYPE, s, grp, j, n, r0, nr, o);                                                      \
+        }                                                                                                     \
+    }
+K8_TYPE(k8_q4k, T_Q4_K)
+K8_TYPE(k8_q5k, T_Q5_K)
+#undef K8_TYPE
+
+static void KN(k8)(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t nr, const Out *o) {
+    if (s->type == T_Q5_K) KN(k8_q5k)(s, j0, j1, r0, nr, o);
+    else KN(k8_q4k)(s, j0, j1, r0, nr, o);
+}
+
+/* Q2_K, Q3_K, IQ4_XS against one to three rows (nr a constant): each block decoded once,
  * vector by vector (kx_vector), and each vector applied to every row, whose integer lanes (exact)
  * and accumulators stay in registers. */
 static inline __attribute__((always_inline)) void KN(kx_rows)(const int type, const Seg *s, int64_t j0, int64_t j1, int64_t r0,
@@ -2111,7 +2240,6 @@ static inline __attribute__((always_inline)) void KN(kx_tile)(const int type, co
     }
 KX_TYPE(kx_q2k, T_Q2_K)
 KX_TYPE(kx_q3k, T_Q3_K)
-KX_TYPE(kx_q5k, T_Q5_K)
 KX_TYPE(kx_iq4xs, T_IQ4_XS)
 #undef KX_TYPE
 
@@ -2119,7 +2247,6 @@ static void KN(kx)(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t nr,
     switch (s->type) {
     case T_Q2_K: KN(kx_q2k)(s, j0, j1, r0, nr, o); break;
     case T_Q3_K: KN(kx_q3k)(s, j0, j1, r0, nr, o); break;
-    case T_Q5_K: KN(kx_q5k)(s, j0, j1, r0, nr, o); break;
     default: KN(kx_iq4xs)(s, j0, j1, r0, nr, o);
     }
 }
