@@ -1062,52 +1062,21 @@ static inline __attribute__((always_inline)) void q6k_vectors(const uint8_t *blk
     qv[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30));
 }
 
-/* byte i of the result is `value` where bit i of qh is set, else 0 (each byte reads its own bit) */
-static inline __attribute__((always_inline)) __m256i bits_to_bytes(uint32_t qh, char value) {
-    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh),
-        _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL, 0x0101010101010101LL, 0));
-    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(value));
-}
-
-/* Q2_K, Q3_K, IQ4_XS (the kx kernels): what a block's products need besides its weights.
- * sc: the s16 scales, either sc[0..7] (sub-blocks of 32) in both 128-bit halves, or sc[0..15] (of
- * 16); cw: the s16 weights of the sums of 16 activations in the correction (madd with them puts
- * sums 2l and 2l + 1 in lane l): Q2_K's mins m[0..15] or Q3_K's scales; hb: the 32 bytes of high
- * bits (Q3_K's hmask); d, dmin broadcast. */
+/* IQ4_XS (the kx kernels): a block's s16 scales sc[0..7] (sub-blocks of 32) in both 128-bit halves
+ * (iq4xs_scales, as the 8 bytes of one word), and d broadcast. */
 typedef struct {
-    __m256i sc, cw, hb;
-    __m256 d, dmin;
+    __m256i sc;
+    __m256 d;
 } KxBlock;
 
-static inline __attribute__((always_inline)) void kx_block(const int type, const uint8_t *blk, KxBlock *B) {
-    if (type == T_Q3_K) { /* q3k_scales, its words kept in a register (no store and reload) */
-        uint32_t a[3];
-        memcpy(a, blk + 96, 12);
-        const __m128i u = _mm_set_epi32((int)(((a[1] >> 4) & 0x0f0f0f0fu) | (((a[2] >> 6) & 0x03030303u) << 4)),
-                                        (int)(((a[0] >> 4) & 0x0f0f0f0fu) | (((a[2] >> 4) & 0x03030303u) << 4)),
-                                        (int)((a[1] & 0x0f0f0f0fu) | (((a[2] >> 2) & 0x03030303u) << 4)),
-                                        (int)((a[0] & 0x0f0f0f0fu) | ((a[2] & 0x03030303u) << 4)));
-        B->sc = B->cw = _mm256_cvtepi8_epi16(_mm_sub_epi8(u, _mm_set1_epi8(32)));
-        B->hb = _mm256_loadu_si256((const __m256i *)blk);
-        B->d = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(blk[108] | (blk[109] << 8))));
-    } else if (type == T_Q2_K) {
-        const __m128i raw = _mm_loadu_si128((const __m128i *)blk), m4 = _mm_set1_epi8(0x0F);
-        B->sc = _mm256_cvtepu8_epi16(_mm_and_si128(raw, m4));
-        B->cw = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), m4));
-        uint32_t dd2;
-        memcpy(&dd2, blk + 80, 4);
-        const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dd2));
-        B->d = _mm256_broadcastss_ps(dm), B->dmin = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
-    } else { /* IQ4_XS: iq4xs_scales, as the 8 bytes of one word */
-        const unsigned hi = (unsigned)(blk[2] | (blk[3] << 8));
-        uint64_t w = 0;
-        for (int v = 0; v < 8; v++)
-            w |= (uint64_t)(((blk[4 + v / 2] >> (4 * (v & 1))) & 0xF) | (((hi >> (2 * v)) & 3) << 4)) << (8 * v);
-        const __m128i s8 = _mm_sub_epi8(_mm_cvtsi64_si128((long long)w), _mm_set1_epi8(32));
-        B->sc = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(s8));
-        B->d = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(blk[0] | (blk[1] << 8))));
-    }
+static inline __attribute__((always_inline)) void kx_block(const uint8_t *blk, KxBlock *B) {
+    const unsigned hi = (unsigned)(blk[2] | (blk[3] << 8));
+    uint64_t w = 0;
+    for (int v = 0; v < 8; v++)
+        w |= (uint64_t)(((blk[4 + v / 2] >> (4 * (v & 1))) & 0xF) | (((hi >> (2 * v)) & 3) << 4)) << (8 * v);
+    const __m128i s8 = _mm_sub_epi8(_mm_cvtsi64_si128((long long)w), _mm_set1_epi8(32));
+    B->sc = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(s8));
+    B->d = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(blk[0] | (blk[1] << 8))));
 }
 
 /* Bit `from` of each byte of hb moved to bit `to`, the byte's other bits cleared. A 16-bit shift by
@@ -1119,30 +1088,15 @@ static inline __attribute__((always_inline)) __m256i bit_moved(__m256i hb, const
     return _mm256_and_si256(moved, _mm256_set1_epi8((char)(1 << to)));
 }
 
-/* Vector v (elements 32v .. 32v + 31) of a kx block: its 32 weight integers as bytes (unsigned,
- * Q3_K's offset by 4; IQ4_XS's signed levels) and its s16 scales, one per byte pair. */
-static inline __attribute__((always_inline)) void kx_vector(const int type, const uint8_t *blk, const KxBlock *B, const int v,
-                                                            __m256i *q, __m256i *sv) {
-    const __m256i m3 = _mm256_set1_epi8(3);
-    if (type == T_IQ4_XS) { /* sub-blocks of 32: scale v, in both halves */
-        *sv = _mm256_shuffle_epi8(B->sc, _mm256_set1_epi16((short)(0x0100 + 0x0202 * v)));
-    } else { /* sub-blocks 2v and 2v + 1 of 16: lanes v % 4 * 2 (+ 1) of the scales' half v / 4 */
-        const __m256i sh = _mm256_broadcastsi128_si256(v >= 4 ? _mm256_extracti128_si256(B->sc, 1) : _mm256_castsi256_si128(B->sc));
-        *sv = _mm256_shuffle_epi8(sh, _mm256_set_m128i(_mm_set1_epi16((short)(0x0100 + 0x0202 * (2 * (v & 3) + 1))),
-                                                       _mm_set1_epi16((short)(0x0100 + 0x0202 * (2 * (v & 3))))));
-    }
-    if (type == T_Q3_K) { /* bits 2 (v % 4) of qs[32 (v / 4) ..], bit v of hmask[i] as 4 */
-        const __m256i bits = _mm256_loadu_si256((const __m256i *)(blk + 32 + 32 * (v >> 2)));
-        const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(bits, 2 * (v & 3)), m3);
-        *q = _mm256_or_si256(lo, bit_moved(B->hb, v, 2));
-    } else if (type == T_Q2_K) { /* bits 2 (v % 4) of qs[32 (v / 4) ..] */
-        const __m256i bits = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * (v >> 2)));
-        *q = _mm256_and_si256(_mm256_srli_epi16(bits, 2 * (v & 3)), m3);
-    } else { /* IQ4_XS: the low, then the high nibbles of qs[16v ..], through the level table */
-        const __m128i bits = _mm_loadu_si128((const __m128i *)(blk + 8 + 16 * v)), n4 = _mm_set1_epi8(0x0F);
-        const __m256i nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(bits, 4), n4), _mm_and_si128(bits, n4));
-        *q = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)kv_iq4)), nib);
-    }
+/* Vector v (sub-block v, elements 32v .. 32v + 31) of an IQ4_XS block: its 32 signed levels as
+ * bytes (the low, then the high nibbles of qs[16v ..], through the level table) and its s16 scale
+ * in every lane. */
+static inline __attribute__((always_inline)) void kx_vector(const uint8_t *blk, const KxBlock *B, const int v, __m256i *q,
+                                                            __m256i *sv) {
+    *sv = _mm256_shuffle_epi8(B->sc, _mm256_set1_epi16((short)(0x0100 + 0x0202 * v)));
+    const __m128i bits = _mm_loadu_si128((const __m128i *)(blk + 8 + 16 * v)), n4 = _mm_set1_epi8(0x0F);
+    const __m256i nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(bits, 4), n4), _mm_and_si128(bits, n4));
+    *q = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)kv_iq4)), nib);
 }
 
 /* The quantized types' integer products, once per vector path (the body at the end of this file,
@@ -1671,10 +1625,10 @@ static int gguf_forward_seqs(const int64_t *layers, int64_t n_layers, int64_t hi
 
 #else /* GG_KERNEL_BODY: one vector path's kernels for the quantized types (see above) */
 
-/* The tiled K-type kernels (four rows and more) take a block in two halves of 128 weights (4 vectors
- * of 32 and their 4 scale vectors held in registers) and run each half over the rows; a row's
- * integer lanes from the first half wait in `part` (exact). For one to three rows the whole block
- * stays in registers instead (the register kernels). */
+/* Q6_K and IQ4_XS, one output at a time: the tiled kernels (four rows and more) take a block in two
+ * halves of 128 weights (4 vectors of 32 and their 4 scale vectors held in registers) and run each
+ * half over the rows; a row's integer lanes from the first half wait in `part` (exact). For one to
+ * three rows the whole block stays in registers instead (the register kernels). */
 
 static inline __attribute__((always_inline)) __m256i KN(k_half)(const __m256i *qv, const __m256i *sv, const int8_t *x) {
     __m256i sum = DOT_FIRST(_mm256_maddubs_epi16(qv[0], _mm256_loadu_si256((const __m256i *)x)), sv[0]);
@@ -2277,14 +2231,14 @@ static void KN(k8)(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t nr,
     }
 }
 
-/* Q2_K, Q3_K, IQ4_XS against one to three rows (nr a constant): each block decoded once,
- * vector by vector (kx_vector), and each vector applied to every row, whose integer lanes (exact)
- * and accumulators stay in registers. */
-static inline __attribute__((always_inline)) void KN(kx_rows)(const int type, const Seg *s, int64_t j0, int64_t j1, int64_t r0,
-                                                           const int64_t nr, const Out *o) {
+/* IQ4_XS against one to three rows (nr a constant): each block decoded once, vector by vector
+ * (kx_vector), and each vector applied to every row, whose integer lanes (exact) and accumulators
+ * stay in registers. The levels are signed: |w| times x with w's sign (exact; x is within +-127). */
+static inline __attribute__((always_inline)) void KN(kx_rows)(const Seg *s, int64_t j0, int64_t j1, int64_t r0, const int64_t nr,
+                                                           const Out *o) {
     const Acts *A = o->a;
     const int64_t n_in = A->n_in, nb = n_in / 256;
-    const int bb = block_bytes(type);
+    const int bb = block_bytes(T_IQ4_XS);
     for (int64_t j = j0; j < j1; j++) {
         const uint8_t *row = s->w + j * s->row_bytes;
         __m256 acc[RT];
@@ -2293,35 +2247,21 @@ static inline __attribute__((always_inline)) void KN(kx_rows)(const int type, co
             const uint8_t *blk = row + b * bb;
             prefetch_block(blk, bb);
             KxBlock B;
-            kx_block(type, blk, &B);
+            kx_block(blk, &B);
             __m256i sum[RT];
             for (int64_t t = 0; t < nr; t++) sum[t] = _mm256_setzero_si256();
             for (int v = 0; v < 8; v++) {
                 __m256i q, sv;
-                kx_vector(type, blk, &B, v, &q, &sv);
-                /* IQ4_XS's levels are signed: |w| times x with w's sign (exact; x is within +-127) */
-                const __m256i aq = type == T_IQ4_XS ? _mm256_sign_epi8(q, q) : q;
+                kx_vector(blk, &B, v, &q, &sv);
+                const __m256i aq = _mm256_sign_epi8(q, q);
                 for (int64_t t = 0; t < nr; t++) {
-                    __m256i x = _mm256_loadu_si256((const __m256i *)(A->qk + (r0 + t) * n_in + b * 256 + 32 * v));
-                    if (type == T_IQ4_XS) x = _mm256_sign_epi8(x, q);
-                    sum[t] = DOT_ADD(sum[t], _mm256_maddubs_epi16(aq, x), sv);
+                    const __m256i x = _mm256_loadu_si256((const __m256i *)(A->qk + (r0 + t) * n_in + b * 256 + 32 * v));
+                    sum[t] = DOT_ADD(sum[t], _mm256_maddubs_epi16(aq, _mm256_sign_epi8(x, q)), sv);
                 }
             }
             for (int64_t t = 0; t < nr; t++) {
-                const int64_t r = r0 + t;
-                const __m256 dx = _mm256_broadcast_ss(A->dk + r * nb + b);
-                if (type == T_IQ4_XS) {
-                    acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(B.d, dx), _mm256_cvtepi32_ps(sum[t]), acc[t]);
-                    continue;
-                }
-                const __m256i adj = _mm256_madd_epi16(B.cw, _mm256_loadu_si256((const __m256i *)(A->bk + r * (n_in / 16) + b * 16)));
-                if (type == T_Q3_K) { /* the offset 4 of the weights: 4 * scale * (sum of 16) */
-                    const __m256i st = _mm256_sub_epi32(sum[t], _mm256_slli_epi32(adj, 2));
-                    acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(B.d, dx), _mm256_cvtepi32_ps(st), acc[t]);
-                } else {
-                    acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(B.d, dx), _mm256_cvtepi32_ps(sum[t]), acc[t]);
-                    acc[t] = _mm256_fnmadd_ps(_mm256_mul_ps(B.dmin, dx), _mm256_cvtepi32_ps(adj), acc[t]);
-                }
+                const __m256 dx = _mm256_broadcast_ss(A->dk + (r0 + t) * nb + b);
+                acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(B.d, dx), _mm256_cvtepi32_ps(sum[t]), acc[t]);
             }
         }
         for (int64_t t = 0; t < nr; t++)
@@ -2331,12 +2271,12 @@ static inline __attribute__((always_inline)) void KN(kx_rows)(const int type, co
 
 /* The same for four rows and more: a block in two halves of four vectors (their weights and
  * scales in registers), each half run over the rows; a row's integer lanes from the first half wait
- * in part[t] (exact), as in the Q4_K tile. */
-static inline __attribute__((always_inline)) void KN(kx_tile)(const int type, const Seg *s, int64_t j0, int64_t j1, int64_t r0,
-                                                           const int64_t nr, const Out *o) {
+ * in part[t] (exact), as in the Q6_K tile. */
+static inline __attribute__((always_inline)) void KN(kx_tile)(const Seg *s, int64_t j0, int64_t j1, int64_t r0, const int64_t nr,
+                                                           const Out *o) {
     const Acts *A = o->a;
     const int64_t n_in = A->n_in, nb = n_in / 256;
-    const int bb = block_bytes(type);
+    const int bb = block_bytes(T_IQ4_XS);
     __m256i part[RT];
     for (int64_t j = j0; j < j1; j++) {
         const uint8_t *row = s->w + j * s->row_bytes;
@@ -2346,39 +2286,27 @@ static inline __attribute__((always_inline)) void KN(kx_tile)(const int type, co
             const uint8_t *blk = row + b * bb;
             prefetch_block(blk, bb);
             KxBlock B;
-            kx_block(type, blk, &B);
+            kx_block(blk, &B);
             for (int h = 0; h < 2; h++) {
                 __m256i q[4], aq[4], sv[4];
                 for (int v = 0; v < 4; v++) {
-                    kx_vector(type, blk, &B, 4 * h + v, &q[v], &sv[v]);
-                    aq[v] = type == T_IQ4_XS ? _mm256_sign_epi8(q[v], q[v]) : q[v];
+                    kx_vector(blk, &B, 4 * h + v, &q[v], &sv[v]);
+                    aq[v] = _mm256_sign_epi8(q[v], q[v]);
                 }
                 for (int64_t t = 0; t < nr; t++) {
                     const int64_t r = r0 + t;
                     const int8_t *xr = A->qk + r * n_in + b * 256 + 128 * h;
                     __m256i sum = h ? part[t] : _mm256_setzero_si256();
                     for (int v = 0; v < 4; v++) {
-                        __m256i x = _mm256_loadu_si256((const __m256i *)(xr + 32 * v));
-                        if (type == T_IQ4_XS) x = _mm256_sign_epi8(x, q[v]);
-                        sum = DOT_ADD(sum, _mm256_maddubs_epi16(aq[v], x), sv[v]);
+                        const __m256i x = _mm256_loadu_si256((const __m256i *)(xr + 32 * v));
+                        sum = DOT_ADD(sum, _mm256_maddubs_epi16(aq[v], _mm256_sign_epi8(x, q[v])), sv[v]);
                     }
                     if (h == 0) {
                         part[t] = sum;
                         continue;
                     }
                     const __m256 dx = _mm256_broadcast_ss(A->dk + r * nb + b);
-                    if (type == T_IQ4_XS) {
-                        acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(B.d, dx), _mm256_cvtepi32_ps(sum), acc[t]);
-                        continue;
-                    }
-                    const __m256i adj = _mm256_madd_epi16(B.cw, _mm256_loadu_si256((const __m256i *)(A->bk + r * (n_in / 16) + b * 16)));
-                    if (type == T_Q3_K) {
-                        const __m256i st = _mm256_sub_epi32(sum, _mm256_slli_epi32(adj, 2));
-                        acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(B.d, dx), _mm256_cvtepi32_ps(st), acc[t]);
-                    } else {
-                        acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(B.d, dx), _mm256_cvtepi32_ps(sum), acc[t]);
-                        acc[t] = _mm256_fnmadd_ps(_mm256_mul_ps(B.dmin, dx), _mm256_cvtepi32_ps(adj), acc[t]);
-                    }
+                    acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(B.d, dx), _mm256_cvtepi32_ps(sum), acc[t]);
                 }
             }
         }
@@ -2387,26 +2315,13 @@ static inline __attribute__((always_inline)) void KN(kx_tile)(const int type, co
     }
 }
 
-/* One function per type: the register kernel, the row count a constant, for one to three rows; the tile for more. */
-#define KX_TYPE(NAME, TYPE)                                                                               \
-    static void KN(NAME)(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t nr, const Out *o) {    \
-        switch (nr) {                                                                                     \
-        case 1: KN(kx_rows)(TYPE, s, j0, j1, r0, 1, o); break;                                            \
-        case 2: KN(kx_rows)(TYPE, s, j0, j1, r0, 2, o); break;                                            \
-        case 3: KN(kx_rows)(TYPE, s, j0, j1, r0, 3, o); break;                                            \
-        default: KN(kx_tile)(TYPE, s, j0, j1, r0, nr, o);                                                 \
-        }                                                                                                 \
-    }
-KX_TYPE(kx_q2k, T_Q2_K)
-KX_TYPE(kx_q3k, T_Q3_K)
-KX_TYPE(kx_iq4xs, T_IQ4_XS)
-#undef KX_TYPE
-
+/* The register kernel, the row count a constant, for one to three rows; the tile for more. */
 static void KN(kx)(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t nr, const Out *o) {
-    switch (s->type) {
-    case T_Q2_K: KN(kx_q2k)(s, j0, j1, r0, nr, o); break;
-    case T_Q3_K: KN(kx_q3k)(s, j0, j1, r0, nr, o); break;
-    default: KN(kx_iq4xs)(s, j0, j1, r0, nr, o);
+    switch (nr) {
+    case 1: KN(kx_rows)(s, j0, j1, r0, 1, o); break;
+    case 2: KN(kx_rows)(s, j0, j1, r0, 2, o); break;
+    case 3: KN(kx_rows)(s, j0, j1, r0, 3, o); break;
+    default: KN(kx_tile)(s, j0, j1, r0, nr, o);
     }
 }
 
