@@ -98,7 +98,7 @@ static inline int is_k(int t) { return t == T_Q2_K || t == T_Q3_K || t == T_Q4_K
 static inline int is_32(int t) { return t == T_Q4_0 || t == T_Q4_1 || t == T_Q5_0 || t == T_Q5_1 || t == T_Q8_0 || t == T_IQ4_NL; }
 /* The 256-weight types whose products sum a block into one integer per output and whose vector
  * kernels take 8 outputs at a time, like the 32-weight types (rows repacked eight at a time). */
-static inline int is_k8(int t) { return t == T_Q4_K || t == T_Q5_K || t == T_Q2_K || t == T_Q3_K; }
+static inline int is_k8(int t) { return t == T_Q4_K || t == T_Q5_K; }
 static inline int in_groups(int t) { return is_32(t) || is_k8(t); } /* the vector kernels take outputs 8 at a time */
 
 /* A grouped type's id with this bit set: the tensor's rows repacked eight at a time (gguf_repack,
@@ -370,7 +370,7 @@ int64_t gguf_row_bytes(int type, int64_t n_in) {
 }
 
 /* ---------------------------------------------------------------------------------------------- */
-/* rows repacked eight at a time (the 32-weight types, Q2_K, Q3_K, Q4_K and Q5_K)
+/* rows repacked eight at a time (the 32-weight types, Q4_K and Q5_K)
  *
  * Output rows 8g .. 8g + 7 of a tensor (a group) are stored together, block by block: block b of
  * the group (its eight rows' blocks b, 8 * bb bytes, bb the type's block bytes) is one record at
@@ -392,38 +392,20 @@ int64_t gguf_row_bytes(int type, int64_t n_in) {
  *   Q5_K's high bits at 128, 256 bytes: byte 32q + 4k + i is row k's qh[4q + i] (q = 0..7);
  *   the nibbles at 128 (Q5_K: 384), 1024 bytes: byte 32(8p + q) + 4k + i is row k's
  *     qs[32p + 4q + i] (p = 0..3, q = 0..7): low nibble element 64p + 4q + i (sub-block 2p), high
- *     64p + 32 + 4q + i (sub-block 2p + 1).
- * Q2_K (8 * 84 bytes): d at 2k, dmin at 16 + 2k; scales[g] (g = 0..15) at 32 + 8g + k; qs at 160:
- *     byte 32u + 4k + i is row k's qs[4u + i] (u = 8h + q = 0..15), whose bits 2j .. 2j + 1 are
- *     element 128h + 32j + 4q + i.
- * Q3_K (8 * 110 bytes): d at 2k; scales[i] (i = 0..11) at 16 + 8i + k; hmask at 112: byte
- *     32q + 4k + i is row k's hmask[4q + i]; qs at 368, as Q2_K's. */
+ *     64p + 32 + 4q + i (sub-block 2p + 1). */
 
-static inline int k8_qs_at(int type) { /* the quantized values in a record */
-    return type == T_Q5_K ? 384 : type == T_Q4_K ? 128 : type == T_Q2_K ? 160 : 368;
-}
+static inline int k8_qs_at(int type) { return type == T_Q5_K ? 384 : 128; } /* the nibbles in a record */
 
 /* Row k's block (the file's layout, blk) into record rec, or (unpack) back. */
 static void k8_move(int type, uint8_t *rec, int k, uint8_t *blk, int unpack) {
+    const int qs_file = type == T_Q5_K ? 48 : 16;
 #define K8_MOVE(rec_at, blk_at, n) (unpack ? memcpy(blk + (blk_at), rec + (rec_at), n) : memcpy(rec + (rec_at), blk + (blk_at), n))
-    if (type == T_Q2_K) {
-        K8_MOVE(2 * k, 80, 2);
-        K8_MOVE(16 + 2 * k, 82, 2);
-        for (int g = 0; g < 16; g++) K8_MOVE(32 + 8 * g + k, g, 1);
-        for (int u = 0; u < 16; u++) K8_MOVE(160 + 32 * u + 4 * k, 16 + 4 * u, 4);
-    } else if (type == T_Q3_K) {
-        K8_MOVE(2 * k, 108, 2);
-        for (int i = 0; i < 12; i++) K8_MOVE(16 + 8 * i + k, 96 + i, 1);
-        for (int q = 0; q < 8; q++) K8_MOVE(112 + 32 * q + 4 * k, 4 * q, 4);
-        for (int u = 0; u < 16; u++) K8_MOVE(368 + 32 * u + 4 * k, 32 + 4 * u, 4);
-    } else { /* Q4_K, Q5_K */
-        K8_MOVE(2 * k, 0, 2);
-        K8_MOVE(16 + 2 * k, 2, 2);
-        for (int i = 0; i < 12; i++) K8_MOVE(32 + 8 * i + k, 4 + i, 1);
-        if (type == T_Q5_K)
-            for (int q = 0; q < 8; q++) K8_MOVE(128 + 32 * q + 4 * k, 16 + 4 * q, 4);
-        for (int u = 0; u < 32; u++) K8_MOVE(k8_qs_at(type) + 32 * u + 4 * k, (type == T_Q5_K ? 48 : 16) + 4 * u, 4);
-    }
+    K8_MOVE(2 * k, 0, 2);
+    K8_MOVE(16 + 2 * k, 2, 2);
+    for (int i = 0; i < 12; i++) K8_MOVE(32 + 8 * i + k, 4 + i, 1);
+    if (type == T_Q5_K)
+        for (int q = 0; q < 8; q++) K8_MOVE(128 + 32 * q + 4 * k, 16 + 4 * q, 4);
+    for (int u = 0; u < 32; u++) K8_MOVE(k8_qs_at(type) + 32 * u + 4 * k, qs_file + 4 * u, 4);
 #undef K8_MOVE
 }
 
@@ -643,12 +625,8 @@ static void kq_scalar(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t 
                     int32_t isum = 0, iadj = 0;
                     for (int e = 0; e < 256; e++) isum += sc[e >> 4] * (q[e] * x[e]);
                     for (int g = 0; g < 16; g++) iadj += cw[g] * bs[g];
-                    if (has_min) {
-                        acc[t][0] = fmaf(d * dx, (float)isum, acc[t][0]);
-                        acc[t][0] = fmaf(-(dmin * dx), (float)iadj, acc[t][0]);
-                    } else {
-                        acc[t][0] = fmaf(d * dx, (float)(isum - off * iadj), acc[t][0]);
-                    }
+                    acc[t][0] = fmaf(d * dx, (float)isum, acc[t][0]);
+                    acc[t][0] = fmaf(-(dmin * dx), (float)iadj, acc[t][0]);
                 }
                 continue;
             }
@@ -1062,21 +1040,44 @@ static inline __attribute__((always_inline)) void q6k_vectors(const uint8_t *blk
     qv[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30));
 }
 
-/* IQ4_XS (the kx kernels): a block's s16 scales sc[0..7] (sub-blocks of 32) in both 128-bit halves
- * (iq4xs_scales, as the 8 bytes of one word), and d broadcast. */
+/* Q2_K, Q3_K, IQ4_XS (the kx kernels): what a block's products need besides its weights.
+ * sc: the s16 scales, either sc[0..7] (sub-blocks of 32) in both 128-bit halves, or sc[0..15] (of
+ * 16); cw: the s16 weights of the sums of 16 activations in the correction (madd with them puts
+ * sums 2l and 2l + 1 in lane l): Q2_K's mins m[0..15] or Q3_K's scales; hb: the 32 bytes of high
+ * bits (Q3_K's hmask); d, dmin broadcast. */
 typedef struct {
-    __m256i sc;
-    __m256 d;
+    __m256i sc, cw, hb;
+    __m256 d, dmin;
 } KxBlock;
 
-static inline __attribute__((always_inline)) void kx_block(const uint8_t *blk, KxBlock *B) {
-    const unsigned hi = (unsigned)(blk[2] | (blk[3] << 8));
-    uint64_t w = 0;
-    for (int v = 0; v < 8; v++)
-        w |= (uint64_t)(((blk[4 + v / 2] >> (4 * (v & 1))) & 0xF) | (((hi >> (2 * v)) & 3) << 4)) << (8 * v);
-    const __m128i s8 = _mm_sub_epi8(_mm_cvtsi64_si128((long long)w), _mm_set1_epi8(32));
-    B->sc = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(s8));
-    B->d = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(blk[0] | (blk[1] << 8))));
+static inline __attribute__((always_inline)) void kx_block(const int type, const uint8_t *blk, KxBlock *B) {
+    if (type == T_Q3_K) { /* q3k_scales, its words kept in a register (no store and reload) */
+        uint32_t a[3];
+        memcpy(a, blk + 96, 12);
+        const __m128i u = _mm_set_epi32((int)(((a[1] >> 4) & 0x0f0f0f0fu) | (((a[2] >> 6) & 0x03030303u) << 4)),
+                                        (int)(((a[0] >> 4) & 0x0f0f0f0fu) | (((a[2] >> 4) & 0x03030303u) << 4)),
+                                        (int)((a[1] & 0x0f0f0f0fu) | (((a[2] >> 2) & 0x03030303u) << 4)),
+                                        (int)((a[0] & 0x0f0f0f0fu) | ((a[2] & 0x03030303u) << 4)));
+        B->sc = B->cw = _mm256_cvtepi8_epi16(_mm_sub_epi8(u, _mm_set1_epi8(32)));
+        B->hb = _mm256_loadu_si256((const __m256i *)blk);
+        B->d = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(blk[108] | (blk[109] << 8))));
+    } else if (type == T_Q2_K) {
+        const __m128i raw = _mm_loadu_si128((const __m128i *)blk), m4 = _mm_set1_epi8(0x0F);
+        B->sc = _mm256_cvtepu8_epi16(_mm_and_si128(raw, m4));
+        B->cw = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), m4));
+        uint32_t dd2;
+        memcpy(&dd2, blk + 80, 4);
+        const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dd2));
+        B->d = _mm256_broadcastss_ps(dm), B->dmin = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
+    } else { /* IQ4_XS: iq4xs_scales, as the 8 bytes of one word */
+        const unsigned hi = (unsigned)(blk[2] | (blk[3] << 8));
+        uint64_t w = 0;
+        for (int v = 0; v < 8; v++)
+            w |= (uint64_t)(((blk[4 + v / 2] >> (4 * (v & 1))) & 0xF) | (((hi >> (2 * v)) & 3) << 4)) << (8 * v);
+        const __m128i s8 = _mm_sub_epi8(_mm_cvtsi64_si128((long long)w), _mm_set1_epi8(32));
+        B->sc = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(s8));
+        B->d = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(blk[0] | (blk[1] << 8))));
+    }
 }
 
 /* Bit `from` of each byte of hb moved to bit `to`, the byte's other bits cleared. A 16-bit shift by
@@ -1088,15 +1089,30 @@ static inline __attribute__((always_inline)) __m256i bit_moved(__m256i hb, const
     return _mm256_and_si256(moved, _mm256_set1_epi8((char)(1 << to)));
 }
 
-/* Vector v (sub-block v, elements 32v .. 32v + 31) of an IQ4_XS block: its 32 signed levels as
- * bytes (the low, then the high nibbles of qs[16v ..], through the level table) and its s16 scale
- * in every lane. */
-static inline __attribute__((always_inline)) void kx_vector(const uint8_t *blk, const KxBlock *B, const int v, __m256i *q,
-                                                            __m256i *sv) {
-    *sv = _mm256_shuffle_epi8(B->sc, _mm256_set1_epi16((short)(0x0100 + 0x0202 * v)));
-    const __m128i bits = _mm_loadu_si128((const __m128i *)(blk + 8 + 16 * v)), n4 = _mm_set1_epi8(0x0F);
-    const __m256i nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(bits, 4), n4), _mm_and_si128(bits, n4));
-    *q = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)kv_iq4)), nib);
+/* Vector v (elements 32v .. 32v + 31) of a kx block: its 32 weight integers as bytes (unsigned,
+ * Q3_K's offset by 4; IQ4_XS's signed levels) and its s16 scales, one per byte pair. */
+static inline __attribute__((always_inline)) void kx_vector(const int type, const uint8_t *blk, const KxBlock *B, const int v,
+                                                            __m256i *q, __m256i *sv) {
+    const __m256i m3 = _mm256_set1_epi8(3);
+    if (type == T_IQ4_XS) { /* sub-blocks of 32: scale v, in both halves */
+        *sv = _mm256_shuffle_epi8(B->sc, _mm256_set1_epi16((short)(0x0100 + 0x0202 * v)));
+    } else { /* sub-blocks 2v and 2v + 1 of 16: lanes v % 4 * 2 (+ 1) of the scales' half v / 4 */
+        const __m256i sh = _mm256_broadcastsi128_si256(v >= 4 ? _mm256_extracti128_si256(B->sc, 1) : _mm256_castsi256_si128(B->sc));
+        *sv = _mm256_shuffle_epi8(sh, _mm256_set_m128i(_mm_set1_epi16((short)(0x0100 + 0x0202 * (2 * (v & 3) + 1))),
+                                                       _mm_set1_epi16((short)(0x0100 + 0x0202 * (2 * (v & 3))))));
+    }
+    if (type == T_Q3_K) { /* bits 2 (v % 4) of qs[32 (v / 4) ..], bit v of hmask[i] as 4 */
+        const __m256i bits = _mm256_loadu_si256((const __m256i *)(blk + 32 + 32 * (v >> 2)));
+        const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(bits, 2 * (v & 3)), m3);
+        *q = _mm256_or_si256(lo, bit_moved(B->hb, v, 2));
+    } else if (type == T_Q2_K) { /* bits 2 (v % 4) of qs[32 (v / 4) ..] */
+        const __m256i bits = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * (v >> 2)));
+        *q = _mm256_and_si256(_mm256_srli_epi16(bits, 2 * (v & 3)), m3);
+    } else { /* IQ4_XS: the low, then the high nibbles of qs[16v ..], through the level table */
+        const __m128i bits = _mm_loadu_si128((const __m128i *)(blk + 8 + 16 * v)), n4 = _mm_set1_epi8(0x0F);
+        const __m256i nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(bits, 4), n4), _mm_and_si128(bits, n4));
+        *q = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)kv_iq4)), nib);
+    }
 }
 
 /* The quantized types' integer products, once per vector path (the body at the end of this file,
@@ -1201,9 +1217,9 @@ static void run_seg(const Seg *s, int64_t j0, int64_t j1, int64_t n_rows, const 
 #ifdef GG_AVX2
 #define PATH_KERNELS(SUFFIX)                                                          \
     switch (s->type) {                                                                \
-    case T_Q2_K: case T_Q3_K: case T_Q4_K: case T_Q5_K: k = k8_##SUFFIX; break;       \
+    case T_Q4_K: case T_Q5_K: k = k8_##SUFFIX; break;                                 \
     case T_Q6_K: k = q6k_##SUFFIX; break;                                             \
-    case T_IQ4_XS: k = kx_##SUFFIX; break;                                            \
+    case T_Q2_K: case T_Q3_K: case T_IQ4_XS: k = kx_##SUFFIX; break;                  \
     default: k = is_32(s->type) ? k32_##SUFFIX : kf_avx2; break;                      \
     }
     if (path == P_AVX2) { PATH_KERNELS(avx2) }
@@ -1625,10 +1641,10 @@ static int gguf_forward_seqs(const int64_t *layers, int64_t n_layers, int64_t hi
 
 #else /* GG_KERNEL_BODY: one vector path's kernels for the quantized types (see above) */
 
-/* Q6_K and IQ4_XS, one output at a time: the tiled kernels (four rows and more) take a block in two
- * halves of 128 weights (4 vectors of 32 and their 4 scale vectors held in registers) and run each
- * half over the rows; a row's integer lanes from the first half wait in `part` (exact). For one to
- * three rows the whole block stays in registers instead (the register kernels). */
+/* The tiled K-type kernels (four rows and more) take a block in two halves of 128 weights (4 vectors
+ * of 32 and their 4 scale vectors held in registers) and run each half over the rows; a row's
+ * integer lanes from the first half wait in `part` (exact). For one to three rows the whole block
+ * stays in registers instead (the register kernels). */
 
 static inline __attribute__((always_inline)) __m256i KN(k_half)(const __m256i *qv, const __m256i *sv, const int8_t *x) {
     __m256i sum = DOT_FIRST(_mm256_maddubs_epi16(qv[0], _mm256_loadu_si256((const __m256i *)x)), sv[0]);
@@ -1923,17 +1939,9 @@ static inline __attribute__((always_inline)) void KN(k8_scales)(const uint8_t *r
 typedef struct {
     __m256i sv[8], mv[4];
     __m256 d, dmin;
-    const uint8_t *sb; /* Q2_K, Q3_K: the 8 rows' scale bytes of sub-block g at sb + 8g (k16_rec) */
-    uint8_t q3[128];   /* Q3_K's, unpacked */
 } KN(K8Rec);
 
-static inline __attribute__((always_inline)) void KN(k16_rec)(const int type, const uint8_t *rec, KN(K8Rec) *R);
-
-static inline __attribute__((always_inline)) void KN(k8_rec)(const int type, const uint8_t *rec, KN(K8Rec) *R) {
-    if (type == T_Q2_K || type == T_Q3_K) {
-        KN(k16_rec)(type, rec, R);
-        return;
-    }
+static inline __attribute__((always_inline)) void KN(k8_rec)(const uint8_t *rec, KN(K8Rec) *R) {
     __m256i sc_lo, sc_hi, mn_lo, mn_hi;
     KN(k8_scales)(rec, &sc_lo, &sc_hi, &mn_lo, &mn_hi);
     for (int p = 0; p < 4; p++) {
@@ -1964,17 +1972,9 @@ static inline __attribute__((always_inline)) void KN(k8_vector)(const int type, 
 
 /* Block b (record rec) of the 8 outputs against rows r0 .. r0 + G - 1 (G = 1..3), into acc[0 .. G - 1];
  * the weights decoded here, or (dec) read as decoded before: vectors 2(8p + q) and 2(8p + q) + 1. */
-static inline __attribute__((always_inline)) void KN(k16_rows)(const int type, const uint8_t *rec, const __m256i *dec,
-                                                            const KN(K8Rec) *R, const Acts *A, int64_t b, int64_t r0,
-                                                            const int G, __m256 *acc);
-
 static inline __attribute__((always_inline)) void KN(k8_rows)(const int type, const uint8_t *rec, const __m256i *dec,
                                                            const KN(K8Rec) *R, const Acts *A, int64_t b, int64_t r0,
                                                            const int G, __m256 *acc) {
-    if (type == T_Q2_K || type == T_Q3_K) {
-        KN(k16_rows)(type, rec, dec, R, A, b, r0, G, acc);
-        return;
-    }
     const int64_t n_in = A->n_in, nb = n_in / 256;
     const int run = type == T_Q5_K ? 4 : 8; /* vectors whose s16 pair sums add up without overflow */
     __m256i sum[4];
@@ -2018,122 +2018,6 @@ static inline __attribute__((always_inline)) void KN(k8_rows)(const int type, co
     }
 }
 
-/* Q2_K and Q3_K (sub-blocks of 16): vector (h, j, q) of a record holds elements 128h + 32j + 4q ..
- * of the 8 rows (bits 2j of qs vector 8h + q; Q3_K's third bit, bit 4h + j of hmask vector q, as
- * 4), multiplied by those four activations broadcast. The four vectors of a sub-block add up as
- * s16 (pairs below 2 * 7 * 127), then one multiply by the 8 outputs' scales. The correction, one
- * integer per output: Q2_K's mins (sum over g of m * the sum of 16 activations g), Q3_K's offset
- * 4 * (sum over g of scale * that sum), taken off the products' sum. */
-
-/* K8Rec for Q2_K, Q3_K: sb, the 8 rows' scale bytes of sub-block g at sb + 8g (byte k: row k):
- * Q2_K's own (scale | min << 4), Q3_K's unpacked into q3 (its six-bit scale, 0..63, 32 above the value). */
-static inline __attribute__((always_inline)) void KN(k16_rec)(const int type, const uint8_t *rec, KN(K8Rec) *R) {
-    if (type == T_Q2_K) {
-        R->sb = rec + 32;
-        R->dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 16)));
-    } else { /* q3k_scales on the 8 rows at once: a0, a1, a2 the bytes 0..3, 4..7, 8..11 of each */
-        const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
-        const __m256i a0 = _mm256_loadu_si256((const __m256i *)(rec + 16)), a1 = _mm256_loadu_si256((const __m256i *)(rec + 48));
-        const __m256i a2 = _mm256_loadu_si256((const __m256i *)(rec + 80));
-        _mm256_storeu_si256((__m256i *)R->q3, _mm256_or_si256(_mm256_and_si256(a0, m4), _mm256_slli_epi16(_mm256_and_si256(a2, m2), 4)));
-        _mm256_storeu_si256((__m256i *)(R->q3 + 32),
-                            _mm256_or_si256(_mm256_and_si256(a1, m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(a2, 2), m2), 4)));
-        _mm256_storeu_si256((__m256i *)(R->q3 + 64), _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a0, 4), m4),
-                                                                     _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(a2, 4), m2), 4)));
-        _mm256_storeu_si256((__m256i *)(R->q3 + 96), _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a1, 4), m4),
-                                                                     _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(a2, 6), m2), 4)));
-        R->sb = R->q3;
-    }
-    R->d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)rec));
-}
-
-/* Sub-block g's 8 scales (Q2_K's low nibbles, Q3_K's less 32), each in both s16 halves of its lane. */
-static inline __attribute__((always_inline)) __m256i KN(k16_scale)(const int type, const KN(K8Rec) *R, int g) {
-    const __m256i dup = _mm256_setr_epi8(0, -128, 0, -128, 1, -128, 1, -128, 2, -128, 2, -128, 3, -128, 3, -128,
-                                         4, -128, 4, -128, 5, -128, 5, -128, 6, -128, 6, -128, 7, -128, 7, -128);
-    int64_t w;
-    memcpy(&w, R->sb + 8 * g, 8);
-    __m256i v = _mm256_set1_epi64x(w);
-    if (type == T_Q2_K) v = _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
-    v = _mm256_shuffle_epi8(v, dup);
-    return type == T_Q3_K ? _mm256_sub_epi16(v, _mm256_set1_epi16(32)) : v;
-}
-
-/* The correction's weights of sub-blocks 2p, 2p + 1 (Q2_K's mins, Q3_K's scales less 32) as the s16
- * pair of each lane. */
-static inline __attribute__((always_inline)) __m256i KN(k16_pair)(const int type, const KN(K8Rec) *R, int p) {
-    const __m256i pair = _mm256_setr_epi8(0, -128, 8, -128, 1, -128, 9, -128, 2, -128, 10, -128, 3, -128, 11, -128,
-                                          4, -128, 12, -128, 5, -128, 13, -128, 6, -128, 14, -128, 7, -128, 15, -128);
-    __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(R->sb + 16 * p)));
-    if (type == T_Q2_K) v = _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0F));
-    v = _mm256_shuffle_epi8(v, pair);
-    return type == T_Q3_K ? _mm256_sub_epi16(v, _mm256_set1_epi16(32)) : v;
-}
-
-static inline __attribute__((always_inline)) __m256i KN(k16_vector)(const int type, const uint8_t *rec, int h, int j, int q) {
-    const __m256i bits = _mm256_loadu_si256((const __m256i *)(rec + k8_qs_at(type) + 32 * (8 * h + q)));
-    __m256i v = _mm256_and_si256(j ? _mm256_srli_epi16(bits, 2 * j) : bits, _mm256_set1_epi8(3));
-    if (type == T_Q3_K) v = _mm256_or_si256(v, bit_moved(_mm256_loadu_si256((const __m256i *)(rec + 112 + 32 * q)), 4 * h + j, 2));
-    return v;
-}
-
-static inline __attribute__((always_inline)) void KN(k16_rows)(const int type, const uint8_t *rec, const __m256i *dec,
-                                                            const KN(K8Rec) *R, const Acts *A, int64_t b, int64_t r0,
-                                                            const int G, __m256 *acc) {
-    const int64_t n_in = A->n_in, nb = n_in / 256;
-    __m256i sum[4];
-    for (int t = 0; t < G; t++) sum[t] = _mm256_setzero_si256();
-    for (int h = 0; h < 2; h++)
-        for (int j = 0; j < 4; j++)
-            for (int half = 0; half < 2; half++) {
-                __m256i sl[4];
-                for (int t = 0; t < G; t++) sl[t] = _mm256_setzero_si256();
-                for (int q = 4 * half; q < 4 * half + 4; q++) {
-                    const __m256i v = dec ? dec[8 * (4 * h + j) + q] : KN(k16_vector)(type, rec, h, j, q);
-                    for (int t = 0; t < G; t++) {
-                        int32_t xw;
-                        memcpy(&xw, A->qk + (r0 + t) * n_in + b * 256 + 128 * h + 32 * j + 4 * q, 4);
-                        sl[t] = _mm256_add_epi16(sl[t], _mm256_maddubs_epi16(v, _mm256_set1_epi32(xw)));
-                        /* (no register barrier here, unlike k8_rows: measured, these four-vector sums
-                         * run faster as the compiler schedules them) */
-                    }
-                }
-                const __m256i sv = KN(k16_scale)(type, R, 8 * h + 2 * j + half);
-                for (int t = 0; t < G; t++) sum[t] = DOT_ADD(sum[t], sl[t], sv);
-            }
-    __m256i cw[8]; /* the correction's weights, pair p: Q2_K's mins, Q3_K's scales */
-    for (int p = 0; p < 8; p++) cw[p] = KN(k16_pair)(type, R, p);
-    for (int t = 0; t < G; t++) {
-        const int64_t r = r0 + t;
-        const int16_t *bs = A->bk + r * (n_in / 16) + b * 16; /* dword p: the sums of 16 number 2p, 2p + 1 */
-        __m256i adj = _mm256_setzero_si256();
-        for (int p = 0; p < 8; p++) {
-            int32_t w2;
-            memcpy(&w2, bs + 2 * p, 4);
-            adj = DOT_ADD(adj, cw[p], _mm256_set1_epi32(w2));
-        }
-        const __m256 dx = _mm256_set1_ps(A->dk[r * nb + b]);
-        if (type == T_Q3_K) {
-            acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(R->d, dx), _mm256_cvtepi32_ps(_mm256_sub_epi32(sum[t], _mm256_slli_epi32(adj, 2))), acc[t]);
-        } else {
-            acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(R->d, dx), _mm256_cvtepi32_ps(sum[t]), acc[t]);
-            acc[t] = _mm256_fnmadd_ps(_mm256_mul_ps(R->dmin, dx), _mm256_cvtepi32_ps(adj), acc[t]);
-        }
-    }
-}
-
-/* A record's 64 weight vectors, decoded once for a pass of many rows (k8_rows, k16_rows read them). */
-static inline __attribute__((always_inline)) void KN(k8_decode)(const int type, const uint8_t *rec, __m256i *dec) {
-    if (type == T_Q2_K || type == T_Q3_K) {
-        for (int h = 0; h < 2; h++)
-            for (int j = 0; j < 4; j++)
-                for (int q = 0; q < 8; q++) dec[8 * (4 * h + j) + q] = KN(k16_vector)(type, rec, h, j, q);
-        return;
-    }
-    for (int p = 0; p < 4; p++)
-        for (int q = 0; q < 8; q++) KN(k8_vector)(type, rec, p, q, &dec[2 * (8 * p + q)], &dec[2 * (8 * p + q) + 1]);
-}
-
 /* The 8 outputs of group grp (the first n of them written) from accumulators acc[0 .. nr - 1]. */
 static inline __attribute__((always_inline)) void KN(k8_store)(const Seg *s, int64_t j, int n, int64_t r0, int64_t nr,
                                                             const __m256 *acc, const Out *o) {
@@ -2156,7 +2040,7 @@ static inline __attribute__((always_inline)) void KN(k8_few)(const int type, con
         const uint8_t *rec = grp + b * rec_bytes;
         for (int i = 0; X8_PF && i < rec_bytes; i += 64) _mm_prefetch((const char *)(rec + X8_PF + i), _MM_HINT_T0);
         KN(K8Rec) R;
-        KN(k8_rec)(type, rec, &R);
+        KN(k8_rec)(rec, &R);
         KN(k8_rows)(type, rec, NULL, &R, o->a, b, r0, G, acc);
     }
     KN(k8_store)(s, j, n, r0, G, acc, o);
@@ -2175,8 +2059,9 @@ static inline __attribute__((always_inline)) void KN(k8_many)(const int type, co
         const uint8_t *rec = grp + b * rec_bytes;
         for (int i = 0; X8_PF && i < rec_bytes; i += 64) _mm_prefetch((const char *)(rec + X8_PF + i), _MM_HINT_T0);
         KN(K8Rec) R;
-        KN(k8_rec)(type, rec, &R);
-        KN(k8_decode)(type, rec, dec);
+        KN(k8_rec)(rec, &R);
+        for (int p = 0; p < 4; p++)
+            for (int q = 0; q < 8; q++) KN(k8_vector)(type, rec, p, q, &dec[2 * (8 * p + q)], &dec[2 * (8 * p + q) + 1]);
         int64_t t = 0;
         for (; nr - t >= 4; t += 4) KN(k8_rows)(type, rec, dec, &R, o->a, b, r0 + t, 4, acc + t);
         if (nr - t == 3) KN(k8_rows)(type, rec, dec, &R, o->a, b, r0 + t, 3, acc + t);
@@ -2216,29 +2101,23 @@ static inline __attribute__((always_inline)) void KN(k8_group)(const int type, c
             KN(k8_group)(TYPE, s, grp, j, n, r0, nr, o);                                                      \
         }                                                                                                     \
     }
-K8_TYPE(k8_q2k, T_Q2_K)
-K8_TYPE(k8_q3k, T_Q3_K)
 K8_TYPE(k8_q4k, T_Q4_K)
 K8_TYPE(k8_q5k, T_Q5_K)
 #undef K8_TYPE
 
 static void KN(k8)(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t nr, const Out *o) {
-    switch (s->type) {
-    case T_Q2_K: KN(k8_q2k)(s, j0, j1, r0, nr, o); break;
-    case T_Q3_K: KN(k8_q3k)(s, j0, j1, r0, nr, o); break;
-    case T_Q5_K: KN(k8_q5k)(s, j0, j1, r0, nr, o); break;
-    default: KN(k8_q4k)(s, j0, j1, r0, nr, o);
-    }
+    if (s->type == T_Q5_K) KN(k8_q5k)(s, j0, j1, r0, nr, o);
+    else KN(k8_q4k)(s, j0, j1, r0, nr, o);
 }
 
-/* IQ4_XS against one to three rows (nr a constant): each block decoded once, vector by vector
- * (kx_vector), and each vector applied to every row, whose integer lanes (exact) and accumulators
- * stay in registers. The levels are signed: |w| times x with w's sign (exact; x is within +-127). */
-static inline __attribute__((always_inline)) void KN(kx_rows)(const Seg *s, int64_t j0, int64_t j1, int64_t r0, const int64_t nr,
-                                                           const Out *o) {
+/* Q2_K, Q3_K, IQ4_XS against one to three rows (nr a constant): each block decoded once,
+ * vector by vector (kx_vector), and each vector applied to every row, whose integer lanes (exact)
+ * and accumulators stay in registers. */
+static inline __attribute__((always_inline)) void KN(kx_rows)(const int type, const Seg *s, int64_t j0, int64_t j1, int64_t r0,
+                                                           const int64_t nr, const Out *o) {
     const Acts *A = o->a;
     const int64_t n_in = A->n_in, nb = n_in / 256;
-    const int bb = block_bytes(T_IQ4_XS);
+    const int bb = block_bytes(type);
     for (int64_t j = j0; j < j1; j++) {
         const uint8_t *row = s->w + j * s->row_bytes;
         __m256 acc[RT];
@@ -2247,21 +2126,35 @@ static inline __attribute__((always_inline)) void KN(kx_rows)(const Seg *s, int6
             const uint8_t *blk = row + b * bb;
             prefetch_block(blk, bb);
             KxBlock B;
-            kx_block(blk, &B);
+            kx_block(type, blk, &B);
             __m256i sum[RT];
             for (int64_t t = 0; t < nr; t++) sum[t] = _mm256_setzero_si256();
             for (int v = 0; v < 8; v++) {
                 __m256i q, sv;
-                kx_vector(blk, &B, v, &q, &sv);
-                const __m256i aq = _mm256_sign_epi8(q, q);
+                kx_vector(type, blk, &B, v, &q, &sv);
+                /* IQ4_XS's levels are signed: |w| times x with w's sign (exact; x is within +-127) */
+                const __m256i aq = type == T_IQ4_XS ? _mm256_sign_epi8(q, q) : q;
                 for (int64_t t = 0; t < nr; t++) {
-                    const __m256i x = _mm256_loadu_si256((const __m256i *)(A->qk + (r0 + t) * n_in + b * 256 + 32 * v));
-                    sum[t] = DOT_ADD(sum[t], _mm256_maddubs_epi16(aq, _mm256_sign_epi8(x, q)), sv);
+                    __m256i x = _mm256_loadu_si256((const __m256i *)(A->qk + (r0 + t) * n_in + b * 256 + 32 * v));
+                    if (type == T_IQ4_XS) x = _mm256_sign_epi8(x, q);
+                    sum[t] = DOT_ADD(sum[t], _mm256_maddubs_epi16(aq, x), sv);
                 }
             }
             for (int64_t t = 0; t < nr; t++) {
-                const __m256 dx = _mm256_broadcast_ss(A->dk + (r0 + t) * nb + b);
-                acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(B.d, dx), _mm256_cvtepi32_ps(sum[t]), acc[t]);
+                const int64_t r = r0 + t;
+                const __m256 dx = _mm256_broadcast_ss(A->dk + r * nb + b);
+                if (type == T_IQ4_XS) {
+                    acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(B.d, dx), _mm256_cvtepi32_ps(sum[t]), acc[t]);
+                    continue;
+                }
+                const __m256i adj = _mm256_madd_epi16(B.cw, _mm256_loadu_si256((const __m256i *)(A->bk + r * (n_in / 16) + b * 16)));
+                if (type == T_Q3_K) { /* the offset 4 of the weights: 4 * scale * (sum of 16) */
+                    const __m256i st = _mm256_sub_epi32(sum[t], _mm256_slli_epi32(adj, 2));
+                    acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(B.d, dx), _mm256_cvtepi32_ps(st), acc[t]);
+                } else {
+                    acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(B.d, dx), _mm256_cvtepi32_ps(sum[t]), acc[t]);
+                    acc[t] = _mm256_fnmadd_ps(_mm256_mul_ps(B.dmin, dx), _mm256_cvtepi32_ps(adj), acc[t]);
+                }
             }
         }
         for (int64_t t = 0; t < nr; t++)
@@ -2271,12 +2164,12 @@ static inline __attribute__((always_inline)) void KN(kx_rows)(const Seg *s, int6
 
 /* The same for four rows and more: a block in two halves of four vectors (their weights and
  * scales in registers), each half run over the rows; a row's integer lanes from the first half wait
- * in part[t] (exact), as in the Q6_K tile. */
-static inline __attribute__((always_inline)) void KN(kx_tile)(const Seg *s, int64_t j0, int64_t j1, int64_t r0, const int64_t nr,
-                                                           const Out *o) {
+ * in part[t] (exact), as in the Q4_K tile. */
+static inline __attribute__((always_inline)) void KN(kx_tile)(const int type, const Seg *s, int64_t j0, int64_t j1, int64_t r0,
+                                                           const int64_t nr, const Out *o) {
     const Acts *A = o->a;
     const int64_t n_in = A->n_in, nb = n_in / 256;
-    const int bb = block_bytes(T_IQ4_XS);
+    const int bb = block_bytes(type);
     __m256i part[RT];
     for (int64_t j = j0; j < j1; j++) {
         const uint8_t *row = s->w + j * s->row_bytes;
@@ -2286,27 +2179,39 @@ static inline __attribute__((always_inline)) void KN(kx_tile)(const Seg *s, int6
             const uint8_t *blk = row + b * bb;
             prefetch_block(blk, bb);
             KxBlock B;
-            kx_block(blk, &B);
+            kx_block(type, blk, &B);
             for (int h = 0; h < 2; h++) {
                 __m256i q[4], aq[4], sv[4];
                 for (int v = 0; v < 4; v++) {
-                    kx_vector(blk, &B, 4 * h + v, &q[v], &sv[v]);
-                    aq[v] = _mm256_sign_epi8(q[v], q[v]);
+                    kx_vector(type, blk, &B, 4 * h + v, &q[v], &sv[v]);
+                    aq[v] = type == T_IQ4_XS ? _mm256_sign_epi8(q[v], q[v]) : q[v];
                 }
                 for (int64_t t = 0; t < nr; t++) {
                     const int64_t r = r0 + t;
                     const int8_t *xr = A->qk + r * n_in + b * 256 + 128 * h;
                     __m256i sum = h ? part[t] : _mm256_setzero_si256();
                     for (int v = 0; v < 4; v++) {
-                        const __m256i x = _mm256_loadu_si256((const __m256i *)(xr + 32 * v));
-                        sum = DOT_ADD(sum, _mm256_maddubs_epi16(aq[v], _mm256_sign_epi8(x, q[v])), sv[v]);
+                        __m256i x = _mm256_loadu_si256((const __m256i *)(xr + 32 * v));
+                        if (type == T_IQ4_XS) x = _mm256_sign_epi8(x, q[v]);
+                        sum = DOT_ADD(sum, _mm256_maddubs_epi16(aq[v], x), sv[v]);
                     }
                     if (h == 0) {
                         part[t] = sum;
                         continue;
                     }
                     const __m256 dx = _mm256_broadcast_ss(A->dk + r * nb + b);
-                    acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(B.d, dx), _mm256_cvtepi32_ps(sum), acc[t]);
+                    if (type == T_IQ4_XS) {
+                        acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(B.d, dx), _mm256_cvtepi32_ps(sum), acc[t]);
+                        continue;
+                    }
+                    const __m256i adj = _mm256_madd_epi16(B.cw, _mm256_loadu_si256((const __m256i *)(A->bk + r * (n_in / 16) + b * 16)));
+                    if (type == T_Q3_K) {
+                        const __m256i st = _mm256_sub_epi32(sum, _mm256_slli_epi32(adj, 2));
+                        acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(B.d, dx), _mm256_cvtepi32_ps(st), acc[t]);
+                    } else {
+                        acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(B.d, dx), _mm256_cvtepi32_ps(sum), acc[t]);
+                        acc[t] = _mm256_fnmadd_ps(_mm256_mul_ps(B.dmin, dx), _mm256_cvtepi32_ps(adj), acc[t]);
+                    }
                 }
             }
         }
@@ -2315,13 +2220,26 @@ static inline __attribute__((always_inline)) void KN(kx_tile)(const Seg *s, int6
     }
 }
 
-/* The register kernel, the row count a constant, for one to three rows; the tile for more. */
+/* One function per type: the register kernel, the row count a constant, for one to three rows; the tile for more. */
+#define KX_TYPE(NAME, TYPE)                                                                               \
+    static void KN(NAME)(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t nr, const Out *o) {    \
+        switch (nr) {                                                                                     \
+        case 1: KN(kx_rows)(TYPE, s, j0, j1, r0, 1, o); break;                                            \
+        case 2: KN(kx_rows)(TYPE, s, j0, j1, r0, 2, o); break;                                            \
+        case 3: KN(kx_rows)(TYPE, s, j0, j1, r0, 3, o); break;                                            \
+        default: KN(kx_tile)(TYPE, s, j0, j1, r0, nr, o);                                                 \
+        }                                                                                                 \
+    }
+KX_TYPE(kx_q2k, T_Q2_K)
+KX_TYPE(kx_q3k, T_Q3_K)
+KX_TYPE(kx_iq4xs, T_IQ4_XS)
+#undef KX_TYPE
+
 static void KN(kx)(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t nr, const Out *o) {
-    switch (nr) {
-    case 1: KN(kx_rows)(s, j0, j1, r0, 1, o); break;
-    case 2: KN(kx_rows)(s, j0, j1, r0, 2, o); break;
-    case 3: KN(kx_rows)(s, j0, j1, r0, 3, o); break;
-    default: KN(kx_tile)(s, j0, j1, r0, nr, o);
+    switch (s->type) {
+    case T_Q2_K: KN(kx_q2k)(s, j0, j1, r0, nr, o); break;
+    case T_Q3_K: KN(kx_q3k)(s, j0, j1, r0, nr, o); break;
+    default: KN(kx_iq4xs)(s, j0, j1, r0, nr, o);
     }
 }
 
