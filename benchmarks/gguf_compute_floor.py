@@ -2,7 +2,7 @@
 
 A pass of n rows reads each weight block once and applies it to every row, so its extra rows cost
 arithmetic only. This times the kernel's matrix product (:func:`specdec.backends.gguf.matmul`) for
-n = 1, 2, 4, 8, 16 rows on random Q4_K and Q6_K weights of two sizes: one that stays in the last-
+n = 1, 2, 4, 8, 16 rows on random Q4_K and Q6_K weights (in the layout a loaded model keeps) of two sizes: one that stays in the last-
 level cache (the arithmetic alone) and one far larger than it (streamed from memory, as a model's
 weights are). The extra time per row per weight, times the weights a model multiplies per token,
 is the least an extra verification row can cost that model on this CPU with this instruction set,
@@ -52,18 +52,28 @@ def random_weight(qtype: T, n_out: int, rng: np.random.Generator) -> np.ndarray:
     return np.ascontiguousarray(w)
 
 
+def loaded(weight: np.ndarray, qtype: T) -> tuple[np.ndarray, int]:
+    """The tensor as a loaded model multiplies it: (bytes, type id), repacked eight rows at a time
+    where the type has that layout (:func:`specdec.backends.gguf.repack`)."""
+    packed = native.repack(weight, int(qtype), N_IN)
+    return (weight, int(qtype)) if packed is None else packed
+
+
 def time_rows(weight: np.ndarray, qtype: T, threads: int, seconds: float) -> dict[int, float]:
-    """Fastest seconds of a product with n rows, for each n in ROWS (sweeps over n until ``seconds``)."""
+    """Fastest seconds of a product with n rows, for each n in ROWS (sweeps over n until ``seconds``),
+    on the layout a loaded model multiplies."""
+    n_out = weight.shape[0]
+    weight, type_id = loaded(weight, qtype)
     gen = torch.Generator().manual_seed(0)
     xs = {n: torch.randn(n, N_IN, generator=gen) for n in ROWS}
     best = {n: float("inf") for n in ROWS}
     for n in ROWS:  # warm-up
-        native.matmul(weight, int(qtype), N_IN, xs[n], threads=threads)
+        native.matmul(weight, type_id, N_IN, xs[n], threads=threads, n_out=n_out)
     began = time.perf_counter()
     while time.perf_counter() - began < seconds:
         for n in ROWS:
             t0 = time.perf_counter()
-            native.matmul(weight, int(qtype), N_IN, xs[n], threads=threads)
+            native.matmul(weight, type_id, N_IN, xs[n], threads=threads, n_out=n_out)
             best[n] = min(best[n], time.perf_counter() - t0)
     return best
 
