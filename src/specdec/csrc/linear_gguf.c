@@ -1860,13 +1860,29 @@ static inline __attribute__((always_inline)) void KN(k32_group)(const int type, 
     }
 }
 
-/* Outputs j0 .. j1 - 1 (j0 a multiple of 8 for a repacked tensor) in groups of 8, rows in groups of 4. */
-#define K32_TYPE(NAME, TYPE)                                                                                  \
+/* The 8 outputs of group grp against rows r0 .. r0 + nr - 1, four at a time. */
+static inline __attribute__((always_inline)) void KN(k32_rows)(const int type, const Seg *s, const uint8_t *grp, int64_t j,
+                                                            const int n, int64_t r0, const int64_t nr, const Out *o) {
+    int64_t t = 0;
+    for (; t + 4 <= nr; t += 4) KN(k32_group)(type, s, grp, j, n, r0 + t, 4, o);
+    switch (nr - t) {
+    case 3: KN(k32_group)(type, s, grp, j, n, r0 + t, 3, o); break;
+    case 2: KN(k32_group)(type, s, grp, j, n, r0 + t, 2, o); break;
+    case 1: KN(k32_group)(type, s, grp, j, n, r0 + t, 1, o); break;
+    default: break;
+    }
+}
+
+/* One function per grouped type: outputs j0 .. j1 - 1 (j0 a multiple of 8 for a repacked tensor) in
+ * groups of 8, each through ROWS(TYPE, s, grp, j, n, r0, nr, o); a tensor in the file's layout is
+ * repacked a group at a time into the thread's pack_buffer (where there is no memory for a group,
+ * SCALAR runs: the portable kernel, the same operations). */
+#define GROUPED_TYPE(NAME, TYPE, SCALAR, ROWS)                                                                \
     static void KN(NAME)(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t nr, const Out *o) {        \
-        const int64_t nb = o->a->n_in / 32;                                                                   \
+        const int64_t nb = o->a->n_in / block_elems(TYPE);                                                    \
         uint8_t *buf = s->x8 ? NULL : pack_buffer((size_t)(8 * s->row_bytes));                               \
-        if (!s->x8 && !buf) { /* no memory for a group: the portable kernel (the same operations) */          \
-            k32_scalar(s, j0, j1, r0, nr, o);                                                                 \
+        if (!s->x8 && !buf) {                                                                                 \
+            SCALAR(s, j0, j1, r0, nr, o);                                                                     \
             return;                                                                                           \
         }                                                                                                     \
         for (int64_t j = j0; j < j1; j += 8) {                                                                \
@@ -1876,23 +1892,15 @@ static inline __attribute__((always_inline)) void KN(k32_group)(const int type, 
                 x8_pack(TYPE, grp, s->row_bytes, n, nb, buf);                                                 \
                 grp = buf;                                                                                    \
             }                                                                                                 \
-            int64_t t = 0;                                                                                    \
-            for (; t + 4 <= nr; t += 4) KN(k32_group)(TYPE, s, grp, j, n, r0 + t, 4, o);                      \
-            switch (nr - t) {                                                                                 \
-            case 3: KN(k32_group)(TYPE, s, grp, j, n, r0 + t, 3, o); break;                                   \
-            case 2: KN(k32_group)(TYPE, s, grp, j, n, r0 + t, 2, o); break;                                   \
-            case 1: KN(k32_group)(TYPE, s, grp, j, n, r0 + t, 1, o); break;                                   \
-            default: break;                                                                                   \
-            }                                                                                                 \
+            KN(ROWS)(TYPE, s, grp, j, n, r0, nr, o);                                                          \
         }                                                                                                     \
     }
-K32_TYPE(k32_q4_0, T_Q4_0)
-K32_TYPE(k32_q4_1, T_Q4_1)
-K32_TYPE(k32_q5_0, T_Q5_0)
-K32_TYPE(k32_q5_1, T_Q5_1)
-K32_TYPE(k32_q8_0, T_Q8_0)
-K32_TYPE(k32_iq4_nl, T_IQ4_NL)
-#undef K32_TYPE
+GROUPED_TYPE(k32_q4_0, T_Q4_0, k32_scalar, k32_rows)
+GROUPED_TYPE(k32_q4_1, T_Q4_1, k32_scalar, k32_rows)
+GROUPED_TYPE(k32_q5_0, T_Q5_0, k32_scalar, k32_rows)
+GROUPED_TYPE(k32_q5_1, T_Q5_1, k32_scalar, k32_rows)
+GROUPED_TYPE(k32_q8_0, T_Q8_0, k32_scalar, k32_rows)
+GROUPED_TYPE(k32_iq4_nl, T_IQ4_NL, k32_scalar, k32_rows)
 
 static void KN(k32)(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t nr, const Out *o) {
     switch (s->type) {
@@ -2082,28 +2090,9 @@ static inline __attribute__((always_inline)) void KN(k8_group)(const int type, c
     }
 }
 
-/* Outputs j0 .. j1 - 1 (j0 a multiple of 8 for a repacked tensor) in groups of 8. */
-#define K8_TYPE(NAME, TYPE)                                                                                   \
-    static void KN(NAME)(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t nr, const Out *o) {        \
-        const int64_t nb = o->a->n_in / 256;                                                                  \
-        uint8_t *buf = s->x8 ? NULL : pack_buffer((size_t)(8 * s->row_bytes));                               \
-        if (!s->x8 && !buf) { /* no memory for a group: the portable kernel (the same operations) */          \
-            kq_scalar(s, j0, j1, r0, nr, o);                                                                  \
-            return;                                                                                           \
-        }                                                                                                     \
-        for (int64_t j = j0; j < j1; j += 8) {                                                                \
-            const int n = j1 - j < 8 ? (int)(j1 - j) : 8;                                                     \
-            const uint8_t *grp = s->w + j * s->row_bytes;                                                     \
-            if (!s->x8) {                                                                                     \
-                x8_pack(TYPE, grp, s->row_bytes, n, nb, buf);                                                 \
-                grp = buf;                                                                                    \
-            }                                                                                                 \
-            KN(k8_group)(TYPE, s, grp, j, n, r0, nr, o);                                                      \
-        }                                                                                                     \
-    }
-K8_TYPE(k8_q4k, T_Q4_K)
-K8_TYPE(k8_q5k, T_Q5_K)
-#undef K8_TYPE
+GROUPED_TYPE(k8_q4k, T_Q4_K, kq_scalar, k8_group)
+GROUPED_TYPE(k8_q5k, T_Q5_K, kq_scalar, k8_group)
+#undef GROUPED_TYPE
 
 static void KN(k8)(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t nr, const Out *o) {
     if (s->type == T_Q5_K) KN(k8_q5k)(s, j0, j1, r0, nr, o);
