@@ -1978,7 +1978,7 @@ static inline __attribute__((always_inline)) void KN(k8_vector)(const int type, 
     }
 }
 
-/* Block b (record rec) of the 8 outputs against rows r0 .. r0 + G - 1 (G = 1..3), into acc[0 .. G - 1];
+/* Block b (record rec) of the 8 outputs against rows r0 .. r0 + G - 1 (G = 1..4), into acc[0 .. G - 1];
  * the weights decoded here, or (dec) read as decoded before: vectors 2(8p + q) and 2(8p + q) + 1. */
 static inline __attribute__((always_inline)) void KN(k8_rows)(const int type, const uint8_t *rec, const __m256i *dec,
                                                            const KN(K8Rec) *R, const Acts *A, int64_t b, int64_t r0,
@@ -2036,38 +2036,42 @@ static inline __attribute__((always_inline)) void KN(k8_store)(const Seg *s, int
     }
 }
 
-/* The 8 outputs of group grp against G (1..3) rows: each vector decoded as it is used, the
+/* Record b of group grp, prefetched ahead, and what its products need besides its weights. */
+static inline __attribute__((always_inline)) const uint8_t *KN(k8_open)(const int type, const uint8_t *grp, int64_t b,
+                                                                     KN(K8Rec) *R) {
+    const int rec_bytes = 8 * block_bytes(type);
+    const uint8_t *rec = grp + b * rec_bytes;
+    for (int i = 0; X8_PF && i < rec_bytes; i += 64) _mm_prefetch((const char *)(rec + X8_PF + i), _MM_HINT_T0);
+    KN(k8_rec)(rec, R);
+    return rec;
+}
+
+/* The 8 outputs of group grp against G (1..4) rows: each vector decoded as it is used, the
  * accumulators in registers. */
 static inline __attribute__((always_inline)) void KN(k8_few)(const int type, const Seg *s, const uint8_t *grp, int64_t j,
                                                           const int n, int64_t r0, const int G, const Out *o) {
     const int64_t nb = o->a->n_in / 256;
-    const int rec_bytes = 8 * block_bytes(type);
     __m256 acc[4];
     for (int t = 0; t < G; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *rec = grp + b * rec_bytes;
-        for (int i = 0; X8_PF && i < rec_bytes; i += 64) _mm_prefetch((const char *)(rec + X8_PF + i), _MM_HINT_T0);
         KN(K8Rec) R;
-        KN(k8_rec)(rec, &R);
+        const uint8_t *rec = KN(k8_open)(type, grp, b, &R);
         KN(k8_rows)(type, rec, NULL, &R, o->a, b, r0, G, acc);
     }
     KN(k8_store)(s, j, n, r0, G, acc, o);
 }
 
-/* The same against nr (4 .. RT) rows: each record decoded once into dec, then taken three rows at
- * a time (four as two and two). */
+/* The same against nr (5 .. RT) rows: each record decoded once into dec, then taken four rows at
+ * a time. */
 static inline __attribute__((always_inline)) void KN(k8_many)(const int type, const Seg *s, const uint8_t *grp, int64_t j,
                                                            const int n, int64_t r0, const int64_t nr, const Out *o) {
     const int64_t nb = o->a->n_in / 256;
-    const int rec_bytes = 8 * block_bytes(type);
     __m256 acc[RT];
     __m256i dec[64];
     for (int64_t t = 0; t < nr; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *rec = grp + b * rec_bytes;
-        for (int i = 0; X8_PF && i < rec_bytes; i += 64) _mm_prefetch((const char *)(rec + X8_PF + i), _MM_HINT_T0);
         KN(K8Rec) R;
-        KN(k8_rec)(rec, &R);
+        const uint8_t *rec = KN(k8_open)(type, grp, b, &R);
         for (int p = 0; p < 4; p++)
             for (int q = 0; q < 8; q++) KN(k8_vector)(type, rec, p, q, &dec[2 * (8 * p + q)], &dec[2 * (8 * p + q) + 1]);
         int64_t t = 0;
