@@ -10,15 +10,15 @@
  *     one fp32 scale and sums of 16 (for the K types and IQ4_XS; llama.cpp's Q8_K), or of 32 with
  *     one fp32 scale and their sum (for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL; like llama.cpp's
  *     Q8_0 / Q8_1, with an fp32 scale);
- *   - for Q4_K and Q5_K, inside a weight block the products (each times its sub-block's integer
- *     scale) are integers, summed exactly (their order is irrelevant) into one integer, and so are
- *     the mins' terms (the sum over sub-blocks of m * the sum of its 32 activations); blocks in
- *     order 0, 1, 2, ... then go into one fp32 accumulator per output: acc += (d * dx) * sum (one
- *     fused multiply-add; d the weight block's scale, dx the activation block's), then
- *     acc -= (dmin * dx) * mins (a second one); then the bias and the residual (if asked), in that
- *     order. (The vector kernels take 8 outputs at a time, a lane each, on rows repacked eight at
- *     a time: gguf_repack.)
- *   - for the other K types (Q2_K, Q3_K, Q6_K) and IQ4_XS, inside a weight block the products are
+ *   - for Q4_K, Q5_K and IQ4_XS, inside a weight block the products (each times its sub-block's
+ *     integer scale) are integers, summed exactly (their order is irrelevant) into one integer, and
+ *     so are the mins' terms (the sum over sub-blocks of m * the sum of its 32 activations; IQ4_XS
+ *     has none); blocks in order 0, 1, 2, ... then go into one fp32 accumulator per output:
+ *     acc += (d * dx) * sum (one fused multiply-add; d the weight block's scale, dx the activation
+ *     block's), then acc -= (dmin * dx) * mins (a second one, where there are mins); then the bias
+ *     and the residual (if asked), in that order. (The vector kernels take 8 outputs at a time, a
+ *     lane each, on rows repacked eight at a time: gguf_repack.)
+ *   - for the other K types (Q2_K, Q3_K, Q6_K), inside a weight block the products are
  *     integers, summed exactly into 8 integer lanes: lane l holds the products of the elements e
  *     with (e % 32) / 4 == l, times the sub-block's integer scale. The block's correction terms are
  *     integers too, lane l taking those of the sums of 16 activations number 2l and 2l + 1: the
@@ -98,7 +98,7 @@ static inline int is_k(int t) { return t == T_Q2_K || t == T_Q3_K || t == T_Q4_K
 static inline int is_32(int t) { return t == T_Q4_0 || t == T_Q4_1 || t == T_Q5_0 || t == T_Q5_1 || t == T_Q8_0 || t == T_IQ4_NL; }
 /* The 256-weight types whose products sum a block into one integer per output and whose vector
  * kernels take 8 outputs at a time, like the 32-weight types (rows repacked eight at a time). */
-static inline int is_k8(int t) { return t == T_Q4_K || t == T_Q5_K; }
+static inline int is_k8(int t) { return t == T_Q4_K || t == T_Q5_K || t == T_IQ4_XS; }
 static inline int in_groups(int t) { return is_32(t) || is_k8(t); } /* the vector kernels take outputs 8 at a time */
 
 /* A grouped type's id with this bit set: the tensor's rows repacked eight at a time (gguf_repack,
@@ -370,7 +370,7 @@ int64_t gguf_row_bytes(int type, int64_t n_in) {
 }
 
 /* ---------------------------------------------------------------------------------------------- */
-/* rows repacked eight at a time (the 32-weight types, Q4_K and Q5_K)
+/* rows repacked eight at a time (the 32-weight types, Q4_K, Q5_K and IQ4_XS)
  *
  * Output rows 8g .. 8g + 7 of a tensor (a group) are stored together, block by block: block b of
  * the group (its eight rows' blocks b, 8 * bb bytes, bb the type's block bytes) is one record at
@@ -392,20 +392,30 @@ int64_t gguf_row_bytes(int type, int64_t n_in) {
  *   Q5_K's high bits at 128, 256 bytes: byte 32q + 4k + i is row k's qh[4q + i] (q = 0..7);
  *   the nibbles at 128 (Q5_K: 384), 1024 bytes: byte 32(8p + q) + 4k + i is row k's
  *     qs[32p + 4q + i] (p = 0..3, q = 0..7): low nibble element 64p + 4q + i (sub-block 2p), high
- *     64p + 32 + 4q + i (sub-block 2p + 1). */
+ *     64p + 32 + 4q + i (sub-block 2p + 1).
+ *
+ * IQ4_XS the same way (8 * 136 bytes):
+ *   d of row k at 2k, its scales_h (16 bits) at 16 + 2k, its scales_l at 32 + 4k (4 bytes);
+ *   the nibbles at 64, 1024 bytes: byte 32(4s + q) + 4k + i is row k's qs[16s + 4q + i] (s = 0..7,
+ *     q = 0..3): low nibble element 32s + 4q + i, high 32s + 16 + 4q + i (both sub-block s).
+ * So vector u = 8p + q (Q4_K, Q5_K) or 4s + q (IQ4_XS) of a record is the 32 bytes at 32u of its
+ * nibbles. */
 
-static inline int k8_qs_at(int type) { return type == T_Q5_K ? 384 : 128; } /* the nibbles in a record */
+/* The nibbles in a record, and in a block of the file's layout. */
+static inline int k8_qs_at(int type) { return type == T_Q5_K ? 384 : type == T_IQ4_XS ? 64 : 128; }
+static inline int k8_qs_file(int type) { return type == T_Q5_K ? 48 : type == T_IQ4_XS ? 8 : 16; }
 
 /* Row k's block (the file's layout, blk) into record rec, or (unpack) back. */
 static void k8_move(int type, uint8_t *rec, int k, uint8_t *blk, int unpack) {
-    const int qs_file = type == T_Q5_K ? 48 : 16;
 #define K8_MOVE(rec_at, blk_at, n) (unpack ? memcpy(blk + (blk_at), rec + (rec_at), n) : memcpy(rec + (rec_at), blk + (blk_at), n))
     K8_MOVE(2 * k, 0, 2);
     K8_MOVE(16 + 2 * k, 2, 2);
-    for (int i = 0; i < 12; i++) K8_MOVE(32 + 8 * i + k, 4 + i, 1);
+    if (type == T_IQ4_XS) K8_MOVE(32 + 4 * k, 4, 4);
+    else
+        for (int i = 0; i < 12; i++) K8_MOVE(32 + 8 * i + k, 4 + i, 1);
     if (type == T_Q5_K)
         for (int q = 0; q < 8; q++) K8_MOVE(128 + 32 * q + 4 * k, 16 + 4 * q, 4);
-    for (int u = 0; u < 32; u++) K8_MOVE(k8_qs_at(type) + 32 * u + 4 * k, qs_file + 4 * u, 4);
+    for (int u = 0; u < 32; u++) K8_MOVE(k8_qs_at(type) + 32 * u + 4 * k, k8_qs_file(type) + 4 * u, 4);
 #undef K8_MOVE
 }
 
@@ -626,7 +636,7 @@ static void kq_scalar(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t 
                     for (int e = 0; e < 256; e++) isum += sc[e >> 4] * (q[e] * x[e]);
                     for (int g = 0; g < 16; g++) iadj += cw[g] * bs[g];
                     acc[t][0] = fmaf(d * dx, (float)isum, acc[t][0]);
-                    acc[t][0] = fmaf(-(dmin * dx), (float)iadj, acc[t][0]);
+                    if (has_min) acc[t][0] = fmaf(-(dmin * dx), (float)iadj, acc[t][0]);
                 }
                 continue;
             }
@@ -1040,9 +1050,8 @@ static inline __attribute__((always_inline)) void q6k_vectors(const uint8_t *blk
     qv[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30));
 }
 
-/* Q2_K, Q3_K, IQ4_XS (the kx kernels): what a block's products need besides its weights.
- * sc: the s16 scales, either sc[0..7] (sub-blocks of 32) in both 128-bit halves, or sc[0..15] (of
- * 16); cw: the s16 weights of the sums of 16 activations in the correction (madd with them puts
+/* Q2_K, Q3_K (the kx kernels): what a block's products need besides its weights.
+ * sc: the s16 scales of the 16 sub-blocks of 16; cw: the s16 weights of the sums of 16 activations in the correction (madd with them puts
  * sums 2l and 2l + 1 in lane l): Q2_K's mins m[0..15] or Q3_K's scales; hb: the 32 bytes of high
  * bits (Q3_K's hmask); d, dmin broadcast. */
 typedef struct {
@@ -1061,7 +1070,7 @@ static inline __attribute__((always_inline)) void kx_block(const int type, const
         B->sc = B->cw = _mm256_cvtepi8_epi16(_mm_sub_epi8(u, _mm_set1_epi8(32)));
         B->hb = _mm256_loadu_si256((const __m256i *)blk);
         B->d = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(blk[108] | (blk[109] << 8))));
-    } else if (type == T_Q2_K) {
+    } else { /* Q2_K */
         const __m128i raw = _mm_loadu_si128((const __m128i *)blk), m4 = _mm_set1_epi8(0x0F);
         B->sc = _mm256_cvtepu8_epi16(_mm_and_si128(raw, m4));
         B->cw = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), m4));
@@ -1069,14 +1078,6 @@ static inline __attribute__((always_inline)) void kx_block(const int type, const
         memcpy(&dd2, blk + 80, 4);
         const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dd2));
         B->d = _mm256_broadcastss_ps(dm), B->dmin = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
-    } else { /* IQ4_XS: iq4xs_scales, as the 8 bytes of one word */
-        const unsigned hi = (unsigned)(blk[2] | (blk[3] << 8));
-        uint64_t w = 0;
-        for (int v = 0; v < 8; v++)
-            w |= (uint64_t)(((blk[4 + v / 2] >> (4 * (v & 1))) & 0xF) | (((hi >> (2 * v)) & 3) << 4)) << (8 * v);
-        const __m128i s8 = _mm_sub_epi8(_mm_cvtsi64_si128((long long)w), _mm_set1_epi8(32));
-        B->sc = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(s8));
-        B->d = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(blk[0] | (blk[1] << 8))));
     }
 }
 
@@ -1090,28 +1091,21 @@ static inline __attribute__((always_inline)) __m256i bit_moved(__m256i hb, const
 }
 
 /* Vector v (elements 32v .. 32v + 31) of a kx block: its 32 weight integers as bytes (unsigned,
- * Q3_K's offset by 4; IQ4_XS's signed levels) and its s16 scales, one per byte pair. */
+ * Q3_K's offset by 4) and its s16 scales, one per byte pair: sub-blocks 2v and 2v + 1 of 16, lanes
+ * v % 4 * 2 (+ 1) of the scales' half v / 4. */
 static inline __attribute__((always_inline)) void kx_vector(const int type, const uint8_t *blk, const KxBlock *B, const int v,
                                                             __m256i *q, __m256i *sv) {
     const __m256i m3 = _mm256_set1_epi8(3);
-    if (type == T_IQ4_XS) { /* sub-blocks of 32: scale v, in both halves */
-        *sv = _mm256_shuffle_epi8(B->sc, _mm256_set1_epi16((short)(0x0100 + 0x0202 * v)));
-    } else { /* sub-blocks 2v and 2v + 1 of 16: lanes v % 4 * 2 (+ 1) of the scales' half v / 4 */
-        const __m256i sh = _mm256_broadcastsi128_si256(v >= 4 ? _mm256_extracti128_si256(B->sc, 1) : _mm256_castsi256_si128(B->sc));
-        *sv = _mm256_shuffle_epi8(sh, _mm256_set_m128i(_mm_set1_epi16((short)(0x0100 + 0x0202 * (2 * (v & 3) + 1))),
-                                                       _mm_set1_epi16((short)(0x0100 + 0x0202 * (2 * (v & 3))))));
-    }
+    const __m256i sh = _mm256_broadcastsi128_si256(v >= 4 ? _mm256_extracti128_si256(B->sc, 1) : _mm256_castsi256_si128(B->sc));
+    *sv = _mm256_shuffle_epi8(sh, _mm256_set_m128i(_mm_set1_epi16((short)(0x0100 + 0x0202 * (2 * (v & 3) + 1))),
+                                                   _mm_set1_epi16((short)(0x0100 + 0x0202 * (2 * (v & 3))))));
     if (type == T_Q3_K) { /* bits 2 (v % 4) of qs[32 (v / 4) ..], bit v of hmask[i] as 4 */
         const __m256i bits = _mm256_loadu_si256((const __m256i *)(blk + 32 + 32 * (v >> 2)));
         const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(bits, 2 * (v & 3)), m3);
         *q = _mm256_or_si256(lo, bit_moved(B->hb, v, 2));
-    } else if (type == T_Q2_K) { /* bits 2 (v % 4) of qs[32 (v / 4) ..] */
+    } else { /* Q2_K: bits 2 (v % 4) of qs[32 (v / 4) ..] */
         const __m256i bits = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * (v >> 2)));
         *q = _mm256_and_si256(_mm256_srli_epi16(bits, 2 * (v & 3)), m3);
-    } else { /* IQ4_XS: the low, then the high nibbles of qs[16v ..], through the level table */
-        const __m128i bits = _mm_loadu_si128((const __m128i *)(blk + 8 + 16 * v)), n4 = _mm_set1_epi8(0x0F);
-        const __m256i nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(bits, 4), n4), _mm_and_si128(bits, n4));
-        *q = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)kv_iq4)), nib);
     }
 }
 
@@ -1217,9 +1211,9 @@ static void run_seg(const Seg *s, int64_t j0, int64_t j1, int64_t n_rows, const 
 #ifdef GG_AVX2
 #define PATH_KERNELS(SUFFIX)                                                          \
     switch (s->type) {                                                                \
-    case T_Q4_K: case T_Q5_K: k = k8_##SUFFIX; break;                                 \
+    case T_Q4_K: case T_Q5_K: case T_IQ4_XS: k = k8_##SUFFIX; break;                  \
     case T_Q6_K: k = q6k_##SUFFIX; break;                                             \
-    case T_Q2_K: case T_Q3_K: case T_IQ4_XS: k = kx_##SUFFIX; break;                  \
+    case T_Q2_K: case T_Q3_K: k = kx_##SUFFIX; break;                                 \
     default: k = is_32(s->type) ? k32_##SUFFIX : kf_avx2; break;                      \
     }
     if (path == P_AVX2) { PATH_KERNELS(avx2) }
@@ -1922,7 +1916,12 @@ static void KN(k32)(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t nr
  * vectors' sum below 2^15; Q5_K's five bits, below 7874: four), then one multiply by the 8 outputs'
  * scales into int32 (DOT_ADD). The mins' term, one integer per output: sum over the sub-blocks of
  * m * (the sum of its 32 activations). Per block and output: acc += (d * dx) * sum, then
- * acc -= (dmin * dx) * mins (kq_scalar's operations). */
+ * acc -= (dmin * dx) * mins (kq_scalar's operations).
+ *
+ * IQ4_XS the same way, its vector (s, q) holding qs[16s + 4q ..] of the 8 rows, low and high
+ * nibbles both of sub-block s, through the level table. The levels are signed: |w| times x with
+ * w's sign (exact: |x| <= 127), and a pair of those can reach 2 * 127 * 127, so each vector's s16
+ * pairs are multiplied by the scales into int32 at once. Per block and output: acc += (d * dx) * sum. */
 
 /* The 8 outputs' scales and mins of a record: byte 8s + k (s = 0..3) of lo, of hi for s + 4. */
 static inline __attribute__((always_inline)) void KN(k8_scales)(const uint8_t *rec, __m256i *sc_lo, __m256i *sc_hi,
@@ -1949,7 +1948,34 @@ typedef struct {
     __m256 d, dmin;
 } KN(K8Rec);
 
-static inline __attribute__((always_inline)) void KN(k8_rec)(const uint8_t *rec, KN(K8Rec) *R) {
+/* IQ4_XS's scales of the 8 outputs: lane k of L holds row k's scales_l (sub-blocks 2i and 2i + 1
+ * in the nibbles of byte i), of H row k's scales_h (sub-block s at bit 2s) spread a nibble a byte;
+ * so byte i of lane k of ev (od) is row k's six-bit scale of sub-block 2i (2i + 1), plus 32. */
+static inline __attribute__((always_inline)) void KN(k8_rec_iq4)(const uint8_t *rec, KN(K8Rec) *R) {
+    const __m256i L = _mm256_loadu_si256((const __m256i *)(rec + 32));
+    __m256i H = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(rec + 16)));
+    H = _mm256_and_si256(_mm256_or_si256(H, _mm256_slli_epi32(H, 8)), _mm256_set1_epi32(0x00FF00FF));
+    H = _mm256_and_si256(_mm256_or_si256(H, _mm256_slli_epi32(H, 4)), _mm256_set1_epi32(0x0F0F0F0F));
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
+    const __m256i ev = _mm256_or_si256(_mm256_and_si256(L, m4), _mm256_slli_epi16(_mm256_and_si256(H, m2), 4));
+    const __m256i od = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(L, 4), m4),
+                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(H, 2), m2), 4));
+    for (int s = 0; s < 8; s++) { /* byte s / 2 of each lane into both of its s16 halves, less 32 */
+        const int i = s >> 1;
+        const __m256i ctl = _mm256_setr_epi32((int)0x80008000 + 0x00010001 * i, (int)0x80008000 + 0x00010001 * (4 + i),
+                                              (int)0x80008000 + 0x00010001 * (8 + i), (int)0x80008000 + 0x00010001 * (12 + i),
+                                              (int)0x80008000 + 0x00010001 * i, (int)0x80008000 + 0x00010001 * (4 + i),
+                                              (int)0x80008000 + 0x00010001 * (8 + i), (int)0x80008000 + 0x00010001 * (12 + i));
+        R->sv[s] = _mm256_sub_epi16(_mm256_shuffle_epi8((s & 1) ? od : ev, ctl), _mm256_set1_epi16(32));
+    }
+    R->d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)rec));
+}
+
+static inline __attribute__((always_inline)) void KN(k8_rec)(const int type, const uint8_t *rec, KN(K8Rec) *R) {
+    if (type == T_IQ4_XS) {
+        KN(k8_rec_iq4)(rec, R);
+        return;
+    }
     __m256i sc_lo, sc_hi, mn_lo, mn_hi;
     KN(k8_scales)(rec, &sc_lo, &sc_hi, &mn_lo, &mn_hi);
     for (int p = 0; p < 4; p++) {
@@ -1964,17 +1990,52 @@ static inline __attribute__((always_inline)) void KN(k8_rec)(const uint8_t *rec,
     R->dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 16)));
 }
 
-/* Vector (p, q) of a record: its low (sub-block 2p) and high (2p + 1) values as bytes. */
-static inline __attribute__((always_inline)) void KN(k8_vector)(const int type, const uint8_t *rec, int p, int q, __m256i *lo,
+/* Vector u of a record: its low and high values as bytes (Q4_K, Q5_K: u = 8p + q, sub-blocks 2p and
+ * 2p + 1; IQ4_XS: u = 4s + q, the signed levels, both of sub-block s). */
+static inline __attribute__((always_inline)) void KN(k8_vector)(const int type, const uint8_t *rec, int u, __m256i *lo,
                                                              __m256i *hi) {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
-    const __m256i bits = _mm256_loadu_si256((const __m256i *)(rec + k8_qs_at(type) + 32 * (8 * p + q)));
+    const __m256i bits = _mm256_loadu_si256((const __m256i *)(rec + k8_qs_at(type) + 32 * u));
     *lo = _mm256_and_si256(bits, m4);
     *hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
     if (type == T_Q5_K) { /* bits 2p, 2p + 1 of qh[4q + i], as 16 */
+        const int p = u >> 3, q = u & 7;
         const __m256i h = _mm256_loadu_si256((const __m256i *)(rec + 128 + 32 * q));
         *lo = _mm256_or_si256(*lo, bit_moved(h, 2 * p, 4));
         *hi = _mm256_or_si256(*hi, bit_moved(h, 2 * p + 1, 4));
+    }
+    if (type == T_IQ4_XS) {
+        const __m256i levels = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)kv_iq4));
+        *lo = _mm256_shuffle_epi8(levels, *lo);
+        *hi = _mm256_shuffle_epi8(levels, *hi);
+    }
+}
+
+/* IQ4_XS's block b against rows r0 .. r0 + G - 1 (k8_rows' contract). */
+static inline __attribute__((always_inline)) void KN(k8_rows_iq4)(const uint8_t *rec, const __m256i *dec, const KN(K8Rec) *R,
+                                                               const Acts *A, int64_t b, int64_t r0, const int G,
+                                                               __m256 *acc) {
+    const int64_t n_in = A->n_in, nb = n_in / 256;
+    __m256i sum[4];
+    for (int t = 0; t < G; t++) sum[t] = _mm256_setzero_si256();
+    for (int u = 0; u < 32; u++) {
+        __m256i lo, hi;
+        if (dec) lo = dec[2 * u], hi = dec[2 * u + 1];
+        else KN(k8_vector)(T_IQ4_XS, rec, u, &lo, &hi);
+        const __m256i alo = _mm256_sign_epi8(lo, lo), ahi = _mm256_sign_epi8(hi, hi), sv = R->sv[u >> 2];
+        for (int t = 0; t < G; t++) {
+            const int8_t *x = A->qk + (r0 + t) * n_in + b * 256 + 32 * (u >> 2) + 4 * (u & 3);
+            int32_t xl, xh;
+            memcpy(&xl, x, 4);
+            memcpy(&xh, x + 16, 4);
+            sum[t] = DOT_ADD(sum[t], _mm256_maddubs_epi16(alo, _mm256_sign_epi8(_mm256_set1_epi32(xl), lo)), sv);
+            sum[t] = DOT_ADD(sum[t], _mm256_maddubs_epi16(ahi, _mm256_sign_epi8(_mm256_set1_epi32(xh), hi)), sv);
+            __asm__("" : "+x"(sum[t])); /* a running sum in a register (not a tree of spilled products) */
+        }
+    }
+    for (int t = 0; t < G; t++) {
+        const __m256 dx = _mm256_set1_ps(A->dk[(r0 + t) * nb + b]);
+        acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(R->d, dx), _mm256_cvtepi32_ps(sum[t]), acc[t]);
     }
 }
 
@@ -1983,6 +2044,10 @@ static inline __attribute__((always_inline)) void KN(k8_vector)(const int type, 
 static inline __attribute__((always_inline)) void KN(k8_rows)(const int type, const uint8_t *rec, const __m256i *dec,
                                                            const KN(K8Rec) *R, const Acts *A, int64_t b, int64_t r0,
                                                            const int G, __m256 *acc) {
+    if (type == T_IQ4_XS) {
+        KN(k8_rows_iq4)(rec, dec, R, A, b, r0, G, acc);
+        return;
+    }
     const int64_t n_in = A->n_in, nb = n_in / 256;
     const int run = type == T_Q5_K ? 4 : 8; /* vectors whose s16 pair sums add up without overflow */
     __m256i sum[4];
@@ -1994,7 +2059,7 @@ static inline __attribute__((always_inline)) void KN(k8_rows)(const int type, co
             for (int q = q0; q < q0 + run; q++) {
                 __m256i lo, hi;
                 if (dec) lo = dec[2 * (8 * p + q)], hi = dec[2 * (8 * p + q) + 1];
-                else KN(k8_vector)(type, rec, p, q, &lo, &hi);
+                else KN(k8_vector)(type, rec, 8 * p + q, &lo, &hi);
                 for (int t = 0; t < G; t++) {
                     const int8_t *x = A->qk + (r0 + t) * n_in + b * 256 + 64 * p + 4 * q;
                     int32_t xl, xh;
@@ -2042,7 +2107,7 @@ static inline __attribute__((always_inline)) const uint8_t *KN(k8_open)(const in
     const int rec_bytes = 8 * block_bytes(type);
     const uint8_t *rec = grp + b * rec_bytes;
     for (int i = 0; X8_PF && i < rec_bytes; i += 64) _mm_prefetch((const char *)(rec + X8_PF + i), _MM_HINT_T0);
-    KN(k8_rec)(rec, R);
+    KN(k8_rec)(type, rec, R);
     return rec;
 }
 
@@ -2072,8 +2137,7 @@ static inline __attribute__((always_inline)) void KN(k8_many)(const int type, co
     for (int64_t b = 0; b < nb; b++) {
         KN(K8Rec) R;
         const uint8_t *rec = KN(k8_open)(type, grp, b, &R);
-        for (int p = 0; p < 4; p++)
-            for (int q = 0; q < 8; q++) KN(k8_vector)(type, rec, p, q, &dec[2 * (8 * p + q)], &dec[2 * (8 * p + q) + 1]);
+        for (int u = 0; u < 32; u++) KN(k8_vector)(type, rec, u, &dec[2 * u], &dec[2 * u + 1]);
         int64_t t = 0;
         for (; nr - t >= 4; t += 4) KN(k8_rows)(type, rec, dec, &R, o->a, b, r0 + t, 4, acc + t);
         if (nr - t == 3) KN(k8_rows)(type, rec, dec, &R, o->a, b, r0 + t, 3, acc + t);
@@ -2096,14 +2160,18 @@ static inline __attribute__((always_inline)) void KN(k8_group)(const int type, c
 
 GROUPED_TYPE(k8_q4k, T_Q4_K, kq_scalar, k8_group)
 GROUPED_TYPE(k8_q5k, T_Q5_K, kq_scalar, k8_group)
+GROUPED_TYPE(k8_iq4xs, T_IQ4_XS, kq_scalar, k8_group)
 #undef GROUPED_TYPE
 
 static void KN(k8)(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t nr, const Out *o) {
-    if (s->type == T_Q5_K) KN(k8_q5k)(s, j0, j1, r0, nr, o);
-    else KN(k8_q4k)(s, j0, j1, r0, nr, o);
+    switch (s->type) {
+    case T_Q5_K: KN(k8_q5k)(s, j0, j1, r0, nr, o); break;
+    case T_IQ4_XS: KN(k8_iq4xs)(s, j0, j1, r0, nr, o); break;
+    default: KN(k8_q4k)(s, j0, j1, r0, nr, o);
+    }
 }
 
-/* Q2_K, Q3_K, IQ4_XS against one to three rows (nr a constant): each block decoded once,
+/* Q2_K and Q3_K against one to three rows (nr a constant): each block decoded once,
  * vector by vector (kx_vector), and each vector applied to every row, whose integer lanes (exact)
  * and accumulators stay in registers. */
 static inline __attribute__((always_inline)) void KN(kx_rows)(const int type, const Seg *s, int64_t j0, int64_t j1, int64_t r0,
@@ -2125,21 +2193,14 @@ static inline __attribute__((always_inline)) void KN(kx_rows)(const int type, co
             for (int v = 0; v < 8; v++) {
                 __m256i q, sv;
                 kx_vector(type, blk, &B, v, &q, &sv);
-                /* IQ4_XS's levels are signed: |w| times x with w's sign (exact; x is within +-127) */
-                const __m256i aq = type == T_IQ4_XS ? _mm256_sign_epi8(q, q) : q;
                 for (int64_t t = 0; t < nr; t++) {
-                    __m256i x = _mm256_loadu_si256((const __m256i *)(A->qk + (r0 + t) * n_in + b * 256 + 32 * v));
-                    if (type == T_IQ4_XS) x = _mm256_sign_epi8(x, q);
-                    sum[t] = DOT_ADD(sum[t], _mm256_maddubs_epi16(aq, x), sv);
+                    const __m256i x = _mm256_loadu_si256((const __m256i *)(A->qk + (r0 + t) * n_in + b * 256 + 32 * v));
+                    sum[t] = DOT_ADD(sum[t], _mm256_maddubs_epi16(q, x), sv);
                 }
             }
             for (int64_t t = 0; t < nr; t++) {
                 const int64_t r = r0 + t;
                 const __m256 dx = _mm256_broadcast_ss(A->dk + r * nb + b);
-                if (type == T_IQ4_XS) {
-                    acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(B.d, dx), _mm256_cvtepi32_ps(sum[t]), acc[t]);
-                    continue;
-                }
                 const __m256i adj = _mm256_madd_epi16(B.cw, _mm256_loadu_si256((const __m256i *)(A->bk + r * (n_in / 16) + b * 16)));
                 if (type == T_Q3_K) { /* the offset 4 of the weights: 4 * scale * (sum of 16) */
                     const __m256i st = _mm256_sub_epi32(sum[t], _mm256_slli_epi32(adj, 2));
@@ -2174,29 +2235,21 @@ static inline __attribute__((always_inline)) void KN(kx_tile)(const int type, co
             KxBlock B;
             kx_block(type, blk, &B);
             for (int h = 0; h < 2; h++) {
-                __m256i q[4], aq[4], sv[4];
-                for (int v = 0; v < 4; v++) {
-                    kx_vector(type, blk, &B, 4 * h + v, &q[v], &sv[v]);
-                    aq[v] = type == T_IQ4_XS ? _mm256_sign_epi8(q[v], q[v]) : q[v];
-                }
+                __m256i q[4], sv[4];
+                for (int v = 0; v < 4; v++) kx_vector(type, blk, &B, 4 * h + v, &q[v], &sv[v]);
                 for (int64_t t = 0; t < nr; t++) {
                     const int64_t r = r0 + t;
                     const int8_t *xr = A->qk + r * n_in + b * 256 + 128 * h;
                     __m256i sum = h ? part[t] : _mm256_setzero_si256();
                     for (int v = 0; v < 4; v++) {
-                        __m256i x = _mm256_loadu_si256((const __m256i *)(xr + 32 * v));
-                        if (type == T_IQ4_XS) x = _mm256_sign_epi8(x, q[v]);
-                        sum = DOT_ADD(sum, _mm256_maddubs_epi16(aq[v], x), sv[v]);
+                        const __m256i x = _mm256_loadu_si256((const __m256i *)(xr + 32 * v));
+                        sum = DOT_ADD(sum, _mm256_maddubs_epi16(q[v], x), sv[v]);
                     }
                     if (h == 0) {
                         part[t] = sum;
                         continue;
                     }
                     const __m256 dx = _mm256_broadcast_ss(A->dk + r * nb + b);
-                    if (type == T_IQ4_XS) {
-                        acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(B.d, dx), _mm256_cvtepi32_ps(sum), acc[t]);
-                        continue;
-                    }
                     const __m256i adj = _mm256_madd_epi16(B.cw, _mm256_loadu_si256((const __m256i *)(A->bk + r * (n_in / 16) + b * 16)));
                     if (type == T_Q3_K) {
                         const __m256i st = _mm256_sub_epi32(sum, _mm256_slli_epi32(adj, 2));
@@ -2229,15 +2282,11 @@ static inline __attribute__((always_inline)) void KN(kx_tile)(const int type, co
     }
 KX_TYPE(kx_q2k, T_Q2_K)
 KX_TYPE(kx_q3k, T_Q3_K)
-KX_TYPE(kx_iq4xs, T_IQ4_XS)
 #undef KX_TYPE
 
 static void KN(kx)(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t nr, const Out *o) {
-    switch (s->type) {
-    case T_Q2_K: KN(kx_q2k)(s, j0, j1, r0, nr, o); break;
-    case T_Q3_K: KN(kx_q3k)(s, j0, j1, r0, nr, o); break;
-    default: KN(kx_iq4xs)(s, j0, j1, r0, nr, o);
-    }
+    if (s->type == T_Q2_K) KN(kx_q2k)(s, j0, j1, r0, nr, o);
+    else KN(kx_q3k)(s, j0, j1, r0, nr, o);
 }
 
 #endif /* GG_KERNEL_BODY */
