@@ -1749,14 +1749,10 @@ static void KN(q6k)(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t nr
  * activation block is read once for 8 outputs and the block's integer sums of the 8 outputs land in
  * one vector, then one multiply-add of 8 fp32 accumulators, as k32_scalar does for each output.
  *
- * k32_weights: record rec's 8 vectors; unsigned for Q4_0, Q4_1 (the nibble q), Q5_0, Q5_1 (the
- * five bits q): Q4_0's and Q5_0's offset (8, 16) is taken off the sum as offset * (the activation
- * block's sum); Q8_0's and IQ4_NL's signed (the value, the level). */
+ * k32_weights: record rec's 8 vectors of unsigned weights, for Q4_0, Q4_1 (the nibble q), Q5_0,
+ * Q5_1 (the five bits q): Q4_0's and Q5_0's offset (8, 16) is taken off the sum as offset * (the
+ * activation block's sum). (Q8_0's and IQ4_NL's signed weights: k32_signed.) */
 static inline __attribute__((always_inline)) void KN(k32_weights)(const int type, const uint8_t *rec, __m256i w[8]) {
-    if (type == T_Q8_0) {
-        for (int v = 0; v < 8; v++) w[v] = _mm256_loadu_si256((const __m256i *)(rec + 16 + 32 * v));
-        return;
-    }
     const uint8_t *qs = rec + x8_at(type, 0);
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     for (int u = 0; u < 4; u++) {
@@ -1768,52 +1764,68 @@ static inline __attribute__((always_inline)) void KN(k32_weights)(const int type
         const __m256i h = _mm256_loadu_si256((const __m256i *)(rec + x8_at(type, 1)));
         for (int v = 0; v < 8; v++) w[v] = _mm256_or_si256(w[v], bit_moved(h, v, 4));
     }
-    if (type == T_IQ4_NL) {
-        const __m256i levels = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)kv_iq4));
-        for (int v = 0; v < 8; v++) w[v] = _mm256_shuffle_epi8(levels, w[v]);
-    }
 }
 
-/* The block's integer sums of the 8 outputs against activation block x (s0: its sum): aw the
- * weights as k32_weights gives them, made unsigned (Q8_0, IQ4_NL: |w|, and x takes w's sign).
- * AVX2: maddubs' s16 pairs summed as s16 where no sum can overflow (a pair of Q4's nibbles
- * (<= 15) times activations (|x| <= 127) is below 3810 in magnitude: eight pairs' sum below 2^15;
- * Q5's five bits (<= 31): four; |w| <= 128: one), then madd by 1 into int32. */
-static inline __attribute__((always_inline)) __m256i KN(k32_sum)(const int type, const __m256i *aw, const __m256i *w,
-                                                                const int8_t *x, int32_t s0) {
-    const int sgn = type == T_Q8_0 || type == T_IQ4_NL;
+/* The block's integer sums of the 8 outputs against activation block x (s0: its sum), w the
+ * weights as k32_weights gives them. AVX2: maddubs' s16 pairs summed as s16 where no sum can
+ * overflow (a pair of Q4's nibbles (<= 15) times activations (|x| <= 127) is below 3810 in
+ * magnitude: eight pairs' sum below 2^15; Q5's five bits (<= 31): four), then madd by 1 into int32. */
+static inline __attribute__((always_inline)) __m256i KN(k32_sum)(const int type, const __m256i *w, const int8_t *x,
+                                                                int32_t s0) {
     __m256i xb[8];
     for (int v = 0; v < 8; v++) {
         int32_t x4;
         memcpy(&x4, x + 4 * v, 4);
         xb[v] = _mm256_set1_epi32(x4);
-        if (sgn) xb[v] = _mm256_sign_epi8(xb[v], w[v]);
     }
 #ifdef DOT_ACC
-    __m256i sum = DOT_ACC(_mm256_setzero_si256(), aw[0], xb[0]);
-    for (int v = 1; v < 8; v++) sum = DOT_ACC(sum, aw[v], xb[v]);
+    __m256i sum = DOT_ACC(_mm256_setzero_si256(), w[0], xb[0]);
+    for (int v = 1; v < 8; v++) sum = DOT_ACC(sum, w[v], xb[v]);
 #else
     const __m256i one = _mm256_set1_epi16(1);
     __m256i p[8];
-    for (int v = 0; v < 8; v++) p[v] = _mm256_maddubs_epi16(aw[v], xb[v]);
+    for (int v = 0; v < 8; v++) p[v] = _mm256_maddubs_epi16(w[v], xb[v]);
+    const __m256i a = _mm256_add_epi16(_mm256_add_epi16(p[0], p[1]), _mm256_add_epi16(p[2], p[3]));
+    const __m256i b = _mm256_add_epi16(_mm256_add_epi16(p[4], p[5]), _mm256_add_epi16(p[6], p[7]));
     __m256i sum;
-    if (type == T_Q4_0 || type == T_Q4_1) {
-        const __m256i a = _mm256_add_epi16(_mm256_add_epi16(p[0], p[1]), _mm256_add_epi16(p[2], p[3]));
-        const __m256i b = _mm256_add_epi16(_mm256_add_epi16(p[4], p[5]), _mm256_add_epi16(p[6], p[7]));
-        sum = _mm256_madd_epi16(_mm256_add_epi16(a, b), one);
-    } else if (type == T_Q5_0 || type == T_Q5_1) {
-        const __m256i a = _mm256_add_epi16(_mm256_add_epi16(p[0], p[1]), _mm256_add_epi16(p[2], p[3]));
-        const __m256i b = _mm256_add_epi16(_mm256_add_epi16(p[4], p[5]), _mm256_add_epi16(p[6], p[7]));
-        sum = _mm256_add_epi32(_mm256_madd_epi16(a, one), _mm256_madd_epi16(b, one));
-    } else {
-        __m256i q[4];
-        for (int v = 0; v < 4; v++) q[v] = _mm256_add_epi32(_mm256_madd_epi16(p[2 * v], one), _mm256_madd_epi16(p[2 * v + 1], one));
-        sum = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
-    }
+    if (type == T_Q4_0 || type == T_Q4_1) sum = _mm256_madd_epi16(_mm256_add_epi16(a, b), one);
+    else sum = _mm256_add_epi32(_mm256_madd_epi16(a, one), _mm256_madd_epi16(b, one));
 #endif
     if (type == T_Q4_0) sum = _mm256_sub_epi32(sum, _mm256_set1_epi32(s0 * 8));
     if (type == T_Q5_0) sum = _mm256_sub_epi32(sum, _mm256_set1_epi32(s0 * 16));
     return sum;
+}
+
+/* Q8_0's and IQ4_NL's block b (record rec) against rows r0 .. r0 + G - 1: the integer sums of the
+ * 8 outputs into sum[0 .. G - 1], taken a vector at a time, each applied to every row (with eight
+ * vectors and their magnitudes held across the rows, the registers spill). The weights are signed:
+ * |w| times x with w's sign (exact: |x| <= 127), a pair of products up to 2 * 128 * 127, so each
+ * vector's s16 pairs go into int32 at once (madd by 1). */
+static inline __attribute__((always_inline)) void KN(k32_signed)(const int type, const uint8_t *rec, const int8_t *xq,
+                                                              int64_t n_in, const int G, __m256i *sum) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i levels = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)kv_iq4));
+    for (int t = 0; t < G; t++) sum[t] = _mm256_setzero_si256();
+    for (int v = 0; v < 8; v++) {
+        __m256i w;
+        if (type == T_Q8_0) w = _mm256_loadu_si256((const __m256i *)(rec + 16 + 32 * v));
+        else { /* IQ4_NL: the low nibbles of the 32 bytes at 32v (v < 4), the high ones of those at 32(v - 4) */
+            const __m256i p = _mm256_loadu_si256((const __m256i *)(rec + x8_at(type, 0) + 32 * (v & 3)));
+            w = _mm256_shuffle_epi8(levels, _mm256_and_si256(v < 4 ? p : _mm256_srli_epi16(p, 4), m4));
+        }
+        const __m256i aw = _mm256_sign_epi8(w, w);
+        for (int t = 0; t < G; t++) {
+            int32_t x4;
+            memcpy(&x4, xq + t * n_in + 4 * v, 4);
+            const __m256i xb = _mm256_sign_epi8(_mm256_set1_epi32(x4), w);
+#ifdef DOT_ACC
+            sum[t] = DOT_ACC(sum[t], aw, xb);
+#else
+            sum[t] = DOT_ADD(sum[t], _mm256_maddubs_epi16(aw, xb), _mm256_set1_epi16(1));
+#endif
+            __asm__("" : "+x"(sum[t])); /* a running sum in a register */
+        }
+    }
 }
 
 /* The 8 outputs of group grp (records of nb blocks; the first n of them written) against G (1..4)
@@ -1833,12 +1845,16 @@ static inline __attribute__((always_inline)) void KN(k32_group)(const int type, 
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *rec = grp + b * rec_bytes;
         for (int i = 0; X8_PF && i < rec_bytes; i += 64) _mm_prefetch((const char *)(rec + X8_PF + i), _MM_HINT_T0);
-        __m256i w[8], aw[8];
-        KN(k32_weights)(type, rec, w);
-        for (int v = 0; v < 8; v++) aw[v] = sgn ? _mm256_sign_epi8(w[v], w[v]) : w[v];
+        __m256i sums[4];
+        if (sgn) KN(k32_signed)(type, rec, xq + b * 32, n_in, G, sums);
+        else {
+            __m256i w[8];
+            KN(k32_weights)(type, rec, w);
+            for (int t = 0; t < G; t++) sums[t] = KN(k32_sum)(type, w, xq + t * n_in + b * 32, xs[t * nb + b]);
+        }
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)rec));
         for (int t = 0; t < G; t++) {
-            const __m256i sum = KN(k32_sum)(type, aw, w, xq + t * n_in + b * 32, xs[t * nb + b]);
+            const __m256i sum = sums[t];
             const __m256 dx = _mm256_set1_ps(xd[t * nb + b]);
             acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(sum), acc[t]);
             if (has_m(type)) {
