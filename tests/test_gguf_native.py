@@ -288,7 +288,7 @@ def test_a_model_pass_on_the_vnni_path_has_the_bits_of_the_other_paths(lib, emul
     assert torch.equal(logits["avx512vnni"], logits["portable"]) and torch.equal(logits["avx2"], logits["portable"])
 
 
-REPACKABLE = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.IQ4_NL, T.Q4_K, T.Q5_K, T.IQ4_XS]  # native.repack's types
+REPACKABLE = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.IQ4_NL, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.IQ4_XS]  # native.repack's types
 
 
 @pytest.mark.parametrize("qtype", REPACKABLE, ids=lambda t: t.name)
