@@ -10,22 +10,22 @@
  *     one fp32 scale and sums of 16 (for the K types and IQ4_XS; llama.cpp's Q8_K), or of 32 with
  *     one fp32 scale and their sum (for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL; like llama.cpp's
  *     Q8_0 / Q8_1, with an fp32 scale);
- *   - for Q4_K, Q5_K and IQ4_XS, inside a weight block the products (each times its sub-block's
- *     integer scale) are integers, summed exactly (their order is irrelevant) into one integer, and
- *     so are the mins' terms (the sum over sub-blocks of m * the sum of its 32 activations; IQ4_XS
- *     has none); blocks in order 0, 1, 2, ... then go into one fp32 accumulator per output:
- *     acc += (d * dx) * sum (one fused multiply-add; d the weight block's scale, dx the activation
- *     block's), then acc -= (dmin * dx) * mins (a second one, where there are mins); then the bias
- *     and the residual (if asked), in that order. (The vector kernels take 8 outputs at a time, a
- *     lane each, on rows repacked eight at a time: gguf_repack.)
- *   - for the other K types (Q2_K, Q3_K, Q6_K), inside a weight block the products are
- *     integers, summed exactly into 8 integer lanes: lane l holds the products of the elements e
- *     with (e % 32) / 4 == l, times the sub-block's integer scale. The block's correction terms are
- *     integers too, lane l taking those of the sums of 16 activations number 2l and 2l + 1: the
- *     mins of Q2_K (m * sum), the offsets of Q3_K (4) and Q6_K (32) (offset * scale * sum,
- *     subtracted from the lane);
- *   - each block then adds its lanes, converted to float, into 8 fp32 lane accumulators, blocks in
- *     order: lane += (d * dx) * lanes, and for Q2_K lane -= (dmin * dx) * mins (a second one);
+ *   - for Q2_K, Q3_K, Q4_K, Q5_K and IQ4_XS, inside a weight block the products (each times its
+ *     sub-block's integer scale) are integers, summed exactly (their order is irrelevant) into one
+ *     integer, and so are the correction terms: Q2_K's, Q4_K's and Q5_K's mins (the sum over
+ *     sub-blocks of m * the sum of its activations), Q3_K's offset (4 * the sum over sub-blocks of
+ *     scale * the sum of its 16 activations, taken off the products' sum; IQ4_XS has none); blocks
+ *     in order 0, 1, 2, ... then go into one fp32 accumulator per output: acc += (d * dx) * sum (one
+ *     fused multiply-add; d the weight block's scale, dx the activation block's), then
+ *     acc -= (dmin * dx) * mins (a second one, where there are mins); then the bias and the
+ *     residual (if asked), in that order. (The vector kernels take 8 outputs at a time, a lane
+ *     each, on rows repacked eight at a time: gguf_repack.)
+ *   - for Q6_K, inside a weight block the products are integers, summed exactly into 8 integer
+ *     lanes: lane l holds the products of the elements e with (e % 32) / 4 == l, times the
+ *     sub-block's integer scale. The block's offset term is an integer too, lane l taking those of
+ *     the sums of 16 activations number 2l and 2l + 1 (32 * scale * sum, subtracted from the lane);
+ *     each block then adds its lanes, converted to float, into 8 fp32 lane accumulators, blocks in
+ *     order: lane += (d * dx) * lanes;
  *   - the 8 lanes are summed in a fixed tree ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)), then the bias
  *     and the residual (if asked) are added, in that order;
  *   - for the 32-weight types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) a block's products are summed
@@ -675,16 +675,8 @@ static void kq_scalar(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t 
                 for (int e = 0; e < 256; e++) isum[(e & 31) >> 2] += sc[e >> 4] * (q[e] * x[e]);
                 /* the correction of lane l: sums of 16 number 2l and 2l + 1 (the vector paths' madd) */
                 for (int l = 0; l < 8; l++) iadj[l] = cw[2 * l] * bs[2 * l] + cw[2 * l + 1] * bs[2 * l + 1];
-                const float dd = d * dx;
-                if (has_min) {
-                    const float md = dmin * dx;
-                    for (int l = 0; l < 8; l++) {
-                        acc[t][l] = fmaf(dd, (float)isum[l], acc[t][l]);
-                        acc[t][l] = fmaf(-md, (float)iadj[l], acc[t][l]);
-                    }
-                } else {
-                    for (int l = 0; l < 8; l++) acc[t][l] = fmaf(dd, (float)(isum[l] - off * iadj[l]), acc[t][l]);
-                }
+                const float dd = d * dx; /* Q6_K: the offset 32 */
+                for (int l = 0; l < 8; l++) acc[t][l] = fmaf(dd, (float)(isum[l] - off * iadj[l]), acc[t][l]);
             }
         }
         for (int64_t t = 0; t < nr; t++)
