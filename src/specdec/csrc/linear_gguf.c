@@ -2010,6 +2010,7 @@ static inline __attribute__((always_inline)) void KN(k16_sub)(const int type, co
             int32_t xw;
             memcpy(&xw, A->qk + (r0 + t) * n_in + b * 256 + 128 * h + 32 * j + 4 * q, 4);
             sl[t] = _mm256_add_epi16(sl[t], _mm256_maddubs_epi16(v, _mm256_set1_epi32(xw)));
+            __asm__("" : "+x"(sl[t])); /* running sums in registers (3-4 rows: 7-14% faster, measured) */
         }
     }
     const __m256i sv = KN(k16_scale)(type, R, 8 * h + 2 * j + half);
