@@ -2247,8 +2247,8 @@ static inline __attribute__((always_inline)) void KN(k8_few)(const int type, con
     KN(k8_store)(s, j, n, r0, G, acc, o);
 }
 
-/* The same against nr (5 .. RT) rows: each record decoded once into dec, then taken four rows at
- * a time. */
+/* The same against nr (more than four; Q3_K: four and more; up to RT) rows: each record decoded
+ * once into dec, then taken four rows at a time. */
 static inline __attribute__((always_inline)) void KN(k8_many)(const int type, const Seg *s, const uint8_t *grp, int64_t j,
                                                            const int n, int64_t r0, const int64_t nr, const Out *o) {
     const int64_t nb = o->a->n_in / 256;
@@ -2274,31 +2274,24 @@ static inline __attribute__((always_inline)) void KN(k8_many)(const int type, co
     KN(k8_store)(s, j, n, r0, nr, acc, o);
 }
 
+/* Q4_K, Q5_K and IQ4_XS: up to four rows decoded as they go, more on records decoded once
+ * (k8_many); Q3_K the same from four rows on (four rows spill its unrolled kernel: its third bit);
+ * Q2_K four rows at a time, each record decoded as it is used (read again from the cache, a
+ * group's records being a few KiB): faster than decoding it once ahead, whose loops stay loops
+ * (k16_rows). */
 static inline __attribute__((always_inline)) void KN(k8_group)(const int type, const Seg *s, const uint8_t *grp, int64_t j,
                                                             const int n, int64_t r0, const int64_t nr, const Out *o) {
-    if (type == T_Q2_K) { /* four rows at a time, each record decoded as it is used (read again from
-                             the cache, a group's records being a few KiB): faster than decoding it
-                             once ahead, whose loops stay loops (k16_rows) */
-        int64_t t = 0;
-        for (; nr - t >= 4; t += 4) KN(k8_few)(type, s, grp, j, n, r0 + t, 4, o);
-        switch (nr - t) {
-        case 3: KN(k8_few)(type, s, grp, j, n, r0 + t, 3, o); break;
-        case 2: KN(k8_few)(type, s, grp, j, n, r0 + t, 2, o); break;
-        case 1: KN(k8_few)(type, s, grp, j, n, r0 + t, 1, o); break;
-        default: break;
-        }
-        return;
-    }
-    if (type == T_Q3_K && nr >= 4) { /* four rows spill Q3_K's unrolled kernel (its third bit) */
+    if (type != T_Q2_K && nr > (type == T_Q3_K ? 3 : 4)) {
         KN(k8_many)(type, s, grp, j, n, r0, nr, o);
         return;
     }
-    switch (nr) {
-    case 1: KN(k8_few)(type, s, grp, j, n, r0, 1, o); break;
-    case 2: KN(k8_few)(type, s, grp, j, n, r0, 2, o); break;
-    case 3: KN(k8_few)(type, s, grp, j, n, r0, 3, o); break;
-    case 4: KN(k8_few)(type, s, grp, j, n, r0, 4, o); break;
-    default: KN(k8_many)(type, s, grp, j, n, r0, nr, o);
+    int64_t t = 0;
+    for (; nr - t >= 4; t += 4) KN(k8_few)(type, s, grp, j, n, r0 + t, 4, o);
+    switch (nr - t) {
+    case 3: KN(k8_few)(type, s, grp, j, n, r0 + t, 3, o); break;
+    case 2: KN(k8_few)(type, s, grp, j, n, r0 + t, 2, o); break;
+    case 1: KN(k8_few)(type, s, grp, j, n, r0 + t, 1, o); break;
+    default: break;
     }
 }
 
