@@ -1996,25 +1996,47 @@ static inline __attribute__((always_inline)) __m256i KN(k16_vector)(const int ty
 }
 
 /* Sub-block 8h + 2j + half of block b (record rec: its four vectors decoded here, or read from dec)
- * against rows r0 .. r0 + G - 1, into the integer sums sum[0 .. G - 1]. */
+ * against rows r0 .. r0 + G - 1, into the integer sums sum[0 .. G - 1]. A few rows (Q2_K: 1-2,
+ * Q3_K: 1-3): each vector applied to every row as it is decoded, the rows' 16-bit sums running
+ * side by side; more: the four vectors held, each row's 16-bit sum made in turn (the rows' running
+ * sums would fill the registers). Measured both ways (benchmarks/gguf_kernel_ab.c): held, 4 rows
+ * 1.05-1.3x faster, 2 rows (Q3_K: 3) 1.2-1.4x slower. */
 static inline __attribute__((always_inline)) void KN(k16_sub)(const int type, const uint8_t *rec, const __m256i *dec,
                                                            const KN(K8Rec) *R, const Acts *A, int64_t b, int64_t r0,
                                                            const int G, int h, int j, int half, __m256i *sum) {
-    const int64_t n_in = A->n_in;
-    __m256i sl[4];
-    for (int t = 0; t < G; t++) sl[t] = _mm256_setzero_si256();
+    const int8_t *x = A->qk + r0 * A->n_in + b * 256 + 128 * h + 32 * j + 16 * half; /* row r0's activations */
+    if (G < (type == T_Q3_K ? 4 : 3)) {
+        __m256i sl[3];
+        for (int t = 0; t < G; t++) sl[t] = _mm256_setzero_si256();
 #pragma GCC unroll 4
-    for (int q = 4 * half; q < 4 * half + 4; q++) {
-        const __m256i v = dec ? dec[8 * (4 * h + j) + q] : KN(k16_vector)(type, rec, h, j, q);
-        for (int t = 0; t < G; t++) {
-            int32_t xw;
-            memcpy(&xw, A->qk + (r0 + t) * n_in + b * 256 + 128 * h + 32 * j + 4 * q, 4);
-            sl[t] = _mm256_add_epi16(sl[t], _mm256_maddubs_epi16(v, _mm256_set1_epi32(xw)));
-            __asm__("" : "+x"(sl[t])); /* running sums in registers (3-4 rows: 7-14% faster, measured) */
+        for (int q = 0; q < 4; q++) {
+            const __m256i v = dec ? dec[8 * (4 * h + j) + 4 * half + q] : KN(k16_vector)(type, rec, h, j, 4 * half + q);
+            for (int t = 0; t < G; t++) {
+                int32_t xw;
+                memcpy(&xw, x + t * A->n_in + 4 * q, 4);
+                sl[t] = _mm256_add_epi16(sl[t], _mm256_maddubs_epi16(v, _mm256_set1_epi32(xw)));
+                __asm__("" : "+x"(sl[t])); /* running sums in registers */
+            }
         }
+        const __m256i sv = KN(k16_scale)(type, R, 8 * h + 2 * j + half); /* (made here: one register fewer in the loop) */
+        for (int t = 0; t < G; t++) sum[t] = DOT_ADD(sum[t], sl[t], sv);
+        return;
     }
     const __m256i sv = KN(k16_scale)(type, R, 8 * h + 2 * j + half);
-    for (int t = 0; t < G; t++) sum[t] = DOT_ADD(sum[t], sl[t], sv);
+    __m256i v[4];
+#pragma GCC unroll 4
+    for (int q = 0; q < 4; q++) v[q] = dec ? dec[8 * (4 * h + j) + 4 * half + q] : KN(k16_vector)(type, rec, h, j, 4 * half + q);
+    for (int t = 0; t < G; t++) {
+        __m256i s16 = _mm256_setzero_si256();
+#pragma GCC unroll 4
+        for (int q = 0; q < 4; q++) {
+            int32_t xw;
+            memcpy(&xw, x + t * A->n_in + 4 * q, 4);
+            s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(v[q], _mm256_set1_epi32(xw)));
+        }
+        sum[t] = DOT_ADD(sum[t], s16, sv);
+        __asm__("" : "+x"(sum[t]));
+    }
 }
 
 /* Block b (record rec) of the 8 outputs against rows r0 .. r0 + G - 1 (G = 1..4), into acc. Decoding
@@ -2274,24 +2296,19 @@ static inline __attribute__((always_inline)) void KN(k8_many)(const int type, co
     KN(k8_store)(s, j, n, r0, nr, acc, o);
 }
 
-/* Q4_K, Q5_K and IQ4_XS: up to four rows decoded as they go, more on records decoded once
- * (k8_many); Q3_K the same from four rows on (four rows spill its unrolled kernel: its third bit);
- * Q2_K four rows at a time, each record decoded as it is used (read again from the cache, a
- * group's records being a few KiB): faster than decoding it once ahead, whose loops stay loops
- * (k16_rows). */
+/* Up to four rows (Q3_K: three, whose third bit fills the registers at four) decoded as they go,
+ * more on records decoded once (k8_many). */
 static inline __attribute__((always_inline)) void KN(k8_group)(const int type, const Seg *s, const uint8_t *grp, int64_t j,
                                                             const int n, int64_t r0, const int64_t nr, const Out *o) {
-    if (type != T_Q2_K && nr > (type == T_Q3_K ? 3 : 4)) {
+    if (nr > (type == T_Q3_K ? 3 : 4)) {
         KN(k8_many)(type, s, grp, j, n, r0, nr, o);
         return;
     }
-    int64_t t = 0;
-    for (; nr - t >= 4; t += 4) KN(k8_few)(type, s, grp, j, n, r0 + t, 4, o);
-    switch (nr - t) {
-    case 3: KN(k8_few)(type, s, grp, j, n, r0 + t, 3, o); break;
-    case 2: KN(k8_few)(type, s, grp, j, n, r0 + t, 2, o); break;
-    case 1: KN(k8_few)(type, s, grp, j, n, r0 + t, 1, o); break;
-    default: break;
+    switch (nr) {
+    case 1: KN(k8_few)(type, s, grp, j, n, r0, 1, o); break;
+    case 2: KN(k8_few)(type, s, grp, j, n, r0, 2, o); break;
+    case 3: KN(k8_few)(type, s, grp, j, n, r0, 3, o); break;
+    default: KN(k8_few)(type, s, grp, j, n, r0, 4, o);
     }
 }
 
