@@ -2042,8 +2042,8 @@ static inline __attribute__((always_inline)) void KN(k16_sub)(const int type, co
 /* Block b (record rec) of the 8 outputs against rows r0 .. r0 + G - 1 (G = 1..4), into acc. Decoding
  * as it goes (dec NULL), the loops are unrolled: each vector's shift a constant (GCC left them as
  * loops, with a shift by a register and a compare and branch a vector: one row cost 1.2-1.7x more).
- * On a record decoded ahead (dec, a pass of many rows) they stay loops (unrolled, the sums of four
- * rows spill). */
+ * On a record decoded ahead (dec, a pass of many rows) they stay loops: unrolled there too, passes
+ * of 8 and 16 rows cost 1.4-2.0x more (benchmarks/gguf_kernel_ab.c). */
 static inline __attribute__((always_inline)) void KN(k16_rows)(const int type, const uint8_t *rec, const __m256i *dec,
                                                             const KN(K8Rec) *R, const Acts *A, int64_t b, int64_t r0,
                                                             const int G, __m256 *acc) {
