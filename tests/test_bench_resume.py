@@ -95,12 +95,23 @@ def test_an_interrupted_run_keeps_what_finished_and_a_rerun_does_only_the_rest(b
     assert "specdec bench" in (out / "README.md").read_text()
 
 
-def test_a_rerun_of_a_finished_run_computes_nothing_and_rewrites_the_report(bench, tmp_path):
+def test_a_rerun_of_a_finished_run_computes_nothing_and_rewrites_the_report(bench, tmp_path, capsys):
     out = tmp_path / "out"
     assert bench(out) == (0, 24)
     (out / "greedy" / "results.md").unlink()
+    capsys.readouterr()
     assert bench(out) == (0, 0)
     assert (out / "greedy" / "results.md").is_file()
+    # it says the runs were made and reported before, never that an invocation was interrupted
+    err = capsys.readouterr().err
+    assert f"all 24 timed runs are saved in {out} by an earlier invocation" in err and "resuming" not in err
+    for folder in ("greedy", "t1"):
+        data = json.loads((out / folder / "results.json").read_text())
+        assert (data["resumed_samples"], data["resumed_from"]) == (12, "reported")
+        note = (out / folder / "results.md").read_text()
+        assert "All 12 timed runs were made, and reported, by an earlier invocation of the same command; " \
+               "this one only wrote the report again." in note
+        assert "interrupted" not in note
 
 
 def test_a_rerun_after_an_interrupt_in_the_second_temperature_resumes_there(bench, tmp_path):
@@ -108,6 +119,11 @@ def test_a_rerun_after_an_interrupt_in_the_second_temperature_resumes_there(benc
     assert bench(out, stop_after=15) == (130, 15)
     assert len(_saved(out / "greedy")) == 12 and len(_saved(out / "t1")) == 3
     assert bench(out) == (0, 9)
+    # the first temperature was finished and reported before the interrupt; the second was not
+    assert "All 12 timed runs were made, and reported, by an earlier invocation" in (out / "greedy" / "results.md").read_text()
+    assert "3 of the 12 timed runs were made by an earlier, interrupted invocation of the same command" \
+        in (out / "t1" / "results.md").read_text()
+    assert json.loads((out / "t1" / "results.json").read_text())["resumed_from"] == "interrupted"
 
 
 # ------------------------------------------------------------------------------------------

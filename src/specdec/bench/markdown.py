@@ -122,9 +122,16 @@ def markdown(data: dict[str, Any]) -> str:
         lines.append(f"\n`{name}` not run: {why}.")
     for name, error in data.get("failed", {}).items():
         lines.append(f"\n`{name}` FAILED and is left out: {error}")
-    if data.get("resumed_samples"):
-        lines.append(f"\n{data['resumed_samples']} of the {len(data['samples'])} timed runs were made by an earlier, "
-                     "interrupted invocation of the same command (`wall_seconds` counts the last one only).")
+    if resumed := data.get("resumed_samples"):  # where the invocation that made them stopped: SavedRuns.earlier
+        reported = data.get("resumed_from") == "reported"
+        who = ("made, and reported, by an earlier invocation of the same command" if reported
+               else "made by an earlier, interrupted invocation of the same command")
+        if resumed >= len(data["samples"]):
+            lines.append(f"\nAll {resumed} timed runs were {who}; this one only wrote the report"
+                         f"{' again' if reported else ''}.")
+        else:
+            lines.append(f"\n{resumed} of the {len(data['samples'])} timed runs were {who} "
+                         "(`wall_seconds` counts the last one only).")
     lines.append(
         "\nSpeed-up: ratio of tokens per second to `ar` over all prompts (geomean: per prompt); "
         "decoding speed-up: the same after each run's first step, which prefills the prompt "

@@ -6,7 +6,9 @@ the text). Each timed run is saved as it ends, one JSON file per run in
 ``<out>/<greedy|t<T>>/samples/``, written to a temporary file in that folder and renamed over its
 name, so a file is either whole or absent. A rerun with the same arguments loads those runs and
 runs only the others; a rerun with other arguments is refused while the folder holds anything of
-the old run, unless told to overwrite it.
+the old run, unless told to overwrite it. A temperature's ``results.json`` is written when all its
+runs are made, so its presence tells runs an earlier invocation made and reported (a rerun only
+writes the report again) from runs an interrupted one left (:attr:`SavedRuns.earlier`).
 """
 
 from __future__ import annotations
@@ -96,6 +98,9 @@ class SavedRuns:
     def __init__(self, folder: Path) -> None:
         self.folder = folder / SAMPLES
         self.warned = False
+        # where the invocation that saved these runs stopped: "reported" if it made them all and wrote
+        # this temperature's report (results.json, written last), else "interrupted" (before that)
+        self.earlier = "reported" if (folder / "results.json").is_file() else "interrupted"
 
     def __len__(self) -> int:
         return sum(1 for _ in self.folder.glob("*.json")) if self.folder.is_dir() else 0

@@ -172,7 +172,10 @@ def bench_command(args: argparse.Namespace, argv: Sequence[str] | None = None) -
     out = Path(args.out)
     saved = _prepare_output(args, out, methods, prompts, settings)  # before any model work
     planned = len(prompts) * args.repeats * sum(not m.runs_at(s.temperature) for s in settings for m in methods)
-    if have := sum(map(len, saved.values())):
+    if (have := sum(map(len, saved.values()))) >= planned > 0:
+        print(f"specdec bench: all {planned} timed runs are saved in {out} by an earlier invocation of this command: "
+              "only writing the report; add --overwrite to run them anew", file=sys.stderr)
+    elif have:
         print(f"specdec bench: resuming: {have} of {planned} timed runs are saved in {out}; running the other "
               f"{planned - have}", file=sys.stderr)
     try:
@@ -230,6 +233,8 @@ def _run_all(args: argparse.Namespace, command: str, env: dict[str, Any], out: P
         if backends.servers is not None:  # llama-server keeps earlier prompts in RAM: each temperature starts afresh
             backends.servers.stop()
         data = report.results(run, env | {"load_average_run": [before, _load_average()]}, info)
+        if run.resumed:  # whether the invocation that made them finished this temperature
+            data["resumed_from"] = store.earlier
         folder = _save(lambda where: report.write_run(data, where), out / _run_folder(s), _run_folder(s))
         print(report.markdown(data) + f"\n\n(written to {folder})\n")
         runs.append(data)
