@@ -184,6 +184,35 @@ def test_a_forced_call_on_a_tiny_model_follows_the_schema_and_streams_as_deltas(
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
+def test_an_answer_under_the_planner_carries_its_short_state_unless_asked_for_all_of_it():
+    """The planner's whole state (cost curves, acceptance tables, histograms) is kilobytes: an answer
+    carries its single-valued figures, as docs/server.md shows the object, and all of it only with
+    ``"speculative": {"policy_state": "full"}``, which changes nothing else."""
+    target, draft = tiny_pair()
+    with serve(target, tiny_tokenizer(), draft, method="spec:model:block:k=4:policy=auto") as running:
+        client = running.client()
+        kw = dict(model="tiny", prompt="abcabcabc", max_tokens=24, temperature=0)
+        short = client.completions.create(**kw)
+        full = client.completions.create(**kw, extra_body={"speculative": {"policy_state": "full"}})
+        chunks = list(client.completions.create(**kw, stream=True))
+        named = client.completions.create(**kw, extra_body={"speculative": {
+            "method": "spec:model:block:k=4:policy=auto", "policy_state": "full"}})
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.completions.create(**kw, extra_body={"speculative": {"policy_state": "all"}})
+    state, whole = short.speculative["policy_state"], full.speculative["policy_state"]
+    assert short.speculative["policy"] == "auto" and state["name"] == "auto" and state["k_max"] == 16
+    assert not any(isinstance(v, (dict, list)) for v in state.values()), state
+    assert {"costs", "alpha_by_position", "calibration", "planned", "drafted", "reasons"} <= whole.keys()
+    assert state == {k: v for k, v in whole.items() if k in state}
+    assert len(json.dumps(short.speculative)) < 1000, short.speculative  # the short object the docs show
+    assert chunks[-1].speculative["policy_state"] == state  # the last chunk's summary is the same
+    assert named.speculative["policy_state"] == whole
+    assert full.choices[0].text == short.choices[0].text == named.choices[0].text
+    assert {k: v for k, v in full.speculative.items() if "second" not in k and k != "policy_state"} == \
+        {k: v for k, v in short.speculative.items() if "second" not in k and k != "policy_state"}
+    assert refused.value.status_code == 400 and refused.value.body["param"] == "speculative.policy_state"
+
+
 # ------------------------------------------------------------------------------------------------
 # A server on the SmolLM2 GGUF (one per module)
 

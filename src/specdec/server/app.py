@@ -271,7 +271,8 @@ def _generation(kind: str, ids: list[int], body: Any, method: DecodeConfig, max_
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return Generation(kind, ids, len(ids), method, rq.sampling_kwargs(body, max_tokens), body.stream,
                       include_usage, list(body.stop or []), constraints, rq.logprobs_of(body),
-                      isinstance(body, ChatBody) and body.calls_tools)
+                      isinstance(body, ChatBody) and body.calls_tools,
+                      body.speculative.policy_state if body.speculative is not None else "short")
 
 
 def _constraints(state: _State, body: Any) -> Any:

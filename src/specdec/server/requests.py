@@ -17,7 +17,8 @@ llama-server's and vLLM's field does), llama-server's ``grammar`` (llguidance La
 ``json_schema`` (a JSON schema), ``repeat_penalty`` and ``repeat_last_n``, and ``speculative``:
 ``{"method": "spec"}``, a method in :class:`~specdec.config.DecodeConfig`'s text form (``spec``
 is the default method, as ``specdec generate`` runs it; ``spec:ngram:block:k=8``, ``spec:tree``,
-``ar``, ...).
+``ar``, ...), and ``{"policy_state": "full"}`` for the draft length policy's whole state in the
+answer.
 
 Text must be valid Unicode: JSON can spell a lone UTF-16 surrogate (``"\\ud800"``), which no
 tokenizer can encode, so it is refused by field. :class:`PromptLimits` checks a prompt against the
@@ -54,7 +55,8 @@ class StreamOptions(BaseModel):
 
 class SpeculativeOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
-    method: str
+    method: str | None = None  # None: the server's method
+    policy_state: Literal["short", "full"] = "short"  # the answer's policy_state: all of it with "full"
 
 
 class JSONSchemaFormat(BaseModel):
@@ -361,6 +363,7 @@ class Generation:
     constraints: Any = None  # a specdec.constraints.Constraints, or None
     logprobs: int | None = None  # None: none; 0: the chosen token's; n: also the top n
     tool_calls: bool = False  # read tool calls out of the answer (server.tools.ToolCallParser)
+    policy_state: str = "short"  # the answer's policy_state: "short" or "full" (responses.policy_state_of)
 
 
 @dataclass(frozen=True)
@@ -432,7 +435,7 @@ def choose_method(body: _Body, default: DecodeConfig, has_draft: bool, seeded_sa
     the method to the sampling are :class:`DecodeConfig`'s; a broken one is a 400 naming
     ``sampler`` where the sampler broke it, else ``speculative.method``."""
     method = default
-    if body.speculative is not None:
+    if body.speculative is not None and body.speculative.method is not None:
         try:
             method = method_config(body.speculative.method, has_draft)
         except ValueError as err:

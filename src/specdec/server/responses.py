@@ -14,8 +14,11 @@ the last chunk and the whole answer, the run's figures: its method, whether its 
 (``exact``: the output keeps the target's law, docs/exactness.md), whether greedy and seeded output
 is plain decoding's token for token on the backend that ran it (``token_identical``; where not,
 ``caveat`` says what may differ: on llama.cpp a near-tie, and a cached prompt, may change the
-answer), the sampler (``greedy`` at temperature 0, else ``gumbel`` or ``multinomial``), target
-forwards, acceptance and timings.
+answer), the sampler (``greedy`` at temperature 0, else ``gumbel`` or ``multinomial``), the draft
+length policy and its state, target forwards, acceptance and timings. The policy's state is short
+by default (its single-valued figures, :func:`policy_state_of`); a request with
+``"speculative": {"policy_state": "full"}`` gets all of it (the planner's cost curves, acceptance
+tables and per-length histograms: about 3 KB).
 """
 
 from __future__ import annotations
@@ -163,7 +166,7 @@ def summary(gen: Generation, ids: list[int], text: str, stats: Any, decode: Call
     return {"text": text, "finish_reason": "stop" if stopped else "length",
             "usage": usage(gen.prompt_tokens, len(ids), stats.prompt_cached if stats is not None else 0),
             "speculative": speculative_stats(gen.method, stats, temperature=gen.sampling["temperature"],
-                                             backend=backend)}
+                                             backend=backend, policy_state=gen.policy_state)}
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
@@ -174,10 +177,11 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dic
 
 
 def speculative_stats(method: DecodeConfig, stats: Any, *, temperature: float = 1.0,
-                      backend: str = TORCH) -> dict[str, Any]:
+                      backend: str = TORCH, policy_state: str = "short") -> dict[str, Any]:
     """The non-standard ``speculative`` object of a whole answer and of the last chunk: how
     ``method`` ran at ``temperature`` on the target's ``backend``, from the run's ``stats`` (a
-    :class:`specdec.stats.GenerationStats`; None: no step ran)."""
+    :class:`specdec.stats.GenerationStats`; None: no step ran), with the policy's state
+    ``policy_state`` ("short" or "full", :func:`policy_state_of`)."""
     caveat = BY_NAME[backend].caveat
     return {
         "method": str(method), "exact": method.exact, "token_identical": method.exact and caveat is None,
@@ -185,7 +189,7 @@ def speculative_stats(method: DecodeConfig, stats: Any, *, temperature: float = 
         "sampler": sampler_name(method, temperature),
         "gumbel_seed": stats.gumbel_seed if stats is not None else None,
         "policy": None if method.is_ar or method.verify == "tree" else method.policy,
-        "policy_state": stats.policy if stats is not None else {},
+        "policy_state": policy_state_of(stats.policy, policy_state) if stats is not None else {},
         "target_forwards": stats.target_forwards if stats else 0,
         "tokens_per_forward": stats.mean_accepted_per_forward if stats else 0.0,
         "drafted_tokens": stats.drafted_tokens if stats else 0,
@@ -198,6 +202,17 @@ def speculative_stats(method: DecodeConfig, stats: Any, *, temperature: float = 
         # tokens a grammar forced: drafted at no model cost where it allowed one continuation only
         "forced_tokens": stats.forced_tokens if stats else 0,
     }
+
+
+def policy_state_of(state: dict[str, Any], detail: str = "short") -> dict[str, Any]:
+    """The draft length policy's ``state`` (its ``describe()``) as an answer shows it: ``detail``
+    "full" gives all of it; "short" its single-valued entries (the name, ``k`` or ``k_max``, the
+    acceptance rate, the planner's reason for its most common choice, its step counts), leaving out
+    the tables (cost curves, acceptance by position, calibration, histograms of the lengths planned
+    and drafted), which the planner fills with kilobytes."""
+    if detail == "full":
+        return state
+    return {key: value for key, value in state.items() if not isinstance(value, (dict, list, tuple))}
 
 
 def sampler_name(method: DecodeConfig, temperature: float) -> str:
