@@ -140,7 +140,8 @@ METHOD_ROWS: tuple[Option, ...] = (
            "verification rule; 'tree' drafts a token tree and verifies it in one pass (by default the "
            "confident tree, threshold 0.8); 'typical' is lossy (default: block)", "--verify", lambda: VERIFY),
     Option("method", "k", positive, "a positive integer", DEFAULT_K,
-           "draft tokens per step; the start and maximum for adaptive policies (default: 4)", "-k"),
+           "draft tokens per step of the static policy, and the first length of heuristic and theory; "
+           "the adaptive policies, auto included, draft up to max(k, 16) tokens (--k-max) (default: 4)", "-k"),
     Option("method", "policy", as_name, "a policy's name", "auto",
            "draft length: fixed k; grow/shrink on full acceptance/rejection; stop when the draft is unsure; "
            "the k the speed-up formula picks from running estimates; or 'auto', the planner: each step the k "
