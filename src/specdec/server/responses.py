@@ -18,7 +18,7 @@ answer), the sampler (``greedy`` at temperature 0, else ``gumbel`` or ``multinom
 length policy and its state, target forwards, acceptance and timings. The policy's state is short
 by default (its single-valued figures, :func:`policy_state_of`); a request with
 ``"speculative": {"policy_state": "full"}`` gets all of it (the planner's cost curves, acceptance
-tables and per-length histograms: about 3 KB).
+tables and per-length histograms: kilobytes).
 """
 
 from __future__ import annotations
