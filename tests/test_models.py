@@ -438,3 +438,26 @@ def test_a_folder_whose_config_is_not_a_model_says_so(tmp_path, config):
     assert refused.value.message == (f"{folder / 'config.json'} is not a model's configuration (no model_type: "
                                      "transformers would not know which model it describes)")
     assert "damaged" not in str(refused.value)
+
+
+def test_the_cli_names_what_it_loads_and_says_generating_only_once_the_checks_pass(tmp_path, capsys):
+    """A GGUF on the torch backend is loaded dequantized for transformers (not "(bfloat16)" as if a
+    bf16 model), and a generation its checks stop never said it was generating."""
+    from helpers import make_model_dir
+    from specdec.cli import main
+
+    cut = damaged_gguf(tmp_path, "truncated")
+    assert main(["generate", "x", "--target", str(cut), "--draft", "none", "--backend", "torch"]) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines()[0] == f"specdec: loading {cut} (its GGUF dequantized to bfloat16 for transformers)"
+    assert f"specdec: error: {cut} is not a readable GGUF file" in err
+
+    folder = make_model_dir(tmp_path / "tiny", seed=0)
+    for extra in ([], ["--stream"]):
+        code = main(["generate", "x", "--target", str(folder), "--draft", "none", "--logit-bias", "999=1", *extra])
+        err = capsys.readouterr().err
+        assert code == 2 and "specdec: generating" not in err, err
+        assert err.splitlines()[-2] == ("specdec: error: --logit-bias: key 999 is not a token id of this model's "
+                                        "vocabulary (0..255)")
+    assert main(["generate", "x", "--target", str(folder), "--draft", "none", "--max-new-tokens", "2"]) == 0
+    assert "specdec: generating" in capsys.readouterr().err.splitlines()
