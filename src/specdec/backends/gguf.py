@@ -655,15 +655,14 @@ def rope_tables(base: float, head_dim: int, positions: int, scale: float = 1.0,
 def _as_file_errors(init: Any) -> Any:
     """:class:`GGUFWeights`' constructor, whose stray errors on a file's metadata or tensor table
     (a key missing or of another type, a count out of range: a damaged file) are
-    :class:`UnreadableGGUF` naming the file; its own refusals pass as they are."""
+    :class:`UnreadableGGUF` naming the file; the ValueErrors it raises itself (its refusals, a bad
+    argument) pass as they are."""
 
     @functools.wraps(init)
     def read(self: Any, path: str | Path, *args: Any, **kwargs: Any) -> None:
         try:
             init(self, path, *args, **kwargs)
-        except (Unsupported, UnreadableGGUF, KernelUnavailable, PathUnavailable):
-            raise
-        except (ValueError, TypeError, KeyError, IndexError, OverflowError) as err:
+        except (TypeError, KeyError, IndexError, OverflowError) as err:
             raise unreadable(path, err) from None
 
     return read
