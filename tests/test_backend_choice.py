@@ -301,3 +301,11 @@ def test_llamacpp_whose_binding_does_not_import_is_a_pack_error(monkeypatch, tmp
     assert refused.value.message == ("the llama.cpp backend needs llama.cpp's binding (llama-cpp-python), which does "
                                      "not import here (libllama.so: cannot open shared object file)")
 
+
+
+def test_the_probe_repacks_nothing(monkeypatch):
+    """auto's probe reads the file and checks the kernel runs it; repacking the weights (seconds for
+    the default pair, thrown away) is the load's work, done once there."""
+    path = smollm2_path()
+    monkeypatch.setattr(native, "repack", lambda *a, **k: pytest.fail("the probe repacked a tensor"))
+    assert choice.kernel_refusal(path) is None

@@ -47,7 +47,8 @@ def kernel_refusal(path: str | Path) -> str | None:
     :class:`~specdec.backends.gguf.PathUnavailable` for a path the environment asks for and cannot have."""
     try:
         gguf.library()  # built (or found) once: a missing C compiler shows here
-        gguf.GGUFWeights(path)  # memory-mapped: reads the header and the tensor table
+        with gguf.probing():  # memory-mapped: reads the header and the tensor table, repacks nothing
+            gguf.GGUFWeights(path)
     except gguf.KernelUnavailable as err:
         return f"specdec's GGUF kernel could not be built ({err})"
     except gguf.Unsupported as err:

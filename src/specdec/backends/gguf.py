@@ -64,6 +64,7 @@ dequantized weights by about what llama.cpp's differ (measured in the tests).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import ctypes
 import dataclasses
 import functools
@@ -565,7 +566,7 @@ class _Fused:
         # the grouped types' rows repacked eight at a time (a copy in memory, the file's pages let
         # go): what the vector kernels read fastest, the same bits
         self._packed: list[np.ndarray] = []
-        if os.environ.get(REPACK_ENV, "1") != "0":
+        if os.environ.get(REPACK_ENV, "1") != "0" and not _probing.get():
             lib = library()
             for i, t in enumerate(tensors):
                 packed = repack(t.data, t.type, n_in, lib)  # None: a type without that layout
@@ -650,6 +651,21 @@ def rope_tables(base: float, head_dim: int, positions: int, scale: float = 1.0,
         inv = inv / factors
     theta = (np.arange(positions, dtype=np.float64) * scale)[:, None] * inv[None]  # [positions, d/2]
     return torch.from_numpy(np.cos(theta).astype(np.float32)), torch.from_numpy(np.sin(theta).astype(np.float32))
+
+
+_probing: contextvars.ContextVar[bool] = contextvars.ContextVar("specdec_gguf_probing", default=False)
+
+
+@contextlib.contextmanager
+def probing() -> Iterator[None]:
+    """Within the block, :class:`GGUFWeights` reads a file and checks that the kernel runs it
+    without repacking its tensors (weights only looked at, never multiplied: ``auto``'s probe,
+    :func:`specdec.backends.choice.kernel_refusal`, seconds less for the default pair)."""
+    token = _probing.set(True)
+    try:
+        yield
+    finally:
+        _probing.reset(token)
 
 
 def _as_file_errors(init: Any) -> Any:
