@@ -128,8 +128,9 @@ def test_load_pair_runs_both_models_on_the_kernel(llamacpp_faster):
     assert pair.backend_why == choice.KERNEL_WHY
 
 
-def test_a_named_backend_says_what_may_differ_from_plain_decoding():
+def test_a_named_backend_says_what_may_differ_from_plain_decoding(monkeypatch):
     smollm2_path()
+    monkeypatch.setattr(llamacpp, "available", lambda: True)  # named, llama.cpp needs its binding
     assert models.backend_choice(PACK, "gguf")["why"] == "asked for"
     assert models.backend_choice(PACK, "llamacpp")["why"] == f"asked for; {CAVEAT}"
 
