@@ -1305,7 +1305,7 @@ def test_the_gguf_backend_is_refused_for_what_it_cannot_run(tmp_path):
     fake.write_bytes(b"GGML" + bytes(64))
     with pytest.raises(models.ModelPackError, match="not a GGUF file") as err:
         models.load(str(fake), backend="gguf")
-    assert err.value.hint == native.LLAMACPP_HINT
+    assert err.value.hint.startswith("copy or download the .gguf file again")  # damaged, not another backend's
 
 
 def test_specdec_generate_runs_on_the_gguf_backend(capsys):

@@ -351,3 +351,113 @@ def test_a_converted_file_that_changed_since_conversion_is_not_converted_and_is_
     packs.convert(fake_pack, cache, progress=False)  # converted again
     assert packs.is_converted(fake_pack, cache)
     assert tokenizer_file.stat().st_size > 0
+
+
+# ------------------------------------------------------------------------------------------------
+# Files and arguments the GGUF kernel refuses, each for what it is
+
+
+def damaged_gguf(tmp_path: Path, kind: str) -> Path:
+    """A .gguf file that is not a whole GGUF: random bytes, empty, cut short, or whose tensor count
+    (a little-endian u64 at byte 8) is 2**40."""
+    whole = tmp_path / "whole.gguf"
+    write_tiny_gguf(whole)
+    data = bytearray(whole.read_bytes())
+    path = tmp_path / f"{kind}.gguf"
+    if kind == "random":
+        data = bytearray(__import__("random").Random(0).randbytes(len(data)))
+    elif kind == "empty":
+        data = bytearray()
+    elif kind == "truncated":
+        data = data[: len(data) // 2]
+    elif kind == "tensor count":
+        data[8:16] = (2**40).to_bytes(8, "little")
+    path.write_bytes(bytes(data))
+    return path
+
+
+COPY_HINT = "copy or download the .gguf file again and compare its size and sha256 with the source (a pack: reinstall it)"
+
+
+@pytest.mark.parametrize("kind", ["random", "empty", "truncated", "tensor count"])
+@pytest.mark.parametrize("backend", ["gguf", "auto"])
+def test_a_damaged_gguf_is_said_to_be_damaged_on_the_kernel(tmp_path, kind, backend):
+    """Not "the llama.cpp backend can run it", nor the reader's IndexError while auto probes it."""
+    path = damaged_gguf(tmp_path, kind)
+    with pytest.raises(ModelPackError) as refused:
+        models.load(str(path), backend=backend)
+    assert refused.value.hint == COPY_HINT
+    assert str(path) in refused.value.message and "llama.cpp" not in str(refused.value)
+    if kind in ("truncated", "tensor count"):
+        assert refused.value.message.startswith(f"{path} is not a readable GGUF file ({path.stat().st_size:,} bytes; "
+                                                "truncated or damaged: ")
+
+
+def test_the_gguf_reader_has_one_error_for_a_damaged_file(tmp_path):
+    """Wherever the file is read (the kernel's weights, the tokenizer's metadata), one kind of error."""
+    from specdec.backends import gguf as native
+
+    path = damaged_gguf(tmp_path, "tensor count")
+    for read in (native._reader, lambda p: native._reader(p, elements=True), native.GGUFWeights):
+        with pytest.raises(native.UnreadableGGUF, match=re.escape(f"{path} is not a readable GGUF file")):
+            read(path)
+
+
+def test_a_damaged_gguf_is_one_line_in_the_cli(tmp_path, capsys):
+    from specdec.cli import main
+
+    path = damaged_gguf(tmp_path, "tensor count")
+    code = main(["generate", "x", "--target", str(path), "--draft", "none"])
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err
+    assert err.splitlines() == [f"specdec: error: {path} is not a readable GGUF file ({path.stat().st_size:,} bytes; "
+                                "truncated or damaged: IndexError: index 0 is out of bounds for axis 0 with size 0)",
+                                f"hint: {COPY_HINT}"]
+
+
+@pytest.mark.parametrize("backend", ["gguf", "auto", "torch"])
+@pytest.mark.parametrize("threads", [0, -1, 1.5, True])
+def test_a_bad_thread_count_is_said_as_such_before_any_work(tmp_path, monkeypatch, backend, threads):
+    monkeypatch.setattr(models, "locate", lambda *a, **k: pytest.fail("located a model for a bad thread count"))
+    with pytest.raises(ValueError) as refused:
+        models.load(str(tmp_path / "m.gguf"), backend=backend, n_threads=threads)
+    assert not isinstance(refused.value, ModelPackError)
+    assert str(refused.value) == ("n_threads must be a positive integer (or None: every CPU this process may use), "
+                                  f"got {threads!r}")
+    with pytest.raises(ValueError, match="n_threads must be a positive integer"):
+        models.load_pair(str(tmp_path / "m.gguf"), None, backend=backend, n_threads=threads)
+
+
+@pytest.mark.parametrize("config", ['{"hello": "world"}', "[1, 2, 3]", '"a string"', '{"model_type": ""}'])
+def test_a_folder_whose_config_is_not_a_model_says_so(tmp_path, config):
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    (folder / "config.json").write_text(config)
+    with pytest.raises(ModelPackError) as refused:
+        models.load(str(folder))
+    assert refused.value.message == (f"{folder / 'config.json'} is not a model's configuration (no model_type: "
+                                     "transformers would not know which model it describes)")
+    assert "damaged" not in str(refused.value)
+
+
+def test_the_cli_names_what_it_loads_and_says_generating_only_once_the_checks_pass(tmp_path, capsys):
+    """A GGUF on the torch backend is loaded dequantized for transformers (not "(bfloat16)" as if a
+    bf16 model), and a generation its checks stop never said it was generating."""
+    from helpers import make_model_dir
+    from specdec.cli import main
+
+    cut = damaged_gguf(tmp_path, "truncated")
+    assert main(["generate", "x", "--target", str(cut), "--draft", "none", "--backend", "torch"]) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines()[0] == f"specdec: loading {cut} (its GGUF dequantized to bfloat16 for transformers)"
+    assert f"specdec: error: {cut} is not a readable GGUF file" in err
+
+    folder = make_model_dir(tmp_path / "tiny", seed=0)
+    for extra in ([], ["--stream"]):
+        code = main(["generate", "x", "--target", str(folder), "--draft", "none", "--logit-bias", "999=1", *extra])
+        err = capsys.readouterr().err
+        assert code == 2 and "specdec: generating" not in err, err
+        assert err.splitlines()[-2] == ("specdec: error: --logit-bias: key 999 is not a token id of this model's "
+                                        "vocabulary (0..255)")
+    assert main(["generate", "x", "--target", str(folder), "--draft", "none", "--max-new-tokens", "2"]) == 0
+    assert "specdec: generating" in capsys.readouterr().err.splitlines()

@@ -27,9 +27,12 @@ from specdec import kernels as fast
 from specdec import packs
 from specdec.backends import llamacpp  # imports the optional llama-cpp-python binding only when a model loads
 from specdec.backends import table as backend_table
-from specdec.backends.table import AUTO, GGUF, TORCH
-from specdec.backends.choice import choose_gguf_backend
-from specdec.backends.gguf import LLAMACPP_HINT, KernelUnavailable, load_gguf_native
+from specdec.backends.table import AUTO, GGUF, LLAMACPP, TORCH
+from specdec.backends.choice import INSTALL_HINT, choose_gguf_backend
+from specdec.backends.gguf import (
+    LLAMACPP_HINT, PATH_ENV, PORTABLE_ENV, KernelUnavailable, PathUnavailable, UnreadableGGUF, Unsupported,
+    load_gguf_native,
+)
 from specdec.packs import DEFAULT_DRAFT, DEFAULT_TARGET, PACKS, ModelPackError  # re-exported
 from specdec.paths import CACHE_ENV
 
@@ -118,6 +121,13 @@ def _checked_name(name_or_path: Any) -> str:
     return name_or_path
 
 
+def _check_threads(n_threads: Any) -> None:
+    """``n_threads`` is None or a positive integer, else a ``ValueError`` naming it (before any work)."""
+    if n_threads is not None and (isinstance(n_threads, bool) or not isinstance(n_threads, int) or n_threads <= 0):
+        raise ValueError(f"n_threads must be a positive integer (or None: every CPU this process may use), "
+                         f"got {n_threads!r}")
+
+
 def is_gguf_source(name_or_path: str) -> bool:
     """Whether ``name_or_path`` names a GGUF: a pack or a ``.gguf`` file."""
     return name_or_path in PACKS or Path(name_or_path).expanduser().suffix.lower() == ".gguf"
@@ -136,14 +146,39 @@ def gguf_path(name_or_path: str, cache_dir: str | Path | None = None, *, progres
 
 def check_backend(name_or_path: str, backend: str) -> bool:
     """Whether ``name_or_path`` names a GGUF; a ``ValueError`` / :class:`ModelPackError` where
-    ``backend`` is unknown or cannot run it. Reads the name only (no file is opened)."""
+    ``backend`` is unknown or cannot run it (llama.cpp's without its binding installed). Reads the
+    name only (no file is opened)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     is_gguf = is_gguf_source(name_or_path)
     if backend in GGUF_BACKENDS and not is_gguf:
         raise ModelPackError(f"the {backend} backend runs GGUF files; {name_or_path} is neither a pack nor a .gguf file",
                              "pass a pack name or a .gguf file, or use the torch backend")
+    if backend == LLAMACPP and not llamacpp.available():
+        raise _llamacpp_missing()
     return is_gguf
+
+
+def _llamacpp_missing(state: str = "is not installed") -> ModelPackError:
+    """The llama.cpp backend asked for by name, its binding not installed (or not importable)."""
+    return ModelPackError(f"the llama.cpp backend needs llama.cpp's binding (llama-cpp-python), which {state}",
+                          f"{llamacpp.INSTALL} (it compiles llama.cpp: about 6 minutes on 2 "
+                          "cores), or run the file on specdec's own kernel: --backend gguf (or auto)")
+
+
+def _file_error(err: ValueError) -> ModelPackError | None:
+    """A GGUF file's error from specdec's kernel (:mod:`specdec.backends.gguf`) as a
+    :class:`ModelPackError` whose hint fits it: a file that is not a whole GGUF, one the kernel
+    does not run, a kernel path the environment asks for and this CPU lacks. None for another error."""
+    if isinstance(err, UnreadableGGUF):
+        return ModelPackError(str(err), "copy or download the .gguf file again and compare its size and sha256 with "
+                                        "the source (a pack: reinstall it)")
+    if isinstance(err, Unsupported):
+        return ModelPackError(str(err).replace(f"; {LLAMACPP_HINT}", ""), LLAMACPP_HINT)
+    if isinstance(err, PathUnavailable):
+        return ModelPackError(str(err), f"unset ${PATH_ENV} (and ${PORTABLE_ENV}) to run the best path this CPU has, "
+                                        "or name a path it runs")
+    return None
 
 
 def choose_backend(located: Located, backend: str) -> dict[str, Any]:
@@ -152,16 +187,25 @@ def choose_backend(located: Located, backend: str) -> dict[str, Any]:
 
     A named backend is used as named (its reason says what may differ from plain decoding there).
     ``"auto"``: a pack or a ``.gguf`` file runs on specdec's batch-invariant GGUF kernel wherever it
-    runs the file, else on llama.cpp (:func:`specdec.backends.choice.choose_gguf_backend`), on
-    transformers only where neither can run it; anything else on transformers."""
+    runs the file, else on llama.cpp (:func:`specdec.backends.choice.choose_gguf_backend`); where
+    neither can run it here, a :class:`ModelPackError` says to install llama.cpp's binding (a GGUF
+    goes to transformers only when ``backend="torch"`` asks for it). Anything else runs on
+    transformers. A GGUF that is not a whole file, or a kernel path the environment asks for and
+    this CPU lacks, is a :class:`ModelPackError` too."""
     if backend != AUTO:
         caveat = BACKENDS_BY_NAME[backend].caveat
         return {"backend": backend, "why": "asked for" + (f"; {caveat}" if caveat else ""), "source": "asked for"}
     if not located.is_gguf:
         return {"backend": TORCH, "why": "not a GGUF file: transformers runs it", "source": "rule"}
-    choice = choose_gguf_backend(located.path)
+    try:
+        choice = choose_gguf_backend(located.path)
+    except ValueError as err:
+        known = _file_error(err)
+        if known is None:
+            raise
+        raise known from None
     if choice["backend"] is None:
-        return {**choice, "backend": TORCH, "why": f"torch: {choice['why']}"}
+        raise ModelPackError(choice["why"], INSTALL_HINT)  # the kernel's refusal, and llama.cpp's binding missing
     return choice
 
 
@@ -234,11 +278,17 @@ def _load_gguf(gguf: Path, located: Located, backend: str, n_threads: int | None
     if backend == GGUF:
         try:
             return load_gguf_native(gguf, n_threads=n_threads, eos_token_ids=eos, **ctx)
-        except ValueError as err:  # a file or a model this kernel does not run
-            raise ModelPackError(str(err).replace(f"; {LLAMACPP_HINT}", ""), LLAMACPP_HINT) from None
+        except ValueError as err:  # a damaged file, a model this kernel does not run, a path it lacks
+            known = _file_error(err)
+            if known is None:  # a bad argument (n_ctx): said as it is
+                raise
+            raise known from None
         except KernelUnavailable as err:  # no C compiler, an unwritable cache, a failed build
             raise ModelPackError(f"specdec's GGUF kernel could not be built: {err}", LLAMACPP_HINT) from None
-    return llamacpp.load_gguf(gguf, n_threads=n_threads, eos_token_ids=eos, cache_dir=located.cache_dir, **ctx)
+    try:
+        return llamacpp.load_gguf(gguf, n_threads=n_threads, eos_token_ids=eos, cache_dir=located.cache_dir, **ctx)
+    except llamacpp.LlamaCppUnavailable as err:  # installed, yet it does not import (e.g. its library fails to load)
+        raise _llamacpp_missing(f"does not import here ({err.reason})") from None
 
 
 def _torch_source(located: Located, progress: bool) -> tuple[Path, str | None]:
@@ -249,15 +299,28 @@ def _torch_source(located: Located, progress: bool) -> tuple[Path, str | None]:
     if located.kind == GGUF_FILE:
         packs.check_gguf(path)
         return path.parent, path.name
+    wanted = "pass a directory written by save_pretrained, a .gguf file, or a pack name: " + ", ".join(PACKS)
     if not (path / "config.json").is_file():
-        raise ModelPackError(
-            f"{path} is a directory but not a Hugging Face model (no config.json)",
-            "pass a directory written by save_pretrained, a .gguf file, or a pack name: " + ", ".join(PACKS),
-        )
+        raise ModelPackError(f"{path} is a directory but not a Hugging Face model (no config.json)", wanted)
+    if not _model_config(path / "config.json"):
+        raise ModelPackError(f"{path / 'config.json'} is not a model's configuration (no model_type: transformers "
+                             "would not know which model it describes)", wanted)
     why = packs.damage(path)
     if why is not None:
         raise ModelPackError(f"the model in {path} is damaged: {why}", "save or copy the model again")
     return path, None
+
+
+def _model_config(config: Path) -> bool:
+    """Whether ``config`` (a config.json that exists) reads as a model's configuration: a JSON
+    object naming its ``model_type``. A file that does not parse is left to :func:`specdec.packs.damage`."""
+    import json
+
+    try:
+        value = json.loads(config.read_text())
+    except (OSError, ValueError):
+        return True  # unreadable or cut short: damage says so
+    return isinstance(value, dict) and isinstance(value.get("model_type"), str) and bool(value["model_type"])
 
 
 def load_tokenizer(source: Located | str | os.PathLike, cache_dir: str | Path | None = None) -> Any:
@@ -316,6 +379,7 @@ def load(
     """
     name = _checked_name(name_or_path)
     check_backend(name, backend)
+    _check_threads(n_threads)
     if backend in GGUF_BACKENDS:
         for option, value in (("dtype", dtype), ("kernels", kernels)):
             if value is not None:
@@ -385,6 +449,7 @@ def load_pair(
     names = list(dict.fromkeys([target] + ([draft] if draft is not None else [])))
     for name in names:
         check_backend(name, backend)  # before any work
+    _check_threads(n_threads)
     fast.use_cache_dir(cache_dir)  # the compiled kernels live in the models' cache
     found = {name: locate(name, cache_dir, backend=backend) for name in names}  # before any model loads
     choices = {name: choose_backend(found[name], backend) for name in names}

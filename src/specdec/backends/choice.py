@@ -11,11 +11,18 @@ differently), so near-ties can go either way there. Exactness is the promise, so
 rule, not a measurement of speed:
 
 - the kernel wherever it runs the file: its architecture and tensor types are the kernel's and
-  its library builds here. On a CPU without AVX2, FMA or F16C it runs its portable C path, which
-  performs the same operations and gives the same bits, only slower; the reason says so, and
-  ``--backend llamacpp`` is the faster choice there for whoever accepts near-tie differences;
+  its library builds here. On a CPU without AVX2, FMA or F16C (or where ``$SPECDEC_GGUF_PATH``
+  asks for it) it runs its portable C path, which performs the same operations and gives the same
+  bits, only slower; the reason says so, and ``--backend llamacpp`` is the faster choice there for
+  whoever accepts near-tie differences;
 - llama.cpp where the kernel cannot run the file (and its binding is installed);
-- neither (None) where both are out; the caller falls back to transformers.
+- neither (None) where both are out: the caller refuses the file with the one line that says to
+  install llama.cpp's binding (a GGUF is never converted for transformers unless ``--backend
+  torch`` asks for it by name).
+
+A file that is not a whole GGUF (:class:`~specdec.backends.gguf.UnreadableGGUF`) and a kernel path
+the environment asks for and this CPU lacks (:class:`~specdec.backends.gguf.PathUnavailable`) are
+errors, not reasons to choose another backend.
 """
 
 from __future__ import annotations
@@ -30,16 +37,21 @@ KERNEL_WHY = ("specdec's GGUF kernel: it runs this file, and its rows are batch-
               "output is plain decoding's token for token")
 PORTABLE_WHY = ("; this CPU lacks AVX2, FMA or F16C, so the kernel runs its portable C path, slower than llama.cpp "
                 "(--backend llamacpp trades token-identical output at near-ties for speed)")
+PORTABLE_ASKED_WHY = ("; {asked} asks for the kernel's portable C path, slower than its vector paths (the same bits; "
+                      "unset it to run the best path this CPU has)")
 
 
 def kernel_refusal(path: str | Path) -> str | None:
-    """Why specdec's GGUF kernel cannot run ``path`` here (None: it can)."""
+    """Why specdec's GGUF kernel cannot run ``path`` here (None: it can). Raises
+    :class:`~specdec.backends.gguf.UnreadableGGUF` for a file that is not a whole GGUF and
+    :class:`~specdec.backends.gguf.PathUnavailable` for a path the environment asks for and cannot have."""
     try:
         gguf.library()  # built (or found) once: a missing C compiler shows here
-        gguf.GGUFWeights(path)  # memory-mapped: reads the header and the tensor table
+        with gguf.probing():  # memory-mapped: reads the header and the tensor table, repacks nothing
+            gguf.GGUFWeights(path)
     except gguf.KernelUnavailable as err:
         return f"specdec's GGUF kernel could not be built ({err})"
-    except ValueError as err:
+    except gguf.Unsupported as err:
         return str(err).replace(f"; {gguf.LLAMACPP_HINT}", "")
     return None
 
@@ -47,11 +59,23 @@ def kernel_refusal(path: str | Path) -> str | None:
 def choose_gguf_backend(path: str | Path) -> dict[str, Any]:
     """``{"backend": "gguf" | "llamacpp" | None, "why": one line, "source": "rule"}``: the kernel
     wherever it runs ``path``, else llama.cpp where installed; ``None``: neither GGUF backend can
-    run the file here (the caller falls back to transformers)."""
+    run the file here, ``why`` says why (the caller refuses it, with :data:`INSTALL_HINT`)."""
     refusal = kernel_refusal(path)
     if refusal is None:
-        return {"backend": GGUF, "why": KERNEL_WHY + ("" if gguf.uses_avx2() else PORTABLE_WHY), "source": "rule"}
+        return {"backend": GGUF, "why": KERNEL_WHY + _path_why(), "source": "rule"}
     if not llamacpp.available():
-        return {"backend": None, "why": f"llama.cpp is not installed ({llamacpp.INSTALL} adds it, compiling "
-                f"llama.cpp: about 6 minutes on 2 cores) and {refusal}", "source": "rule"}
+        return {"backend": None, "why": f"{refusal}; llama.cpp's binding (llama-cpp-python), which would run it, is "
+                "not installed", "source": "rule"}
     return {"backend": LLAMACPP, "why": f"llama.cpp: {refusal}; {BY_NAME[LLAMACPP].caveat}", "source": "rule"}
+
+
+INSTALL_HINT = (f"install llama.cpp's binding: {llamacpp.INSTALL} (it compiles llama.cpp: about 6 minutes on 2 "
+                "cores); --backend torch converts the file for transformers instead")
+
+
+def _path_why() -> str:
+    """What the reason adds where the kernel runs its portable path: who chose it."""
+    if gguf.uses_avx2():
+        return ""
+    asked = gguf.path_asked_by()
+    return PORTABLE_ASKED_WHY.format(asked=asked) if asked else PORTABLE_WHY

@@ -64,8 +64,10 @@ dequantized weights by about what llama.cpp's differ (measured in the tests).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import ctypes
 import dataclasses
+import functools
 import mmap
 import os
 import re
@@ -125,6 +127,32 @@ class KernelUnavailable(RuntimeError):
     """The C kernel could not be built or loaded (no compiler, unwritable cache)."""
 
 
+class PathUnavailable(ValueError):
+    """The environment asks for a path of the kernel (:data:`PATH_ENV`, :data:`PORTABLE_ENV`) that
+    this CPU or this build does not have, or names none: the kernel does not run another instead."""
+
+
+class UnreadableGGUF(ValueError):
+    """A path that is not a whole GGUF file: missing, another kind of file, truncated or damaged.
+    Whatever here reads a GGUF file (:func:`_reader`, :class:`GGUFWeights`) raises this one kind for
+    such a file, never the reader's own IndexError or numpy's errors."""
+
+
+class Unsupported(ValueError):
+    """A readable GGUF file that specdec's kernel does not run (its architecture, a tensor type, an
+    option of the model); its message ends with :data:`LLAMACPP_HINT`."""
+
+
+def unreadable(path: str | Path, err: BaseException) -> UnreadableGGUF:
+    """The error for a file at ``path`` that the GGUF reader (or the model's layout) trips over."""
+    try:
+        size = f"{Path(path).stat().st_size:,} bytes; "
+    except OSError:
+        size = ""
+    return UnreadableGGUF(f"{path} is not a readable GGUF file ({size}truncated or damaged: "
+                          f"{type(err).__name__}: {str(err)[:120]})")
+
+
 def library(variant: str = "native") -> ctypes.CDLL:
     """The compiled ``linear_gguf.c``: ``"native"`` (every path; it runs the best one the CPU has,
     which the library itself detects), or the test builds ``"portable"`` (the portable path alone)
@@ -135,24 +163,51 @@ def library(variant: str = "native") -> ctypes.CDLL:
         raise ValueError(f"variant must be one of {', '.join(flags)}, got {variant!r}")
     lib = _libraries.get(variant)
     if lib is None:
-        lib = _libraries[variant] = _build_and_open(flags[variant], variant)
+        lib = _build_and_open(flags[variant], variant)
         if variant == "native":
-            _choose_path(lib)
+            _choose_path(lib)  # kept only once the path asked for runs: every call refuses a path it lacks
+        _libraries[variant] = lib
     return lib
 
 
-def _choose_path(lib: ctypes.CDLL) -> None:
-    """The best path this CPU has, unless $SPECDEC_GGUF_PATH names another (or $SPECDEC_GGUF_PORTABLE is set)."""
-    asked = os.environ.get(PATH_ENV, "").strip().lower()
+_asked_by: str | None = None  # "$SPECDEC_GGUF_PATH=avx2": the variable that chose the running path, if one did
+
+
+def asked_path() -> tuple[str, str] | None:
+    """The path the environment asks for, as (the variable that asks, its value as given):
+    $SPECDEC_GGUF_PORTABLE (any value but 0) asks for the portable path, else $SPECDEC_GGUF_PATH
+    names one; None where neither asks (the best path this CPU has runs)."""
     if os.environ.get(PORTABLE_ENV, "") not in ("", "0"):
-        asked = "portable"
-    if not asked:
+        return PORTABLE_ENV, os.environ[PORTABLE_ENV]
+    asked = os.environ.get(PATH_ENV, "").strip()
+    return (PATH_ENV, asked) if asked else None
+
+
+def path_asked_by() -> str | None:
+    """How the environment chose the path the native library runs (``"$SPECDEC_GGUF_PATH=portable"``),
+    or None where the best path this CPU has runs."""
+    return _asked_by
+
+
+def _choose_path(lib: ctypes.CDLL) -> None:
+    """The best path this CPU has, unless the environment asks for another (:func:`asked_path`).
+    Raises :class:`PathUnavailable` for a name that is no path, or a path this CPU or build lacks:
+    a path asked for and not run would change the numbers without a word."""
+    global _asked_by
+    asked = asked_path()
+    if asked is None:
+        _asked_by = None
         return
-    if asked not in PATHS:
-        raise KernelUnavailable(f"${PATH_ENV}={asked!r} names no path of the GGUF kernel; choose one of {', '.join(PATHS)}")
-    if lib.gguf_set_path(PATHS.index(asked)) != 0:
-        raise KernelUnavailable(f"${PATH_ENV}={asked}: this CPU (or this build) cannot run that path; it has "
-                                f"{', '.join(available_paths(lib))}")
+    variable, value = asked
+    name = "portable" if variable == PORTABLE_ENV else value.lower()
+    has = available_paths(lib)
+    if name not in PATHS:
+        raise PathUnavailable(f"${variable}={value!r} names no path of specdec's GGUF kernel (it takes "
+                              f"{', '.join(PATHS)}; this CPU runs {', '.join(has)})")
+    if name not in has or lib.gguf_set_path(PATHS.index(name)) != 0:
+        raise PathUnavailable(f"${variable}={value}: this CPU (or this build) cannot run the GGUF kernel's {name} "
+                              f"path; it runs {', '.join(has)}")
+    _asked_by = f"${variable}={value}"
 
 
 def available_paths(lib: ctypes.CDLL | None = None) -> list[str]:
@@ -419,7 +474,10 @@ def _reader(path: str | Path, *, elements: bool = False) -> Any:
                 return offs - orig_offs, parts, list(range(3, len(parts), 2)), kinds
             return super()._get_field_parts(orig_offs, raw_type)
 
-    return _Reader(str(path))
+    try:
+        return _Reader(str(path))
+    except Exception as err:  # noqa: BLE001 - whatever the reader trips over, the file is not a whole GGUF
+        raise unreadable(path, err) from None
 
 
 def _field(reader: Any, key: str, default: Any = None) -> Any:
@@ -451,7 +509,7 @@ class _Tensor:
         if self.type == 30:
             raw = np.array(self.data).view(np.uint16).astype(np.uint32) << 16
             return torch.from_numpy(raw.view(np.float32).reshape(-1))
-        raise ValueError(f"tensor {self.name} has type {self.type_name}, expected F32 for a norm or a bias; {LLAMACPP_HINT}")
+        raise Unsupported(f"tensor {self.name} has type {self.type_name}, expected F32 for a norm or a bias; {LLAMACPP_HINT}")
 
     @property
     def type_name(self) -> str:
@@ -462,7 +520,7 @@ def _rows(t: _Tensor, first: int, count: int, name: str) -> _Tensor:
     """Rows first .. first + count - 1 of a tensor, as a tensor of their own (a view of its bytes):
     phi3 stores Q, K and V in one tensor (attn_qkv) and gate and up in another (ffn_up)."""
     if first + count > t.n_out:
-        raise ValueError(f"tensor {t.name} has {t.n_out} rows, fewer than {first + count}")
+        raise UnreadableGGUF(f"tensor {t.name} has {t.n_out} rows, fewer than {first + count}")
     part = object.__new__(_Tensor)
     row_bytes = t.data.nbytes // t.n_out
     part.name, part.type, part.n_in, part.n_out = name, t.type, t.n_in, count
@@ -495,10 +553,10 @@ class _Fused:
         n_in = tensors[0].n_in
         for t in tensors:
             if t.type not in TYPE_NAMES:
-                raise ValueError(f"tensor {t.name} has type {t.type_name}, which specdec's GGUF backend does not "
+                raise Unsupported(f"tensor {t.name} has type {t.type_name}, which specdec's GGUF backend does not "
                                  f"support ({', '.join(sorted(TYPE_NAMES.values()))}); {LLAMACPP_HINT}")
             if t.n_in != n_in:
-                raise ValueError(f"tensor {t.name} has {t.n_in} inputs, expected {n_in}")
+                raise UnreadableGGUF(f"tensor {t.name} has {t.n_in} inputs, expected {n_in}")
         self.n_in = n_in
         self.width = sum(t.n_out for t in tensors)
         self.count = len(tensors)
@@ -508,7 +566,7 @@ class _Fused:
         # the grouped types' rows repacked eight at a time (a copy in memory, the file's pages let
         # go): what the vector kernels read fastest, the same bits
         self._packed: list[np.ndarray] = []
-        if os.environ.get(REPACK_ENV, "1") != "0":
+        if os.environ.get(REPACK_ENV, "1") != "0" and not _probing.get():
             lib = library()
             for i, t in enumerate(tensors):
                 packed = repack(t.data, t.type, n_in, lib)  # None: a type without that layout
@@ -595,22 +653,56 @@ def rope_tables(base: float, head_dim: int, positions: int, scale: float = 1.0,
     return torch.from_numpy(np.cos(theta).astype(np.float32)), torch.from_numpy(np.sin(theta).astype(np.float32))
 
 
+_probing: contextvars.ContextVar[bool] = contextvars.ContextVar("specdec_gguf_probing", default=False)
+
+
+@contextlib.contextmanager
+def probing() -> Iterator[None]:
+    """Within the block, :class:`GGUFWeights` reads a file and checks that the kernel runs it
+    without repacking its tensors (weights only looked at, never multiplied: ``auto``'s probe,
+    :func:`specdec.backends.choice.kernel_refusal`, seconds less for the default pair)."""
+    token = _probing.set(True)
+    try:
+        yield
+    finally:
+        _probing.reset(token)
+
+
+def _as_file_errors(init: Any) -> Any:
+    """:class:`GGUFWeights`' constructor, whose stray errors on a file's metadata or tensor table
+    (a key missing or of another type, a count out of range: a damaged file) are
+    :class:`UnreadableGGUF` naming the file; the ValueErrors it raises itself (its refusals, a bad
+    argument) pass as they are."""
+
+    @functools.wraps(init)
+    def read(self: Any, path: str | Path, *args: Any, **kwargs: Any) -> None:
+        try:
+            init(self, path, *args, **kwargs)
+        except (TypeError, KeyError, IndexError, OverflowError) as err:
+            raise unreadable(path, err) from None
+
+    return read
+
+
 class GGUFWeights:
     """A GGUF file of the llama family, memory-mapped: its layers and its configuration. Shared by
-    every :class:`GGUFCausalLM` on it (:meth:`GGUFCausalLM.fork`)."""
+    every :class:`GGUFCausalLM` on it (:meth:`GGUFCausalLM.fork`). Raises :class:`UnreadableGGUF`
+    for a file that is not a whole GGUF (or whose metadata no model has), :class:`Unsupported` for
+    one the kernel does not run."""
 
+    @_as_file_errors
     def __init__(self, path: str | Path, *, n_ctx: int = DEFAULT_CTX) -> None:
         self.path = Path(path)
         if not self.path.is_file():
-            raise ValueError(f"{self.path}: no such GGUF file")
+            raise UnreadableGGUF(f"{self.path}: no such GGUF file")
         with open(self.path, "rb") as f:
             magic = f.read(4)
         if magic != b"GGUF":
-            raise ValueError(f"{self.path}: not a GGUF file (it starts with {magic!r}, not b'GGUF')")
+            raise UnreadableGGUF(f"{self.path}: not a GGUF file (it starts with {magic!r}, not b'GGUF')")
         reader = self.reader = _reader(self.path)
         arch = _field(reader, "general.architecture")
         if arch not in ARCHITECTURES:
-            raise ValueError(f"{self.path}: architecture {arch!r} is not one specdec's GGUF backend runs "
+            raise Unsupported(f"{self.path}: architecture {arch!r} is not one specdec's GGUF backend runs "
                              f"({', '.join(ARCHITECTURES)}); {LLAMACPP_HINT}")
         self.architecture = arch
         self.neox = ARCHITECTURES[arch]
@@ -622,20 +714,20 @@ class GGUFWeights:
         self.kv_heads = int(key("attention.head_count_kv", self.heads))
         self.head_dim = int(key("attention.key_length", self.hidden // self.heads))
         if int(key("attention.value_length", self.head_dim)) != self.head_dim:
-            raise ValueError(f"{self.path}: keys and values of different widths are not supported; {LLAMACPP_HINT}")
+            raise Unsupported(f"{self.path}: keys and values of different widths are not supported; {LLAMACPP_HINT}")
         if int(key("rope.dimension_count", self.head_dim)) != self.head_dim:
-            raise ValueError(f"{self.path}: partial rotary embeddings are not supported; {LLAMACPP_HINT}")
+            raise Unsupported(f"{self.path}: partial rotary embeddings are not supported; {LLAMACPP_HINT}")
         # rope scaling as llama.cpp reads it: the factor (rope.scaling.factor, or the older
         # rope.scale_linear) squeezes positions linearly unless the type asks for another method
         scaling = key("rope.scaling.type", "linear")
         factor = float(key("rope.scaling.factor", 0.0) or key("rope.scale_linear", 0.0) or 0.0)
         if scaling not in (None, "none", "linear"):
-            raise ValueError(f"{self.path}: rope scaling ({scaling}) is not supported; {LLAMACPP_HINT}")
+            raise Unsupported(f"{self.path}: rope scaling ({scaling}) is not supported; {LLAMACPP_HINT}")
         self.rope_scale = 1.0 / factor if factor > 0 else 1.0
         if int(key("expert_count", 0) or 0) > 0:
-            raise ValueError(f"{self.path}: a mixture of experts is not supported; {LLAMACPP_HINT}")
+            raise Unsupported(f"{self.path}: a mixture of experts is not supported; {LLAMACPP_HINT}")
         if self.heads % self.kv_heads:
-            raise ValueError(f"{self.path}: {self.heads} heads do not share {self.kv_heads} kv heads evenly")
+            raise UnreadableGGUF(f"{self.path}: {self.heads} heads do not share {self.kv_heads} kv heads evenly")
         self.rope_base = float(key("rope.freq_base", 10000.0))
         self.eps = float(key("attention.layer_norm_rms_epsilon", 1e-5))
         self.gemma = arch in GEMMA
@@ -661,7 +753,7 @@ class GGUFWeights:
             if isinstance(pattern, (list, tuple, np.ndarray)):  # one flag per layer
                 self.sliding = [bool(v) for v in pattern][: self.n_layers]
                 if len(self.sliding) != self.n_layers:
-                    raise ValueError(f"{self.path}: attention.sliding_window_pattern has {len(pattern)} entries for "
+                    raise Unsupported(f"{self.path}: attention.sliding_window_pattern has {len(pattern)} entries for "
                                      f"{self.n_layers} layers; {LLAMACPP_HINT}")
             else:
                 period = int(pattern)
@@ -681,20 +773,20 @@ class GGUFWeights:
         def get(name: str, optional: bool = False) -> _Tensor | None:
             t = tensors.get(name)
             if t is None and not optional:
-                raise ValueError(f"{self.path}: tensor {name} is missing")
+                raise UnreadableGGUF(f"{self.path}: tensor {name} is missing")
             return t
 
         self.embed = get("token_embd.weight")
         if any(name.endswith("_exps.weight") for name in tensors):
-            raise ValueError(f"{self.path}: a mixture of experts is not supported; {LLAMACPP_HINT}")
+            raise Unsupported(f"{self.path}: a mixture of experts is not supported; {LLAMACPP_HINT}")
         self.head = _Fused([get("output.weight", optional=True) or self.embed])
         if self.embed.type not in TYPE_NAMES:
-            raise ValueError(f"tensor {self.embed.name} has type {self.embed.type_name}, which specdec's GGUF backend "
+            raise Unsupported(f"tensor {self.embed.name} has type {self.embed.type_name}, which specdec's GGUF backend "
                              f"does not support; {LLAMACPP_HINT}")
         self.vocab_size = self.head.width
         self.final_norm = get("output_norm.weight").vector()
         if any(name.startswith("rope_factors_") for name in tensors):  # phi3's LongRoPE
-            raise ValueError(f"{self.path}: rope scaling (LongRoPE factors) is not supported; {LLAMACPP_HINT}")
+            raise Unsupported(f"{self.path}: rope scaling (LongRoPE factors) is not supported; {LLAMACPP_HINT}")
         widths = (self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim)
         self.layers = [_Layer(get, i, arch, widths, self.ffn) for i in range(self.n_layers)]
         for layer in self.layers:
@@ -705,13 +797,13 @@ class GGUFWeights:
                     or layer.qkv.count != 3 or layer.norm1.numel() != self.hidden or layer.norm2.numel() != self.hidden
                     or any(v is not None and v.numel() != self.head_dim for v in (layer.q_norm, layer.k_norm))
                     or any(v is not None and v.numel() != self.hidden for v in (layer.post1, layer.post2))):
-                raise ValueError(f"{self.path}: a layer's tensor shapes do not match the model's configuration")
+                raise UnreadableGGUF(f"{self.path}: a layer's tensor shapes do not match the model's configuration")
         self.capacity = self.max_context + TREE_SLACK  # cache rows, and rope positions tabulated
         # Llama 3's rope scaling: rope_freqs.weight divides each frequency (llama.cpp's freq_factors)
         factors = get("rope_freqs.weight", optional=True)
         self.rope_factors = factors.vector().numpy().astype(np.float64) if factors is not None else None
         if self.rope_factors is not None and (self.gemma or self.rope_factors.shape != (self.head_dim // 2,)):
-            raise ValueError(f"{self.path}: rope_freqs.weight does not fit this model; {LLAMACPP_HINT}")
+            raise Unsupported(f"{self.path}: rope_freqs.weight does not fit this model; {LLAMACPP_HINT}")
         self.cos, self.sin = rope_tables(self.rope_base, self.head_dim, self.capacity, self.rope_scale, self.rope_factors)
         local = rope_tables(self.local_rope_base, self.head_dim, self.capacity) if any(self.sliding) else None
         for layer, sliding in zip(self.layers, self.sliding):

@@ -82,7 +82,10 @@ _TREE_SLACK = 256  # KV cells beyond max_context: a tree's siblings and parked c
 
 
 class LlamaCppUnavailable(ImportError):
-    """The llama.cpp binding is not installed; the message holds the pip command that fixes it."""
+    """The llama.cpp binding is not installed, or does not import; the message holds the pip
+    command that fixes it, ``reason`` the import's own error."""
+
+    reason: str = ""
 
 
 def available() -> bool:
@@ -97,10 +100,12 @@ def _api() -> Any:
     try:
         import llama_cpp as api
     except (ImportError, OSError) as err:
-        raise LlamaCppUnavailable(
+        unavailable = LlamaCppUnavailable(
             f"the llama.cpp backend needs the llama-cpp-python binding ({err}); install it with: {INSTALL} "
             "(it compiles llama.cpp: several minutes)"
-        ) from None
+        )
+        unavailable.reason = str(err)
+        raise unavailable from None
     api.llama_log_set(_log_callback, None)
     api.llama_backend_init()
     return api

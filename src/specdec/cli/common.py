@@ -124,11 +124,12 @@ def add_backend_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", default=backend_table.AUTO, choices=list(backend_table.CHOICES),
                         help="'llamacpp' runs a pack's or a .gguf file's quantised weights in llama.cpp (needs "
                              "llama-cpp-python); 'gguf' runs them on specdec's own batch-invariant kernel "
-                             "(llama and qwen2 models; a verification pass of a few rows costs little more "
+                             "(llama, qwen2, qwen3, phi3 and gemma3 models; a verification pass of a few rows costs little more "
                              "than one row, and every row is computed as a one-token step computes it, so greedy and seeded "
                              "output is plain decoding's token for token); 'torch' converts them to bf16 for "
                              "transformers; 'auto' runs a GGUF on the kernel wherever it runs the file, else on "
-                             "llama.cpp, and says which and why (default: auto)")
+                             "llama.cpp where its binding is installed (else it says to install it), and says which "
+                             "and why (default: auto)")
 
 
 def add_decoding_options(parser: argparse.ArgumentParser) -> None:
@@ -283,7 +284,10 @@ def load_models(target: str, draft: str | None = None, *, backend: str = TORCH, 
     _check_torch_options(names, backend, typed)
 
     def loading(name: str, where: str) -> None:
-        note(f"loading {name} ({backend_table.BY_NAME[where].weights or dtype})")
+        weights = backend_table.BY_NAME[where].weights  # None: transformers, in --dtype
+        if weights is None and models.is_gguf_source(name):
+            weights = f"its GGUF dequantized to {dtype} for transformers"
+        note(f"loading {name} ({weights or dtype})")
 
     try:
         pair = models.load_pair(target, draft, backend=backend, cache_dir=cache_dir, dtype=dtype, kernels=kernels,

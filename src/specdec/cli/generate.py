@@ -53,8 +53,9 @@ def add_generate_parser(subparsers: Any) -> None:
     group.add_argument("--compare-ar", action="store_true",
                        help="also decode the target alone; report the speed-up and whether the output is identical")
     group.add_argument("--threads", type=positive_int, default=None,
-                       help="CPU threads for torch (default: torch's choice, one per core; on a busy "
-                            "machine 1 avoids contention)")
+                       help="CPU threads the model runs on: specdec's GGUF kernel's or llama.cpp's threads for "
+                            "a GGUF, torch's for transformers (default: every CPU this process may use; torch: "
+                            "its choice, one per core; on a busy machine 1 avoids contention)")
     parser.set_defaults(func=run_generate)
 
 
@@ -75,12 +76,17 @@ def run_generate(args: argparse.Namespace) -> int:
     prompt = _prompt(args, pair.tokenizer)
     common = dict(tokenizer=pair.tokenizer, config=config, constraints=constraints, logprobs=logprobs)
     drafting = dict(draft=pair.draft) if uses_model else {}
-    note("generating")
     try:
+        # what generate() does, in its two steps: the inputs checked and the run built (a bad input
+        # stops here), then "generating" said and the tokens decoded
+        run = api._Run.build(pair.target, prompt, draft=drafting.get("draft"), **common)
+        note("generating")
         if args.stream:
-            result = _stream(api.stream(pair.target, prompt, **drafting, **common), pair.tokenizer, args, config)
+            result = _stream(run.events(), pair.tokenizer, args, config)
         else:
-            result = api.generate(pair.target, prompt, **drafting, **common)
+            for _ in run.events():
+                pass
+            result = run.result()
     except ConstraintError as err:  # a logit_bias id outside this model's vocabulary
         raise constraint_cli_error(err) from None
     ar = divergence = None

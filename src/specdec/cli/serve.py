@@ -81,16 +81,17 @@ def add_serve_parser(subparsers: Any) -> None:
     group.add_argument("--api-key-file", default=None, metavar="PATH",
                        help="read the API key from the first line of this file (it stays out of ps)")
     group.add_argument("--threads", type=positive_int, default=None,
-                       help="CPU threads for torch or llama.cpp (default: torch's choice; llama.cpp: every CPU "
-                            "this process may use)")
+                       help="CPU threads the models run on: specdec's GGUF kernel's or llama.cpp's threads for "
+                            "a GGUF, torch's for transformers (default: every CPU this process may use; torch: "
+                            "its choice)")
     group.add_argument("--no-prompt-cache", dest="prompt_cache", action="store_false",
                        help="prefill every prompt in full. By default the server keeps the models' caches between "
                             "requests and prefills only what a prompt adds to the longest prefix it shares with the "
                             "previous one (as llama-server does)")
     group.add_argument("--prompt-cache-mib", type=non_negative_int, default=2048, metavar="N",
                        help="RAM for the caches of earlier requests, put back when a prompt shares more with one of "
-                            "them than with the last request (llama.cpp backend; least recently used dropped first; "
-                            "0: keep only the last request's) (default: 2048)")
+                            "them than with the last request (on the GGUF backends, specdec's kernel and llama.cpp; "
+                            "least recently used dropped first; 0: keep only the last request's) (default: 2048)")
     group.add_argument("--seeded-sampler", choices=SAMPLERS, default="gumbel",
                        help="the sampler of a request that sends a seed and no sampler: gumbel gives the text "
                             "plain decoding draws with that seed, whatever the method or machine (coupled "
