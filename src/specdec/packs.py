@@ -884,7 +884,8 @@ def add_typed_tokens(tokenizer: Any, tokens: Sequence[str], kinds: Sequence[int]
     from tokenizers import AddedToken
 
     def added(types: Sequence[int], special: bool) -> list[Any]:
-        return [AddedToken(token, special=special, normalized=False) for token, kind in zip(tokens, kinds) if kind in types]
+        return [AddedToken(token, special=special, normalized=False)
+                for token, kind in zip(tokens, kinds) if kind in types]
 
     tokenizer.add_special_tokens(added(HIDDEN_TYPES, True))
     tokenizer.add_tokens(added((USER_DEFINED,), False))

@@ -317,7 +317,8 @@ def _print_summary(result: Any, ar: Any, args: argparse.Namespace, config: Decod
         lines = [
             f"speculative ({method_label(config, result.shape)}): {s.new_tokens} tokens in {s.seconds:.1f} s = "
             f"{s.tokens_per_second:.2f} tokens/s; {s.mean_accepted_per_forward:.2f} tokens per target "
-            f"forward; " + (f"{s.acceptance_rate:.0%} of draft tokens accepted" if s.drafted_tokens else "nothing was drafted")
+            f"forward; " + (f"{s.acceptance_rate:.0%} of draft tokens accepted" if s.drafted_tokens
+                            else "nothing was drafted")
         ]
     if ar is not None:
         a = ar.stats
