@@ -172,6 +172,34 @@ def test_plain_and_stream_print_the_same_text(tiny, capsys):
     assert "identical output: yes" in err
 
 
+@pytest.mark.parametrize("mode", [[], ["--stream"]])
+def test_logprobs_without_json_are_printed_after_the_text(tiny, capsys, mode):
+    """--logprobs N asks to see them: without --json each token's log-probability and its top N
+    are printed on stderr after the text (stdout stays the text), one line per token, the values
+    --json reports."""
+    report = generate_json(tiny, capsys, "--logprobs", "2")
+    base = ["generate", "hello", "--target", tiny["target"], "--draft", tiny["draft"], "--dtype", "float32",
+            "--max-new-tokens", "12", "--logprobs", "2", *mode]
+    code, out, err = run_main(base, capsys)
+    assert code == 0 and out == report["text"] + "\n"
+    lines = err.splitlines()
+    start = lines.index("logprobs of the 12 tokens (position, token, log-probability; then the most likely tokens):")
+    want = [f"{i:>5}  {e['text']!r} {e['logprob']:.4f}  top: " + ", ".join(f"{t!r} {p:.4f}" for _, p, t in e["top"])
+            for i, e in enumerate(report["logprobs"])]
+    assert lines[start + 1:start + 13] == want and len(report["logprobs"][0]["top"]) == 2
+    assert lines[start + 13].startswith("speculative (")
+
+
+def test_a_run_that_drafted_nothing_says_so(tiny, capsys):
+    """The retrieval drafter with an empty store drafts nothing: the summary says so, not '0% of
+    draft tokens accepted' (0 of 0)."""
+    code, out, err = run_main(["generate", "hello", "--target", tiny["target"], "--dtype", "float32",
+                               "--max-new-tokens", "6", "--drafter", "retrieval", "--policy", "static"], capsys)
+    assert code == 0
+    summary = next(line for line in err.splitlines() if line.startswith("speculative ("))
+    assert summary.endswith("1.00 tokens per target forward; nothing was drafted"), summary
+
+
 def test_chat_applies_the_template(tiny, capsys):
     report = generate_json(tiny, capsys, "--chat")
     plain = generate_json(tiny, capsys)

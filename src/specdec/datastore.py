@@ -380,11 +380,16 @@ def top_nodes(nodes: list[TrieNode], budget: int, max_depth: int) -> tuple[list[
 def store_path(name: str, cache_dir: str | Path | None = None) -> Path:
     """Where the store called ``name`` lives: ``name`` itself if it is a path to a file (or ends in
     ``.npz``), else ``<cache>/datastores/<name>.npz``."""
-    if os.sep in name or name.endswith(SUFFIX) or (os.altsep and os.altsep in name):
+    if _names_a_file(name):
         return Path(name).expanduser()
     if not name or name.startswith("."):
         raise ValueError(f"datastore name {name!r}: give a name (letters, digits, '-', '_') or a path to a .npz file")
     return cache_root(cache_dir) / "datastores" / f"{name}{SUFFIX}"
+
+
+def _names_a_file(name: str) -> bool:
+    """Whether a store's name is the path of its file (:func:`store_path`)."""
+    return os.sep in name or name.endswith(SUFFIX) or bool(os.altsep and os.altsep in name)
 
 
 _OPEN: dict[str, Datastore] = {}  # stores opened in this process, by path ("" the in-memory one)
@@ -400,8 +405,9 @@ def open_store(name: str | None = None, *, cache_dir: str | Path | None = None) 
     key = str(path.resolve())
     if key not in _OPEN:
         if not path.is_file():
+            where = f"--output {name}" if _names_a_file(name) else f"--name {name}"
             raise ValueError(f"no datastore {name!r} (looked for {path}); build one with 'specdec index PATH... "
-                             f"--name {name}'")
+                             f"{where}'")
         _OPEN[key] = Datastore.load(path)
     return _OPEN[key]
 

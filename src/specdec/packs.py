@@ -42,7 +42,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from specdec.backends import gguf as gguf_backend
 from specdec.paths import CACHE_ENV, cache_root
@@ -50,6 +50,10 @@ from specdec.paths import CACHE_ENV, cache_root
 MARKER = "specdec-pack.json"  # written last into a converted pack's directory
 STALE_AGE = 86_400  # seconds after which a preparation's temporary is left over, whatever its name says
 FORMAT = 2  # bump when conversion changes: caches written by an older version are redone
+# Bump when the tokenizer built from a GGUF changes: a tokenizer kept in the cache (a conversion's
+# or one saved under tokenizers/) by an older version is not used, and is built again from the GGUF.
+TOKENIZER_FORMAT = 2
+TOKENIZER_MARKER = "specdec-tokenizer.json"  # written last into a kept tokenizer's folder
 BUFFER = 8 * 1024 * 1024
 
 
@@ -561,7 +565,8 @@ def convert(pack: Pack | str, cache_dir: str | Path | None = None, *, progress: 
             if gguf.parent == work:
                 gguf.unlink()  # the joined file is large and no longer needed
             (out / MARKER).write_text(json.dumps(
-                {"pack": pack.name, "gguf_sha256": pack.sha256, "format": FORMAT, "dtype": "bfloat16",
+                {"pack": pack.name, "gguf_sha256": pack.sha256, "format": FORMAT, "tokenizer_format": TOKENIZER_FORMAT,
+                 "dtype": "bfloat16",
                  "requirements": pack.requirements, "files": _file_stamps(out)}, indent=1))
             if final.exists():
                 shutil.rmtree(final)  # an unfinished or stale conversion
@@ -637,13 +642,12 @@ def _convert_gguf(pack: Pack, gguf: Path, out: Path, progress: bool) -> None:
     configuration, its tokenizer, and ``model.safetensors`` written one tensor at a time
     (:func:`write_bf16_safetensors`), so that memory holds one tensor, never the model."""
     import torch
-    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+    from transformers import AutoConfig, GenerationConfig
 
     require_gguf_support()
     with _one_reader(gguf):  # transformers reads the GGUF's metadata four times; parse it once
         _say(progress, f"{pack.name}: reading the tokenizer and configuration from the GGUF's metadata")
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
-        fix_gguf_tokenizer(tokenizer, gguf)
+        tokenizer = tokenizer_from_gguf(gguf)
         config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
         if config.vocab_size != pack.vocab_size:
             raise ModelPackError(
@@ -782,6 +786,9 @@ def _one_reader(gguf: Path) -> Iterator[None]:
 
     real = gguf_package.GGUFReader
     key = os.path.realpath(gguf)
+    if getattr(real, "one_reader_of", None) == key:  # inside a block for this file already
+        yield
+        return
     readers: dict[str, Any] = {}
 
     def reader(path: Any, *args: Any, **kwargs: Any) -> Any:
@@ -791,6 +798,7 @@ def _one_reader(gguf: Path) -> Iterator[None]:
             readers[key] = _metadata_reader(path)
         return readers[key]
 
+    reader.one_reader_of = key  # type: ignore[attr-defined]
     gguf_package.GGUFReader = reader
     try:
         yield
@@ -836,6 +844,13 @@ def require_gguf_support() -> None:
 # (spm_tokenizer_from_gguf): transformers 4.57 builds Gemma 3's wrongly.
 SPM_ARCHITECTURES = ("gemma3",)
 
+# The token types of a GGUF vocabulary (``tokenizer.ggml.token_type``), as llama.cpp reads them.
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+# Types whose tokens are special: matched whole, and left out of the text (llama.cpp renders them
+# as nothing). USER_DEFINED tokens (Gemma's "\n", "\n\n", runs of spaces and tabs; Qwen's
+# "<tool_call>") are matched whole too but are text, shown like any other.
+HIDDEN_TYPES = (UNKNOWN, CONTROL, UNUSED)
+
 
 def tokenizer_from_gguf(gguf: Path) -> Any:
     """The tokenizer a GGUF file carries, its metadata parsed once (:func:`_one_reader`): built by
@@ -854,6 +869,28 @@ def tokenizer_from_gguf(gguf: Path) -> Any:
     return tokenizer
 
 
+def _gguf_array(fields: Any, key: str) -> list[Any]:
+    """The array ``tokenizer.ggml.<key>`` of a GGUF's metadata fields, as Python strings or numbers."""
+    field = fields[f"tokenizer.ggml.{key}"]
+    return [field.parts[i].tobytes().decode("utf-8") if field.types[-1].name == "STRING" else field.parts[i][0].item()
+            for i in field.data]
+
+
+def add_typed_tokens(tokenizer: Any, tokens: Sequence[str], kinds: Sequence[int]) -> None:
+    """Add to ``tokenizer`` (a ``tokenizers.Tokenizer``) the vocabulary's tokens that are matched
+    whole, each ``special`` as its own token type says (:data:`HIDDEN_TYPES`): special ones are
+    skipped when text is decoded (``skip_special_tokens``), user-defined ones are text. A token
+    the vocabulary holds already keeps its id."""
+    from tokenizers import AddedToken
+
+    def added(types: Sequence[int], special: bool) -> list[Any]:
+        return [AddedToken(token, special=special, normalized=False)
+                for token, kind in zip(tokens, kinds) if kind in types]
+
+    tokenizer.add_special_tokens(added(HIDDEN_TYPES, True))
+    tokenizer.add_tokens(added((USER_DEFINED,), False))
+
+
 def spm_tokenizer_from_gguf(gguf: Path) -> Any:
     """A fast tokenizer built from a GGUF's SentencePiece vocabulary (``tokenizer.ggml.model`` =
     ``llama``: tokens, scores and types), tokenizing as llama.cpp's SPM tokenizer does: spaces
@@ -861,21 +898,20 @@ def spm_tokenizer_from_gguf(gguf: Path) -> Any:
     adjacent pair whose joined piece scores highest is merged, over and over (a BPE whose merges
     are ranked by the joined piece's score), and a character outside the vocabulary falls back to
     its UTF-8 bytes (``<0xNN>``). Control tokens (``<bos>``, ``<start_of_turn>``, ...) are matched
-    whole. The BOS token is prepended where ``add_bos_token`` says so.
+    whole, and so are user-defined ones (Gemma's newlines and runs of spaces), which unlike control
+    tokens are text (:func:`add_typed_tokens`). The BOS token is prepended where ``add_bos_token`` says so.
 
     (transformers 4.57 builds Gemma 3's tokenizer from the GGUF with a vocabulary and merges that
     split ordinary words into single characters.)"""
     from gguf import GGUFReader
-    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, processors
+    from tokenizers import Tokenizer, decoders, models, normalizers, processors
     from transformers import PreTrainedTokenizerFast
 
     reader = GGUFReader(str(gguf))
     fields = reader.fields
 
     def array(key: str) -> list[Any]:
-        field = fields[f"tokenizer.ggml.{key}"]
-        return [field.parts[i].tobytes().decode("utf-8") if field.types[-1].name == "STRING" else field.parts[i][0].item()
-                for i in field.data]
+        return _gguf_array(fields, key)
 
     def value(key: str, default: Any = None) -> Any:
         field = fields.get(f"tokenizer.ggml.{key}")
@@ -884,7 +920,7 @@ def spm_tokenizer_from_gguf(gguf: Path) -> Any:
     tokens, scores, kinds = array("tokens"), array("scores"), array("token_type")
     vocab = {token: i for i, token in enumerate(tokens)}
     score = dict(zip(tokens, scores))
-    normal = {t for t, kind in zip(tokens, kinds) if kind == 1}  # NORMAL pieces take part in merges
+    normal = {t for t, kind in zip(tokens, kinds) if kind == NORMAL}  # NORMAL pieces take part in merges
     merges = []
     for token in normal:
         for cut in range(1, len(token)):
@@ -901,8 +937,7 @@ def spm_tokenizer_from_gguf(gguf: Path) -> Any:
     tok.normalizer = normalizers.Sequence([*steps, normalizers.Replace(" ", "▁")])
     tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
                                     + ([decoders.Strip(" ", 1, 0)] if prefix else []))
-    special = [t for t, kind in zip(tokens, kinds) if kind in (3, 4)]  # CONTROL, USER_DEFINED: matched whole
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
+    add_typed_tokens(tok, tokens, kinds)
     names = {}
     for role, key in (("bos_token", "bos_token_id"), ("eos_token", "eos_token_id"), ("unk_token", "unknown_token_id"),
                       ("pad_token", "padding_token_id")):
@@ -920,30 +955,61 @@ def spm_tokenizer_from_gguf(gguf: Path) -> Any:
 def gguf_tokenizer(gguf: Path | None, *, pack: Pack | None = None, cache_dir: str | Path | None = None) -> Any:
     """The tokenizer of a GGUF file (:func:`tokenizer_from_gguf`). A pack's is read once from its
     GGUF (``gguf`` None: the pack's checked GGUF, :func:`gguf_file`) and kept in the cache, or taken
-    from its conversion; a loose file's is read from it each time."""
+    from its conversion, where this version of specdec built it (:data:`TOKENIZER_FORMAT`); a loose
+    file's is read from it each time."""
     from transformers import AutoTokenizer
 
     # transformers 4.57.6 suspects every local tokenizer saved by 4.57.3+ of a Mistral regex bug
     # and warns; the packs are Qwen, SmolLM2 and Gemma tokenizers, which it does not concern.
     extra = {"fix_mistral_regex": False} if pack else {}
-    saved = [pack_dir(pack, cache_dir), cache_root(cache_dir) / "tokenizers" / pack.name] if pack else []
-    for folder in saved:
-        found = (folder / "tokenizer_config.json").is_file()
-        if found and (folder is not saved[0] or is_converted(pack, cache_dir)):
-            return AutoTokenizer.from_pretrained(folder, local_files_only=True, **extra)
+    if pack:
+        kept = _kept_tokenizer(pack, cache_dir)
+        if kept is not None:
+            return AutoTokenizer.from_pretrained(kept, local_files_only=True, **extra)
     if gguf is None:
         gguf = gguf_file(pack, cache_dir, progress=False)
     tokenizer = tokenizer_from_gguf(gguf)
     if pack:
-        tokenizer.save_pretrained(saved[1])
+        folder = cache_root(cache_dir) / "tokenizers" / pack.name
+        (folder / TOKENIZER_MARKER).unlink(missing_ok=True)
+        tokenizer.save_pretrained(folder)
+        (folder / TOKENIZER_MARKER).write_text(json.dumps(_tokenizer_stamp(pack), indent=1))
     return tokenizer
 
 
+def _tokenizer_stamp(pack: Pack) -> dict[str, Any]:
+    """What a kept tokenizer of ``pack`` records: the GGUF it was built from, and how."""
+    return {"pack": pack.name, "gguf_sha256": pack.sha256, "tokenizer_format": TOKENIZER_FORMAT}
+
+
+def _kept_tokenizer(pack: Pack, cache_dir: str | Path | None) -> Path | None:
+    """The folder of a tokenizer of ``pack`` the cache keeps and this version would build the same
+    way: its conversion's, else the one saved under ``tokenizers/``; None if neither is current."""
+    def stamp(path: Path) -> dict[str, Any]:
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    converted = pack_dir(pack, cache_dir)
+    if is_converted(pack, cache_dir) and stamp(converted / MARKER).get("tokenizer_format") == TOKENIZER_FORMAT:
+        return converted
+    saved = cache_root(cache_dir) / "tokenizers" / pack.name
+    wanted = _tokenizer_stamp(pack)
+    if (saved / "tokenizer_config.json").is_file() and stamp(saved / TOKENIZER_MARKER) == wanted:
+        return saved
+    return None
+
+
 def fix_gguf_tokenizer(tokenizer: Any, gguf: Path) -> None:
-    """Apply the GGUF's special tokens, which transformers 4.57 does not always carry over.
+    """Apply the GGUF's special tokens and token types, which transformers 4.57 does not always
+    carry over.
 
     (From SmolLM2's GGUF it builds a tokenizer whose EOS is ``<|im_start|>`` and which prepends a
-    BOS the model was not trained with; from Qwen's its EOS is ``<|endoftext|>``, not ``<|im_end|>``.)
+    BOS the model was not trained with; from Qwen's its EOS is ``<|endoftext|>``, not ``<|im_end|>``,
+    and control tokens such as ``<|fim_prefix|>`` are left in the text.) Tokens the vocabulary types
+    as control, unknown or unused become special, user-defined ones are matched whole
+    (:func:`add_typed_tokens`).
     """
     from gguf import GGUFReader
 
@@ -953,6 +1019,8 @@ def fix_gguf_tokenizer(tokenizer: Any, gguf: Path) -> None:
         field = fields.get(f"tokenizer.ggml.{key}")
         return None if field is None else field.parts[field.data[0]][0].item()
 
+    if "tokenizer.ggml.token_type" in fields and "tokenizer.ggml.tokens" in fields:
+        add_typed_tokens(tokenizer.backend_tokenizer, _gguf_array(fields, "tokens"), _gguf_array(fields, "token_type"))
     for role in ("bos", "eos", "unk"):
         token_id = value(f"{role}_token_id" if role != "unk" else "unknown_token_id")
         if token_id is not None and token_id < len(tokenizer):

@@ -172,7 +172,8 @@ def add_constraint_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--repeat-last-n", type=int, default=64, metavar="N",
                        help="tokens of prompt and output --repeat-penalty looks at (-1: all, 0: off; default: 64)")
     group.add_argument("--logprobs", type=int, default=None, metavar="N",
-                       help="report each token's log-probability and the N (0..20) most likely tokens (with --json)")
+                       help="report each token's log-probability and the N (0..20) most likely tokens (in --json's "
+                            "report, else printed after the text)")
 
 
 def constraints_from(args: argparse.Namespace) -> tuple[Constraints | None, int | None]:

@@ -106,6 +106,8 @@ def run_generate(args: argparse.Namespace) -> int:
     else:
         if not args.stream:
             _print_text(args, result.text)
+        if result.logprobs is not None:
+            _print_logprobs(result.logprobs, pair.tokenizer)
         _print_summary(result, ar, args, config, divergence)
     return 0
 
@@ -208,8 +210,11 @@ def _stream(events: Any, tokenizer: Any, args: argparse.Namespace, config: Decod
     ids: list[int] = []
     shown = ""
     last = None
+    logprobs = None
     for event in events:
         last = event
+        if event.logprobs is not None:
+            logprobs = (logprobs or []) + event.logprobs
         n_draft = sum(event.from_draft)
         before = ids[:]
         ids += event.token_ids
@@ -238,7 +243,7 @@ def _stream(events: Any, tokenizer: Any, args: argparse.Namespace, config: Decod
     else:
         screen.print()
     stats = last.stats if last is not None else GenerationStats()
-    return GenerationResult(ids, shown, stats, method=str(config.as_run), exact=config.exact)
+    return GenerationResult(ids, shown, stats, method=str(config.as_run), exact=config.exact, logprobs=logprobs)
 
 
 def _print_text(args: argparse.Namespace, text: str | None) -> None:
@@ -297,6 +302,18 @@ def _logprobs(logprobs: Sequence[Any], tokenizer: Any) -> list[dict[str, Any]]:
              "top": [[t, logprob, text(t)] for t, logprob in lp.top]} for lp in logprobs]
 
 
+def _print_logprobs(logprobs: Sequence[Any], tokenizer: Any) -> None:
+    """``--logprobs`` without ``--json``: after the text (on stderr, with the summary, so that
+    stdout stays the text), one line per token: its position, text and log-probability, then the
+    most likely tokens there."""
+    lines = [f"logprobs of the {len(logprobs)} tokens (position, token, log-probability; then the most likely tokens):"]
+    for i, entry in enumerate(_logprobs(logprobs, tokenizer)):
+        top = ", ".join(f"{text!r} {logprob:.4f}" for _, logprob, text in entry["top"])
+        lines.append(f"{i:>5}  {entry['text']!r} {entry['logprob']:.4f}" + (f"  top: {top}" if top else ""))
+    for line in lines:
+        print(line, file=sys.stderr)
+
+
 def _print_summary(result: Any, ar: Any, args: argparse.Namespace, config: DecodeConfig,
                    divergence: dict | None = None) -> None:
     s = result.stats
@@ -306,7 +323,8 @@ def _print_summary(result: Any, ar: Any, args: argparse.Namespace, config: Decod
         lines = [
             f"speculative ({method_label(config, result.shape)}): {s.new_tokens} tokens in {s.seconds:.1f} s = "
             f"{s.tokens_per_second:.2f} tokens/s; {s.mean_accepted_per_forward:.2f} tokens per target "
-            f"forward; {s.acceptance_rate:.0%} of draft tokens accepted"
+            f"forward; " + (f"{s.acceptance_rate:.0%} of draft tokens accepted" if s.drafted_tokens
+                            else "nothing was drafted")
         ]
     if ar is not None:
         a = ar.stats

@@ -3,20 +3,21 @@ that ``--drafter retrieval`` (or ``retrieval+model``) drafts from with ``--datas
 
 Every text file under the paths (folders recursively, hidden entries and binary or non-UTF-8
 files skipped) is one document, tokenized with the target's tokenizer (``--model``). The store is
-written to ``<cache>/datastores/<NAME>.npz`` (``--name``, default: the first path's name) or to
-``--output``.
+written to ``<cache>/datastores/<NAME>.npz`` (``--name``, a name, not a path; default: the first
+path's name) or to the file ``--output`` names.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Any, Iterator
 
 from specdec import models
-from specdec.datastore import Datastore, store_path
+from specdec.datastore import SUFFIX, Datastore, store_path
 from specdec.cli.common import CLIError, check_cache_dir, positive_int
 
 MAX_FILE_BYTES = 8 << 20  # larger files are skipped (data, not text a model would repeat)
@@ -30,7 +31,8 @@ def add_index_parser(subparsers: Any) -> None:
     )
     parser.add_argument("paths", nargs="+", metavar="PATH", help="files or folders to index")
     parser.add_argument("--name", default=None,
-                        help="the store's name, what --datastore takes (default: the first path's name)")
+                        help="the store's name, what --datastore takes: the store is <cache>/datastores/NAME.npz "
+                             "(default: the first path's name; to write a file elsewhere use --output)")
     parser.add_argument("--output", default=None, metavar="FILE",
                         help="write the store to this .npz file instead of the cache")
     parser.add_argument("--model", default=models.DEFAULT_TARGET, metavar="MODEL",
@@ -49,7 +51,9 @@ def run_index(args: argparse.Namespace) -> int:
     for root in roots:
         if not root.exists():
             raise CLIError(f"no such file or folder: {root}", "give files or folders to index", 2)
-    name = args.name or roots[0].resolve().name or "corpus"
+    if args.name is not None:
+        check_name(args.name)
+    name = args.name or _default_name(roots[0])
     out = Path(args.output).expanduser() if args.output else store_path(name, args.cache_dir)
     t0 = time.perf_counter()
     tokenizer = load_tokenizer(args.model, args.cache_dir)
@@ -69,9 +73,35 @@ def run_index(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - t0
     print(f"specdec: indexed {files} files ({len(store)} tokens; {skipped} skipped) with the {args.model} "
           f"tokenizer in {seconds:.1f} s into {out}")
-    print(f"use it with: specdec generate ... --drafter retrieval+model --datastore {args.output or name}",
-          file=sys.stderr)
+    named = name if not args.output else str(out) if store_path(str(out)) == out else os.path.join(".", str(out))
+    print(f"use it with: specdec generate ... --drafter retrieval+model --datastore {named}", file=sys.stderr)
     return 0
+
+
+def check_name(name: str) -> None:
+    """A store's name is a name: the store is ``<cache>/datastores/<name>.npz``. A path (a
+    separator, ``..``), a name ending in ``.npz`` or starting with a dot is refused
+    (:class:`CLIError`), since :func:`~specdec.datastore.store_path` would take it for a file."""
+    separators = [sep for sep in (os.sep, os.altsep, "/") if sep]
+    if not name.strip():
+        why = "is empty"
+    elif any(sep in name for sep in separators):
+        why = "is a path, not a name"
+    elif name.startswith("."):
+        why = "starts with a dot"
+    elif name.endswith(SUFFIX):
+        why = f"ends in {SUFFIX}"
+    else:
+        return
+    raise CLIError(f"--name {name!r} {why}: the store is <cache>/datastores/NAME{SUFFIX}, so NAME is a plain name",
+                   f"give a name of letters, digits, '-' and '_' (e.g. --name docs), or write the store to a file "
+                   f"with --output FILE{SUFFIX}", 2)
+
+
+def _default_name(root: Path) -> str:
+    """The store's name when ``--name`` is not given: the first path's name, less leading dots and
+    the ``.npz`` suffix (``corpus`` if nothing is left)."""
+    return root.resolve().name.lstrip(".").removesuffix(SUFFIX) or "corpus"
 
 
 def text_files(roots: list[Path]) -> Iterator[Path]:
