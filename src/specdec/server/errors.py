@@ -63,6 +63,15 @@ def internal_error() -> APIError:
     return APIError(500, "the server failed on this request; see its log")
 
 
+def model_failed(source: str, position: int) -> APIError:
+    """A model that computed what no token can be drawn from (non-finite logits after ``position``
+    tokens: damaged weights in the file ``source``), named by the file's name alone (500, code
+    ``model_error``): this request fails, and the server serves on."""
+    name = source.replace("\\", "/").rsplit("/", 1)[-1]
+    return APIError(500, f"the model ({name}) computed non-finite logits (NaN or infinity) after {position} tokens: "
+                         "its weights are likely damaged; the server's log names the file", code="model_error")
+
+
 def route_error(status: int, detail: str, method: str, path: str) -> APIError:
     """The framework's own HTTP error for ``method path``: no such route (404), a method the route
     does not take (405), or another status with its ``detail``."""
