@@ -494,3 +494,29 @@ def test_a_grammar_past_the_engines_limits_mid_generation_is_a_400_naming_its_fi
     assert "generated tokens" in error["message"]
     monkeypatch.undo()
     assert post(server, "/v1/completions", {"prompt": "abc", "max_tokens": 2}).status_code == 200
+
+
+# ------------------------------------------------------------------------------------------------
+# Malformed bodies and the fields errors name
+
+
+def nested(depth: int, inner: str = "0") -> str:
+    return "[" * depth + inner + "]" * depth
+
+
+@pytest.mark.parametrize("depth", [129, 2000, 10000])
+def test_deeply_nested_json_is_a_400_not_a_500(server, depth):
+    """Arrays nested thousands deep (4-20 KB) overflow a recursive parser's stack; any body nested
+    deeper than MAX_JSON_DEPTH is malformed for this API, said in OpenAI's shape."""
+    from specdec.server.requests import MAX_JSON_DEPTH
+
+    for body in (nested(depth), '{"prompt": "x", "stop": ' + nested(depth - 1) + "}"):
+        assert_error(post(server, "/v1/completions", body), 400, words=f"more than {MAX_JSON_DEPTH} levels deep")
+    assert post(server, "/v1/completions", {"prompt": "abc", "max_tokens": 2}).status_code == 200  # serves on
+
+
+def test_nesting_up_to_the_limit_is_read_as_usual(server):
+    from specdec.server.requests import MAX_JSON_DEPTH
+
+    body = '{"prompt": "x", "stop": ' + nested(MAX_JSON_DEPTH - 1, '"a"') + "}"  # the body's object is a level
+    assert_error(post(server, "/v1/completions", body), 400, "stop", words="stop must be")

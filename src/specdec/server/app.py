@@ -245,16 +245,20 @@ def _page() -> tuple[str, str]:
 async def _body(request: Request, model: type[BodyModel]) -> BodyModel:
     """The request's body read as JSON whatever its Content-Type says, as llama-server reads it
     (``curl -d`` sends JSON as a form), then checked as ``model``: an :class:`APIError` naming the
-    field, or saying the body is not JSON (and what it was sent as, where that was not JSON)."""
+    field, or saying the body is not JSON (and what it was sent as, where that was not JSON) or
+    nests deeper than :data:`~specdec.server.requests.MAX_JSON_DEPTH`."""
     raw = await request.body()
     if not raw.strip():
         raise APIError(400, "the request needs a JSON object body")
     try:
         value = json.loads(raw)
+    except RecursionError:  # arrays or objects nested deeper than Python's parser recurses
+        raise rq.too_deep() from None
     except ValueError:
         sent = request.headers.get("content-type", "")
         said = "" if not sent or "json" in sent.lower() else f" (it was sent as Content-Type: {sent})"
         raise APIError(400, f"the request body is not valid JSON{said}; send a JSON object") from None
+    rq.check_depth(value)
     try:
         return model.model_validate(value)
     except ValidationError as err:
