@@ -25,6 +25,12 @@ from specdec.policies import DraftLengthPolicy
 from specdec.stats import GenerationStats, Step
 
 
+class MethodError(ValueError):
+    """The decoding method (the config) cannot be built for the models given: a drafter's option
+    or file, what the target's backend can do, a draft model the method does not use. Raised by
+    :func:`generate` and :func:`stream` before any model work, with the builder's message."""
+
+
 @dataclass
 class GenerationResult:
     """token_ids: the new tokens only; text: their decoding (None without a tokenizer). method: what
@@ -275,7 +281,12 @@ class _Run:
             raise TypeError(f"constraints must be a specdec.Constraints, got {type(constraints).__name__}")
         check_logprobs(logprobs)
         prompt = _checked_prompt(prompt, tokenizer)
-        built = build(config, target, draft)
+        try:
+            built = build(config, target, draft)
+        except MethodError:
+            raise
+        except ValueError as err:  # the method does not fit these models
+            raise MethodError(str(err)) from err
         backend = built.target
         _check_tokenizer_vocabulary(tokenizer, backend)
         _check_eos_ids(config.eos_token_ids, backend)

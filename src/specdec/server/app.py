@@ -41,7 +41,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import specdec
-from specdec.api import decode_text, eos_token_ids_of
+from specdec.api import MethodError, decode_text, eos_token_ids_of
 from specdec.backends.gguf import GGUFCausalLM
 from specdec.backends.shared import SharedPasses
 from specdec.datastore import MAX_MATCH
@@ -262,7 +262,7 @@ async def _body(request: Request, model: type[BodyModel]) -> BodyModel:
     try:
         return model.model_validate(value)
     except ValidationError as err:
-        raise errors.validation_error(err.errors()) from None
+        raise errors.validation_error(err.errors(), model) from None
 
 
 def _check_stream_options(body: Any) -> None:
@@ -368,8 +368,12 @@ def _job(state: _State, gen: Generation) -> Job:
         uses_draft = kwargs["draft"] is not None
         extra = {**({"constraints": gen.constraints} if gen.constraints is not None else {}),
                  **({"logprobs": gen.logprobs} if gen.logprobs is not None else {})}
-        return specdec.stream(target, gen.prompt, tokenizer=tokenizer, **{**kwargs, "draft": draft if uses_draft else None},
-                              **gen.sampling, prompt_cache=state.options.prompt_cache, **extra)
+        try:
+            return specdec.stream(target, gen.prompt, tokenizer=tokenizer,
+                                  **{**kwargs, "draft": draft if uses_draft else None},
+                                  **gen.sampling, prompt_cache=state.options.prompt_cache, **extra)
+        except MethodError as err:  # e.g. a drafter that needs layers or hidden states the backend does not give
+            raise APIError(400, f"speculative.method: {gen.method}: {err}", param="speculative.method") from None
 
     def decode(ids: list[int]) -> str:
         return decode_text(tokenizer, ids)

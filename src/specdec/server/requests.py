@@ -101,7 +101,7 @@ class ResponseFormat(BaseModel):
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)  # JSON's NaN and Infinity refused
 
     model: str | None = None
     temperature: float = Field(1.0, ge=0.0, le=2.0)  # OpenAI's default; 0 is greedy

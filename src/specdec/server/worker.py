@@ -240,6 +240,10 @@ class Scheduler:
             return
         try:
             events = job.start(slot)
+        except APIError as err:  # the request's own error, found as its generation was built
+            job.outcome = outcome(err)
+            job.post("error", err)
+            return
         except (ValueError, TypeError) as err:  # the library's promise for bad input
             job.outcome = "bad_request"
             job.post("error", APIError(400, str(err)))
