@@ -121,13 +121,23 @@ def make_slots(models: Pair, parallel: int, metrics: Metrics | None = None) -> l
     if not isinstance(models.target, GGUFCausalLM) or not (models.draft is None or isinstance(models.draft, GGUFCausalLM)):
         raise ValueError("several requests at once need the models on specdec's GGUF kernel (--backend gguf), "
                          "whose shared passes give each request its answer alone; this backend serves one at a time")
-    def observe(weights: Any, rows: int, sequences: int) -> None:
-        if metrics is not None:
-            metrics.shared_pass("target" if weights is models.target.weights else "draft", rows, sequences)
+    drafts: set[int] = set()  # the slots' draft models, by id: a draft on the target's own weights shares its passes
+
+    def observe(pieces: list[tuple[Any, int]]) -> None:
+        """One pass: counted for each model whose rows it holds (a draft that is the target's own
+        weights shares the target's passes; its rows are still the draft's)."""
+        if metrics is None:
+            return
+        for model in ("target", "draft"):
+            rows = [n for slot_model, n in pieces if (id(slot_model) in drafts) == (model == "draft")]
+            if rows:
+                metrics.shared_pass(model, sum(rows), len(rows))
 
     passes = SharedPasses(own_thread=False, observe=observe)
-    return [Slot(passes.slot(models.target), passes.slot(models.draft) if models.draft is not None else None, passes)
-            for _ in range(parallel)]
+    slots = [Slot(passes.slot(models.target), passes.slot(models.draft) if models.draft is not None else None, passes)
+             for _ in range(parallel)]
+    drafts.update(id(slot.draft) for slot in slots if slot.draft is not None)
+    return slots
 
 
 @dataclass
