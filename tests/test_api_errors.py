@@ -7,7 +7,7 @@ import warnings
 import pytest
 import torch
 
-from specdec import generate, stream
+from specdec import Constraints, DecodeConfig, generate, generate_many, stream
 from specdec.api import _Run
 from tiny import noisy_copy, tiny_llama
 
@@ -192,3 +192,38 @@ def test_a_tokenizer_of_another_vocabulary_is_refused_naming_both_sizes():
             generate(tiny_llama(2, vocab=vocab), "hello", tokenizer=tokenizer, max_new_tokens=2)
     padded = generate(tiny_llama(2, vocab=320), "hello", tokenizer=tokenizer, max_new_tokens=2, eos_token_ids=[])
     assert len(padded.token_ids) == 2
+
+
+# -- generate_many's arguments ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(prompts="abc"), TypeError, "prompts must be a list of prompts .*got the str .abc.; pass \\[prompt\\]"),
+    (dict(prompts=b"abc"), TypeError, "prompts must be a list"),
+    (dict(prompts=[1, 2, 3]), TypeError, "prompts must be a list of prompts, got a list of 3 integers.*\\[ids\\]"),
+    (dict(prompts=[PROMPT], configs=DecodeConfig()), TypeError, "configs must be a list .*got DecodeConfig"),
+    (dict(prompts=[PROMPT], constraints=Constraints()), TypeError, "constraints must be a list .*got Constraints"),
+    (dict(prompts=[PROMPT], configs=["ar"]), TypeError, "configs\\[0\\] must be a specdec.DecodeConfig, got str"),
+    (dict(prompts=[PROMPT, PROMPT], configs=[None]), ValueError, "configs needs one entry per prompt \\(2\\), got 1"),
+])
+def test_generate_many_names_the_argument_of_the_wrong_kind(pair, kwargs, error, message, monkeypatch):
+    from specdec import api
+
+    target, _ = pair
+    monkeypatch.setattr(api, "generate", lambda *a, **kw: pytest.fail("decoded a prompt of bad input"))
+    with pytest.raises(error, match=message):
+        generate_many(target, **kwargs, max_new_tokens=2)
+
+
+def test_generate_many_gives_the_draft_to_the_prompts_that_draft_with_it_on_every_backend(pair):
+    """On a transformers pair (the prompts in turn) as on the GGUF kernel (tests/test_shared_passes.py):
+    a method that drafts with no draft model (plain decoding, the n-gram lookup) runs beside one that
+    does, each prompt's answer the one generate gives it with the draft it uses."""
+    target, draft = pair
+    configs = [DecodeConfig.parse(m).replace(temperature=0, max_new_tokens=6, eos_token_ids=[])
+               for m in ("ar", "spec:ngram:block", "spec")]
+    many = generate_many(target, [PROMPT] * 3, draft=draft, configs=configs)
+    alone = [generate(target, PROMPT, config=configs[0]), generate(target, PROMPT, config=configs[1]),
+             generate(target, PROMPT, draft=draft, config=configs[2])]
+    assert [r.token_ids for r in many] == [r.token_ids for r in alone]
+    assert [r.method for r in many] == [r.method for r in alone]

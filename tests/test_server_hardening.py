@@ -494,3 +494,86 @@ def test_a_grammar_past_the_engines_limits_mid_generation_is_a_400_naming_its_fi
     assert "generated tokens" in error["message"]
     monkeypatch.undo()
     assert post(server, "/v1/completions", {"prompt": "abc", "max_tokens": 2}).status_code == 200
+
+
+# ------------------------------------------------------------------------------------------------
+# Malformed bodies and the fields errors name
+
+
+def nested(depth: int, inner: str = "0") -> str:
+    return "[" * depth + inner + "]" * depth
+
+
+@pytest.mark.parametrize("depth", [129, 2000, 10000])
+def test_deeply_nested_json_is_a_400_not_a_500(server, depth):
+    """Arrays nested thousands deep (4-20 KB) overflow a recursive parser's stack; any body nested
+    deeper than MAX_JSON_DEPTH is malformed for this API, said in OpenAI's shape."""
+    from specdec.server.requests import MAX_JSON_DEPTH
+
+    for body in (nested(depth), '{"prompt": "x", "stop": ' + nested(depth - 1) + "}"):
+        assert_error(post(server, "/v1/completions", body), 400, words=f"more than {MAX_JSON_DEPTH} levels deep")
+    assert post(server, "/v1/completions", {"prompt": "abc", "max_tokens": 2}).status_code == 200  # serves on
+
+
+def test_nesting_up_to_the_limit_is_read_as_usual(server):
+    from specdec.server.requests import MAX_JSON_DEPTH
+
+    body = '{"prompt": "x", "stop": ' + nested(MAX_JSON_DEPTH - 1, '"a"') + "}"  # the body's object is a level
+    assert_error(post(server, "/v1/completions", body), 400, "stop", words="stop must be")
+
+
+@pytest.mark.parametrize("field, value", [
+    ("temperature", "NaN"), ("temperature", "Infinity"), ("top_p", "NaN"), ("presence_penalty", "-Infinity"),
+    ("repeat_penalty", "NaN"),
+])
+def test_a_number_that_is_not_finite_is_told_so(server, field, value):
+    """JSON as Python reads it spells NaN and Infinity; a NaN temperature is not "more than 2"."""
+    body = '{"prompt": "x", "max_tokens": 2, "%s": %s}' % (field, value)
+    error = assert_error(post(server, "/v1/completions", body), 400, field, words="finite number")
+    assert "less than" not in error["message"] and "greater than" not in error["message"]
+
+
+def test_a_logit_bias_that_is_not_finite_names_its_token(server):
+    assert_error(post(server, "/v1/completions", '{"prompt": "x", "logit_bias": {"5": NaN}}'), 400, "logit_bias.5",
+                 words="finite number")
+
+
+@pytest.mark.parametrize("path, extra, param", [
+    ("/v1/chat/completions", {"response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": 5}}},
+     "response_format.json_schema.schema"),
+    ("/v1/completions", {"json_schema": "an object"}, "json_schema"),
+    ("/v1/chat/completions", {"tool_choice": "sometimes"}, "tool_choice"),
+    ("/v1/chat/completions", {"tool_choice": {"type": "function"}}, "tool_choice.function"),
+    ("/v1/chat/completions", {"tool_choice": {"type": "function", "function": {"name": 5}}},
+     "tool_choice.function.name"),
+])
+def test_param_is_the_requests_own_field_path(server, path, extra, param):
+    """pydantic names the member of a union it tried (``dict[str,any]``, ``literal[...]``, a class
+    name) in its error locations; ``param`` is the path of the field in the request."""
+    body = {"prompt": "x"} if path == "/v1/completions" else {"messages": [{"role": "user", "content": "x"}]}
+    error = assert_error(post(server, path, {**body, **extra}), 400, param)
+    assert error["message"].startswith(param + ": ")
+
+
+@pytest.mark.parametrize("backend, method, words", [
+    ("plain", "spec:early-exit", "the early-exit drafter needs a target backend that can run a subset of its layers"),
+    ("plain", "spec:heads", "the heads drafter needs a target backend that can keep its hidden states"),
+    ("plain", "spec:layer-skip", "the layer-skip drafter needs"),
+    ("transformers", "spec:heads", "no draft heads ship for this target"),
+    ("transformers", "spec:early-exit:exit_layer=99", "exit_layer must be in 1..1"),
+])
+def test_a_method_that_cannot_be_built_names_speculative_method(pair, backend, method, words):
+    """A drafter the target's backend cannot feed (layers, hidden states: on the GGUF kernel or
+    llama.cpp; here a transformers model on the plain backend), or whose options or files do not
+    fit the target, is the request's method's fault: a 400 naming the field, and the server serves on."""
+    from specdec.backends.hf import HFCausalLM
+
+    target, draft, tokenizer = pair
+    served = (HFCausalLM(target) if backend == "plain" else target, draft, tokenizer)
+    with Server(app_of(served)) as running:
+        for stream in (False, True):
+            error = assert_error(post(running, "/v1/completions", {"prompt": "x", "max_tokens": 2, "stream": stream,
+                                                                   "speculative": {"method": method}}),
+                                 400, "speculative.method", words=words)
+            assert error["message"].startswith(f"speculative.method: {method.split(':')[0]}:{method.split(':')[1]}")
+        assert post(running, "/v1/completions", {"prompt": "x", "max_tokens": 2}).status_code == 200

@@ -182,3 +182,49 @@ def test_the_default_pair_answers_each_prompt_as_alone():
     together = generate_many(pair.target, prompts, draft=pair.draft, tokenizer=pair.tokenizer, configs=configs)
     for i, (got, want) in enumerate(zip(together, alone)):
         assert got.token_ids == want.token_ids, (i, first_difference(got.token_ids, want.token_ids))
+
+
+def test_the_servers_pass_metrics_count_a_draft_on_the_targets_weights_as_the_draft(pair):
+    """The draft named as the target is a fork of the target's weights, so their rows share passes;
+    the server's shared-pass metrics still count the draft's rows (and its passes) as the draft's."""
+    from specdec.models import Pair
+    from specdec.server.app import make_slots
+    from specdec.server.metrics import Metrics
+
+    assert pair.draft.weights is pair.target.weights
+    metrics = Metrics()
+    slots = make_slots(Pair(pair.target, pair.tokenizer, pair.draft, target_name=PACK, draft_name=PACK), 2, metrics)
+    passes = slots[0].passes
+    handed: dict[str, int] = {"target": 0, "draft": 0}
+    real = passes.run
+
+    def run(model, piece):
+        handed["draft" if any(model is s.draft for s in slots) else "target"] += len(piece.tokens)
+        return real(model, piece)
+
+    passes.run = run
+    server = threading.Thread(target=passes.serve, daemon=True)
+    server.start()
+
+    def decode(slot) -> None:
+        with passes.member():
+            generate(slot.target, "def fibonacci(n):", draft=slot.draft, tokenizer=pair.tokenizer,
+                     config=DecodeConfig.parse("spec:model:block:k=4:policy=static").replace(temperature=0,
+                                                                                            max_new_tokens=12))
+
+    threads = [threading.Thread(target=decode, args=(slot,)) for slot in slots]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    passes.close()
+    server.join()
+
+    def total(name: str, model: str) -> float:
+        return metrics.registry.get_sample_value(name + "_total", {"model": model}) or 0.0
+
+    assert handed["draft"] > 0 and handed["target"] > 0
+    for model in ("target", "draft"):
+        assert total("specdec_shared_pass_rows", model) == handed[model], model
+        assert total("specdec_shared_passes", model) > 0
+    assert passes.stats.rows == handed["target"] + handed["draft"]

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from specdec.api import GenerationResult, StreamEvent, generate, generate_many, stream
     from specdec.config import DecodeConfig
     from specdec.constraints import ConstraintError, Constraints, TokenLogprob
+    from specdec.engine import NonFiniteLogitsError
     from specdec.sampling import SamplingConfig
 
 __version__ = "0.1.0"
@@ -25,7 +26,7 @@ __version__ = "0.1.0"
 _HOMES = {"DecodeConfig": "specdec.config", "GenerationResult": "specdec.api", "SamplingConfig": "specdec.sampling",
           "StreamEvent": "specdec.api", "generate": "specdec.api", "generate_many": "specdec.api", "stream": "specdec.api",
           "Constraints": "specdec.constraints", "ConstraintError": "specdec.constraints",
-          "TokenLogprob": "specdec.constraints"}
+          "TokenLogprob": "specdec.constraints", "NonFiniteLogitsError": "specdec.engine"}
 __all__ = sorted(_HOMES)
 
 

@@ -25,6 +25,12 @@ from specdec.policies import DraftLengthPolicy
 from specdec.stats import GenerationStats, Step
 
 
+class MethodError(ValueError):
+    """The decoding method (the config) cannot be built for the models given: a drafter's option
+    or file, what the target's backend can do, a draft model the method does not use. Raised by
+    :func:`generate` and :func:`stream` before any model work, with the builder's message."""
+
+
 @dataclass
 class GenerationResult:
     """token_ids: the new tokens only; text: their decoding (None without a tokenizer). method: what
@@ -157,17 +163,20 @@ def generate_many(
     share each pass of the weights (:mod:`specdec.backends.shared`: one slot, a cache of the target
     and of the draft, per prompt), so that n prompts take far less than n times one prompt's time.
     Each result is the one :func:`generate` gives the prompt alone, token for token (greedy, and
-    under the Gumbel-max sampler with a seed). ``configs`` and ``constraints``: one per prompt (or
-    None); ``overrides`` apply to every prompt; ``draft`` serves the prompts whose method drafts with
-    it. On another backend the prompts run one after another."""
-    prompts = list(prompts)
-    configs = list(configs) if configs is not None else [None] * len(prompts)
-    constraints = list(constraints) if constraints is not None else [None] * len(prompts)
-    if len(configs) != len(prompts) or len(constraints) != len(prompts):
-        raise ValueError(f"configs and constraints need one entry per prompt ({len(prompts)})")
+    under the Gumbel-max sampler with a seed). ``prompts``: a list of prompts (each text or token
+    ids). ``configs`` and ``constraints``: lists, one entry per prompt (or None); ``overrides``
+    apply to every prompt; ``draft`` serves the prompts whose method drafts with it (the others
+    decode as :func:`generate` does without a draft), on every backend alike. On another backend
+    the prompts run one after another. Bad input raises ``ValueError`` or ``TypeError`` naming the
+    argument, before any prompt is decoded."""
+    prompts = _listed(prompts, "prompts", "prompts (each text or token ids)")
+    configs = _listed(configs, "configs", "specdec.DecodeConfig (or None), one per prompt", len(prompts))
+    constraints = _listed(constraints, "constraints", "specdec.Constraints (or None), one per prompt", len(prompts))
+    configs = [_config(c, overrides, f"configs[{i}]") for i, c in enumerate(configs)]
+    drafts = [_draft_for(c, draft) for c in configs]  # the draft each prompt's generate gets
     if not (isinstance(target, GGUFCausalLM) and (draft is None or isinstance(draft, GGUFCausalLM))):
-        return [generate(target, p, draft=draft, tokenizer=tokenizer, config=c, constraints=k, logprobs=logprobs,
-                         **overrides) for p, c, k in zip(prompts, configs, constraints)]
+        return [generate(target, p, draft=d, tokenizer=tokenizer, config=c, constraints=k, logprobs=logprobs)
+                for p, c, d, k in zip(prompts, configs, drafts, constraints)]
     # The passes run on this thread: the one thread that calls the kernel, as when decoding alone
     # (a second thread calling it would start a second OpenMP team; see torch_on_one_thread).
     shared = SharedPasses(own_thread=False)
@@ -176,10 +185,8 @@ def generate_many(
     def one(i: int) -> None:
         with shared.member():
             try:
-                config = _config(configs[i], overrides)
-                uses_draft = draft is not None and config.resolve(True).uses_draft_model  # else the target alone
-                results[i] = generate(shared.slot(target), prompts[i], tokenizer=tokenizer, config=config,
-                                      draft=shared.slot(draft) if uses_draft else None,
+                results[i] = generate(shared.slot(target), prompts[i], tokenizer=tokenizer, config=configs[i],
+                                      draft=shared.slot(draft) if drafts[i] is not None else None,
                                       constraints=constraints[i], logprobs=logprobs)
             except BaseException as err:  # raised in the caller's thread below
                 results[i] = err
@@ -201,12 +208,42 @@ def generate_many(
     return results  # type: ignore[return-value]
 
 
-def _config(config: DecodeConfig | None, overrides: dict[str, Any]) -> DecodeConfig:
+def _config(config: DecodeConfig | None, overrides: dict[str, Any], name: str = "config") -> DecodeConfig:
     if config is None:
         return DecodeConfig().replace(**overrides)
     if not isinstance(config, DecodeConfig):
-        raise TypeError(f"config must be a specdec.DecodeConfig, got {type(config).__name__}")
+        raise TypeError(f"{name} must be a specdec.DecodeConfig, got {type(config).__name__}")
     return config.replace(**overrides)
+
+
+def _listed(values: Any, name: str, each: str, count: int | None = None) -> list[Any]:
+    """:func:`generate_many`'s list argument ``name`` as a list: ``prompts`` (``count`` None), or
+    one entry per prompt (None: one None each). A ``TypeError`` for a single value where a list of
+    them belongs (a string is one prompt, not a list of one-character prompts), a ``ValueError`` for
+    a list of the wrong length."""
+    if values is None and count is not None:
+        return [None] * count
+    if isinstance(values, (str, bytes, bytearray, DecodeConfig, Constraints)) or not isinstance(values, Iterable):
+        got = f"the str {values!r}" if isinstance(values, str) else type(values).__name__
+        remedy = ("pass [prompt] for one prompt" if count is None
+                  else f"pass [{name[:-1]}] * len(prompts) to use one for every prompt")
+        raise TypeError(f"{name} must be a list of {each}, got {got}; {remedy}")
+    listed = list(values)
+    if count is None and listed and all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in listed):
+        raise TypeError(f"{name} must be a list of prompts, got a list of {len(listed)} integers; "
+                        "pass [ids] for one prompt of token ids")
+    if count is not None and len(listed) != count:
+        raise ValueError(f"{name} needs one entry per prompt ({count}), got {len(listed)}")
+    return listed
+
+
+def _draft_for(config: DecodeConfig, draft: Any) -> Any:
+    """The draft model a prompt of :func:`generate_many` decodes with: ``draft`` where the prompt's
+    method drafts with a draft model, else None (its method runs as without one)."""
+    if draft is None:
+        return None
+    _check_model(draft, "draft")
+    return draft if config.resolve(True).uses_draft_model else None
 
 
 @dataclass
@@ -244,7 +281,12 @@ class _Run:
             raise TypeError(f"constraints must be a specdec.Constraints, got {type(constraints).__name__}")
         check_logprobs(logprobs)
         prompt = _checked_prompt(prompt, tokenizer)
-        built = build(config, target, draft)
+        try:
+            built = build(config, target, draft)
+        except MethodError:
+            raise
+        except ValueError as err:  # the method does not fit these models
+            raise MethodError(str(err)) from err
         backend = built.target
         _check_tokenizer_vocabulary(tokenizer, backend)
         _check_eos_ids(config.eos_token_ids, backend)

@@ -26,6 +26,41 @@ from specdec.verify.tree import TreeVerifier
 TREE_ROOM = 1 << 30
 
 
+class NonFiniteLogitsError(RuntimeError):
+    """The target computed a logit that is NaN or +infinity (or a row of -infinity), which no
+    token can be drawn from: its weights are damaged (e.g. a corrupt GGUF file). ``source``: the
+    file (or model name) the target runs; ``position``: the context length the row follows."""
+
+    hint = "check the file's size and sha256 against its source, or download it (or reinstall the pack) again"
+
+    def __init__(self, source: str, position: int) -> None:
+        self.source, self.position = source, position
+        self.message = (f"{source}: the model computed non-finite logits (NaN or infinity) after {position} tokens; "
+                        "its weights are likely damaged")
+        super().__init__(f"{self.message}; {self.hint}")
+
+
+def model_source(model: CausalLM) -> str:
+    """The file or name ``model``'s weights come from, for messages: a GGUF backend's file, a
+    transformers model's name or folder, else the backend's class."""
+    inner = getattr(model, "backend", None)  # a wrapper around a backend (e.g. one that records logits)
+    if inner is not None and inner is not model:
+        return model_source(inner)
+    path = getattr(getattr(model, "weights", None), "path", None)
+    if path is not None:
+        return str(path)
+    config = getattr(getattr(model, "model", model), "config", None)
+    return str(getattr(config, "_name_or_path", "") or type(model).__name__)
+
+
+def check_finite(logits: torch.Tensor, target: CausalLM, position: int) -> None:
+    """Stop with :class:`NonFiniteLogitsError` where a row of the target's ``logits`` (as the model
+    computed them, before any processing) has a NaN or +infinity, or no finite entry: each row's
+    maximum is NaN, +infinity or -infinity exactly then (one reduction over the rows, read once)."""
+    if not bool(torch.isfinite(logits.amax(dim=-1)).all()):
+        raise NonFiniteLogitsError(model_source(target), position)
+
+
 def speculative_steps(
     target: CausalLM,
     drafter: Drafter,
@@ -69,6 +104,7 @@ def speculative_steps(
         draft = processor.screen(with_forced(forced, draft, drafter.vocab_size), sampling)
         t1 = time.perf_counter()
         logits = draft.score(target, context)  # [1 + N, V]: after the context, after each draft node
+        check_finite(logits, target, len(context))
         logits = processor.apply(logits, context, draft)  # [1 + N, V], each row after its own prefix
         verdict = verifier.verdict(draft, logits, sampling, generator, len(context))
         t2 = time.perf_counter()
@@ -129,6 +165,7 @@ def autoregressive_steps(
     for _ in range(limit):
         t0 = time.perf_counter()
         logits = forward_after(target, context)[-1:]  # [1, V]
+        check_finite(logits, target, len(context))
         logits = processor.apply(logits, context)
         token = next_token(logits[0], sampling, generator, len(context))
         processor.advance([token])

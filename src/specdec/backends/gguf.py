@@ -1068,4 +1068,9 @@ def run_together(calls: Sequence[tuple[GGUFCausalLM, Piece]]) -> list[torch.Tens
         normed = torch.empty(total, H, dtype=torch.float32)
         lib.gguf_rmsnorm(last.data_ptr(), w.final_norm.data_ptr(), total, H, w.eps, normed.data_ptr())
         w.head(lib, normed, logits, total, False, threads)
+        # The head quantizes its input rows, which reads a NaN as 0 (finite, uniform logits): a row
+        # whose hidden state is not finite (damaged weights) gets NaN logits, for the decode loop to stop on.
+        broken = ~torch.isfinite(last).all(dim=1)
+        if bool(broken.any()):
+            logits[broken] = float("nan")
     return list(logits.split([piece.want for _, piece in calls]))

@@ -103,10 +103,10 @@ class SharedPasses:
     sequence's model and :meth:`member` around the thread that decodes with it."""
 
     def __init__(self, wait: float = WAIT_SECONDS, *, own_thread: bool = True,
-                 observe: Callable[[Any, int, int], None] | None = None) -> None:
+                 observe: Callable[[list[tuple[GGUFCausalLM, int]]], None] | None = None) -> None:
         """``own_thread``: run the passes on a thread of its own; False: the caller runs :meth:`serve`
-        on the thread it wants the passes on (the server's model thread). ``observe(weights, rows,
-        sequences)`` is told of every pass run."""
+        on the thread it wants the passes on (the server's model thread). ``observe(pieces)`` is told
+        of every pass run: each sequence in it (its slot's model) and its rows."""
         self.wait = wait
         self.observe = observe
         self.stats = PassStats()
@@ -192,7 +192,7 @@ class SharedPasses:
             self.stats.rows += sum(len(c.piece.tokens) for c in group)
             self.stats.sequences += len(group)
             if self.observe is not None:
-                self.observe(group[0].model.weights, sum(len(c.piece.tokens) for c in group), len(group))
+                self.observe([(c.model, len(c.piece.tokens)) for c in group])
             for c, logits in zip(group, results):
                 c.logits = logits
                 c.done.set()

@@ -26,6 +26,7 @@ from specdec.cli.index import add_index_parser
 from specdec.cli.models import add_models_parser
 from specdec.cli.serve import add_serve_parser
 from specdec.cli.train_heads import add_train_heads_parser
+from specdec.engine import NonFiniteLogitsError
 from specdec.memory import keep_freed_memory
 from specdec.cli.common import CLIError, Parser, fail, one_line_warnings, quiet_libraries
 
@@ -55,6 +56,8 @@ def run(argv: Sequence[str] | None = None) -> int:
             return int(args.func(args) or 0)
     except CLIError as err:
         return fail(err.message, err.hint, err.code)
+    except NonFiniteLogitsError as err:  # a damaged model, found while decoding
+        return fail(err.message, err.hint, 1)
     except ValueError as err:  # the library's promise for bad input
         if os.environ.get("SPECDEC_DEBUG"):
             raise

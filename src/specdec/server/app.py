@@ -41,7 +41,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import specdec
-from specdec.api import decode_text, eos_token_ids_of
+from specdec.api import MethodError, decode_text, eos_token_ids_of
 from specdec.backends.gguf import GGUFCausalLM
 from specdec.backends.shared import SharedPasses
 from specdec.datastore import MAX_MATCH
@@ -121,13 +121,23 @@ def make_slots(models: Pair, parallel: int, metrics: Metrics | None = None) -> l
     if not isinstance(models.target, GGUFCausalLM) or not (models.draft is None or isinstance(models.draft, GGUFCausalLM)):
         raise ValueError("several requests at once need the models on specdec's GGUF kernel (--backend gguf), "
                          "whose shared passes give each request its answer alone; this backend serves one at a time")
-    def observe(weights: Any, rows: int, sequences: int) -> None:
-        if metrics is not None:
-            metrics.shared_pass("target" if weights is models.target.weights else "draft", rows, sequences)
+    drafts: set[int] = set()  # the slots' draft models, by id: a draft on the target's own weights shares its passes
+
+    def observe(pieces: list[tuple[Any, int]]) -> None:
+        """One pass: counted for each model whose rows it holds (a draft that is the target's own
+        weights shares the target's passes; its rows are still the draft's)."""
+        if metrics is None:
+            return
+        for model in ("target", "draft"):
+            rows = [n for slot_model, n in pieces if (id(slot_model) in drafts) == (model == "draft")]
+            if rows:
+                metrics.shared_pass(model, sum(rows), len(rows))
 
     passes = SharedPasses(own_thread=False, observe=observe)
-    return [Slot(passes.slot(models.target), passes.slot(models.draft) if models.draft is not None else None, passes)
-            for _ in range(parallel)]
+    slots = [Slot(passes.slot(models.target), passes.slot(models.draft) if models.draft is not None else None, passes)
+             for _ in range(parallel)]
+    drafts.update(id(slot.draft) for slot in slots if slot.draft is not None)
+    return slots
 
 
 @dataclass
@@ -245,20 +255,24 @@ def _page() -> tuple[str, str]:
 async def _body(request: Request, model: type[BodyModel]) -> BodyModel:
     """The request's body read as JSON whatever its Content-Type says, as llama-server reads it
     (``curl -d`` sends JSON as a form), then checked as ``model``: an :class:`APIError` naming the
-    field, or saying the body is not JSON (and what it was sent as, where that was not JSON)."""
+    field, or saying the body is not JSON (and what it was sent as, where that was not JSON) or
+    nests deeper than :data:`~specdec.server.requests.MAX_JSON_DEPTH`."""
     raw = await request.body()
     if not raw.strip():
         raise APIError(400, "the request needs a JSON object body")
     try:
         value = json.loads(raw)
+    except RecursionError:  # arrays or objects nested deeper than Python's parser recurses
+        raise rq.too_deep() from None
     except ValueError:
         sent = request.headers.get("content-type", "")
         said = "" if not sent or "json" in sent.lower() else f" (it was sent as Content-Type: {sent})"
         raise APIError(400, f"the request body is not valid JSON{said}; send a JSON object") from None
+    rq.check_depth(value)
     try:
         return model.model_validate(value)
     except ValidationError as err:
-        raise errors.validation_error(err.errors()) from None
+        raise errors.validation_error(err.errors(), model) from None
 
 
 def _check_stream_options(body: Any) -> None:
@@ -365,8 +379,12 @@ def _job(state: _State, gen: Generation) -> Job:
         uses_draft = kwargs["draft"] is not None
         extra = {**({"constraints": gen.constraints} if gen.constraints is not None else {}),
                  **({"logprobs": gen.logprobs} if gen.logprobs is not None else {})}
-        return specdec.stream(target, gen.prompt, tokenizer=tokenizer, **{**kwargs, "draft": draft if uses_draft else None},
-                              **gen.sampling, prompt_cache=state.options.prompt_cache, **extra)
+        try:
+            return specdec.stream(target, gen.prompt, tokenizer=tokenizer,
+                                  **{**kwargs, "draft": draft if uses_draft else None},
+                                  **gen.sampling, prompt_cache=state.options.prompt_cache, **extra)
+        except MethodError as err:  # e.g. a drafter that needs layers or hidden states the backend does not give
+            raise APIError(400, f"speculative.method: {gen.method}: {err}", param="speculative.method") from None
 
     def decode(ids: list[int]) -> str:
         return decode_text(tokenizer, ids)

@@ -14,6 +14,8 @@ the middleware in :mod:`specdec.server.guard`.
 from __future__ import annotations
 
 import json
+import types
+import typing
 from typing import Any, Sequence
 
 
@@ -63,6 +65,15 @@ def internal_error() -> APIError:
     return APIError(500, "the server failed on this request; see its log")
 
 
+def model_failed(source: str, position: int) -> APIError:
+    """A model that computed what no token can be drawn from (non-finite logits after ``position``
+    tokens: damaged weights in the file ``source``), named by the file's name alone (500, code
+    ``model_error``): this request fails, and the server serves on."""
+    name = source.replace("\\", "/").rsplit("/", 1)[-1]
+    return APIError(500, f"the model ({name}) computed non-finite logits (NaN or infinity) after {position} tokens: "
+                         "its weights are likely damaged; the server's log names the file", code="model_error")
+
+
 def route_error(status: int, detail: str, method: str, path: str) -> APIError:
     """The framework's own HTTP error for ``method path``: no such route (404), a method the route
     does not take (405), or another status with its ``detail``."""
@@ -71,12 +82,18 @@ def route_error(status: int, detail: str, method: str, path: str) -> APIError:
     return APIError(status, message, code="not_found" if status == 404 else None)
 
 
-def validation_error(problems: Sequence[dict[str, Any]]) -> APIError:
+def validation_error(problems: Sequence[dict[str, Any]], body: Any = None) -> APIError:
     """pydantic's problems with a request body (a ``ValidationError``'s or ``RequestValidationError``'s
-    ``errors()``, at least one): the first (an unknown field first of all), as a 400 naming the field
-    (``messages.0.role``)."""
-    first = next((e for e in problems if e.get("type") == "extra_forbidden"), problems[0])
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    ``errors()``, at least one): an unknown field first of all, else the first field's problem that
+    reached deepest into its value (where a union's members each failed, the member the value
+    resembles), as a 400 naming the field (``messages.0.role``), as the request spells it where ``body`` (the body's pydantic model) is
+    given (:func:`field_path`)."""
+    first = next((e for e in problems if e.get("type") == "extra_forbidden"), None)
+    if first is None:  # of the first field's problems (one per member of a union), the one that got deepest
+        field = tuple(problems[0].get("loc", ()))[:1]
+        first = max((e for e in problems if tuple(e.get("loc", ()))[:1] == field), key=lambda e: len(e.get("loc", ())))
+    loc = [p for p in first.get("loc", ()) if p != "body"]
+    loc = [str(p) for p in (field_path(body, loc) if body is not None else loc)]
     param = ".".join(loc) or None
     kind, message = first.get("type", ""), str(first.get("msg", "invalid value"))
     if kind == "json_invalid":
@@ -95,3 +112,47 @@ def validation_error(problems: Sequence[dict[str, Any]]) -> APIError:
         return APIError(400, f"{param} must be a JSON object", param=param)
     message = message.removeprefix("Value error, ")
     return APIError(400, message if param and message.startswith(param) else f"{param}: {message}", param=param)
+
+
+def field_path(model: Any, loc: Sequence[Any]) -> list[Any]:
+    """A pydantic error's ``loc`` within ``model`` (a pydantic model class) as a request spells the
+    field: pydantic adds, after a field whose type is a union, a tag naming the member it tried
+    (``dict[str,any]``, ``literal['none','auto','required']``, a model's class name), which is no
+    part of the request; those are dropped. Parts past a type this cannot follow are kept as they are."""
+    path: list[Any] = []
+    kind: Any = model
+    parts = list(loc)
+    while parts:
+        members = _members(kind)
+        if len(members) > 1:  # a union: the next part is pydantic's tag for the member it tried
+            tag = parts.pop(0)
+            kind = next((m for m in members if getattr(m, "__name__", None) == tag), None)
+            continue
+        kind, part = (members[0] if members else None), parts.pop(0)
+        path.append(part)
+        kind = _child(kind, part)
+    return path
+
+
+def _members(kind: Any) -> list[Any]:
+    """A union's members other than None (pydantic reads ``X | None`` as X, nullable); [kind] else."""
+    if kind is None:
+        return []
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):
+        return [m for m in typing.get_args(kind) if m is not type(None)]
+    return [kind]
+
+
+def _child(kind: Any, part: Any) -> Any:
+    """The type of ``part`` of a value of type ``kind`` (a model's field by name or alias, a list's
+    item, a dict's value); None where unknown."""
+    fields = getattr(kind, "model_fields", None)
+    if isinstance(fields, dict):
+        found = next((f for name, f in fields.items() if part in (name, f.alias)), None)
+        return found.annotation if found is not None else None
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin is list and args:
+        return args[0]
+    if origin is dict and len(args) == 2:
+        return args[1]
+    return None

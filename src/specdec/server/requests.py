@@ -46,6 +46,26 @@ _NEUTRAL = {"echo": (False,), "best_of": (None, 1)}
 MAX_TOP_LOGPROBS = 20  # chat's top_logprobs, as OpenAI's API
 MAX_COMPLETION_LOGPROBS = 5  # completions' logprobs, as OpenAI's API
 _NAME = r"^[A-Za-z0-9_-]{1,64}$"  # a function's or a schema's name, as OpenAI's API
+# The deepest nesting of arrays and objects a body may have: far more than any request's schema or
+# tools need, and far less than the depth at which code that walks a value recursively (the JSON
+# parser, pydantic, a schema's compiler) runs out of stack.
+MAX_JSON_DEPTH = 128
+
+
+def too_deep() -> APIError:
+    return APIError(400, f"the request body nests arrays or objects more than {MAX_JSON_DEPTH} levels deep; "
+                         "send a shallower JSON object")
+
+
+def check_depth(value: Any) -> None:
+    """A parsed body nested at most :data:`MAX_JSON_DEPTH` levels deep, else a 400 (walked without
+    recursion, so any depth the parser accepted is measured)."""
+    level, depth = [value], 0  # the arrays and objects at one depth
+    while level := [item for item in level if isinstance(item, (list, dict))]:
+        depth += 1
+        if depth > MAX_JSON_DEPTH:
+            raise too_deep()
+        level = [child for item in level for child in (item.values() if isinstance(item, dict) else item)]
 
 
 class StreamOptions(BaseModel):
@@ -83,7 +103,7 @@ class ResponseFormat(BaseModel):
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)  # JSON's NaN and Infinity refused
 
     model: str | None = None
     temperature: float = Field(1.0, ge=0.0, le=2.0)  # OpenAI's default; 0 is greedy

@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from specdec.constraints import ConstraintError
-from specdec.server.errors import APIError, timed_out
+from specdec.engine import NonFiniteLogitsError
+from specdec.server.errors import APIError, model_failed, outcome, timed_out
 from specdec.server.metrics import Metrics
 
 log = logging.getLogger("specdec.server")
@@ -239,6 +240,10 @@ class Scheduler:
             return
         try:
             events = job.start(slot)
+        except APIError as err:  # the request's own error, found as its generation was built
+            job.outcome = outcome(err)
+            job.post("error", err)
+            return
         except (ValueError, TypeError) as err:  # the library's promise for bad input
             job.outcome = "bad_request"
             job.post("error", APIError(400, str(err)))
@@ -253,6 +258,10 @@ class Scheduler:
         except ConstraintError as err:  # the request's grammar went past the engine's limits as it grew
             job.outcome = "bad_request"
             job.post("error", APIError(400, f"{err} (after {job.tokens} generated tokens)", param=err.field))
+        except NonFiniteLogitsError as err:  # the model's weights are damaged: this request fails, the server stays
+            log.error("%s", err)
+            job.outcome = "error"
+            job.post("error", model_failed(err.source, err.position))
         except Exception:
             log.exception("a generation failed")
             job.outcome = "error"
