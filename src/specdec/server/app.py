@@ -47,6 +47,7 @@ from specdec.backends.shared import SharedPasses
 from specdec.datastore import MAX_MATCH
 from specdec.config import DecodeConfig
 from specdec.constraints import ConstraintError
+from specdec.costs import pass_costs
 from specdec.server import errors, requests as rq
 from specdec.server.errors import APIError
 from specdec.server.guard import LOOPBACK_HOSTS, MAX_BODY_BYTES, READ_TIMEOUT_SECONDS, Guard
@@ -125,7 +126,7 @@ def make_slots(models: Pair, parallel: int, metrics: Metrics | None = None) -> l
         if metrics is not None:
             metrics.shared_pass("target" if weights is models.target.weights else "draft", rows, sequences)
 
-    passes = SharedPasses(own_thread=False, observe=observe)
+    passes = SharedPasses(own_thread=False, observe=observe, costs=pass_costs)
     return [Slot(passes.slot(models.target), passes.slot(models.draft) if models.draft is not None else None, passes)
             for _ in range(parallel)]
 
