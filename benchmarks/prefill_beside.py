@@ -7,7 +7,8 @@ Each round sends, for each setting in turn: the short request alone (a greedy co
 request again. Both are streamed; per request the script records the time from sending to the last
 chunk, to the first chunk, and the inter-token latencies (each chunk's wait since the previous
 chunk divided among its tokens). The server runs in this process (uvicorn on a thread), the
-budget switched between runs on its shared passes (:attr:`specdec.backends.shared.SharedPasses.budget`).
+budget switched between runs on its shared passes (:attr:`specdec.backends.shared.SharedPasses.budget`;
+``--budgets``: none, and the default, unless told otherwise).
 
     python benchmarks/prefill_beside.py --target smollm2-135m --draft smollm2-135m --parallel 4 \
         --rounds 2 --out benchmarks/prefill-beside.json
@@ -44,7 +45,8 @@ def stream(url: str, body: dict) -> dict:
     arrivals = []
     with httpx.Client(trust_env=False, timeout=600) as http:
         with http.stream("POST", url + "/v1/completions", json={**body, "stream": True}) as response:
-            response.raise_for_status()
+            if response.status_code != 200:
+                raise RuntimeError(f"{response.status_code}: {response.read().decode()}")
             for line in response.iter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
@@ -57,8 +59,10 @@ def stream(url: str, body: dict) -> dict:
             "tokens": sum(n for _, n in arrivals), "inter_token_seconds": spread(gaps)}
 
 
-def long_text(tokens: int, salt: int) -> str:
-    return f"Series {salt}: " + ", ".join(str(salt * 100003 + 7 * k) for k in range(tokens // 4))
+def long_prompt(tokenizer, tokens: int, salt: int) -> list[int]:
+    """``tokens`` token ids of a list of numbers that no earlier prompt began with."""
+    text = f"Series {salt}: " + ", ".join(str(salt * 100003 + 7 * k) for k in range(tokens))
+    return tokenizer(text)["input_ids"][:tokens]
 
 
 def main() -> None:
@@ -71,8 +75,11 @@ def main() -> None:
     parser.add_argument("--short-tokens", type=int, default=48)
     parser.add_argument("--delay", type=float, default=2.0)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--budgets", nargs="+", default=["none", str(PASS_BUDGET)],
+                        help="the budgets run in turn in each round: none (whole 64-row chunks) or a multiple")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    budgets = [None if b == "none" else float(b) for b in args.budgets]
 
     pair = models.load_pair(args.target, args.draft, backend="gguf", n_threads=args.threads)
     served = Pair(pair.target, pair.tokenizer, pair.draft, target_name=args.target, draft_name=args.draft,
@@ -93,14 +100,14 @@ def main() -> None:
     runs = []
     salt = 1
     for round_ in range(args.rounds):
-        for budget in (None, PASS_BUDGET):
+        for budget in budgets:
             passes.budget = budget
             alone = stream(url, short)
-            text = long_text(args.long_tokens, salt)
+            prompt = long_prompt(pair.tokenizer, args.long_tokens, salt)
             salt += 1
-            long_tokens = len(pair.tokenizer(text)["input_ids"])
+            long_tokens = len(prompt)
             got: dict = {}
-            sender = threading.Thread(target=lambda: got.update(long=stream(url, {"prompt": text, "max_tokens": 8,
+            sender = threading.Thread(target=lambda: got.update(long=stream(url, {"prompt": prompt, "max_tokens": 8,
                                                                                    "temperature": 0})))
             sender.start()
             time.sleep(args.delay)
@@ -120,7 +127,7 @@ def main() -> None:
 
     summary = {str(b): {"short_alone_seconds": median(b, "short_alone", "seconds"),
                         "short_beside_seconds": median(b, "short_beside", "seconds"),
-                        "long_first_token_seconds": median(b, "long", "first_token")} for b in (None, PASS_BUDGET)}
+                        "long_first_token_seconds": median(b, "long", "first_token")} for b in budgets}
     record = {"command": " ".join(sys.argv), "machine": machine_record(args.threads, pair.target.weights.path),
               "target": args.target, "draft": args.draft,
               "threads": args.threads, "parallel": args.parallel, "long_prompt_tokens": long_tokens,

@@ -100,7 +100,7 @@ def test_a_piece_split_in_two_computes_what_it_computes_whole(pair):
     whole = model.pieces(chain, num_logits=5)
     assert len(whole) == 1
     want_logits, want_cache, want_tokens = run(whole)
-    for at in (1, 7, 15, 16, 19):
+    for at in (1, 7, 19):
         head, rest = whole[0].split(at)
         assert (head.want, rest.want) == (max(0, 5 - (20 - at)), min(5, 20 - at))
         logits, cache, tokens = run([head, rest])
@@ -141,9 +141,9 @@ def test_a_short_request_beside_a_long_prompt_gets_passes_within_the_budget(pair
     """On a made-up curve where each row costs a one-row pass, a budget of 3: every pass holding the
     short request's rows holds at most twice as many prompt rows; the prompt goes whole (64 rows a
     pass) once it is alone; both answers equal their answers alone."""
-    prompt = long_prompt(pair, 700)
+    prompt = long_prompt(pair, 300)
     config = DecodeConfig.parse("spec").replace(temperature=0, max_new_tokens=8, eos_token_ids=[])
-    short_config = DecodeConfig.parse("ar").replace(temperature=0, max_new_tokens=24, eos_token_ids=[])
+    short_config = DecodeConfig.parse("ar").replace(temperature=0, max_new_tokens=16, eos_token_ids=[])
     want_long = generate(pair.target, prompt, draft=pair.draft, config=config).token_ids
     want_short = generate(pair.target, "def fibonacci(n):", tokenizer=pair.tokenizer, config=short_config).token_ids
 
@@ -190,7 +190,7 @@ def test_a_sequence_stopped_during_its_prompt_stops_before_its_next_pass(pair, m
     """Shared passes under a budget: the stop is set after the prompt's second pass; the generation
     raises Stopped without another pass of its rows; its caches hold a prefix of the prompt, which
     the next generation on the same slots reuses for its answer alone."""
-    prompt = long_prompt(pair, 900, salt=1)
+    prompt = long_prompt(pair, 300, salt=1)
     config = DecodeConfig.parse("spec").replace(temperature=0, max_new_tokens=8, eos_token_ids=[])
     recorder = Recorder(monkeypatch, shared_module)
     passes = SharedPasses(budget=3.0, costs=linear)
@@ -229,7 +229,7 @@ def test_a_sequence_stopped_during_its_prompt_stops_before_its_next_pass(pair, m
 def test_a_forward_of_its_own_stops_between_its_passes(pair, monkeypatch):
     """Without shared passes (one request at a time), a long prompt's forward stops after the pass
     under way once the event is set."""
-    prompt = long_prompt(pair, 400, salt=2)
+    prompt = long_prompt(pair, 200, salt=2)
     recorder = Recorder(monkeypatch, gguf)
     stop = threading.Event()
     recorder.after = stop.set
