@@ -116,6 +116,8 @@ def main() -> None:
             run = {"round": round_, "budget": budget, "short_alone": alone, "short_beside": got["short"],
                    "long": got["long"]}
             runs.append(run)
+            if args.out:  # after each run: what ran is kept, should the process end early
+                args.out.write_text(json.dumps({"command": " ".join(sys.argv), "runs": runs}, indent=1) + "\n")
             print(f"round {round_} budget {budget}: short alone {alone['seconds']:.2f} s, beside the prompt "
                   f"{got['short']['seconds']:.2f} s (inter-token p50 {got['short']['inter_token_seconds']['p50']}, "
                   f"p95 {got['short']['inter_token_seconds']['p95']}); the prompt's first token "
@@ -128,7 +130,8 @@ def main() -> None:
     summary = {str(b): {"short_alone_seconds": median(b, "short_alone", "seconds"),
                         "short_beside_seconds": median(b, "short_beside", "seconds"),
                         "long_first_token_seconds": median(b, "long", "first_token")} for b in budgets}
-    record = {"command": " ".join(sys.argv), "machine": machine_record(args.threads, pair.target.weights.path),
+    machine = machine_record(args.threads, None, why_no_target="not measured here")
+    record = {"command": " ".join(sys.argv), "machine": machine,
               "target": args.target, "draft": args.draft,
               "threads": args.threads, "parallel": args.parallel, "long_prompt_tokens": long_tokens,
               "short_tokens": args.short_tokens, "delay_seconds": args.delay, "pass_budget": PASS_BUDGET,

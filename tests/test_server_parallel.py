@@ -127,9 +127,10 @@ def test_a_client_that_leaves_during_a_long_prefill_frees_its_slot_before_the_pr
     the first passes ran: the server stops the prefill within a pass or a few (the stop is seen
     between passes), counts the request cancelled and frees the slot, long before the prompt's end."""
     text = f"Count ({stream}): " + ", ".join(str(7 * k + int(stream)) for k in range(1500))
-    n = len(pair.tokenizer(text)["input_ids"])
-    assert n > 3000
-    body = json.dumps({"model": PACK, "prompt": text, "max_tokens": 8, "temperature": 0, "stream": stream}).encode()
+    prompt = pair.tokenizer(text)["input_ids"][:3000]  # token ids: a prompt no slot has seen
+    n = len(prompt)
+    assert n == 3000
+    body = json.dumps({"model": PACK, "prompt": prompt, "max_tokens": 8, "temperature": 0, "stream": stream}).encode()
     before = ask(server, *REQUESTS[0])
     rows = metric(server, "specdec_shared_pass_rows_total")
     outcome = 'specdec_requests_total{endpoint="/v1/completions",outcome="cancelled"}'
