@@ -240,3 +240,39 @@ def test_a_forward_of_its_own_stops_between_its_passes(pair, monkeypatch):
     with stop_when(threading.Event()):  # an event not set: runs to the end
         assert generate(model, prompt, max_new_tokens=4, temperature=0).token_ids == \
             generate(pair.target, prompt, max_new_tokens=4, temperature=0).token_ids
+
+
+def test_an_error_out_of_the_executor_reaches_the_sequences_waiting_on_it(pair):
+    """An exception that ends the executor's loop (an interrupt on the thread running it, as in
+    generate_many) is handed to every sequence waiting for a pass, and to any that hands a piece in
+    later, instead of leaving them waiting for ever."""
+    def observe(weights, rows, sequences):
+        raise KeyboardInterrupt
+
+    passes = SharedPasses(own_thread=False, observe=observe)
+    ended = []
+
+    def serve():
+        try:
+            passes.serve()
+        except KeyboardInterrupt:
+            ended.append(True)
+
+    errors = []
+
+    def decode():
+        with passes.member():
+            slot = passes.slot(pair.target)
+            for _ in range(2):
+                try:
+                    slot.forward([5, 6, 7])
+                except RuntimeError as err:
+                    errors.append(str(err))
+
+    threads = [threading.Thread(target=serve, daemon=True), threading.Thread(target=decode, daemon=True)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert ended == [True] and not any(t.is_alive() for t in threads)
+    assert errors == ["the shared passes stopped: KeyboardInterrupt()", "the shared passes were closed"]
