@@ -271,7 +271,8 @@ def concurrency_markdown(data: dict[str, Any]) -> str:
         "answer" + ("; vs llama-server: its ratio to `llama-server`'s at the same N" if peer else "")
         + ". Request: from sending to the stream's end; first token: from sending to the first chunk with a "
         "token; p50/p95: percentiles over the requests; inter-token: each chunk's wait since the one before, "
-        "divided among its tokens, percentiles over every token of the run. Identical to N=1: answers equal to the same server's answer to the same request at N=1, "
+        "divided among its tokens, percentiles over every token of the run. Identical to N=1: answers equal to the "
+        "same server's answer to the same request at N=1, "
         "by token ids where the stream carries them (specdec's), else by text.")
     return "\n".join(lines)
 
