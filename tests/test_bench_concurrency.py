@@ -51,6 +51,24 @@ def test_figures_of_a_run():
     assert got["first_token_seconds"] == {"p50": 0.5, "p95": 0.5 + 0.5 * 85 / 100}
 
 
+def test_inter_token_latency_divides_each_chunks_wait_among_its_tokens():
+    # chunks at 0.5 s (2 tokens: the first chunk, no wait before it), 0.75 s (1), 1.5 s (3), 1.75 s (1)
+    assert concurrency.token_gaps([(0.5, 2), (0.75, 1), (1.5, 3), (1.75, 1)]) == [0.25, 0.25, 0.25, 0.25, 0.25]
+    assert concurrency.token_gaps([(0.5, 1), (2.5, 4)]) == [0.5] * 4
+    assert concurrency.token_gaps([(0.5, 3)]) == [] and concurrency.token_gaps([]) == []
+    answers = [answer(0, 0.0, 2.0, 0.5), answer(1, 0.0, 3.0, 1.0)]
+    answers[0].token_gaps = [0.1, 0.1, 0.1, 0.5]
+    answers[1].token_gaps = [0.2, 0.3]
+    got = figures(answers)  # pooled over every token: [0.1, 0.1, 0.1, 0.2, 0.3, 0.5], p50 at rank 2.5, p95 at 4.75
+    assert got["inter_token_seconds"] == {"p50": pytest.approx(0.15), "p95": pytest.approx(0.3 + 0.2 * 0.75)}
+    assert figures([answer(0, 0.0, 2.0, 0.5)])["inter_token_seconds"] == {"p50": None, "p95": None}
+    # from a stream: specdec's chunks carry token ids, llama-server's chat chunks text only (a token each)
+    done = servers.Completion(token_ids=[1, 2, 3, 4], arrivals=[(0.5, 1), (1.0, 2), (1.25, 1)], seconds=1.5)
+    assert concurrency.answer_of(done, 0, 0).token_gaps == [0.25, 0.25, 0.25]
+    text_only = servers.Completion(text="abc", text_arrivals=[0.25, 0.5, 1.0], usage={"completion_tokens": 3})
+    assert concurrency.answer_of(text_only, 0, 0).token_gaps == [0.25, 0.5]
+
+
 def test_the_wall_time_starts_at_the_first_send():
     got = figures([answer(0, 1.0, 2.0, 0.5), answer(1, 1.5, 0.5, 0.25)])
     assert got["wall_seconds"] == 2.0 and got["tokens_per_second"] == 10.0
@@ -186,15 +204,17 @@ def test_results_compare_with_llama_server_at_the_same_n_and_with_the_servers_ow
     assert rows[spec, 2]["identity"] == {"identical": 1, "total": 2,
                                          "differ": [{"prompt": 1, "position": 1, "unit": "token"}]}
     assert rows[peer, 2]["identity"] == {"identical": 2, "total": 2, "differ": []}
+    assert rows[spec, 1]["inter_token_seconds"] == {"p50": None, "p95": None}  # one chunk each: no gaps
+    assert rows[spec, 1]["answers"][0]["inter_token_seconds"] == {"p50": None, "p95": None}
     assert data["settings"]["concurrency"] == [1, 2]
     json.dumps(data)  # plain data
 
     table = concurrency_markdown(data)
     lines = table.splitlines()
     assert lines[0] == "**target t, llama Q4_1, greedy, 10 new tokens, 2 mtbench prompts, concurrency 1, 2**"
-    assert f"| 2 | `{spec}` | 20.0 | 4.00× | 1.00 | 1.00 | 0.25 | 0.25 | 1/2 |" in lines
-    assert f"| 1 | `{peer}` | 5.00 | – | 2.00 | 2.00 | 0.50 | 0.50 | – |" in lines
-    assert f"| 2 | `{peer}` | 5.00 | – | 4.00 | 4.00 | 0.50 | 0.50 | 2/2 |" in lines
+    assert f"| 2 | `{spec}` | 20.0 | 4.00× | 1.00 | 1.00 | 0.25 | 0.25 | – | – | 1/2 |" in lines
+    assert f"| 1 | `{peer}` | 5.00 | – | 2.00 | 2.00 | 0.50 | 0.50 | – | – | – |" in lines
+    assert f"| 2 | `{peer}` | 5.00 | – | 4.00 | 4.00 | 0.50 | 0.50 | – | – | 2/2 |" in lines
     assert f"`{spec}` at N=2: 1 of 2 answers differ from its answers at N=1: mtbench/1 from token 1." in table
     assert "`spec:model:greedy:via=serve` not run: greedy verification needs temperature 0." in table
 
@@ -210,8 +230,8 @@ def test_without_llama_server_the_table_has_no_column_for_it():
     lines = concurrency_markdown(data).splitlines()
     assert lines[0] == "**target t / draft d, greedy, 10 new tokens, 1 humaneval prompts, concurrency 1, 2**"
     assert lines[2] == ("| N | server | tok/s | request p50 (s) | request p95 (s) | first token p50 (s) "
-                        "| first token p95 (s) | identical to N=1 |")
-    assert f"| 2 | `{spec}` | 5.00 | 2.00 | 2.00 | 0.50 | 0.50 | 1/1 |" in lines
+                        "| first token p95 (s) | inter-token p50 (ms) | inter-token p95 (ms) | identical to N=1 |")
+    assert f"| 2 | `{spec}` | 5.00 | 2.00 | 2.00 | 0.50 | 0.50 | – | – | 1/1 |" in lines
     assert "llama-server" not in lines[-1].split("tok/s:")[1].split("Request")[0]
 
 
@@ -312,6 +332,8 @@ def test_a_concurrency_run_on_smollm2(tmp_path, capsys):
         assert run["requests"] == 2 and run["tokens"] == 16  # EOS ignored: every answer 8 tokens
         assert run["tokens_per_second"] == run["tokens"] / run["wall_seconds"]
         assert 0 < run["first_token_seconds"]["p50"] <= run["request_seconds"]["p50"]
+        gaps = run["inter_token_seconds"]  # none where every answer came in one chunk (a draft kept whole)
+        assert gaps["p50"] is None or 0 < gaps["p50"] <= gaps["p95"] < run["request_seconds"]["p95"]
         assert sorted(a["prompt"] for a in run["answers"]) == [0, 1]
     together = next(r for r in data["runs"] if r["method"] == spec and r["concurrency"] == 2)
     assert together["identity"] == {"identical": 2, "total": 2, "differ": []}  # each answer is its answer alone

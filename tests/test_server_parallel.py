@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+import socket
 import threading
 import time
 
@@ -112,6 +113,46 @@ def test_concurrent_requests_get_their_answers_alone(server):
     assert "specdec_queue_wait_seconds_count" in metrics
     listed = httpx.get(server.url + "/v1/models", trust_env=False).json()
     assert listed["data"][0]["speculative"]["parallel"] == 3
+
+
+def metric(server: Server, name: str) -> float:
+    text = httpx.get(server.url + "/metrics", trust_env=False).text
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " ")
+               or line.startswith(name + "{"))
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_client_that_leaves_during_a_long_prefill_frees_its_slot_before_the_prompt_is_done(server, pair, stream):
+    """A cold prompt of 3,000 tokens, prefilled 64 rows a pass; its client closes the connection once
+    the first passes ran: the server stops the prefill within a pass or a few (the stop is seen
+    between passes), counts the request cancelled and frees the slot, long before the prompt's end."""
+    text = f"Count ({stream}): " + ", ".join(str(7 * k + int(stream)) for k in range(1500))
+    prompt = pair.tokenizer(text)["input_ids"][:3000]  # token ids: a prompt no slot has seen
+    n = len(prompt)
+    assert n == 3000
+    body = json.dumps({"model": PACK, "prompt": prompt, "max_tokens": 8, "temperature": 0, "stream": stream}).encode()
+    before = ask(server, *REQUESTS[0])
+    rows = metric(server, "specdec_shared_pass_rows_total")
+    outcome = 'specdec_requests_total{endpoint="/v1/completions",outcome="cancelled"}'
+    cancelled = metric(server, outcome)
+    client = socket.create_connection(("127.0.0.1", server.port))
+    client.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                   b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    deadline = time.monotonic() + 120
+    while metric(server, "specdec_shared_pass_rows_total") < rows + 128:  # two passes of the prompt ran
+        assert time.monotonic() < deadline, "the prefill did not begin"
+        time.sleep(0.02)
+    client.close()
+    while metric(server, "specdec_running") > 0:
+        assert time.monotonic() < deadline, "the slot was not freed"
+        time.sleep(0.02)
+    ran = metric(server, "specdec_shared_pass_rows_total") - rows
+    assert ran < n / 2, f"{ran} of the prompt's {n} rows ran after its client left"
+    while metric(server, outcome) < cancelled + 1:
+        assert time.monotonic() < deadline, "the request was not counted cancelled"
+        time.sleep(0.02)
+    # the freed slot (the next one taken) answers as before: its caches held part of the prompt, rolled back
+    assert ask(server, *REQUESTS[0]) == before
 
 
 def test_only_the_gguf_kernel_serves_several_requests_at_once():

@@ -20,6 +20,7 @@ from specdec.backends.hf import eos_token_ids
 from specdec.build import build
 from specdec.config import DecodeConfig
 from specdec.constraints import UNPROCESSED, Constraints, LogitProcessor, TokenLogprob, Unprocessed, check_logprobs
+from specdec.costs import pass_costs
 from specdec.engine import autoregressive_steps, speculative_steps, tree_steps
 from specdec.policies import DraftLengthPolicy
 from specdec.stats import GenerationStats, Step
@@ -179,7 +180,7 @@ def generate_many(
                 for p, c, d, k in zip(prompts, configs, drafts, constraints)]
     # The passes run on this thread: the one thread that calls the kernel, as when decoding alone
     # (a second thread calling it would start a second OpenMP team; see torch_on_one_thread).
-    shared = SharedPasses(own_thread=False)
+    shared = SharedPasses(own_thread=False, costs=pass_costs)  # prompts prefilled within each pass's budget
     results: list[GenerationResult | BaseException | None] = [None] * len(prompts)
 
     def one(i: int) -> None:

@@ -17,6 +17,7 @@ from typing import Any, Sequence
 
 import torch
 
+from specdec.backends.gguf import MAX_PASS_ROWS
 from specdec.measurements import cache_file, cost_key
 from specdec.paths import load_measurement, save_measurement
 
@@ -142,3 +143,10 @@ def row_costs(model: Any, max_rows: int = MAX_ROWS, *, cache_dir: str | Path | N
     curve = measure_rows(alone, max_rows)
     save_measurement(path, {"format": CACHE_FORMAT, "key": key, "seconds": curve})
     return curve, "measured"
+
+
+def pass_costs(model: Any) -> list[float]:
+    """Seconds of a pass of 1..MAX_PASS_ROWS rows on ``model``'s weights (:func:`row_costs`, the
+    planner's measurement carried to the longest piece of a prompt): the curve the shared passes'
+    budget is read from (:class:`specdec.backends.shared.SharedPasses`)."""
+    return row_costs(model, MAX_PASS_ROWS)[0]

@@ -115,6 +115,7 @@ ACT_SWIGLU, ACT_GEGLU = 0, 1
 DEFAULT_CTX = 4096
 TREE_SLACK = 256  # cache rows beyond max_context, for token trees' nodes
 MAX_PASS_ROWS = 64  # longer causal chains are fed in passes of this many rows (same numbers)
+_stop: contextvars.ContextVar[Any] = contextvars.ContextVar("specdec_gguf_stop", default=None)
 LLAMACPP_HINT = "the llama.cpp backend (--backend llamacpp) can run it"
 
 
@@ -925,10 +926,13 @@ class GGUFCausalLM(ModelFacts):
         position with the same visible keys would compute it, bit for bit.
         """
         pieces = self.pieces(tokens, num_logits, attend=attend, positions=positions)
-        if self.passes is not None:  # a slot: its pieces run in passes shared with other sequences
-            parts = [self.passes.run(self, piece) for piece in pieces]
-        else:
-            parts = [run_together([(self, piece)])[0] for piece in pieces]
+        parts = []
+        for piece in pieces:
+            check_stop()  # between two passes of a long prompt (see stop_when)
+            if self.passes is not None:  # a slot: its pieces run in passes shared with other sequences
+                parts.append(self.passes.run(self, piece))
+            else:
+                parts.append(run_together([(self, piece)])[0])
         return torch.cat(parts) if len(parts) > 1 else parts[0]
 
     def pieces(self, tokens: Sequence[int], num_logits: int = 0, *, attend: torch.Tensor | None = None,
@@ -1010,6 +1014,37 @@ class GGUFCausalLM(ModelFacts):
         self._length = length
 
 
+class Stopped(Exception):
+    """A sequence's forward was stopped between two of its passes: the event of :func:`stop_when`
+    was set. The cache holds the rows of the passes run before (its tokens say which), a prefix the
+    next generation on it reuses or rolls back by absolute length."""
+
+
+@contextlib.contextmanager
+def stop_when(event: Any) -> Iterator[None]:
+    """Within the block, forward passes on this thread stop once ``event`` (a ``threading.Event``)
+    is set: a forward of several passes (a long prompt's, :data:`MAX_PASS_ROWS` rows each, or fewer
+    in shared passes: :mod:`specdec.backends.shared`) raises :class:`Stopped` before its next pass,
+    so a generation whose client left runs at most the pass under way, not the rest of its prompt."""
+    token = _stop.set(event)
+    try:
+        yield
+    finally:
+        _stop.reset(token)
+
+
+def stop_event() -> Any:
+    """The event of the :func:`stop_when` block this thread runs in (None outside one)."""
+    return _stop.get()
+
+
+def check_stop() -> None:
+    """Raise :class:`Stopped` where this thread's :func:`stop_when` event is set."""
+    event = _stop.get()
+    if event is not None and event.is_set():
+        raise Stopped("the generation was stopped")
+
+
 @dataclasses.dataclass(frozen=True)
 class Piece:
     """One sequence's rows of a pass: its tokens and their positions, its mask ([n, cached + n]
@@ -1019,6 +1054,21 @@ class Piece:
     pos: list[int]
     visible: torch.Tensor | None
     want: int
+
+    def split(self, rows: int) -> tuple["Piece", "Piece"]:
+        """The piece's first ``rows`` rows and the rest, as two pieces run one after the other (0 <
+        rows < its rows). Each row of a piece sees only keys before it and itself (a causal chain, or
+        a tree's nodes after their parents), so the first part's mask is its rows' mask up to its
+        last row, and the rest sees the first part's rows as cached keys: both compute what the
+        whole piece computes, bit for bit. The wanted rows (the last ``want``) go with their rows."""
+        n = len(self.tokens)
+        if not 0 < rows < n:  # (a piece of several rows has a mask)
+            raise ValueError(f"a piece of {n} rows splits after 1..{n - 1} rows, not {rows}")
+        cached = self.visible.shape[1] - n
+        rest_want = min(self.want, n - rows)
+        return (Piece(self.tokens[:rows], self.pos[:rows], self.visible[:rows, : cached + rows].contiguous(),
+                      self.want - rest_want),
+                Piece(self.tokens[rows:], self.pos[rows:], self.visible[rows:].contiguous(), rest_want))
 
 
 def run_together(calls: Sequence[tuple[GGUFCausalLM, Piece]]) -> list[torch.Tensor]:

@@ -6,8 +6,23 @@ fork of the target (and of the draft) per sequence, a *slot*. A slot's forward d
 it hands its piece of a pass to :class:`SharedPasses` and waits. One thread, the executor, runs
 what the slots handed in as one pass per set of weights (:func:`~specdec.backends.gguf.run_together`):
 the target's rows of every sequence that is verifying, the draft's rows of every sequence that is
-drafting, and the next chunk of each prompt being prefilled (a long prompt goes in pieces of
-:data:`~specdec.backends.gguf.MAX_PASS_ROWS` rows, so that it does not stall the others).
+drafting, and the next rows of each prompt being prefilled.
+
+A pass has a budget (:attr:`SharedPasses.budget`, a multiple of what its decoding rows cost alone,
+as vLLM's scheduler gives each step one budget of rows that decodes and prompt chunks share):
+decoding and verification rows go in whole, then each prompt being prefilled, oldest first, adds
+as many rows as keep the pass within ``budget`` times the cost of those rows alone, read from the
+weights' measured cost curve (``costs``: the planner's, carried to
+:data:`~specdec.backends.gguf.MAX_PASS_ROWS` rows); the rest of its piece waits for the next pass
+(:meth:`~specdec.backends.gguf.Piece.split`: the same numbers). Where no decoding rows are in the
+pass but another slot is busy, the prompts' rows are kept to ``budget - 1`` one-row passes (as
+beside one decoding row), so that a slot handing its step in just after the pass began does not
+wait for a whole chunk of a prompt. Prompts
+alone (every slot prefilling) go :data:`~specdec.backends.gguf.MAX_PASS_ROWS` rows a pass. A short
+request beside a long prompt so takes about ``budget`` times its time alone, at most, while the
+prompt advances every pass (at least one row). A sequence stopped while its piece waits
+(:func:`~specdec.backends.gguf.stop_when`) is dropped before the next pass, its caches holding the
+rows already run.
 
 The executor runs a pass once every slot taking part has handed in its piece, or once the first
 piece has waited :attr:`SharedPasses.wait` seconds (a slot busy with its own work, or done with its
@@ -35,9 +50,18 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from specdec.backends.gguf import GGUFCausalLM, Piece, run_together
+from specdec import kernels
+from specdec.backends.gguf import GGUFCausalLM, Piece, Stopped, run_together, stop_event
 
 WAIT_SECONDS = 0.01  # how long a piece waits for the other slots' before its pass runs without them
+# A pass that carries prompt rows beside decoding rows costs at most this many times what its
+# decoding rows cost alone (on the measured cost curve; see the module docstring): each decoding
+# sequence's steps then take at most about this many times their time alone while a prompt is
+# prefilled beside them. Measured with SmolLM2 (docs/server.md, "Several requests at once"): a
+# 48-token request beside a 3,000-token prompt took 3-5x its time alone at 3, 4-6x at 4, 50-80x
+# with whole 64-row chunks; the prompt's first token came 10-45% later than with whole chunks
+# (passes of few prompt rows read the weights for fewer rows; on a loaded machine).
+PASS_BUDGET = 3.0
 # The default number of slots: the fewest sequences whose shared pass makes at least this share of
 # the most tokens per second any pass of up to the measured rows makes (see default_slots).
 SLOTS_SHARE = 0.9
@@ -50,10 +74,16 @@ MAX_DEFAULT_SLOTS = 8
 @dataclass
 class _Call:
     model: GGUFCausalLM
-    piece: Piece
+    piece: Piece  # the rows still to run
+    prefill: bool = False  # a prompt's rows whose logits are not read (kernels.prefilling): they may wait
+    stop: Any = None  # the sequence's stop event (gguf.stop_when), or None
+    parts: list[torch.Tensor] = field(default_factory=list)  # the logits of the rows already run
     done: threading.Event = field(default_factory=threading.Event)
     logits: torch.Tensor | None = None
     error: BaseException | None = None
+
+    def stopped(self) -> bool:
+        return self.stop is not None and self.stop.is_set()
 
 
 class Board:
@@ -91,9 +121,12 @@ class PassStats:
     passes: int = 0
     rows: int = 0
     sequences: int = 0
+    prompt_rows: int = 0  # of the rows, those of prompts being prefilled
+    held: int = 0  # prompt rows the budget kept out of a pass (counted once per pass they waited)
 
     def to_dict(self) -> dict[str, float]:
         return {"passes": self.passes, "rows": self.rows, "sequences": self.sequences,
+                "prompt_rows": self.prompt_rows, "held": self.held,
                 "rows_per_pass": self.rows / self.passes if self.passes else 0.0,
                 "sequences_per_pass": self.sequences / self.passes if self.passes else 0.0}
 
@@ -103,12 +136,24 @@ class SharedPasses:
     sequence's model and :meth:`member` around the thread that decodes with it."""
 
     def __init__(self, wait: float = WAIT_SECONDS, *, own_thread: bool = True,
-                 observe: Callable[[list[tuple[GGUFCausalLM, int]]], None] | None = None) -> None:
+                 observe: Callable[[list[tuple[GGUFCausalLM, int]]], None] | None = None,
+                 budget: float | None = PASS_BUDGET,
+                 costs: Callable[[GGUFCausalLM], list[float]] | None = None) -> None:
         """``own_thread``: run the passes on a thread of its own; False: the caller runs :meth:`serve`
         on the thread it wants the passes on (the server's model thread). ``observe(pieces)`` is told
-        of every pass run: each sequence in it (its slot's model) and its rows."""
+        of every pass run: each sequence in it (its slot's model) and its rows. ``budget``: a pass
+        with prompt rows costs at most this multiple of its decoding rows alone (> 1), on the curves
+        ``costs(model)`` gives: seconds of a pass of 1..n rows on ``model``'s weights (the server's and
+        :func:`specdec.generate_many`'s: :func:`specdec.costs.row_costs` to MAX_PASS_ROWS rows, the
+        planner's measurement). Without ``costs``, or with ``budget`` None, every prompt piece goes
+        whole (MAX_PASS_ROWS rows)."""
+        if budget is not None and not budget > 1:
+            raise ValueError(f"a pass's budget is a multiple of its decoding rows' cost, above 1; got {budget!r}")
         self.wait = wait
         self.observe = observe
+        self.budget = budget
+        self._costs = costs
+        self._curves: dict[int, list[float]] = {}  # id(weights) -> its cost curve
         self.stats = PassStats()
         self.board = Board()
         self._cond = threading.Condition()
@@ -140,8 +185,10 @@ class SharedPasses:
                 self._cond.notify_all()
 
     def run(self, model: GGUFCausalLM, piece: Piece) -> torch.Tensor:
-        """``piece`` of ``model``'s pass, run in the next shared pass: its logits [piece.want, V]."""
-        call = _Call(model, piece)
+        """``piece`` of ``model``'s pass, run in the next shared pass (a prompt's piece perhaps over
+        several): its logits [piece.want, V]. Raises :class:`~specdec.backends.gguf.Stopped` where
+        this thread's :func:`~specdec.backends.gguf.stop_when` event is set before its last rows ran."""
+        call = _Call(model, piece, prefill=kernels.prefilling(), stop=stop_event())
         with self._cond:
             if self._closed:
                 raise RuntimeError("the shared passes were closed")
@@ -157,45 +204,150 @@ class SharedPasses:
             self._closed = True
             self._cond.notify_all()
 
-    def serve(self) -> None:
-        """Run the passes handed in, until :meth:`close`."""
-        while True:
-            with self._cond:
-                while not self._pending and not self._closed:
-                    self._cond.wait()
-                if self._closed and not self._pending:
-                    return
-                deadline = time.monotonic() + self.wait
-                while len(self._pending) < self._members and not self._closed:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        break
-                    self._cond.wait(left)
-                calls, self._pending = self._pending, []
-            self._execute(calls)
+    def prepare(self, models: list[GGUFCausalLM | None]) -> None:
+        """Read (or measure, once per machine) the cost curves of ``models``' weights now, on the
+        thread that will run the passes, rather than at the first pass that needs them."""
+        if self.budget is not None and self._costs is not None:
+            for model in models:
+                if model is not None:
+                    self._curve(model)
 
-    def _execute(self, calls: list[_Call]) -> None:
-        """One pass per set of weights, each sequence's first piece in it (a sequence hands in one
-        piece at a time, but an exception's leftovers are kept apart)."""
-        groups: dict[int, list[_Call]] = {}
-        for call in calls:
-            groups.setdefault(id(call.model.weights), []).append(call)
+    def serve(self) -> None:
+        """Run the passes handed in, until :meth:`close`. Should a pass raise out of here (an
+        interrupt), every piece waiting, and every piece handed in after, gets the error."""
+        calls: list[_Call] = []
+        try:
+            while True:
+                with self._cond:
+                    while not self._pending and not self._closed:
+                        self._cond.wait()
+                    if self._closed and not self._pending:
+                        return
+                    deadline = time.monotonic() + self.wait
+                    while len(self._pending) < self._members and not self._closed:
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            break
+                        self._cond.wait(left)
+                    calls, self._pending = self._pending, []
+                    members = self._members
+                waiting = self._execute(calls, members)
+                with self._cond:
+                    self._pending[:0] = waiting  # the prompts' rest, first in line for the next pass
+        except BaseException as err:
+            with self._cond:
+                self._closed = True
+                left = {id(c): c for c in calls + self._pending if not c.done.is_set()}
+                calls, self._pending = list(left.values()), []
+            for c in calls:
+                c.error = RuntimeError(f"the shared passes stopped: {err!r}")
+                c.done.set()
+            raise
+
+    def _curve(self, model: GGUFCausalLM) -> list[float]:
+        curve = self._curves.get(id(model.weights))
+        if curve is None:
+            curve = [float(t) for t in self._costs(model)]
+            if not curve or any(not t > 0 for t in curve):
+                raise ValueError(f"a cost curve must be positive seconds for 1..n rows, got {curve!r}")
+            self._curves[id(model.weights)] = curve
+        return curve
+
+    def _cost(self, model: GGUFCausalLM, rows: int) -> float:
+        """Seconds of a pass of ``rows`` rows on ``model``'s weights (0 for none); past the curve's
+        end, along its last segment."""
+        t = self._curve(model)
+        if rows <= len(t):
+            return t[rows - 1] if rows > 0 else 0.0
+        slope = t[-1] - t[-2] if len(t) > 1 else t[-1]
+        return t[-1] + slope * (rows - len(t))
+
+    def _rows(self, calls: list[_Call], members: int) -> list[int]:
+        """How many rows of each call's piece go in this pass (see the module docstring)."""
+        whole = [len(c.piece.tokens) for c in calls]
+        prompts = [i for i, c in enumerate(calls) if c.prefill and whole[i] > 1]
+        if self.budget is None or self._costs is None or not prompts:
+            return whole
+        used: dict[int, int] = {}  # rows in the pass so far, by weights
+        model: dict[int, GGUFCausalLM] = {}  # a sequence on those weights (for their cost curve)
+        for i, c in enumerate(calls):
+            if i not in prompts:
+                w = id(c.model.weights)
+                used[w], model[w] = used.get(w, 0) + whole[i], c.model
+        alone = sum(self._cost(model[w], rows) for w, rows in used.items())  # the decoding rows' passes
+        if alone == 0:
+            if members <= len(prompts):  # every slot is prefilling: nobody waits on these passes
+                return whole
+            alone = self._cost(calls[prompts[0]].model, 1)  # a busy slot may hand a one-row step in now
+        left = (self.budget - 1) * alone
+        rows = list(whole)
+        for n, i in enumerate(prompts):
+            c, w = calls[i], id(calls[i].model.weights)
+            base = used.get(w, 0)
+            before = self._cost(c.model, base)
+            take = 0
+            while take < whole[i] and self._cost(c.model, base + take + 1) - before <= left:
+                take += 1
+            if take == 0 and n == 0:
+                take = 1  # the oldest prompt advances every pass
+            left -= self._cost(c.model, base + take) - before
+            used[w] = base + take
+            rows[i] = take
+        return rows
+
+    def _execute(self, calls: list[_Call], members: int) -> list[_Call]:
+        """One pass per set of weights, each sequence's piece in it (a sequence hands in one piece at
+        a time, but an exception's leftovers are kept apart), a prompt's piece perhaps only its first
+        rows (:meth:`_rows`). Returns the calls whose rows are not all run, in order."""
+        live = []
+        for c in calls:
+            if c.stopped():  # its sequence was stopped while its piece waited: its cache keeps the rows run
+                c.error = Stopped("the generation was stopped")
+                c.done.set()
+            else:
+                live.append(c)
+        try:
+            rows = self._rows(live, members)
+        except BaseException as err:  # a cost curve could not be measured: handed to the callers
+            for c in live:
+                c.error = err
+                c.done.set()
+            return []
+        groups: dict[int, list[tuple[_Call, Piece, Piece | None]]] = {}
+        waiting = []
+        for c, n in zip(live, rows):
+            if n == 0:
+                waiting.append(c)
+                self.stats.held += len(c.piece.tokens)
+                continue
+            head, rest = (c.piece, None) if n == len(c.piece.tokens) else c.piece.split(n)
+            groups.setdefault(id(c.model.weights), []).append((c, head, rest))
         for group in groups.values():
             try:
-                results = run_together([(c.model, c.piece) for c in group])
+                results = run_together([(c.model, head) for c, head, _ in group])
             except BaseException as err:  # handed to every caller of this pass
-                for c in group:
+                for c, _, _ in group:
                     c.error = err
                     c.done.set()
                 continue
+            n_rows = sum(len(head.tokens) for _, head, _ in group)
             self.stats.passes += 1
-            self.stats.rows += sum(len(c.piece.tokens) for c in group)
+            self.stats.rows += n_rows
             self.stats.sequences += len(group)
+            self.stats.prompt_rows += sum(len(head.tokens) for c, head, _ in group if c.prefill)
+            self.stats.held += sum(len(rest.tokens) for _, _, rest in group if rest is not None)
             if self.observe is not None:
-                self.observe([(c.model, len(c.piece.tokens)) for c in group])
-            for c, logits in zip(group, results):
-                c.logits = logits
-                c.done.set()
+                self.observe([(c.model, len(head.tokens)) for c, head, _ in group])
+            for (c, _, rest), logits in zip(group, results):
+                c.parts.append(logits)
+                if rest is not None:
+                    c.piece = rest
+                    waiting.append(c)
+                else:
+                    c.logits = torch.cat(c.parts) if len(c.parts) > 1 else c.parts[0]
+                    c.done.set()
+        order = {id(c): k for k, c in enumerate(live)}
+        return sorted(waiting, key=lambda c: order[id(c)])
 
 
 _torch_lock = threading.Lock()

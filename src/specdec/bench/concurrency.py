@@ -12,8 +12,12 @@ with its own defaults, as its users get it. Prompt p is sent with the seed ``see
 
 Figures of one (server, N) run (:func:`figures`): the aggregate tokens per second (every
 completion token over the wall time from the first request sent to the last answer's end), and
-the 50th and 95th percentiles (:func:`percentile`) of the request time (send to the stream's end)
-and of the time to the first token (send to the first chunk that carries a token or text).
+the 50th and 95th percentiles (:func:`percentile`) of the request time (send to the stream's end),
+of the time to the first token (send to the first chunk that carries a token or text) and of the
+inter-token latency, over every token after each request's first chunk (:func:`token_gaps`: each
+chunk's wait since the one before, divided among its tokens, as the server's
+``specdec_inter_token_latency_seconds`` counts it); each answer in results.json carries its own
+request's percentiles of it too.
 
 Identity (:func:`identity`): each answer at N against the same server's answer to the same
 request at N = 1 (the run always includes N = 1): token ids where the stream carries them
@@ -84,6 +88,7 @@ class Answer:
     tokens: int  # completion tokens
     token_ids: list[int] = field(default_factory=list)  # empty where the stream carries none
     text: str = ""
+    token_gaps: list[float] = field(default_factory=list)  # inter-token latencies, seconds (token_gaps)
 
     @property
     def end(self) -> float:
@@ -111,17 +116,34 @@ def percentile(values: Sequence[float], q: int) -> float:
     return ordered[whole] + (ordered[whole + 1] - ordered[whole]) * part / 100
 
 
+def token_gaps(arrivals: Sequence[tuple[float, int]]) -> list[float]:
+    """Inter-token latencies of a stream whose chunks came at ``arrivals`` ((seconds, tokens) each):
+    every chunk after the first waited since the one before, that wait divided among its tokens,
+    one value per token (a speculative step's several tokens share its wait)."""
+    gaps: list[float] = []
+    for (before, _), (at, tokens) in zip(arrivals, arrivals[1:]):
+        gaps += [(at - before) / tokens] * tokens
+    return gaps
+
+
+def spread(values: Sequence[float]) -> dict[str, float | None]:
+    """The :data:`PERCENTILES` of ``values`` (None where there are none)."""
+    return {f"p{q}": percentile(values, q) if values else None for q in PERCENTILES}
+
+
 def figures(answers: Sequence[Answer]) -> dict[str, Any]:
     """A run's figures: requests, tokens, wall seconds (first send to last answer's end), aggregate
-    tokens per second, and the percentiles of the request time and the time to the first token."""
+    tokens per second, and the percentiles of the request time, the time to the first token and the
+    inter-token latency (over the tokens of every request)."""
     wall = max(a.end for a in answers) - min(a.sent for a in answers)
     tokens = sum(a.tokens for a in answers)
     firsts = [a.first_token for a in answers if a.first_token is not None]
     return {
         "requests": len(answers), "tokens": tokens, "wall_seconds": wall,
         "tokens_per_second": tokens / wall if wall > 0 else math.inf,
-        "request_seconds": {f"p{q}": percentile([a.seconds for a in answers], q) for q in PERCENTILES},
-        "first_token_seconds": {f"p{q}": percentile(firsts, q) if firsts else None for q in PERCENTILES},
+        "request_seconds": spread([a.seconds for a in answers]),
+        "first_token_seconds": spread(firsts),
+        "inter_token_seconds": spread([g for a in answers for g in a.token_gaps]),
     }
 
 
@@ -227,9 +249,10 @@ def answer_of(done: Completion, prompt: int, client: int) -> Answer:
     else:
         raise RuntimeError("a server's answer says neither its token ids nor how many tokens it made")
     arrivals = [at for at, _ in done.arrivals[:1]] + done.text_arrivals[:1]
+    chunks = done.arrivals or [(at, 1) for at in done.text_arrivals]  # a text-only stream: a token a chunk
     return Answer(prompt=prompt, client=client, sent=0.0, seconds=done.seconds,
                   first_token=min(arrivals) if arrivals else None, tokens=tokens,
-                  token_ids=list(done.token_ids), text=done.text)
+                  token_ids=list(done.token_ids), text=done.text, token_gaps=token_gaps(chunks))
 
 
 def server_key(method: MethodSpec) -> str:
@@ -303,7 +326,8 @@ def results(cells: Sequence[dict[str, Any]], settings: ConcurrencySettings, prom
                **figures(answers)}
         if cell["concurrency"] > 1 and cell["method"] in alone:
             row["identity"] = identity(answers, alone[cell["method"]])
-        runs.append(row | {"answers": cell["answers"]})
+        runs.append(row | {"answers": [a | {"inter_token_seconds": spread(a.get("token_gaps") or [])}
+                                       for a in cell["answers"]]})
     reference = {r["concurrency"]: r["tokens_per_second"] for r in runs if r["method"] == REFERENCE}
     for row in runs:
         if row["concurrency"] in reference and row["method"] != REFERENCE:

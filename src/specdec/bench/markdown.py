@@ -236,6 +236,12 @@ def concurrency_title(data: dict[str, Any]) -> str:
             f"prompts, concurrency {', '.join(map(str, s['concurrency']))}")
 
 
+def _inter_token(run: dict[str, Any]) -> tuple[float | None, float | None]:
+    """A concurrency run's inter-token latency percentiles, seconds (None where not recorded)."""
+    spread = run.get("inter_token_seconds") or {}
+    return spread.get("p50"), spread.get("p95")
+
+
 def concurrency_markdown(data: dict[str, Any]) -> str:
     """One row per concurrency N and server: aggregate tokens per second, its ratio to llama-server
     at the same N, the request time's and the first token's percentiles, the answers identical to
@@ -244,8 +250,9 @@ def concurrency_markdown(data: dict[str, Any]) -> str:
     peer = any("vs_llama-server" in run for run in data["runs"])  # the column where llama-server ran
     lines = [f"**{concurrency_title(data)}**", "", *([machine, ""] if machine else []),
              "| N | server | tok/s |" + (" vs llama-server |" if peer else "") + " request p50 (s) | request p95 (s) "
-             "| first token p50 (s) | first token p95 (s) | identical to N=1 |",
-             "|---:|---|---:|" + ("---:|" if peer else "") + "---:|---:|---:|---:|---:|"]
+             "| first token p50 (s) | first token p95 (s) | inter-token p50 (ms) | inter-token p95 (ms) "
+             "| identical to N=1 |",
+             "|---:|---|---:|" + ("---:|" if peer else "") + "---:|---:|---:|---:|---:|---:|---:|"]
     for run in data["runs"]:
         same = run.get("identity")
         lines.append(" | ".join([
@@ -253,6 +260,7 @@ def concurrency_markdown(data: dict[str, Any]) -> str:
             *([_fmt(run.get("vs_llama-server"), "x")] if peer else []), _fmt(run["request_seconds"]["p50"]),
             _fmt(run["request_seconds"]["p95"]), _fmt(run["first_token_seconds"]["p50"]),
             _fmt(run["first_token_seconds"]["p95"]),
+            *[_fmt(None if gap is None else gap * 1000) for gap in _inter_token(run)],
             f"{same['identical']}/{same['total']}" if same else "–"]) + " |")
     ids = [p["id"] for p in data["prompts"]]
     for run in data["runs"]:
@@ -269,7 +277,9 @@ def concurrency_markdown(data: dict[str, Any]) -> str:
         "together. tok/s: every completion token over the wall time from the first request to the last "
         "answer" + ("; vs llama-server: its ratio to `llama-server`'s at the same N" if peer else "")
         + ". Request: from sending to the stream's end; first token: from sending to the first chunk with a "
-        "token; p50/p95: percentiles over the requests. Identical to N=1: answers equal to the same server's answer to the same request at N=1, "
+        "token; p50/p95: percentiles over the requests; inter-token: each chunk's wait since the one before, "
+        "divided among its tokens, percentiles over every token of the run. Identical to N=1: answers equal to the "
+        "same server's answer to the same request at N=1, "
         "by token ids where the stream carries them (specdec's), else by text.")
     return "\n".join(lines)
 

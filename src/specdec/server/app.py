@@ -47,6 +47,7 @@ from specdec.backends.shared import SharedPasses
 from specdec.datastore import MAX_MATCH
 from specdec.config import DecodeConfig
 from specdec.constraints import ConstraintError
+from specdec.costs import pass_costs
 from specdec.server import errors, requests as rq
 from specdec.server.errors import APIError
 from specdec.server.guard import LOOPBACK_HOSTS, MAX_BODY_BYTES, READ_TIMEOUT_SECONDS, Guard
@@ -133,7 +134,7 @@ def make_slots(models: Pair, parallel: int, metrics: Metrics | None = None) -> l
             if rows:
                 metrics.shared_pass(model, sum(rows), len(rows))
 
-    passes = SharedPasses(own_thread=False, observe=observe)
+    passes = SharedPasses(own_thread=False, observe=observe, costs=pass_costs)
     slots = [Slot(passes.slot(models.target), passes.slot(models.draft) if models.draft is not None else None, passes)
              for _ in range(parallel)]
     drafts.update(id(slot.draft) for slot in slots if slot.draft is not None)

@@ -4,7 +4,9 @@ thread, or, with slots, several at once whose passes share each pass of the weig
 A :class:`Job` is submitted from the event loop; the worker thread builds its token stream and
 drives it one step (one target forward) at a time, posting each step back to the job's asyncio
 queue. Between steps it checks whether the job was stopped (the client went away, or its time ran
-out), so a stopped job runs at most the one step already under way.
+out), and on the GGUF kernel so does the forward between the passes of a long prompt
+(:func:`specdec.backends.gguf.stop_when`): a stopped job runs at most the step, or the prompt's
+pass, already under way.
 
 The worker is a :class:`ModelThread`, and ``specdec serve`` loads and warms the models on that
 same thread: every call into the models comes from one thread (with slots, the shared passes run
@@ -30,6 +32,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
+from specdec.backends.gguf import Stopped, stop_when
 from specdec.constraints import ConstraintError
 from specdec.engine import NonFiniteLogitsError
 from specdec.server.errors import APIError, model_failed, outcome, timed_out
@@ -155,7 +158,10 @@ class Scheduler:
         if not self.slots:
             self._running = self._thread.submit(self._loop)
             return
-        self._thread.submit(self.slots[0].passes.serve)  # the passes run on the model thread
+        passes = self.slots[0].passes
+        # the passes run on the model thread, their budget's cost curves read (or measured once) first
+        self._thread.submit(passes.prepare, [self.slots[0].target, self.slots[0].draft])
+        self._thread.submit(passes.serve)
         dispatcher = threading.Thread(target=self._loop, name="specdec-dispatch", daemon=True)
         dispatcher.start()
         self._running = Future()
@@ -215,11 +221,12 @@ class Scheduler:
         started = time.monotonic()
         self.metrics.queue_wait.observe(started - job.arrived)
         try:
-            if slot is None:
-                self._run(job, slot)
-            else:
-                with slot.passes.member():
+            with stop_when(job.stopped):
+                if slot is None:
                     self._run(job, slot)
+                else:
+                    with slot.passes.member():
+                        self._run(job, slot)
         finally:
             self.history.append(job)
             with self._cond:
@@ -248,6 +255,9 @@ class Scheduler:
             job.outcome = "bad_request"
             job.post("error", APIError(400, str(err)))
             return
+        except Stopped:  # stopped while it measured its costs
+            job.outcome = "cancelled"
+            return
         except Exception:
             log.exception("building a generation failed")
             job.outcome = "error"
@@ -255,6 +265,8 @@ class Scheduler:
             return
         try:
             self._drive(job, events)
+        except Stopped:  # stopped between the passes of its prompt (the step under way)
+            job.outcome = "cancelled"
         except ConstraintError as err:  # the request's grammar went past the engine's limits as it grew
             job.outcome = "bad_request"
             job.post("error", APIError(400, f"{err} (after {job.tokens} generated tokens)", param=err.field))
