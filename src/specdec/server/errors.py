@@ -67,10 +67,11 @@ def internal_error() -> APIError:
 
 def model_failed(source: str, position: int) -> APIError:
     """A model that computed what no token can be drawn from (non-finite logits after ``position``
-    tokens: damaged weights in the file ``source``), named by the file's name alone (500, code
-    ``model_error``): this request fails, and the server serves on."""
+    tokens: damaged weights in the file ``source``), named by the file's name alone (503, code
+    ``model_error``: the server cannot serve this model, and no request of the client's is to
+    blame; not a 500, which says the server itself failed): this request fails, the server serves on."""
     name = source.replace("\\", "/").rsplit("/", 1)[-1]
-    return APIError(500, f"the model ({name}) computed non-finite logits (NaN or infinity) after {position} tokens: "
+    return APIError(503, f"the model ({name}) computed non-finite logits (NaN or infinity) after {position} tokens: "
                          "its weights are likely damaged; the server's log names the file", code="model_error")
 
 
