@@ -18,6 +18,7 @@ Nothing here downloads: every ``from_pretrained`` passes ``local_files_only=True
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -314,8 +315,6 @@ def _torch_source(located: Located, progress: bool) -> tuple[Path, str | None]:
 def _model_config(config: Path) -> bool:
     """Whether ``config`` (a config.json that exists) reads as a model's configuration: a JSON
     object naming its ``model_type``. A file that does not parse is left to :func:`specdec.packs.damage`."""
-    import json
-
     try:
         value = json.loads(config.read_text())
     except (OSError, ValueError):
