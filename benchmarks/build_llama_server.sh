@@ -23,12 +23,18 @@ pip download --quiet --no-deps --no-binary :all: -d "$work" "llama-cpp-python==$
 tar -xzf "$work"/llama_cpp_python-"$version".tar.gz -C "$work"
 src="$work/llama_cpp_python-$version/vendor/llama.cpp"
 
+# Without llama.cpp's AMX code on x86-64, as the README's test command builds llama-cpp-python: a
+# virtual machine may list AMX and not run it (docs/backends.md, the llama.cpp backend).
+noamx=()
+if [ "$(uname -m)" = x86_64 ]; then noamx=(-mno-amx-tile -mno-amx-int8); fi
+
 echo "building llama-server from $src"
 cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release \
     -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_TESTS=OFF \
     -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF \
     -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF \
-    -DBUILD_SHARED_LIBS=OFF >"$work/cmake.log" || { cat "$work/cmake.log"; exit 1; }
+    -DBUILD_SHARED_LIBS=OFF -DCMAKE_C_FLAGS="${noamx[*]}" -DCMAKE_CXX_FLAGS="${noamx[*]}" \
+    >"$work/cmake.log" || { cat "$work/cmake.log"; exit 1; }
 cmake --build "$work/build" --target llama-server -j "$(nproc)"
 
 mkdir -p "$dest/bin"
