@@ -99,6 +99,10 @@ PATHS = ("portable", "avx2", "avx512vnni", "avxvnni")
 # SIMDe's portable definitions (Debian's libsimde-dev): what the path computes, checked where no
 # CPU at hand has VNNI.
 FLAGS_EMULATED_VNNI = [*FLAGS_NATIVE, "-DGG_EMULATE_VNNI"]
+# A measurement build whose KV cache holds fp16 keys and values (each rounded to the nearest fp16 as
+# it is stored) instead of fp32: what an fp16 cache would cost and change (benchmarks/kv_cache_f16.py,
+# docs/kernels.md "The context and its KV cache"). Its caches are torch.float16 tensors.
+FLAGS_KV_F16 = [*FLAGS_NATIVE, "-DGG_KV_F16"]
 
 # ggml type ids this backend's kernel multiplies.
 TYPE_NAMES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 10: "Q2_K", 11: "Q3_K",
@@ -128,9 +132,11 @@ class KernelUnavailable(RuntimeError):
 def library(variant: str = "native") -> ctypes.CDLL:
     """The compiled ``linear_gguf.c``: ``"native"`` (every path; it runs the best one the CPU has,
     which the library itself detects), or the test builds ``"portable"`` (the portable path alone)
-    and ``"emulated-vnni"``. Built once per source and flags into :func:`specdec.kernels.kernels_dir`
-    (rebuilt where damaged). Raises :class:`KernelUnavailable`."""
-    flags = {"native": FLAGS_NATIVE, "portable": FLAGS_PORTABLE, "emulated-vnni": FLAGS_EMULATED_VNNI}
+    and ``"emulated-vnni"``, or the measurement build ``"kv-f16"`` (:data:`FLAGS_KV_F16`). Built once
+    per source and flags into :func:`specdec.kernels.kernels_dir` (rebuilt where damaged). Raises
+    :class:`KernelUnavailable`."""
+    flags = {"native": FLAGS_NATIVE, "portable": FLAGS_PORTABLE, "emulated-vnni": FLAGS_EMULATED_VNNI,
+             "kv-f16": FLAGS_KV_F16}
     if variant not in flags:
         raise ValueError(f"variant must be one of {', '.join(flags)}, got {variant!r}")
     lib = _libraries.get(variant)
