@@ -1498,59 +1498,78 @@ static inline float dot8(const float *a, const kv_t *b, int64_t d) {
  * and with a sliding window (window > 0) only those whose position is within the last `window`
  * positions of the row's: qpos[r] - kpos[j] < window (llama.cpp's standard window), qpos [n] the
  * rows' positions and kpos [L] the cached keys' (both unread when window is 0).
- * q [H, n, d]; k, v [KV, cap, d]; out [n, H, d]. One (head, row) is one job of one thread, its keys
- * in order: a row's result does not depend on the other rows. Jobs run kv head by kv head, so a
- * thread reads a kv head's keys for all its query heads and rows while they are in cache. */
+ * q [H, n, d]; k, v [KV, cap, d]; out [n, H, d]. Each (head, row) is computed by one thread over
+ * its keys in order, so a row's result does not depend on the other rows nor on how many threads
+ * run. A thread's job is one row and the query heads that share a kv head (or a share of them,
+ * where there would be fewer jobs than threads): each key and value is read once for all those heads,
+ * and their computations, interleaved key by key, are each the one it would be alone. (One job a
+ * (head, row) read a kv head's whole cache once per query head and row: at a long context that
+ * traffic, not the weights, made the step's time.) */
 static int gguf_attention(const float *q, const kv_t *k, const kv_t *v, const uint8_t *visible, float *out, int64_t H,
                    int64_t KV, int64_t n, int64_t L, int64_t d, int64_t cap, float scale, const int64_t *qpos,
                    const int64_t *kpos, int64_t window, int n_threads) {
     const int64_t group = H / KV;
+    /* a job: one row's query heads that share a kv head (or a share of them, so that there are at
+     * least as many jobs as threads), each key and value read once for all of them */
+    int64_t parts = (n_threads + KV * n - 1) / (KV * n);
+    parts = parts < 1 ? 1 : parts > group ? group : parts;
+    const int64_t jobs = KV * n * parts;
     int failed = 0;
     #pragma omp parallel num_threads(n_threads) if (H * n > 1 && L * d * H * n >= 16384)
     {
-        float *s = (float *)malloc((size_t)(L > 0 ? L : 1) * sizeof(float));
+        float *s = (float *)malloc((size_t)(group * L + 2 * group) * sizeof(float)); /* scores, best, total */
         if (!s) {
             #pragma omp atomic write
             failed = 1;
         }
         #pragma omp for schedule(dynamic, 1)
-        for (int64_t job = 0; job < H * n; job++) {
+        for (int64_t job = 0; job < jobs; job++) {
             if (!s) continue;
-            const int64_t h = job / n, r = job % n, g = h / group;
-            const float *qr = q + (h * n + r) * d;
+            const int64_t g = job / (n * parts), r = job / parts % n, part = job % parts;
+            const int64_t h0 = g * group + part * group / parts, h1 = g * group + (part + 1) * group / parts;
+            const int64_t m = h1 - h0; /* heads h0 .. h1 - 1: head h's scores at s + (h - h0) * L */
+            float *best = s + group * L, *total = best + group;
             const kv_t *kh = k + g * cap * d, *vh = v + g * cap * d;
             const uint8_t *vis = visible ? visible + r * L : NULL;
             const int64_t far = window > 0 ? qpos[r] - window : 0; /* keys at this position or before: unseen */
-            float *o = out + (r * H + h) * d;
-            float best = -INFINITY;
 #define UNSEEN(j) ((vis && !vis[j]) || (window > 0 && kpos[j] <= far))
+            for (int64_t i = 0; i < m; i++) best[i] = -INFINITY, total[i] = 0.0f;
             for (int64_t j = 0; j < L; j++) {
                 if (UNSEEN(j)) continue;
-                s[j] = dot8(qr, kh + j * d, d) * scale;
-                best = s[j] > best ? s[j] : best;
-            }
-            float total = 0.0f;
-            for (int64_t j = 0; j < L; j++) {
-                if (UNSEEN(j)) continue;
-                s[j] = exp_s(s[j] - best);
-                total += s[j];
-            }
-            for (int64_t x = 0; x < d; x++) o[x] = 0.0f;
-            for (int64_t j = 0; j < L; j++) {
-                if (UNSEEN(j)) continue;
-                const float p = s[j] / total;
-                const kv_t *vj = vh + j * d;
-#if defined(GG_KV_F16) && defined(GG_AVX2)
-                if (vec() && (d & 7) == 0) { /* the same products and sums, 8 at a time */
-                    const __m256 pv = _mm256_set1_ps(p);
-                    for (int64_t x = 0; x < d; x += 8) {
-                        const __m256 vx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vj + x)));
-                        _mm256_storeu_ps(o + x, _mm256_add_ps(_mm256_loadu_ps(o + x), _mm256_mul_ps(pv, vx)));
-                    }
-                    continue;
+                for (int64_t i = 0; i < m; i++) {
+                    float *si = s + i * L;
+                    si[j] = dot8(q + ((h0 + i) * n + r) * d, kh + j * d, d) * scale;
+                    best[i] = si[j] > best[i] ? si[j] : best[i];
                 }
+            }
+            for (int64_t j = 0; j < L; j++) {
+                if (UNSEEN(j)) continue;
+                for (int64_t i = 0; i < m; i++) {
+                    float *si = s + i * L;
+                    si[j] = exp_s(si[j] - best[i]);
+                    total[i] += si[j];
+                }
+            }
+            for (int64_t i = 0; i < m; i++)
+                for (int64_t x = 0; x < d; x++) out[(r * H + h0 + i) * d + x] = 0.0f;
+            for (int64_t j = 0; j < L; j++) {
+                if (UNSEEN(j)) continue;
+                const kv_t *vj = vh + j * d;
+                for (int64_t i = 0; i < m; i++) {
+                    const float p = s[i * L + j] / total[i];
+                    float *o = out + (r * H + h0 + i) * d;
+#if defined(GG_KV_F16) && defined(GG_AVX2)
+                    if (vec() && (d & 7) == 0) { /* the same products and sums, 8 at a time */
+                        const __m256 pv = _mm256_set1_ps(p);
+                        for (int64_t x = 0; x < d; x += 8) {
+                            const __m256 vx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vj + x)));
+                            _mm256_storeu_ps(o + x, _mm256_add_ps(_mm256_loadu_ps(o + x), _mm256_mul_ps(pv, vx)));
+                        }
+                        continue;
+                    }
 #endif
-                for (int64_t x = 0; x < d; x++) o[x] = o[x] + p * kv_get(vj[x]);
+                    for (int64_t x = 0; x < d; x++) o[x] = o[x] + p * kv_get(vj[x]);
+                }
             }
 #undef UNSEEN
         }
