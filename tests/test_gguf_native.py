@@ -657,6 +657,28 @@ def test_a_tiny_models_rows_are_batch_invariant(tiny):
         assert torch.equal(tiny.forward([context[-1], *extra]), steps)
 
 
+def test_the_fp16_cache_build_keeps_rows_batch_invariant(tiny):
+    """The measurement build with fp16 keys and values (docs/kernels.md, "The context and its KV
+    cache"): each row still equals the one-token step at its position, on every path, since each
+    key and value is rounded once, as it is stored, whatever pass stores it."""
+    model = native.GGUFCausalLM(tiny.weights, n_threads=THREADS)
+    model.lib = native.library("kv-f16")
+    model._cache = torch.zeros(model._cache.shape, dtype=torch.float16)
+    context, extra = [5, 9, 33, 2, 100, 7], [11, 12, 250, 3, 4, 5, 6, 7]
+    model.forward(context[:-1])
+    steps = torch.cat([model.forward([t]) for t in [context[-1], *extra]])
+    for n in (2, 5, 8):
+        model.trim(len(context) - 1)
+        assert torch.equal(model.forward([context[-1], *extra[:n]]), steps[: n + 1])
+    with native.running_path("portable", model.lib):
+        model.trim(len(context) - 1)
+        assert torch.equal(model.forward([context[-1], *extra]), steps)
+    tiny.reset()
+    tiny.forward(context[:-1])
+    fp32 = torch.cat([tiny.forward([t]) for t in [context[-1], *extra]])
+    assert not torch.equal(steps, fp32)  # the build does round: it is not the fp32 cache under another name
+
+
 def test_unsupported_types_and_architectures_are_refused_at_load(tmp_path, lib):
     path = tmp_path / "q5.gguf"
     write_tiny_gguf(path, "llama", override={"ffn_up": T.IQ3_S})

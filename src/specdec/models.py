@@ -29,6 +29,7 @@ from specdec import packs
 from specdec.backends import llamacpp  # imports the optional llama-cpp-python binding only when a model loads
 from specdec.backends import table as backend_table
 from specdec.backends.table import AUTO, GGUF, LLAMACPP, TORCH
+from specdec.backends.base import ContextSizeError
 from specdec.backends.choice import INSTALL_HINT, choose_gguf_backend
 from specdec.backends.gguf import (
     LLAMACPP_HINT, PATH_ENV, PORTABLE_ENV, KernelUnavailable, PathUnavailable, UnreadableGGUF, Unsupported,
@@ -40,13 +41,17 @@ from specdec.paths import CACHE_ENV
 __all__ = [
     "BACKENDS", "CACHE_ENV", "DEFAULT_DRAFT", "DEFAULT_TARGET", "GGUF_BACKENDS", "PACKS", "Located", "ModelPackError",
     "Pair", "backend_choice", "check_backend", "choose_backend", "gguf_path", "is_gguf_source", "load", "load_model",
-    "load_pair", "load_tokenizer", "locate", "logit_width", "resolve_backend", "resolve_dtype",
+    "load_pair", "load_tokenizer", "locate", "logit_width", "resolve_backend", "resolve_dtype", "ContextSizeError",
+    "MIN_CONTEXT", "check_context",
 ]
 
 BACKENDS = backend_table.CHOICES  # "auto" and each backend of specdec.backends.table
 GGUF_BACKENDS = backend_table.GGUF_NAMES  # the backends that run a GGUF file's own quantized weights
 BACKEND_LABELS = backend_table.LABELS  # in messages
 BACKENDS_BY_NAME = backend_table.BY_NAME  # each backend's row: its label, what may differ from plain decoding
+# The shortest context (n_ctx, --ctx-size) a model loads with: a short prompt, its answer and a draft
+# (llama.cpp rounds its contexts up to a multiple of this many cells).
+MIN_CONTEXT = 256
 
 
 # --------------------------------------------------------------------------------------------
@@ -247,8 +252,11 @@ def load_model(
     :func:`load` takes them), or a GGUF's own weights on llama.cpp
     (:class:`~specdec.backends.llamacpp.LlamaCppCausalLM`) or specdec's kernel
     (:class:`~specdec.backends.gguf.GGUFCausalLM`) on ``n_threads`` threads with room for
-    ``n_ctx`` tokens (None: the backend's default). A pack on torch is converted into its cache
-    directory first (once). Raises :class:`ModelPackError` for a model the backend cannot load."""
+    ``n_ctx`` tokens (None: the backend's default, 4,096 or the model's trained context if shorter;
+    :func:`check_context`). A pack on torch is converted into its cache directory first (once).
+    Raises :class:`ModelPackError` for a model the backend cannot load, or a context above the one
+    the model was trained on (read from the GGUF)."""
+    check_context(n_ctx, backend, located.name)
     fast.use_cache_dir(located.cache_dir)  # the compiled kernels live in the models' cache
     if backend in GGUF_BACKENDS:
         gguf = _gguf_of(located) or packs.prepare(located.pack, located.cache_dir, form=packs.GGUF, progress=progress)
@@ -279,6 +287,8 @@ def _load_gguf(gguf: Path, located: Located, backend: str, n_threads: int | None
     if backend == GGUF:
         try:
             return load_gguf_native(gguf, n_threads=n_threads, eos_token_ids=eos, **ctx)
+        except ContextSizeError as err:  # more than the model's trained context
+            raise ModelPackError(err.message, err.hint) from None
         except ValueError as err:  # a damaged file, a model this kernel does not run, a path it lacks
             known = _file_error(err)
             if known is None:  # a bad argument (n_ctx): said as it is
@@ -290,6 +300,27 @@ def _load_gguf(gguf: Path, located: Located, backend: str, n_threads: int | None
         return llamacpp.load_gguf(gguf, n_threads=n_threads, eos_token_ids=eos, cache_dir=located.cache_dir, **ctx)
     except llamacpp.LlamaCppUnavailable as err:  # installed, yet it does not import (e.g. its library fails to load)
         raise _llamacpp_missing(f"does not import here ({err.reason})") from None
+    except ContextSizeError as err:
+        raise ModelPackError(err.message, err.hint) from None
+
+
+def check_context(n_ctx: int | None, backend: str, name: str = "the model") -> None:
+    """``n_ctx`` is a context ``backend`` can be loaded with: None (the backend's default), or on a
+    GGUF backend an integer of at least :data:`MIN_CONTEXT` tokens (whether the model was trained
+    on that many, its loader checks). Raises :class:`~specdec.backends.base.ContextSizeError` (a
+    ``ValueError``) naming what is wrong."""
+    if n_ctx is None:
+        return
+    if backend == TORCH:
+        raise ContextSizeError(f"n_ctx (--ctx-size) sets the context of the GGUF backends, but {name} runs on "
+                               f"{BACKEND_LABELS[TORCH]}, where the context is the model's own",
+                               "leave n_ctx out, or run a GGUF file or pack on backend 'gguf' or 'llamacpp'")
+    if isinstance(n_ctx, bool) or not isinstance(n_ctx, int):
+        raise ContextSizeError(f"n_ctx must be a number of tokens (an integer), got {n_ctx!r}",
+                               f"give n_ctx={MIN_CONTEXT} or more")
+    if n_ctx < MIN_CONTEXT:
+        raise ContextSizeError(f"a context of {n_ctx} tokens is too short to decode in", f"give n_ctx={MIN_CONTEXT} "
+                               f"or more (--ctx-size {MIN_CONTEXT}); the default is 4096")
 
 
 def _torch_source(located: Located, progress: bool) -> tuple[Path, str | None]:
@@ -353,6 +384,7 @@ def load(
     kernels: str | None = None,
     backend: str = TORCH,
     n_threads: int | None = None,
+    n_ctx: int | None = None,
 ) -> tuple[Any, Any]:
     """Load a causal LM and its tokenizer: :func:`locate`, :func:`load_model`, :func:`load_tokenizer`.
 
@@ -372,6 +404,10 @@ def load(
     :class:`~specdec.backends.gguf.GGUFCausalLM`) or ``"auto"`` (see :func:`choose_backend`). On
     the two GGUF backends ``dtype`` and ``kernels`` do not apply and are refused.
 
+    n_ctx: on the GGUF backends, the context in tokens that the model's KV cache holds (default
+    4,096, or the model's trained context if shorter; at least :data:`MIN_CONTEXT`, at most the
+    trained context; :func:`check_context`). On torch it does not apply and is refused.
+
     Raises :class:`ModelPackError` for an unknown name, a missing or corrupt pack, or (backend
     ``"gguf"``) a kernel that cannot be compiled, ``TypeError`` for a ``name_or_path`` that is not
     text or a path. The compiled kernels are kept in ``cache_dir`` (:func:`specdec.kernels.use_cache_dir`).
@@ -387,8 +423,9 @@ def load(
     fast.use_cache_dir(cache_dir)
     located = locate(name, cache_dir, backend=backend, progress=progress)
     where = choose_backend(located, backend)["backend"]
+    check_context(n_ctx, where, name)
     if where in GGUF_BACKENDS:
-        return load_model(located, where, n_threads=n_threads, progress=progress), load_tokenizer(located)
+        return load_model(located, where, n_threads=n_threads, n_ctx=n_ctx, progress=progress), load_tokenizer(located)
     options = {"dtype": "bfloat16" if dtype is None else dtype, "kernels": "auto" if kernels is None else kernels}
     model = load_model(located, where, n_threads=n_threads, progress=progress, **options)
     return model, load_tokenizer(located)
@@ -433,7 +470,8 @@ def load_pair(
     cache; else the same object).
 
     dtype and kernels are passed only to the models that run on torch (they do not apply to a
-    GGUF's own weights); n_threads and n_ctx (None: the backend's default) are the GGUF backends'.
+    GGUF's own weights); n_threads and n_ctx (None: the backend's default) are the GGUF backends'
+    (n_ctx: each model's context in tokens, as :func:`load` takes it; refused where a model runs on torch).
     on_load: called as ``on_load(name, backend)`` just before each model loads (the CLI prints its
     "loading ..." line).
 
@@ -453,6 +491,8 @@ def load_pair(
     found = {name: locate(name, cache_dir, backend=backend) for name in names}  # before any model loads
     choices = {name: choose_backend(found[name], backend) for name in names}
     where = {name: choice["backend"] for name, choice in choices.items()}
+    for name in names:
+        check_context(n_ctx, where[name], name)  # before any model loads
 
     def load_one(name: str) -> Any:
         if on_load is not None:

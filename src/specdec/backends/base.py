@@ -117,6 +117,33 @@ class ModelFacts:
         return self._max_context
 
 
+DEFAULT_CONTEXT = 4096  # a GGUF backend's context in tokens when none is asked for (or the model's trained one, if shorter)
+
+
+class ContextSizeError(ValueError):
+    """A context length a model cannot be loaded with: ``message`` says what, ``hint`` how to fix it."""
+
+    def __init__(self, message: str, hint: str) -> None:
+        super().__init__(f"{message}; {hint}")
+        self.message, self.hint = message, hint
+
+
+def context_size(asked: int | None, trained: int, where: Any) -> int:
+    """The context, in tokens, that a GGUF backend loads ``where`` (its file) with: ``asked``, or
+    without one :data:`DEFAULT_CONTEXT` (capped at ``trained``, the context the model was trained
+    on, as the GGUF's ``context_length`` says; 0: not said). Raises :class:`ContextSizeError` for
+    an ``asked`` that is not a positive integer or exceeds ``trained``: the model's positions past
+    its training are not what it learned, and its cache would only grow."""
+    if asked is None:
+        return min(DEFAULT_CONTEXT, trained) if trained > 0 else DEFAULT_CONTEXT
+    if isinstance(asked, bool) or not isinstance(asked, int) or asked <= 0:
+        raise ContextSizeError(f"n_ctx must be a positive integer, got {asked!r}", "give a number of tokens")
+    if trained > 0 and asked > trained:
+        raise ContextSizeError(f"{where}: a context of {asked} tokens is more than the {trained} this model was trained on",
+                               f"ask for {trained} tokens or fewer (n_ctx={trained}; --ctx-size {trained})")
+    return asked
+
+
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     """Length of the longest common prefix of two token sequences."""
     n = min(len(a), len(b))

@@ -80,7 +80,7 @@ import numpy as np
 import torch
 
 from specdec import kernels
-from specdec.backends.base import SNAPSHOTS, TREES, CacheSnapshot, ModelFacts
+from specdec.backends.base import DEFAULT_CONTEXT, SNAPSHOTS, TREES, CacheSnapshot, ModelFacts, context_size
 from specdec.measurements import file_identity
 
 SOURCE = "linear_gguf.c"
@@ -101,6 +101,10 @@ PATHS = ("portable", "avx2", "avx512vnni", "avxvnni")
 # SIMDe's portable definitions (Debian's libsimde-dev): what the path computes, checked where no
 # CPU at hand has VNNI.
 FLAGS_EMULATED_VNNI = [*FLAGS_NATIVE, "-DGG_EMULATE_VNNI"]
+# A measurement build whose KV cache holds fp16 keys and values (each rounded to the nearest fp16 as
+# it is stored) instead of fp32: what an fp16 cache would cost and change (benchmarks/kv_cache_f16.py,
+# docs/kernels.md "The context and its KV cache"). Its caches are torch.float16 tensors.
+FLAGS_KV_F16 = [*FLAGS_NATIVE, "-DGG_KV_F16"]
 
 # ggml type ids this backend's kernel multiplies.
 TYPE_NAMES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 10: "Q2_K", 11: "Q3_K",
@@ -112,7 +116,7 @@ GEMMA = {"gemma3"}  # embedding times sqrt(hidden), post-attention and post-FFN 
 GEMMA3_SWA_PATTERN = 6  # llama.cpp's gemma3: of each 6 layers the first 5 slide, the 6th is global
 GEMMA3_LOCAL_ROPE_BASE = 10000.0  # llama.cpp's rope_freq_base_train_swa for gemma3 (unless rope.freq_base_swa says)
 ACT_SWIGLU, ACT_GEGLU = 0, 1
-DEFAULT_CTX = 4096
+DEFAULT_CTX = DEFAULT_CONTEXT  # tokens of context when none is asked for (capped at the model's trained context)
 TREE_SLACK = 256  # cache rows beyond max_context, for token trees' nodes
 MAX_PASS_ROWS = 64  # longer causal chains are fed in passes of this many rows (same numbers)
 _stop: contextvars.ContextVar[Any] = contextvars.ContextVar("specdec_gguf_stop", default=None)
@@ -157,9 +161,11 @@ def unreadable(path: str | Path, err: BaseException) -> UnreadableGGUF:
 def library(variant: str = "native") -> ctypes.CDLL:
     """The compiled ``linear_gguf.c``: ``"native"`` (every path; it runs the best one the CPU has,
     which the library itself detects), or the test builds ``"portable"`` (the portable path alone)
-    and ``"emulated-vnni"``. Built once per source and flags into :func:`specdec.kernels.kernels_dir`
-    (rebuilt where damaged). Raises :class:`KernelUnavailable`."""
-    flags = {"native": FLAGS_NATIVE, "portable": FLAGS_PORTABLE, "emulated-vnni": FLAGS_EMULATED_VNNI}
+    and ``"emulated-vnni"``, or the measurement build ``"kv-f16"`` (:data:`FLAGS_KV_F16`). Built once
+    per source and flags into :func:`specdec.kernels.kernels_dir` (rebuilt where damaged). Raises
+    :class:`KernelUnavailable`."""
+    flags = {"native": FLAGS_NATIVE, "portable": FLAGS_PORTABLE, "emulated-vnni": FLAGS_EMULATED_VNNI,
+             "kv-f16": FLAGS_KV_F16}
     if variant not in flags:
         raise ValueError(f"variant must be one of {', '.join(flags)}, got {variant!r}")
     lib = _libraries.get(variant)
@@ -692,7 +698,7 @@ class GGUFWeights:
     one the kernel does not run."""
 
     @_as_file_errors
-    def __init__(self, path: str | Path, *, n_ctx: int = DEFAULT_CTX) -> None:
+    def __init__(self, path: str | Path, *, n_ctx: int | None = None) -> None:
         self.path = Path(path)
         if not self.path.is_file():
             raise UnreadableGGUF(f"{self.path}: no such GGUF file")
@@ -763,7 +769,7 @@ class GGUFWeights:
             self.sliding = [False] * self.n_layers
         self.local_rope_base = float(key("rope.freq_base_swa", GEMMA3_LOCAL_ROPE_BASE))
         self.n_ctx_train = int(key("context_length", 0) or 0)
-        self.max_context = min(n_ctx, self.n_ctx_train) if self.n_ctx_train > 0 else n_ctx
+        self.max_context = context_size(n_ctx, self.n_ctx_train, self.path)  # refuses more than the trained context
         self.eos_ids = [int(v) for v in (_field(reader, "tokenizer.ggml.eos_token_id"),
                                          _field(reader, "tokenizer.ggml.eot_token_id"),
                                          _field(reader, "tokenizer.ggml.eom_token_id")) if v is not None]
@@ -836,19 +842,21 @@ def load_gguf_native(
     path: str | Path,
     *,
     n_threads: int | None = None,
-    n_ctx: int = DEFAULT_CTX,
+    n_ctx: int | None = None,
     eos_token_ids: Sequence[int] | None = None,
 ) -> "GGUFCausalLM":
     """Load a local llama, qwen2, qwen3, phi3 or gemma3 ``.gguf`` file into a :class:`GGUFCausalLM` (one KV cache).
 
-    n_threads: default the CPUs this process may use. n_ctx: the context length (capped at the
-    model's training context), reported as ``max_context``. eos_token_ids: default the GGUF's
+    n_threads: default the CPUs this process may use. n_ctx: the context length in tokens, reported
+    as ``max_context`` (default :data:`DEFAULT_CTX`, or the model's trained context if shorter; more
+    than the trained context is refused, a :class:`~specdec.backends.base.ContextSizeError`). The KV
+    cache holds ``n_ctx`` + :data:`TREE_SLACK` positions (:attr:`GGUFCausalLM.cache_bytes`; its pages
+    are taken as it fills). eos_token_ids: default the GGUF's
     end-of-sequence (and end-of-turn) tokens. Raises ``ValueError`` naming the file for a missing
     or non-GGUF file, an architecture or tensor type this backend does not run (the llama.cpp
     backend may), and :class:`KernelUnavailable` when the kernel cannot be compiled.
     """
-    if isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx <= 0:
-        raise ValueError(f"n_ctx must be a positive integer, got {n_ctx!r}")
+    context_size(n_ctx, 0, path)  # a bad value is refused before the file is read
     weights = GGUFWeights(path, n_ctx=n_ctx)
     return GGUFCausalLM(weights, n_threads=n_threads, eos_token_ids=eos_token_ids)
 

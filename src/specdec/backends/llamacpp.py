@@ -52,14 +52,14 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from specdec.backends.base import SNAPSHOTS, TREES, CacheSnapshot, ModelFacts
+from specdec.backends.base import DEFAULT_CONTEXT, SNAPSHOTS, TREES, CacheSnapshot, ModelFacts, context_size
 from specdec.measurements import batch_invariance, cache_file, cost_key, file_identity
 from specdec.paths import load_measurement, save_measurement
 
 REQUIREMENT = "llama-cpp-python==0.3.36"
 INSTALL = f"pip install {REQUIREMENT}"
 MODULE = "llama_cpp"
-DEFAULT_CTX = 4096
+DEFAULT_CTX = DEFAULT_CONTEXT  # tokens of context when none is asked for (capped at the model's trained context)
 DEFAULT_BATCH = 512
 MAX_SEQUENCES = 64  # sequence ids in a context: a token tree's leaves, and the spare one
 SPARE_SEQUENCE = MAX_SEQUENCES - 1  # holds the cells of discarded branches, out of every row's sight
@@ -204,7 +204,7 @@ def load_gguf(
     path: str | Path,
     *,
     n_threads: int | None = None,
-    n_ctx: int = DEFAULT_CTX,
+    n_ctx: int | None = None,
     n_batch: int = DEFAULT_BATCH,
     eos_token_ids: Sequence[int] | None = None,
     prefill_layout: str = "auto",
@@ -212,8 +212,10 @@ def load_gguf(
 ) -> "LlamaCppCausalLM":
     """Load a local ``.gguf`` file into a :class:`LlamaCppCausalLM` (one KV cache).
 
-    n_threads: default :func:`default_threads`. n_ctx: the context length (capped at the model's
-    training context), reported as ``max_context``. eos_token_ids: the ids that end generation
+    n_threads: default :func:`default_threads`. n_ctx: the context length in tokens (llama.cpp's
+    n_ctx, less the cells kept for trees), reported as ``max_context`` (default :data:`DEFAULT_CTX`,
+    or the model's trained context if shorter; more than the trained context is refused, a
+    :class:`~specdec.backends.base.ContextSizeError`). eos_token_ids: the ids that end generation
     (default: the GGUF's end-of-generation tokens). prefill_layout: the weight layout long chains
     (prompts) run on: ``"repacked"`` (the one decoding runs on), ``"file"`` (as stored in the
     GGUF) or ``"auto"``, whichever :func:`choose_prefill_layout` measures faster here (cached under
@@ -225,6 +227,7 @@ def load_gguf(
     """
     if prefill_layout not in PREFILL_LAYOUTS:
         raise ValueError(f"prefill_layout must be one of {', '.join(PREFILL_LAYOUTS)}, got {prefill_layout!r}")
+    context_size(n_ctx, 0, path)  # a bad value is refused before the file loads
     weights = GGUFWeights(path)
     model = LlamaCppCausalLM(weights, n_threads=n_threads, n_ctx=n_ctx, n_batch=n_batch, eos_token_ids=eos_token_ids)
     invariance = batch_invariance(model, cache_dir=cache_dir)  # its matrix products, measured once (cached)
@@ -305,21 +308,21 @@ class LlamaCppCausalLM(ModelFacts):
         weights: GGUFWeights,
         *,
         n_threads: int | None = None,
-        n_ctx: int = DEFAULT_CTX,
+        n_ctx: int | None = None,
         n_batch: int = DEFAULT_BATCH,
         eos_token_ids: Sequence[int] | None = None,
         kv_type: str = "f16",
     ) -> None:
         if kv_type not in KV_TYPES:
             raise ValueError(f"kv_type must be one of {', '.join(KV_TYPES)}, got {kv_type!r}")
-        for name, value in (("n_ctx", n_ctx), ("n_batch", n_batch), ("n_threads", n_threads)):
+        for name, value in (("n_batch", n_batch), ("n_threads", n_threads)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         self.weights = weights
         self.n_threads = n_threads or default_threads()
         self.n_batch = n_batch
         self._vocab = weights.vocab_size
-        self._max_context = min(n_ctx, weights.n_ctx_train) if weights.n_ctx_train > 0 else n_ctx
+        self._max_context = context_size(n_ctx, weights.n_ctx_train, weights.path)  # refuses more than the trained context
         eos = list(eos_token_ids) if eos_token_ids is not None else weights.eog_ids()
         self.generation_config = types.SimpleNamespace(eos_token_id=eos)  # what eos_token_ids() reads
         api = self._api = _api()

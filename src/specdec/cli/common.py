@@ -70,6 +70,7 @@ non_negative_float = _number(float, lambda v: math.isfinite(v) and v >= 0.0, "a 
 positive_float = _number(float, lambda v: math.isfinite(v) and v > 0.0, "a finite number > 0")
 probability = _number(float, lambda v: 0.0 < v <= 1.0, "a number in (0, 1]")
 seed_int = _number(int, lambda v: 0 <= v < 2**64, "an integer in [0, 2**64)")  # what torch.manual_seed takes
+context_tokens = _number(int, lambda v: v >= models.MIN_CONTEXT, f"a number of tokens >= {models.MIN_CONTEXT}")
 
 
 def draft_name(text: str) -> str | None:
@@ -130,6 +131,16 @@ def add_backend_option(parser: argparse.ArgumentParser) -> None:
                              "transformers; 'auto' runs a GGUF on the kernel wherever it runs the file, else on "
                              "llama.cpp where its binding is installed (else it says to install it), and says which "
                              "and why (default: auto)")
+
+
+def add_context_option(group: Any, *, per: str = "the generation") -> None:
+    """-c/--ctx-size: the context, in tokens, of the GGUF backends' KV caches (one per ``per``)."""
+    group.add_argument("-c", "--ctx-size", type=context_tokens, default=None, metavar="N", dest="ctx_size",
+                       help=f"tokens of context for {per} on a GGUF backend (llama.cpp's n_ctx): prompt and output "
+                            f"together; at least {models.MIN_CONTEXT}, at most what the model was trained on, read "
+                            "from the GGUF (32768 for the default pair). Each cache of the default pair takes "
+                            "80 KiB a token on specdec's kernel: 340 MiB at 4096, 2.7 GB at 32768 (its pages are "
+                            "taken as it fills) (default: 4096, or the model's trained context if shorter)")
 
 
 def add_decoding_options(parser: argparse.ArgumentParser) -> None:
@@ -271,14 +282,15 @@ def decode_config(args: argparse.Namespace) -> DecodeConfig:
 
 def load_models(target: str, draft: str | None = None, *, backend: str = TORCH, cache_dir: str | None = None,
                 dtype: str = "bfloat16", kernels: str = "auto", threads: int | None = None,
-                draft_weights: str = "int8", typed: Collection[str] = ()) -> models.Pair:
+                draft_weights: str = "int8", typed: Collection[str] = (), ctx_size: int | None = None) -> models.Pair:
     """The target and, unless ``draft`` is None, the draft, as a
     :class:`~specdec.models.Pair` (:func:`specdec.models.load_pair`, which checks the two share a
     vocabulary): what every sub-command that decodes holds. Notes on stderr say what loads, and a
     pack error is a :class:`CLIError`.
 
     backend: --backend ('auto', 'torch', 'llamacpp' or 'gguf'); threads: the GGUF backends' thread
-    count (None: their default); draft_weights: --draft-weights, kept in the pair. typed: the
+    count (None: their default); ctx_size: --ctx-size, their context (None: their default);
+    draft_weights: --draft-weights, kept in the pair. typed: the
     options the user typed (``args.given``): a typed --dtype or --kernels is refused when every
     model runs a GGUF's own weights, where they do not apply."""
     names = [target] + ([draft] if draft is not None else [])
@@ -292,8 +304,8 @@ def load_models(target: str, draft: str | None = None, *, backend: str = TORCH, 
 
     try:
         pair = models.load_pair(target, draft, backend=backend, cache_dir=cache_dir, dtype=dtype, kernels=kernels,
-                                n_threads=threads, on_load=loading)
-    except models.ModelPackError as err:
+                                n_threads=threads, n_ctx=ctx_size, on_load=loading)
+    except (models.ModelPackError, models.ContextSizeError) as err:
         raise CLIError(err.message, err.hint) from None
     pair.draft_weights = draft_weights
     if backend == AUTO and pair.backend != TORCH:
@@ -309,11 +321,12 @@ def load_models(target: str, draft: str | None = None, *, backend: str = TORCH, 
 def load_models_from(args: argparse.Namespace, *, draft: bool = True) -> models.Pair:
     """:func:`load_models` with what the parsed options say: --target, --draft (unless ``draft`` is
     False), --backend (torch where the command has none), --cache-dir, --dtype, --kernels, --threads,
-    --draft-weights."""
+    --ctx-size, --draft-weights."""
     return load_models(args.target, args.draft if draft else None, backend=getattr(args, "backend", TORCH),
                        cache_dir=getattr(args, "cache_dir", None), dtype=args.dtype,
                        kernels=getattr(args, "kernels", "auto"), threads=getattr(args, "threads", None),
-                       draft_weights=getattr(args, "draft_weights", "int8"), typed=getattr(args, "given", frozenset()))
+                       draft_weights=getattr(args, "draft_weights", "int8"), typed=getattr(args, "given", frozenset()),
+                       ctx_size=getattr(args, "ctx_size", None))
 
 
 def _loaded_notes(name: str, model: Any, backend: str) -> None:

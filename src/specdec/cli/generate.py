@@ -24,7 +24,7 @@ from specdec.backends import table as backend_table
 from specdec.backends.table import GGUF
 from specdec.models import Pair
 from specdec.cli.common import (
-    CLIError, add_backend_option, add_constraint_options, add_decoding_options, add_model_options,
+    CLIError, add_backend_option, add_constraint_options, add_context_option, add_decoding_options, add_model_options,
     check_threads, console, constraint_cli_error, constraints_from, decode_config, gguf_weights, load_models_from, note, positive_int,
 )
 from specdec.constraints import ConstraintError
@@ -42,6 +42,7 @@ def add_generate_parser(subparsers: Any) -> None:
     parser.add_argument("prompt", metavar="PROMPT", help="the text to continue (or the user message with --chat)")
     add_model_options(parser)
     add_backend_option(parser)
+    add_context_option(parser)
     add_decoding_options(parser)
     add_constraint_options(parser)
     group = parser.add_argument_group("output")
@@ -74,6 +75,7 @@ def run_generate(args: argparse.Namespace) -> int:
     uses_model = config.uses_draft_model
     pair = load_models_from(args, draft=uses_model)
     prompt = _prompt(args, pair.tokenizer)
+    check_prompt_fits(prompt, pair, config.max_new_tokens)
     common = dict(tokenizer=pair.tokenizer, config=config, constraints=constraints, logprobs=logprobs)
     drafting = dict(draft=pair.draft) if uses_model else {}
     try:
@@ -171,6 +173,27 @@ def check_prompt_text(prompt: str, *, allow_blank: bool = False) -> None:
         raise CLIError("the prompt is empty", "give some text to continue", code=2)
     raise CLIError(f"the prompt is whitespace-only ({len(prompt)} whitespace characters)",
                    "give some text to continue", code=2)
+
+
+def check_prompt_fits(prompt: str | list[int], pair: Pair, max_new_tokens: int) -> None:
+    """A prompt that leaves no room in the target's context for a new token is refused, with the
+    numbers: its tokens, --max-new-tokens and the context (--ctx-size). One that leaves some room,
+    but less than --max-new-tokens, is generated up to the context's end (the library warns)."""
+    context = pair.target.max_context if hasattr(pair.target, "forward") and hasattr(pair.target, "trim") else None
+    if context is None:  # a transformers model: its context is the model's own (the library checks it)
+        return
+    tokens = len(prompt) if isinstance(prompt, list) else len(pair.tokenizer(prompt, add_special_tokens=True)["input_ids"])
+    if tokens < context:
+        return
+    need, trained = tokens + max_new_tokens, int(getattr(getattr(pair.target, "weights", None), "n_ctx_train", 0))
+    if trained and trained <= context:
+        hint = f"shorten the prompt: the context is already the {trained} tokens the model was trained on"
+    elif trained:
+        hint = f"shorten the prompt, or give --ctx-size {min(need, trained)} (the model was trained on {trained} tokens)"
+    else:
+        hint = f"shorten the prompt, or give --ctx-size {need}"
+    raise CLIError(f"the prompt has {tokens} tokens and --max-new-tokens asks for {max_new_tokens} more, {need} in "
+                   f"all, but the context holds {context} tokens", hint, code=2)
 
 
 _ESCAPES = {"\\n": "newline", "\\t": "tab", "\\r": "carriage return"}

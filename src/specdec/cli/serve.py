@@ -11,7 +11,7 @@ from typing import Any
 
 import specdec
 from specdec.cli.common import (
-    CLIError, add_backend_option, add_model_options, check_threads, load_models_from, non_negative_float,
+    CLIError, add_backend_option, add_context_option, add_model_options, check_threads, load_models_from, non_negative_float,
     non_negative_int, positive_int,
 )
 from specdec.backends import table as backend_table
@@ -63,6 +63,7 @@ def add_serve_parser(subparsers: Any) -> None:
                             "file); llama.cpp and torch serve one request at a time (default: on the GGUF kernel, "
                             "from this machine's measured cost of a pass of n rows: the fewest slots that make 90%% "
                             "of the most tokens per second, at most 8 and within the memory; else 1)")
+    add_context_option(group, per="each slot (each request decoded at once: --parallel)")
     group.add_argument("--max-queue", type=non_negative_int, default=16, metavar="N",
                        help="requests that may wait while --parallel generate; more get 429 (default: 16)")
     group.add_argument("--request-timeout", type=_seconds, default=600.0, metavar="S",
@@ -227,13 +228,15 @@ def check_slots_fit(models: Any, parallel: int) -> None:
         return
     per_slot = _slot_bytes(models)
     available = available_memory()
-    print(f"specdec: {parallel} slots, each with {per_slot / 2**20:.0f} MiB of KV cache at a full context",
-          file=sys.stderr, flush=True)
+    context = models.target.max_context
+    print(f"specdec: {parallel} slots, each with {per_slot / 2**20:.0f} MiB of KV cache at a full context "
+          f"({context} tokens)", file=sys.stderr, flush=True)
     if available is not None and parallel * per_slot > available:
         fits = max(1, available // per_slot)
         raise CLIError(f"--parallel {parallel}: the slots' caches take up to {parallel * per_slot / 2**30:.1f} GiB "
                        f"at a full context, and {available / 2**30:.1f} GiB of memory is available",
-                       f"serve with --parallel {fits} or fewer, or a shorter context", code=2)
+                       f"serve with --parallel {fits} or fewer, or a shorter context (--ctx-size, now {context})",
+                       code=2)
 
 
 def available_memory() -> int | None:

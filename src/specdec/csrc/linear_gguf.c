@@ -113,6 +113,14 @@ static const int8_t kv_iq4[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 1
 #define RT 16 /* rows applied to one decoded weight block before the next tile of rows */
 #define CHUNK_BYTES 262144 /* weights per unit of work handed to a thread (long runs: the prefetchers stream) */
 
+/* The KV cache's element: fp32, or fp16 in a build with -DGG_KV_F16 (keys and values rounded to
+ * the nearest fp16 as they are stored, read back exactly). */
+#ifdef GG_KV_F16
+typedef uint16_t kv_t;
+#else
+typedef float kv_t;
+#endif
+
 /* ---------------------------------------------------------------------------------------------- */
 /* the interface: described once, here */
 
@@ -150,9 +158,9 @@ static const int8_t kv_iq4[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 1
       (gu, n_rows, ff, out, act, n_threads))                                                                        \
     X(V, void, gguf_gelu, (const float *x, int64_t n, float *y), (x, n, y))                                         \
     X(V, void, gguf_rope_store, (const float *qkv, const int64_t *pos, const float *cos_t, const float *sin_t,      \
-      int neox, int64_t n, int64_t H, int64_t KV, int64_t d, float *q_out, float *k_cache, float *v_cache,          \
+      int neox, int64_t n, int64_t H, int64_t KV, int64_t d, float *q_out, kv_t *k_cache, kv_t *v_cache,            \
       int64_t cap, int64_t start), (qkv, pos, cos_t, sin_t, neox, n, H, KV, d, q_out, k_cache, v_cache, cap, start)) \
-    X(R, int, gguf_attention, (const float *q, const float *k, const float *v, const uint8_t *visible, float *out,   \
+    X(R, int, gguf_attention, (const float *q, const kv_t *k, const kv_t *v, const uint8_t *visible, float *out,     \
       int64_t H, int64_t KV, int64_t n, int64_t L, int64_t d, int64_t cap, float scale, const int64_t *qpos,        \
       const int64_t *kpos, int64_t window, int n_threads),                                                          \
       (q, k, v, visible, out, H, KV, n, L, d, cap, scale, qpos, kpos, window, n_threads))                           \
@@ -281,6 +289,26 @@ static inline float f16(const uint8_t *p) {
 }
 
 static inline float bf16(const uint8_t *p) { return bits_f32((uint32_t)(p[0] | (p[1] << 8)) << 16); }
+
+/* fp32 -> fp16, rounded to nearest even (ggml's fp32_to_fp16: subnormals, inf, nan included). */
+static inline uint16_t f16_of(float f) {
+    float base = (fabsf(f) * 0x1.0p+112f) * 0x1.0p-110f;
+    const uint32_t w = f32_bits(f), shl1_w = w + w, sign = w & 0x80000000u;
+    uint32_t bias = shl1_w & 0xFF000000u;
+    if (bias < 0x71000000u) bias = 0x71000000u;
+    base = bits_f32((bias >> 1) + 0x07800000u) + base;
+    const uint32_t bits = f32_bits(base);
+    const uint32_t nonsign = ((bits >> 13) & 0x00007C00u) + (bits & 0x00000FFFu);
+    return (uint16_t)((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
+}
+
+#ifdef GG_KV_F16
+static inline kv_t kv_put(float x) { return f16_of(x); }
+static inline float kv_get(kv_t h) { const uint8_t p[2] = {(uint8_t)h, (uint8_t)(h >> 8)}; return f16(p); }
+#else
+static inline kv_t kv_put(float x) { return x; }
+static inline float kv_get(kv_t x) { return x; }
+#endif
 
 /* The fixed reduction tree of 8 lanes. */
 static inline float tree8(const float a[8]) {
@@ -1408,15 +1436,15 @@ static void gguf_gelu(const float *x, int64_t n, float *y) {
  * neox: 0 = pairs (2i, 2i + 1) (llama.cpp's NORM, GGUF llama), 1 = pairs (i, i + d / 2) (NEOX, qwen2).
  * q_out [H, n, d]; k_cache, v_cache [KV, cap, d], rows start .. start + n - 1 written. */
 static void gguf_rope_store(const float *qkv, const int64_t *pos, const float *cos_t, const float *sin_t, int neox,
-                     int64_t n, int64_t H, int64_t KV, int64_t d, float *q_out, float *k_cache, float *v_cache,
+                     int64_t n, int64_t H, int64_t KV, int64_t d, float *q_out, kv_t *k_cache, kv_t *v_cache,
                      int64_t cap, int64_t start) {
     const int64_t width = (H + 2 * KV) * d, half = d / 2;
     for (int64_t r = 0; r < n; r++) {
         const float *row = qkv + r * width;
         const float *c = cos_t + pos[r] * half, *s = sin_t + pos[r] * half;
-        for (int64_t h = 0; h < H + KV; h++) {
+        for (int64_t h = 0; h < H; h++) {
             const float *xin = row + h * d;
-            float *xo = h < H ? q_out + (h * n + r) * d : k_cache + ((h - H) * cap + start + r) * d;
+            float *xo = q_out + (h * n + r) * d;
             for (int64_t i = 0; i < half; i++) {
                 const int64_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
                 const float x0 = xin[a], x1 = xin[b];
@@ -1424,28 +1452,44 @@ static void gguf_rope_store(const float *qkv, const int64_t *pos, const float *c
                 xo[b] = x0 * s[i] + x1 * c[i];
             }
         }
-        for (int64_t h = 0; h < KV; h++)
-            memcpy(v_cache + (h * cap + start + r) * d, row + (H + KV + h) * d, (size_t)d * sizeof(float));
+        for (int64_t h = 0; h < KV; h++) {
+            const float *xin = row + (H + h) * d;
+            kv_t *xo = k_cache + (h * cap + start + r) * d;
+            for (int64_t i = 0; i < half; i++) {
+                const int64_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+                const float x0 = xin[a], x1 = xin[b];
+                xo[a] = kv_put(x0 * c[i] - x1 * s[i]);
+                xo[b] = kv_put(x0 * s[i] + x1 * c[i]);
+            }
+            const float *vin = row + (H + KV + h) * d;
+            kv_t *vo = v_cache + (h * cap + start + r) * d;
+            for (int64_t i = 0; i < d; i++) vo[i] = kv_put(vin[i]);
+        }
     }
 }
 
-static inline float dot8(const float *a, const float *b, int64_t d) {
+static inline float dot8(const float *a, const kv_t *b, int64_t d) {
     const int64_t d8 = d & ~(int64_t)7;
     float s;
 #ifdef GG_AVX2
     if (vec()) {
         __m256 acc = _mm256_setzero_ps();
+#ifdef GG_KV_F16
+        for (int64_t i = 0; i < d8; i += 8)
+            acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + i))), acc);
+#else
         for (int64_t i = 0; i < d8; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+#endif
         s = tree8v(acc);
     } else
 #endif
     {
         float acc[8] = {0};
         for (int64_t i = 0; i < d8; i += 8)
-            for (int l = 0; l < 8; l++) acc[l] = fmaf(a[i + l], b[i + l], acc[l]);
+            for (int l = 0; l < 8; l++) acc[l] = fmaf(a[i + l], kv_get(b[i + l]), acc[l]);
         s = tree8(acc);
     }
-    for (int64_t i = d8; i < d; i++) s = fmaf(a[i], b[i], s);
+    for (int64_t i = d8; i < d; i++) s = fmaf(a[i], kv_get(b[i]), s);
     return s;
 }
 
@@ -1454,48 +1498,78 @@ static inline float dot8(const float *a, const float *b, int64_t d) {
  * and with a sliding window (window > 0) only those whose position is within the last `window`
  * positions of the row's: qpos[r] - kpos[j] < window (llama.cpp's standard window), qpos [n] the
  * rows' positions and kpos [L] the cached keys' (both unread when window is 0).
- * q [H, n, d]; k, v [KV, cap, d]; out [n, H, d]. One (head, row) is one job of one thread, its keys
- * in order: a row's result does not depend on the other rows. Jobs run kv head by kv head, so a
- * thread reads a kv head's keys for all its query heads and rows while they are in cache. */
-static int gguf_attention(const float *q, const float *k, const float *v, const uint8_t *visible, float *out, int64_t H,
+ * q [H, n, d]; k, v [KV, cap, d]; out [n, H, d]. Each (head, row) is computed by one thread over
+ * its keys in order, so a row's result does not depend on the other rows nor on how many threads
+ * run. A thread's job is one row and the query heads that share a kv head (or a share of them,
+ * where there would be fewer jobs than threads): each key and value is read once for all those heads,
+ * and their computations, interleaved key by key, are each the one it would be alone. (One job a
+ * (head, row) read a kv head's whole cache once per query head and row: at a long context that
+ * traffic, not the weights, made the step's time.) */
+static int gguf_attention(const float *q, const kv_t *k, const kv_t *v, const uint8_t *visible, float *out, int64_t H,
                    int64_t KV, int64_t n, int64_t L, int64_t d, int64_t cap, float scale, const int64_t *qpos,
                    const int64_t *kpos, int64_t window, int n_threads) {
     const int64_t group = H / KV;
+    /* a job: one row's query heads that share a kv head (or a share of them, so that there are at
+     * least as many jobs as threads), each key and value read once for all of them */
+    int64_t parts = (n_threads + KV * n - 1) / (KV * n);
+    parts = parts < 1 ? 1 : parts > group ? group : parts;
+    const int64_t jobs = KV * n * parts;
     int failed = 0;
     #pragma omp parallel num_threads(n_threads) if (H * n > 1 && L * d * H * n >= 16384)
     {
-        float *s = (float *)malloc((size_t)(L > 0 ? L : 1) * sizeof(float));
+        float *s = (float *)malloc((size_t)(group * L + 2 * group) * sizeof(float)); /* scores, best, total */
         if (!s) {
             #pragma omp atomic write
             failed = 1;
         }
         #pragma omp for schedule(dynamic, 1)
-        for (int64_t job = 0; job < H * n; job++) {
+        for (int64_t job = 0; job < jobs; job++) {
             if (!s) continue;
-            const int64_t h = job / n, r = job % n, g = h / group;
-            const float *qr = q + (h * n + r) * d, *kh = k + g * cap * d, *vh = v + g * cap * d;
+            const int64_t g = job / (n * parts), r = job / parts % n, part = job % parts;
+            const int64_t h0 = g * group + part * group / parts, h1 = g * group + (part + 1) * group / parts;
+            const int64_t m = h1 - h0; /* heads h0 .. h1 - 1: head h's scores at s + (h - h0) * L */
+            float *best = s + group * L, *total = best + group;
+            const kv_t *kh = k + g * cap * d, *vh = v + g * cap * d;
             const uint8_t *vis = visible ? visible + r * L : NULL;
             const int64_t far = window > 0 ? qpos[r] - window : 0; /* keys at this position or before: unseen */
-            float *o = out + (r * H + h) * d;
-            float best = -INFINITY;
 #define UNSEEN(j) ((vis && !vis[j]) || (window > 0 && kpos[j] <= far))
+            for (int64_t i = 0; i < m; i++) best[i] = -INFINITY, total[i] = 0.0f;
             for (int64_t j = 0; j < L; j++) {
                 if (UNSEEN(j)) continue;
-                s[j] = dot8(qr, kh + j * d, d) * scale;
-                best = s[j] > best ? s[j] : best;
+                for (int64_t i = 0; i < m; i++) {
+                    float *si = s + i * L;
+                    si[j] = dot8(q + ((h0 + i) * n + r) * d, kh + j * d, d) * scale;
+                    best[i] = si[j] > best[i] ? si[j] : best[i];
+                }
             }
-            float total = 0.0f;
             for (int64_t j = 0; j < L; j++) {
                 if (UNSEEN(j)) continue;
-                s[j] = exp_s(s[j] - best);
-                total += s[j];
+                for (int64_t i = 0; i < m; i++) {
+                    float *si = s + i * L;
+                    si[j] = exp_s(si[j] - best[i]);
+                    total[i] += si[j];
+                }
             }
-            for (int64_t x = 0; x < d; x++) o[x] = 0.0f;
+            for (int64_t i = 0; i < m; i++)
+                for (int64_t x = 0; x < d; x++) out[(r * H + h0 + i) * d + x] = 0.0f;
             for (int64_t j = 0; j < L; j++) {
                 if (UNSEEN(j)) continue;
-                const float p = s[j] / total;
-                const float *vj = vh + j * d;
-                for (int64_t x = 0; x < d; x++) o[x] = o[x] + p * vj[x];
+                const kv_t *vj = vh + j * d;
+                for (int64_t i = 0; i < m; i++) {
+                    const float p = s[i * L + j] / total[i];
+                    float *o = out + (r * H + h0 + i) * d;
+#if defined(GG_KV_F16) && defined(GG_AVX2)
+                    if (vec() && (d & 7) == 0) { /* the same products and sums, 8 at a time */
+                        const __m256 pv = _mm256_set1_ps(p);
+                        for (int64_t x = 0; x < d; x += 8) {
+                            const __m256 vx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vj + x)));
+                            _mm256_storeu_ps(o + x, _mm256_add_ps(_mm256_loadu_ps(o + x), _mm256_mul_ps(pv, vx)));
+                        }
+                        continue;
+                    }
+#endif
+                    for (int64_t x = 0; x < d; x++) o[x] = o[x] + p * kv_get(vj[x]);
+                }
             }
 #undef UNSEEN
         }
@@ -1552,7 +1626,7 @@ static int gguf_forward_seqs(const int64_t *layers, int64_t n_layers, int64_t hi
             if (knorm) gguf_rmsnorm(qkv + r * qkvw + heads * d, knorm, kv, d, eps, qkv + r * qkvw + heads * d);
         }
         for (int64_t sq = 0, r = 0; sq < n_seq; r += rows_of[sq], sq++) {
-            float *keys = (float *)(uintptr_t)caches[sq] + li * 2 * kv * cap * d, *values = keys + kv * cap * d;
+            kv_t *keys = (kv_t *)(uintptr_t)caches[sq] + li * 2 * kv * cap * d, *values = keys + kv * cap * d;
             const int64_t m = rows_of[sq], start = starts[sq];
             gguf_rope_store(qkv + r * qkvw, pos + r, cos_t, sin_t, neox, m, heads, kv, d, q + r * heads * d, keys, values,
                             cap, start);
