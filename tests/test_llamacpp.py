@@ -262,6 +262,13 @@ PROMPTS = [
     "The three largest cities in France are",
     "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\ndef",
 ]
+# decoded after PROMPTS only until a tree kind has kept three paths with holes
+MORE_PROMPTS = [
+    "Once upon a time, in a small village by the sea,",
+    "import numpy as np\n\ndef normalize(x):",
+    "A list of prime numbers: 2, 3, 5, 7,",
+    "SELECT name, age FROM users WHERE",
+]
 TREES = {
     "static, branching at depths 1-3": dict(mode="static", choices=[(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 1, 0)]),
     "static 0|1|0.0": dict(mode="static", choices=[(0,), (1,), (0, 0)]),
@@ -283,7 +290,10 @@ def test_every_tree_kind_decodes_greedily_the_backends_own_greedy_output(request
     holes = []  # kept paths that skip cells of the tree: where a cache with holes once went wrong
     real_keep = model.keep
     monkeypatch.setattr(model, "keep", lambda kept: (holes.append(kept != list(range(len(kept)))), real_keep(kept))[1])
-    for prompt in PROMPTS:
+    for n, prompt in enumerate(PROMPTS + MORE_PROMPTS):
+        if n >= len(PROMPTS) and sum(holes) >= 3:
+            break  # each kind's paths with holes come where its drafts part from the target: which
+            # prompts give three depends on llama.cpp's rounding on this CPU (AVX2, AVX-512)
         ar = greedy_tokens(model, prompt, 40)
         spec = generate(model, prompt, tokenizer=tokenizer, draft=draft, verify="tree", tree=TREES[tree],
                         max_new_tokens=40, eos_token_ids=[])
