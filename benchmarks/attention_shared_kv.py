@@ -46,8 +46,9 @@ def main() -> int:
             for name in (list(libs) if sweep % 2 else list(libs)[::-1]):
                 for n in (1, rows):
                     out = torch.empty(n, H, d)
+                    query = q[:, :n].contiguous()  # kept: a temporary's memory is freed (and written) before the call
                     t0 = time.perf_counter()
-                    rc = libs[name].gguf_attention(q[:, :n].contiguous().data_ptr(), kv[0].data_ptr(), kv[1].data_ptr(), None,
+                    rc = libs[name].gguf_attention(query.data_ptr(), kv[0].data_ptr(), kv[1].data_ptr(), None,
                                                    out.data_ptr(), H, KV, n, context + n, d, context + rows,
                                                    ctypes.c_float(d ** -0.5), qpos.data_ptr(), kpos.data_ptr(), 0, args.threads)
                     seconds = time.perf_counter() - t0

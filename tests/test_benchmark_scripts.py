@@ -11,9 +11,10 @@ read from a torch conversion that a llama.cpp user never makes). For every ``ben
   forward_cost, freed_memory, prefill, tree_vs_chain and trimmed_head (with random heads made
   here, since heads ship only for the 1.5B target); its GGUF on llama.cpp for
   coupled_acceptance, gguf_row_cost, prefill_layouts and request_path, and on specdec's GGUF
-  kernel for default_overhead; no model for
-  sampler_cost and coupled_text (whose input, a bench run's saved samples, is written here by
-  the bench's own writer). A new script without a run test here fails
+  kernel for default_overhead, kv_cache_f16 and prefill_beside (a ``specdec serve`` app in the
+  script's process); no model for sampler_cost, attention_shared_kv (its ``--before`` build: a
+  copy of the current kernel, which must agree bit for bit) and coupled_text (whose input, a
+  bench run's saved samples, is written here by the bench's own writer). A new script without a run test here fails
   :func:`test_every_script_has_a_run_test`.
 
 multi_turn.py compares ``specdec serve`` with llama.cpp's ``llama-server``: without a
@@ -363,6 +364,32 @@ def test_multi_turn_runs(tmp_path):
 
 
 @pytest.mark.slow
+def test_prefill_beside_runs(tmp_path):
+    """One round of both budgets (none, the default): a 4-token short request alone and beside a
+    cold 128-token prompt, on a 2-slot server of the SmolLM2 GGUF."""
+    need_pack()
+    from specdec.backends.shared import PASS_BUDGET
+
+    out = tmp_path / "prefill-beside.json"
+    ran(run_script("prefill_beside.py", "--target", PACK, "--draft", PACK, "--parallel", "2", "--long-tokens", "128",
+                   "--short-tokens", "4", "--delay", "0.2", "--rounds", "1", "--threads", THREADS, "--out", str(out)))
+    data = read_json(out)
+    assert (data["parallel"], data["long_prompt_tokens"], data["short_tokens"]) == (2, 128, 4)
+    assert [(r["round"], r["budget"]) for r in data["runs"]] == [(0, None), (0, PASS_BUDGET)]
+    for run in data["runs"]:
+        for short in (run["short_alone"], run["short_beside"]):
+            assert short["tokens"] == 4  # end of text ignored
+            positive_numbers([short["seconds"], short["first_token"]])
+            assert short["first_token"] <= short["seconds"]
+        assert 1 <= run["long"]["tokens"] <= 8
+        positive_numbers([run["long"]["seconds"], run["long"]["first_token"]])
+    assert set(data["summary"]) == {"None", str(PASS_BUDGET)}
+    for figures in data["summary"].values():
+        positive_numbers(figures.values(), count=3)
+    assert data["machine"]["one_row_step"] == {"skipped": "not measured here"}
+
+
+@pytest.mark.slow
 def test_prefill_runs(tmp_path):
     need_pack()
     out = tmp_path / "prefill.json"
@@ -623,6 +650,58 @@ def test_a_llamacpp_bench_run_states_the_gguf_in_its_header(tmp_path):
     first = (tmp_path / "greedy" / "results.md").read_text().splitlines()[0]
     assert first.startswith(f"**target {PACK}, {described} GGUF via llama.cpp, greedy, 4 new tokens")
     assert "bfloat16" not in first
+
+
+def test_attention_shared_kv_runs(tmp_path):
+    """--before: a copy of the kernel built from the current source (a file of its own, so that it
+    loads as a second library), which must give the current build's attention bit for bit; two small
+    contexts, a step and a 4-row pass, one repeat."""
+    import shutil
+
+    from specdec.backends import gguf
+
+    try:
+        now = Path(gguf.library()._name)
+    except gguf.KernelUnavailable as err:
+        pytest.skip(f"specdec's GGUF kernel cannot be built here: {err}")
+    before = shutil.copy(now, tmp_path / "linear_gguf-before.so")
+    proc = ran(run_script("attention_shared_kv.py", "--before", str(before), "--contexts", "8,64", "--rows", "4",
+                          "--repeats", "1", "--threads", THREADS))
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [line["context"] for line in lines] == [8, 64]
+    for line in lines:
+        assert line["equal"] is True  # the same source: the same outputs
+        for name in ("before_ms", "now_ms"):
+            assert list(line[name]) == ["1", "4"]
+            positive_numbers(line[name].values())
+
+
+@pytest.mark.slow
+def test_kv_cache_f16_runs(tmp_path):
+    """SmolLM2's GGUF, fp32 against fp16 cache: one 16-position context, a step and a 4-row pass,
+    one repeat; 4 greedy tokens on each of the three prompts and a 32-token long one."""
+    need_pack()
+    out = tmp_path / "kv-cache-f16.json"
+    ran(run_script("kv_cache_f16.py", "--model", PACK, "--threads", THREADS, "--contexts", "16", "--rows", "4",
+                   "--repeats", "1", "--new-tokens", "4", "--long-tokens", "32", "--out", str(out)))
+    data = read_json(out)
+    assert (data["model"], data["threads"]) == (PACK, 1)
+    assert data["fp16_batch_invariant"] is True  # a 4-row pass equals one-token steps bit for bit
+    assert data["cache_mib"]["fp16"] == pytest.approx(data["cache_mib"]["fp32"] / 2)
+    assert [row["context"] for row in data["timings"]] == [16]
+    for name in ("fp32_ms", "fp16_ms"):
+        assert list(data["timings"][0][name]) == ["1", "4"]
+        positive_numbers(data["timings"][0][name].values())
+    assert [row["context"] for row in data["attention"]] == [16] and data["attention"][0]["layers"] == 30
+    for name in ("fp32_ms_one_layer", "fp16_ms_one_layer"):
+        assert list(data["attention"][0][name]) == ["1", "4"]
+        positive_numbers(data["attention"][0][name].values())
+    agreement = data["agreement"]
+    assert len(agreement) == 4 and agreement[-1]["prompt_tokens"] == 32  # three prompts and the long one
+    for item in agreement:
+        assert item["rows"] == 4 and 0 <= item["argmax_equal_rows"] <= 4
+        assert isinstance(item["greedy_equal"], bool) and (item["parted_at"] is None) == item["greedy_equal"]
+        assert 0.0 <= item["mean_logit_diff"] <= item["max_logit_diff"]
 
 
 @pytest.mark.slow
