@@ -180,6 +180,7 @@ def test_serve_chooses_its_slots_from_the_cost_curve_and_the_memory(monkeypatch,
 
     class Kernel:
         cache_bytes = 100 << 20
+        max_context = 4096
 
     curve = [1, 1.25, 1.6, 2.0, 2.4, 2.8, 3.2, 3.5, 3.9, 4.3, 4.7, 5.1, 5.5, 5.9, 6.3, 6.6]
     monkeypatch.setattr(cli_serve, "row_costs", lambda model, rows: (curve[:rows], "cache"))
