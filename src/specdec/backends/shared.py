@@ -19,8 +19,10 @@ pass but another slot is busy, the prompts' rows are kept to ``budget - 1`` one-
 beside one decoding row), so that a slot handing its step in just after the pass began does not
 wait for a whole chunk of a prompt. Prompts
 alone (every slot prefilling) go :data:`~specdec.backends.gguf.MAX_PASS_ROWS` rows a pass. A short
-request beside a long prompt so takes about ``budget`` times its time alone, at most, while the
-prompt advances every pass (at least one row). A sequence stopped while its piece waits
+request's pass beside a long prompt so costs at most ``budget`` times its rows alone, and a step
+that misses a pass waits for one held to ``budget - 1`` one-row passes (by the curve, at most about
+``2 * budget - 1`` times a token's time alone; measured: docs/server.md), while the prompt advances
+every pass (at least one row). A sequence stopped while its piece waits
 (:func:`~specdec.backends.gguf.stop_when`) is dropped before the next pass, its caches holding the
 rows already run.
 
@@ -57,10 +59,10 @@ WAIT_SECONDS = 0.01  # how long a piece waits for the other slots' before its pa
 # A pass that carries prompt rows beside decoding rows costs at most this many times what its
 # decoding rows cost alone (on the measured cost curve; see the module docstring): each decoding
 # sequence's steps then take at most about this many times their time alone while a prompt is
-# prefilled beside them. Measured with SmolLM2 (docs/server.md, "Several requests at once"): a
-# 48-token request beside a 3,000-token prompt took 3-5x its time alone at 3, 4-6x at 4, 50-80x
-# with whole 64-row chunks; the prompt's first token came 10-45% later than with whole chunks
-# (passes of few prompt rows read the weights for fewer rows; on a loaded machine).
+# prefilled beside them, and a step that misses a pass waits for one more pass (2 * budget - 1 per
+# token by the cost curve). Measured with SmolLM2 on an idle machine (docs/server.md, "Several requests at
+# once"): a 48-token request beside a 3,000-token prompt took 6.9x its time alone at 3, 55x with
+# whole 64-row chunks; the prompt's first token came no later (40.2 s against 41.6 s).
 PASS_BUDGET = 3.0
 # The default number of slots: the fewest sequences whose shared pass makes at least this share of
 # the most tokens per second any pass of up to the measured rows makes (see default_slots).
