@@ -433,12 +433,12 @@ def test_serve_help_says_how_to_keep_the_key_out_of_ps(capsys):
 
 def test_a_full_queue_answers_429_with_retry_after(pair):
     with Server(app_of(pair, max_queue=0)) as running:
-        running.scheduler.durations.extend([2.2, 2.6])  # the recent generations took 2.4 s on average
+        running.engine.durations.extend([2.2, 2.6])  # the recent generations took 2.4 s on average
         with running_stream(running):
             response = post(running, "/v1/completions", {"prompt": "x", "max_tokens": 2})
         assert_error(response, 429, code="queue_full")
         assert response.headers["retry-after"] == "3"  # one generation ahead, 2.4 s, rounded up
-        wait_for(lambda: len(running.scheduler.history) == 1)
+        wait_for(lambda: len(running.engine.history) == 1)
 
 
 def test_retry_after_grows_with_the_queue():
