@@ -441,26 +441,6 @@ def test_a_full_queue_answers_429_with_retry_after(pair):
         wait_for(lambda: len(running.engine.history) == 1)
 
 
-def test_retry_after_grows_with_the_queue():
-    import asyncio
-
-    from specdec.server.metrics import Metrics
-    from specdec.server.worker import Job, Scheduler
-
-    scheduler = Scheduler(max_queue=16, metrics=Metrics())  # not started: submitted jobs wait
-    assert scheduler.retry_after() == 1  # nothing measured, nothing waiting
-    scheduler.durations.extend([0.5, 1.5])
-    loop = asyncio.new_event_loop()
-    seen = []
-    for _ in range(6):
-        scheduler.submit(Job(iter, str, dict, time.monotonic() + 60, loop))
-        seen.append(scheduler.retry_after())
-    loop.close()
-    assert seen == [1, 2, 3, 4, 5, 6]
-    scheduler.durations.extend([0.2] * 16)  # only recent generations count
-    assert scheduler.retry_after() == 2
-
-
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_grammar_past_the_engines_limits_mid_generation_is_a_400_naming_its_field(server, monkeypatch, stream):
     """A grammar that passed the check at its first tokens can still reach one of llguidance's limits
