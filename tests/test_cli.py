@@ -503,6 +503,6 @@ def test_a_prediction_file_drafts_and_changes_no_token(tiny, capsys, tmp_path):
     # the tiny model's text is random bytes, which re-tokenize differently: the prediction is drafted
     # from (its first tokens at least), whether kept or not
     assert report["stats"]["drafted_by"].get("prediction", 0) > 0
-    code, out, err = run_main(["generate", "x", "--target", tiny["target"], "--prediction-file",
+    code, out, err = run_main(["generate", "x", "--target", tiny["target"], "--draft", "none", "--prediction-file",
                                str(tmp_path / "absent.txt")], capsys)
-    assert code == 2 and "--prediction-file" in err and "Traceback" not in err
+    assert code == 2 and "--prediction-file" in err and "Traceback" not in err, err

@@ -77,6 +77,7 @@ def _prediction(path: str | None) -> str | None:
 
 def run_generate(args: argparse.Namespace) -> int:
     check_prompt_text(args.prompt, allow_blank=args.chat)
+    prediction = _prediction(args.prediction_file)  # read before any model loads
     config = decode_config(args)
     constraints, logprobs = constraints_from(args)
     if config.gumbel and config.seed is None and args.compare_ar:  # both runs draw with the same noise
@@ -92,7 +93,7 @@ def run_generate(args: argparse.Namespace) -> int:
     prompt = _prompt(args, pair.tokenizer)
     check_prompt_fits(prompt, pair, config.max_new_tokens)
     common = dict(tokenizer=pair.tokenizer, config=config, constraints=constraints, logprobs=logprobs,
-                  prediction=_prediction(args.prediction_file))
+                  prediction=prediction)
     drafting = dict(draft=pair.draft) if uses_model else {}
     try:
         # what generate() does, in its two steps: the inputs checked and the run built (a bad input
