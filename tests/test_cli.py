@@ -492,3 +492,17 @@ def test_ctrl_c_while_the_command_loads_exits_quietly_with_130(monkeypatch, caps
     monkeypatch.setattr(importlib, "import_module", interrupted)
     assert cli.main(["generate", "hi"]) == 130
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_prediction_file_drafts_and_changes_no_token(tiny, capsys, tmp_path):
+    plain = generate_json(tiny, capsys)
+    predicted = tmp_path / "predicted.txt"
+    predicted.write_text(plain["text"], encoding="utf-8")
+    report = generate_json(tiny, capsys, "--prediction-file", str(predicted), "--compare-ar")
+    assert report["token_ids"] == plain["token_ids"] and report["ar"]["identical"] is True
+    # the tiny model's text is random bytes, which re-tokenize differently: the prediction is drafted
+    # from (its first tokens at least), whether kept or not
+    assert report["stats"]["drafted_by"].get("prediction", 0) > 0
+    code, out, err = run_main(["generate", "x", "--target", tiny["target"], "--draft", "none", "--prediction-file",
+                               str(tmp_path / "absent.txt")], capsys)
+    assert code == 2 and "--prediction-file" in err and "Traceback" not in err, err

@@ -80,6 +80,7 @@ def stream(
     config: DecodeConfig | None = None,
     constraints: Constraints | None = None,
     logprobs: int | None = None,
+    prediction: str | Sequence[int] | None = None,
     **overrides: Any,
 ) -> Iterator[StreamEvent]:
     """Yield tokens as they are accepted. Arguments as for :func:`generate`.
@@ -87,7 +88,7 @@ def stream(
     Bad input raises ``ValueError`` or ``TypeError`` here, before the first event.
     """
     return _Run.build(target, prompt, draft=draft, tokenizer=tokenizer, config=_config(config, overrides),
-                      constraints=constraints, logprobs=logprobs).events()
+                      constraints=constraints, logprobs=logprobs, prediction=prediction).events()
 
 
 def generate(
@@ -99,6 +100,7 @@ def generate(
     config: DecodeConfig | None = None,
     constraints: Constraints | None = None,
     logprobs: int | None = None,
+    prediction: str | Sequence[int] | None = None,
     **overrides: Any,
 ) -> GenerationResult:
     """Generate from ``target``, speculatively if a ``draft`` model or a drafter is given: the
@@ -139,7 +141,7 @@ def generate(
     argument, on bad input, before any model work.
     """
     run = _Run.build(target, prompt, draft=draft, tokenizer=tokenizer, config=_config(config, overrides),
-                     constraints=constraints, logprobs=logprobs)
+                     constraints=constraints, logprobs=logprobs, prediction=prediction)
     for _ in run.events():
         pass
     return run.result()
@@ -175,7 +177,8 @@ class _Run:
 
     @classmethod
     def build(cls, target: Any, prompt: Any, *, draft: Any, tokenizer: Any, config: DecodeConfig,
-              constraints: Constraints | None = None, logprobs: int | None = None, seat: Any = None) -> "_Run":
+              constraints: Constraints | None = None, logprobs: int | None = None,
+              prediction: str | Sequence[int] | None = None, seat: Any = None) -> "_Run":
         """Check the inputs, build the backends and the drafter (one-time costs such as a draft's
         int8 weights are paid here, before the timed generation), and choose the decode loop.
         ``seat``: a slot's seat on its pool's board (:mod:`specdec.serving.board`), for the planner."""
@@ -189,13 +192,17 @@ class _Run:
             raise TypeError(f"constraints must be a specdec.Constraints, got {type(constraints).__name__}")
         check_logprobs(logprobs)
         prompt = _checked_prompt(prompt, tokenizer)
+        predicted = _prediction_ids(prediction, tokenizer)
         try:
-            built = build(config, target, draft, seat)
+            built = build(config, target, draft, seat, predicted)
         except MethodError:
             raise
         except ValueError as err:  # the method does not fit these models
             raise MethodError(str(err)) from err
         backend = built.target
+        if predicted is not None and not all(t < backend.vocab_size for t in predicted):
+            raise ValueError(f"prediction token ids must be below the vocabulary's size ({backend.vocab_size}), "
+                             f"got {max(predicted)}")
         _check_tokenizer_vocabulary(tokenizer, backend)
         _check_eos_ids(config.eos_token_ids, backend)
         prompt_ids = _prompt_ids(prompt, tokenizer, backend)
@@ -431,6 +438,24 @@ def _checked_prompt(prompt: Any, tokenizer: Any) -> str | list[int]:
         if isinstance(t, bool) or not isinstance(t, numbers.Integral):
             raise TypeError(f"prompt token ids must be integers, but item {i} is {type(t).__name__} {t!r}")
     return [int(t) for t in ids]
+
+
+def _prediction_ids(prediction: Any, tokenizer: Any) -> list[int] | None:
+    """A predicted output (text, which needs ``tokenizer``, or token ids) as token ids; None for
+    none or an empty one (nothing to draft from). The ids are checked against the vocabulary once the
+    target's backend is built (the drafter's vocabulary check)."""
+    if prediction is None:
+        return None
+    if isinstance(prediction, str):
+        if tokenizer is None:
+            raise ValueError("a prediction given as text needs a tokenizer; pass tokenizer= or token ids")
+        return list(tokenizer(prediction, add_special_tokens=False)["input_ids"]) or None
+    if isinstance(prediction, (bytes, bytearray)) or not isinstance(prediction, Iterable):
+        raise TypeError(f"prediction must be text or a list of token ids, got {type(prediction).__name__}")
+    ids = list(prediction)
+    if not all(isinstance(t, numbers.Integral) and not isinstance(t, bool) and t >= 0 for t in ids):
+        raise TypeError("prediction must be text or a list of token ids (non-negative integers)")
+    return [int(t) for t in ids] or None
 
 
 def _prompt_ids(prompt: str | list[int], tokenizer: Any, backend: CausalLM) -> list[int]:

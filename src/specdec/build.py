@@ -15,7 +15,7 @@ model work (as mlx-lm checks that every cache can be trimmed before it speculate
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -25,6 +25,7 @@ from specdec.backends.lean import make_backend
 from specdec.config import AR, DecodeConfig
 from specdec.drafters import registry
 from specdec.drafters.base import Drafter
+from specdec.drafters.prediction import PredictionDrafter
 from specdec.drafters.tree import TreeDrafter
 from specdec.policies import DraftLengthPolicy, make_policy
 from specdec.verify import Verifier, make_verifier
@@ -55,16 +56,23 @@ class Built:
         return self.verifier is None or self.verifier.exact
 
 
-def build(config: DecodeConfig, target: Any, draft: Any = None, seat: Any = None) -> Built:
+def build(config: DecodeConfig, target: Any, draft: Any = None, seat: Any = None,
+          prediction: Sequence[int] | None = None) -> Built:
     """Build ``config`` for ``target`` (a transformers causal LM or a :class:`CausalLM`) and the
     ``draft`` model (the same, or None). ``seat``: the slot's seat on its pool's board where the
     target's passes are shared (:mod:`specdec.serving.board`), handed to the policy as it binds.
-    Raises ``ValueError`` naming what does not fit."""
+    ``prediction``: the token ids of a predicted output (OpenAI's Predicted Outputs), a draft
+    source beside the method's own drafter (:class:`~specdec.drafters.prediction.PredictionDrafter`;
+    with the target alone, the only one, verified by the config's chain rule). Raises
+    ``ValueError`` naming what does not fit."""
     config = config.resolve(draft is not None)  # a drafter given by name or object stays as it is
     if config.is_ar:
         if draft is not None:
             raise ValueError("drafter='none' decodes with the target alone; leave draft out")
-        return Built(config, as_backend(target))
+        if not prediction:
+            return Built(config, as_backend(target))
+        backend = as_backend(target)
+        return _chain(config, backend, PredictionDrafter(prediction, backend.vocab_size), seat)
     if isinstance(config.drafter, str):
         name = config.drafter
         if not config.uses_draft_model and draft is not None:
@@ -84,11 +92,22 @@ def build(config: DecodeConfig, target: Any, draft: Any = None, seat: Any = None
         backend = as_backend(_drafter_target(drafter, target))
     _check_vocabulary(drafter, backend)
     if config.verify == "tree":
+        if prediction:
+            raise ValueError("a prediction drafts chains: give a chain method (verify=block, token or greedy), "
+                             "not verify=tree, with a prediction")
         _require(backend, TREES, "tree verification")
         tree_drafter, shape = _tree_drafter(drafter, config.tree)
         if isinstance(tree_drafter, TreeDrafter):
             tree_drafter.bind(backend)  # a Sequoia tree measures its cost curves (or reads them from the cache)
         return Built(config, backend, tree_drafter, tree=True, shape=shape)
+    if prediction:
+        drafter = PredictionDrafter(prediction, backend.vocab_size, drafter)
+    return _chain(config, backend, drafter, seat)
+
+
+def _chain(config: DecodeConfig, backend: CausalLM, drafter: Drafter, seat: Any) -> Built:
+    """A chain method: the config's verifier and policy, the policy bound to the models (and to
+    the slot's ``seat``, where there is one)."""
     verifier = make_verifier(config.chain_verifier)
     policy = config.policy
     if isinstance(policy, str):

@@ -122,7 +122,7 @@ def speculative_steps(
         drafter.observe(context)
         accepted = min(len(path), len(new))
         kept_forced = min(accepted, len(forced))
-        step = Step(new, len(draft), accepted, t1 - t0, t2 - t1, logprobs, kept_forced)
+        step = Step(new, len(draft), accepted, t1 - t0, t2 - t1, logprobs, kept_forced, plan.source, proposed)
         # The policy learns from its drafter's tokens only (not the forced ones before them).
         tested = proposed if kept_forced == len(forced) else 0
         policy.update(Step(new, tested, min(tested, accepted - kept_forced), t1 - t0, t2 - t1))

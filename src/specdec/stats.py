@@ -17,6 +17,9 @@ class Step:
     the rest from the target), already cut at EOS and at the token limit.
     logprobs: one per token where log-probabilities were asked for (:mod:`specdec.constraints`).
     forced: how many of the accepted draft tokens were tokens a grammar forced.
+    source: the drafter's source the step's own draft tokens came from (``ngram``, ``model``,
+    ``prediction``, ...; None where it drafted none), and ``proposed`` how many it drafted (the
+    forced tokens before them not counted).
     """
 
     tokens: list[int]
@@ -26,6 +29,8 @@ class Step:
     verify_seconds: float
     logprobs: "list[TokenLogprob] | None" = None
     forced: int = 0
+    source: str | None = None
+    proposed: int = 0
 
     @property
     def from_draft(self) -> list[bool]:
@@ -54,6 +59,10 @@ class GenerationStats:
     # The Gumbel-max sampler's seed (drawn where none was given): seed=this draws the same text again.
     gumbel_seed: int | None = None
     forced_tokens: int = 0  # generated tokens a grammar forced (drafted at no model cost, accepted)
+    # The drafter's own tokens by the source that drafted them (forced tokens not counted): how many
+    # were drafted, and how many of those the output kept.
+    drafted_by: dict[str, int] = field(default_factory=dict)
+    accepted_by: dict[str, int] = field(default_factory=dict)
 
     def add(self, step: Step) -> None:
         self.new_tokens += len(step.tokens)
@@ -70,6 +79,10 @@ class GenerationStats:
         for i in range(step.drafted):
             self.drafted_at[i] += 1
             self.accepted_at[i] += i < step.accepted
+        if step.source is not None and step.proposed:
+            self.drafted_by[step.source] = self.drafted_by.get(step.source, 0) + step.proposed
+            kept = min(step.proposed, max(0, step.accepted - step.forced))
+            self.accepted_by[step.source] = self.accepted_by.get(step.source, 0) + kept
 
     @property
     def acceptance_rate(self) -> float:

@@ -10,6 +10,7 @@ import argparse
 import json
 import secrets
 import sys
+from pathlib import Path
 from typing import Any, Sequence
 
 from specdec import api
@@ -47,6 +48,9 @@ def add_generate_parser(subparsers: Any) -> None:
     add_constraint_options(parser)
     group = parser.add_argument_group("output")
     group.add_argument("--chat", action="store_true", help="wrap PROMPT in the model's chat template")
+    group.add_argument("--prediction-file", metavar="PATH", default=None,
+                       help="text the output is expected to repeat (a file to be sent back edited): drafted from "
+                            "where the output follows it; it changes the speed, never the output")
     mode = group.add_mutually_exclusive_group()
     mode.add_argument("--stream", action="store_true",
                       help="print tokens as they are accepted (in a terminal, draft tokens in green)")
@@ -60,8 +64,20 @@ def add_generate_parser(subparsers: Any) -> None:
     parser.set_defaults(func=run_generate)
 
 
+def _prediction(path: str | None) -> str | None:
+    """The text of ``--prediction-file`` (None without one)."""
+    if path is None:
+        return None
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise CLIError(f"--prediction-file {path}: cannot read it ({err})",
+                       "give --prediction-file the path of a UTF-8 text file", code=2) from None
+
+
 def run_generate(args: argparse.Namespace) -> int:
     check_prompt_text(args.prompt, allow_blank=args.chat)
+    prediction = _prediction(args.prediction_file)  # read before any model loads
     config = decode_config(args)
     constraints, logprobs = constraints_from(args)
     if config.gumbel and config.seed is None and args.compare_ar:  # both runs draw with the same noise
@@ -76,7 +92,8 @@ def run_generate(args: argparse.Namespace) -> int:
     pair = load_models_from(args, draft=uses_model)
     prompt = _prompt(args, pair.tokenizer)
     check_prompt_fits(prompt, pair, config.max_new_tokens)
-    common = dict(tokenizer=pair.tokenizer, config=config, constraints=constraints, logprobs=logprobs)
+    common = dict(tokenizer=pair.tokenizer, config=config, constraints=constraints, logprobs=logprobs,
+                  prediction=prediction)
     drafting = dict(draft=pair.draft) if uses_model else {}
     try:
         # what generate() does, in its two steps: the inputs checked and the run built (a bad input

@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
-from typing import Any, Literal, Sequence
+from typing import Any, ClassVar, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -77,6 +77,27 @@ class SpeculativeOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     method: str | None = None  # None: the server's method
     policy_state: Literal["short", "full"] = "short"  # the answer's policy_state: all of it with "full"
+
+
+class Prediction(BaseModel):
+    """OpenAI's Predicted Outputs: text the answer is expected to repeat (a file sent back with a few
+    lines changed), ``{"type": "content", "content": text or [{"type": "text", "text": ...}]}``. A
+    draft source (:mod:`specdec.drafters.prediction`): it changes the speed, never the answer."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    type: Literal["content"]
+    content: Any
+
+    @field_validator("content")
+    @classmethod
+    def _content(cls, content: Any) -> str:
+        if isinstance(content, str):
+            return unicode_text(content, "prediction.content")
+        if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                             and isinstance(p.get("text"), str) and set(p) <= {"type", "text"}
+                                             for p in content):
+            return unicode_text("".join(p["text"] for p in content), "prediction.content")
+        raise ValueError("prediction.content must be a string or a list of {\"type\": \"text\", \"text\": ...} parts")
 
 
 class JSONSchemaFormat(BaseModel):
@@ -127,6 +148,23 @@ class _Body(BaseModel):
     logit_bias: dict[str, float] | None = None  # token id (as a string) -> -100..100
     repeat_penalty: float | None = None  # llama-server's; > 0, 1 is off
     repeat_last_n: int | None = None  # llama-server's; -1 the whole context, 0 off
+    # OpenAI's Predicted Outputs (a chat completion's; a completion also takes the text alone)
+    prediction: Prediction | None = None
+    PREDICTION_TEXT: ClassVar[bool] = False  # whether ``prediction`` may also be the text alone
+
+    @field_validator("prediction", mode="before")
+    @classmethod
+    def _prediction_object(cls, value: Any) -> Any:
+        if isinstance(value, str) and cls.PREDICTION_TEXT:
+            return {"type": "content", "content": value}
+        if value is not None and not isinstance(value, dict):
+            raise ValueError('prediction must be an object like {"type": "content", "content": "..."}')
+        return value
+
+    @property
+    def predicted(self) -> str | None:
+        """The prediction's text (None for none, or an empty one: nothing to draft from)."""
+        return self.prediction.content or None if self.prediction is not None else None
 
     @field_validator("grammar")
     @classmethod
@@ -175,6 +213,7 @@ class _Body(BaseModel):
 
 
 class CompletionBody(_Body):
+    PREDICTION_TEXT: ClassVar[bool] = True
     prompt: Any
     suffix: str | None = None
     max_tokens: int | None = Field(None, ge=1)
@@ -384,6 +423,7 @@ class Generation:
     logprobs: int | None = None  # None: none; 0: the chosen token's; n: also the top n
     tool_calls: bool = False  # read tool calls out of the answer (server.tools.ToolCallParser)
     policy_state: str = "short"  # the answer's policy_state: "short" or "full" (responses.policy_state_of)
+    prediction: str | None = None  # the predicted output's text (OpenAI's Predicted Outputs), a draft source
 
 
 @dataclass(frozen=True)

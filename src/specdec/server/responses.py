@@ -31,6 +31,7 @@ from typing import Any, Callable
 import specdec
 from specdec.backends.table import BY_NAME, TORCH
 from specdec.config import DecodeConfig
+from specdec.drafters.prediction import SOURCE
 from specdec.server.logprobs import TokenText
 from specdec.server.requests import Generation
 from specdec.server.tools import ToolCallParser
@@ -164,16 +165,35 @@ def summary(gen: Generation, ids: list[int], text: str, stats: Any, decode: Call
     # short of the limit: an end token, a stop string, or a grammar that completed ended it
     stopped = bool(ids and ids[-1] in ends) or any(s in full for s in gen.stop) or len(ids) < limit
     return {"text": text, "finish_reason": "stop" if stopped else "length",
-            "usage": usage(gen.prompt_tokens, len(ids), stats.prompt_cached if stats is not None else 0),
+            "usage": usage(gen.prompt_tokens, len(ids), stats.prompt_cached if stats is not None else 0,
+                           predicted(stats) if gen.prediction else None),
             "speculative": speculative_stats(gen.method, stats, temperature=gen.sampling["temperature"],
                                              backend=backend, policy_state=gen.policy_state)}
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
-    """OpenAI's ``usage`` object; ``cached_tokens``: the prompt's tokens the prompt cache supplied."""
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int,
+          prediction: tuple[int, int] | None = None) -> dict[str, Any]:
+    """OpenAI's ``usage`` object; ``cached_tokens``: the prompt's tokens the prompt cache supplied;
+    ``prediction``: (accepted, rejected) prediction tokens where the request sent a prediction
+    (:func:`predicted`), reported in ``completion_tokens_details`` as OpenAI does."""
+    out = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+           "total_tokens": prompt_tokens + completion_tokens,
+           "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+    if prediction is not None:
+        out["completion_tokens_details"] = {"accepted_prediction_tokens": prediction[0],
+                                            "rejected_prediction_tokens": prediction[1]}
+    return out
+
+
+def predicted(stats: Any) -> tuple[int, int]:
+    """(accepted, rejected) prediction tokens of a run: the tokens drafted from the prediction that
+    the answer kept, and those it did not (verification rejected them, or a stop string cut them off).
+    A prediction token the drafter never proposed (the output had left the prediction there) is in
+    neither count."""
+    if stats is None:
+        return 0, 0
+    drafted, kept = stats.drafted_by.get(SOURCE, 0), stats.accepted_by.get(SOURCE, 0)
+    return kept, drafted - kept
 
 
 def speculative_stats(method: DecodeConfig, stats: Any, *, temperature: float = 1.0,
@@ -201,6 +221,9 @@ def speculative_stats(method: DecodeConfig, stats: Any, *, temperature: float = 
         "tokens_per_second": stats.tokens_per_second if stats else 0.0,
         # tokens a grammar forced: drafted at no model cost where it allowed one continuation only
         "forced_tokens": stats.forced_tokens if stats else 0,
+        # each draft source's tokens drafted and kept (the prediction's: usage.completion_tokens_details)
+        "sources": {name: {"drafted": n, "accepted": stats.accepted_by.get(name, 0)}
+                    for name, n in stats.drafted_by.items()} if stats else {},
     }
 
 
