@@ -233,7 +233,7 @@ def _generation(kind: str, ids: list[int], body: Any, method: DecodeConfig, max_
     return Generation(kind, ids, len(ids), method, rq.sampling_kwargs(body, max_tokens), body.stream,
                       include_usage, list(body.stop or []), constraints, rq.logprobs_of(body),
                       isinstance(body, ChatBody) and body.calls_tools,
-                      body.speculative.policy_state if body.speculative is not None else "short")
+                      body.speculative.policy_state if body.speculative is not None else "short", body.predicted)
 
 
 def _constraints(state: _State, body: Any) -> Any:
@@ -323,7 +323,7 @@ def _work(state: _State, gen: Generation) -> Work:
                                     prompt_cache=state.options.prompt_cache)
     except (ValueError, TypeError) as err:  # the library's promise for bad input
         raise APIError(400, str(err)) from None
-    return Work(gen.prompt, config, gen.constraints, gen.logprobs, state.options.request_timeout)
+    return Work(gen.prompt, config, gen.constraints, gen.logprobs, state.options.request_timeout, gen.prediction)
 
 
 def _summary(state: _State, gen: Generation, done: Finished) -> dict[str, Any]:

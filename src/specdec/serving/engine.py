@@ -68,13 +68,15 @@ class Work:
     field, ``max_new_tokens``, ``stop``, ``eos_token_ids``, ``draft_weights`` and ``prompt_cache``
     (keep the models' caches between requests) set; the pair's draft model is used where the
     method drafts with one. ``timeout``: seconds allowed from :meth:`Engine.submit`, queue wait
-    included (None: no limit)."""
+    included (None: no limit). ``prediction``: the output's predicted text or token ids (OpenAI's
+    Predicted Outputs), a draft source (:mod:`specdec.drafters.prediction`)."""
 
     prompt: list[int] | str
     config: DecodeConfig
     constraints: Constraints | None = None
     logprobs: int | None = None  # None: none; 0: the chosen token's; n: also the top n
     timeout: float | None = None
+    prediction: str | list[int] | None = None
 
 
 @dataclass
@@ -479,7 +481,7 @@ class Engine:
         uses_draft = self.pair.draft is not None and work.config.resolve(True).uses_draft_model
         return _Run.build(target, prompt, draft=draft if uses_draft else None, tokenizer=self.pair.tokenizer,
                           config=work.config, constraints=work.constraints, logprobs=work.logprobs,
-                          seat=slot.seat if slot is not None else None)
+                          prediction=work.prediction, seat=slot.seat if slot is not None else None)
 
     def _generate(self, work: Work, slot: Slot | None) -> GenerationResult:
         run = self._build(work, slot)
