@@ -402,7 +402,7 @@ def _reader(path: str | Path, *, elements: bool = False) -> Any:
     of numbers are one view and arrays of strings are skipped (their ``contents()`` is empty: this
     backend never reads the vocabulary); with ``elements`` every element is a part of its own, a
     string element its bytes, the fields, parts and data indices ``GGUFReader`` gives, which is what
-    transformers reads (:func:`specdec.packs.tokenizer_from_gguf`)."""
+    transformers reads (:func:`specdec.tokenizers.tokenizer_from_gguf`)."""
     from gguf import GGUFValueType
     from gguf.gguf_reader import GGUFReader  # the class itself, even where a caller stands in for gguf.GGUFReader
 
