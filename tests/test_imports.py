@@ -21,8 +21,10 @@ from pathlib import Path
 
 import specdec
 
+from helpers import REPO
+
 ROOT = Path(specdec.__file__).parent
-DRAWING = Path(__file__).parent.parent / "docs" / "architecture.md"
+DRAWING = REPO / "docs" / "architecture.md"
 
 # The layers, highest first, each with the modules (``x`` for x.py) and packages (``x`` for x/) of
 # specdec in it; ``__init__`` is the package itself. A module may import its own layer and lower ones.

@@ -46,7 +46,7 @@ then adds its lanes, times weight scale * activation scale, into 8 fp32 lane acc
 fused multiply-add per lane, blocks in order 0, 1, 2, ...; the lanes are finally summed in a fixed
 tree. Float weights multiply the fp32 row into 8 lanes in order, with the same tree. Threads split
 the output elements, never the sum. The AVX2 path and the portable C path perform the very same
-operations and agree bit for bit (``tests/test_gguf_native.py``).
+operations and agree bit for bit (``tests/backends/test_gguf_native.py``).
 
 Why it is batch invariant. Every step of a row's result is a function of that row alone: its
 quantization, its integer block sums, its fixed-order float accumulation; the weight block is

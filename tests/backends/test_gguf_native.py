@@ -1056,7 +1056,7 @@ def test_gelu_is_accurate_and_the_same_on_both_paths(lib):
 # -- (d) SmolLM2-135M Q4_1 ---------------------------------------------------------------------------
 
 PACK = "smollm2-135m"
-# Token ids of some English and code text in SmolLM2's vocabulary (as tests/test_llamacpp.py).
+# Token ids of some English and code text in SmolLM2's vocabulary (as tests/backends/test_llamacpp.py).
 CONTEXT = [504, 1070, 28, 30, 4667, 30, 3158, 314, 260, 1345, 30, 4667, 30, 3158, 314, 260, 1345, 30, 4667, 30]
 EXTRA = [3158, 314, 260, 1345, 30, 2784, 28, 1070, 30, 504, 28, 30, 4667, 314, 260, 1345]
 # "def fibonacci(n):\n    if n < 2:\n        return n\n    return" in SmolLM2's tokenizer (BOS first)
