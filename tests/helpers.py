@@ -44,6 +44,9 @@ from specdec.verify.base import VerifyPlan
 from specdec.verify.tree import TreeVerifier
 from tiny import noisy_copy, tiny_llama
 
+# The repository's root folder (README.md, docs/, benchmarks/, .ci/), wherever the test file sits.
+REPO = Path(__file__).resolve().parents[1]
+
 # The threads a test's real model runs on: this process's CPUs (under pytest-xdist, the worker's own
 # share: conftest pins each worker to it).
 THREADS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import pytest
 import torch
 
-from specdec import Constraints, DecodeConfig, generate, generate_many, stream
+from specdec import Constraints, DecodeConfig, generate, generate_many, models, stream
 from specdec.api import _Run
 from tiny import noisy_copy, tiny_llama
 
 PROMPT = [1, 2, 3]
+SMOLLM2 = "smollm2-135m"
 
 
 class LetterTokenizer:
@@ -216,7 +218,7 @@ def test_generate_many_names_the_argument_of_the_wrong_kind(pair, kwargs, error,
 
 
 def test_generate_many_gives_the_draft_to_the_prompts_that_draft_with_it_on_every_backend(pair):
-    """On a transformers pair (the prompts in turn) as on the GGUF kernel (tests/test_engine_serving.py):
+    """On a transformers pair (the prompts in turn) as on the GGUF kernel (tests/serving/test_serving_engine.py):
     a method that drafts with no draft model (plain decoding, the n-gram lookup) runs beside one that
     does, each prompt's answer the one generate gives it with the draft it uses."""
     target, draft = pair
@@ -227,3 +229,45 @@ def test_generate_many_gives_the_draft_to_the_prompts_that_draft_with_it_on_ever
              generate(target, PROMPT, draft=draft, config=configs[2])]
     assert [r.token_ids for r in many] == [r.token_ids for r in alone]
     assert [r.method for r in many] == [r.method for r in alone]
+
+
+# -- the command line's rules, the argument named -------------------------------------------------
+
+
+@pytest.mark.parametrize("option", [{"dtype": "float32"}, {"kernels": "torch"}])
+def test_torch_options_on_llamacpp_are_refused_by_the_api(option):
+    (name,) = option
+    with pytest.raises(ValueError, match=f"^{name} does not apply to the llama.cpp backend"):
+        models.load(SMOLLM2, backend="llamacpp", **option)
+
+
+def test_tree_without_a_draft_is_refused_by_the_api():
+    target = tiny_llama(0, vocab=16)
+    with pytest.raises(ValueError, match=r"^verify='tree' needs a draft model or a drafter; pass draft= \(or "
+                                         r"drafter=\), or leave verify out to decode with the target alone$"):
+        generate(target, [1, 2, 3], verify="tree", max_new_tokens=2)
+    with pytest.raises(ValueError, match=r"^policy='static' needs a draft model or a drafter; pass draft= \(or "
+                                         r"drafter=\), or leave policy out to decode with the target alone$"):
+        generate(target, [1, 2, 3], policy="static", max_new_tokens=2)
+    assert generate(target, [1, 2, 3], max_new_tokens=2).method == "ar"
+
+
+@pytest.mark.parametrize("bad", [-1, 10**9])
+def test_eos_ids_outside_the_vocabulary_are_refused(bad):
+    target = tiny_llama(0, vocab=16)
+    with pytest.raises(ValueError, match=rf"^eos_token_ids \[{bad}\] are outside the vocabulary \(0\.\.15\)"):
+        generate(target, [1, 2, 3], eos_token_ids=[3, bad], max_new_tokens=2)
+    assert len(generate(target, [1, 2, 3], eos_token_ids=[15], max_new_tokens=2).token_ids) <= 2
+
+
+@pytest.mark.parametrize("bad", [None, 3, b"smollm2-135m"])
+def test_load_names_its_argument(bad):
+    names = re.escape(", ".join(models.PACKS))  # every pack, by name
+    with pytest.raises(TypeError, match=rf"^name_or_path must be a pack name \({names}\), a model directory or a "
+                                        r"\.gguf file, got "):
+        models.load(bad)
+
+
+def test_load_refuses_an_empty_name():
+    with pytest.raises(ValueError, match=r"^name_or_path is empty; give a pack name \("):
+        models.load(" ")

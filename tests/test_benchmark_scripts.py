@@ -47,8 +47,9 @@ import pytest
 from specdec import packs
 from specdec.backends import llamacpp
 
-ROOT = Path(__file__).resolve().parents[1]
-BENCHMARKS = ROOT / "benchmarks"
+from helpers import REPO
+
+BENCHMARKS = REPO / "benchmarks"
 SCRIPTS = sorted(p.name for p in BENCHMARKS.glob("*.py"))
 PACK = "smollm2-135m"
 THREADS = "1"  # a shared 2-core machine: one thread each
@@ -57,7 +58,7 @@ THREADS = "1"  # a shared 2-core machine: one thread each
 def run_script(script: str, *args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     """``python benchmarks/<script> args...`` from the repository root, as the docstrings run them."""
     environment = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false") | (env or {})
-    return subprocess.run([sys.executable, str(BENCHMARKS / script), *args], cwd=ROOT, env=environment,
+    return subprocess.run([sys.executable, str(BENCHMARKS / script), *args], cwd=REPO, env=environment,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -132,7 +133,7 @@ def helps() -> dict[str, subprocess.CompletedProcess]:
     """Every script's ``--help``, all in one Python process (:data:`_EVERY_HELP`)."""
     environment = dict(os.environ, HF_HUB_OFFLINE="1", COLUMNS="100")
     proc = ran(subprocess.run([sys.executable, "-c", _EVERY_HELP, *(str(BENCHMARKS / name) for name in SCRIPTS)],
-                              cwd=ROOT, env=environment, capture_output=True, text=True, timeout=600))
+                              cwd=REPO, env=environment, capture_output=True, text=True, timeout=600))
     return {name: subprocess.CompletedProcess([name, "--help"], status, out, err)
             for name, (status, out, err) in json.loads(proc.stdout.splitlines()[-1]).items()}
 

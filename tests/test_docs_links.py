@@ -11,8 +11,9 @@ from urllib.parse import unquote, urlsplit
 import pytest
 from markdown_it import MarkdownIt  # rich's Markdown parser, installed with it
 
-ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+from helpers import REPO
+
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 
 
 def _tokens(path: Path) -> list:
@@ -62,7 +63,7 @@ def broken(path: Path) -> list[str]:
         if parts.scheme or parts.netloc:  # another site (https:, mailto:): not checked here
             continue
         target = (path.parent / unquote(parts.path)).resolve() if parts.path else path
-        shown = target.relative_to(ROOT) if target.is_relative_to(ROOT) else target
+        shown = target.relative_to(REPO) if target.is_relative_to(REPO) else target
         if not target.exists():
             wrong.append(f"{href}: {shown} does not exist")
         elif parts.fragment and target.suffix == ".md" and unquote(parts.fragment) not in anchors(target):
@@ -70,7 +71,7 @@ def broken(path: Path) -> list[str]:
     return wrong
 
 
-@pytest.mark.parametrize("path", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: str(p.relative_to(REPO)))
 def test_every_link_leads_to_a_file_and_heading_that_exist(path):
     assert broken(path) == []
 

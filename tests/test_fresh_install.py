@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from helpers import REPO
+
 IMPORT_EVERY_MODULE = """
 import pkgutil, importlib, specdec
 names = [m.name for m in pkgutil.walk_packages(specdec.__path__, "specdec.") if not m.name.endswith("__main__")]
@@ -31,7 +32,7 @@ print(len(names), "modules")
 
 def first_command() -> str:
     """The README's first command: the set-up line that ends by running the default pair."""
-    lines = [line for line in (ROOT / "README.md").read_text().splitlines() if "pip install torch==2.13.0 &&" in line]
+    lines = [line for line in (REPO / "README.md").read_text().splitlines() if "pip install torch==2.13.0 &&" in line]
     return lines[0]
 
 
@@ -42,7 +43,7 @@ def test_the_first_command_of_the_readme_installs_what_specdec_imports(tmp_path)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
 
     def run(*argv: str | Path, timeout: float = 900) -> str:
-        done = subprocess.run([str(a) for a in argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run([str(a) for a in argv], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
         assert done.returncode == 0, f"{' '.join(map(str, argv))} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
         return done.stdout
 

@@ -1,4 +1,4 @@
-"""The tokenizer specdec builds from a GGUF file (:func:`specdec.packs.tokenizer_from_gguf`): which
+"""The tokenizer specdec builds from a GGUF file (:func:`specdec.tokenizers.tokenizer_from_gguf`): which
 tokens are text is decided by the vocabulary's own token types (``tokenizer.ggml.token_type``), as
 llama.cpp decides it. Control, unknown and unused tokens are left out of the text; user-defined
 ones (Gemma 3's newlines and runs of spaces, Qwen's ``<tool_call>``) are text.
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from specdec import api, models, packs
+from specdec import api, models, packs, tokenizers
 from specdec.backends import llamacpp
 from helpers import THREADS, Server
 
@@ -61,7 +61,7 @@ def test_gemmas_user_defined_whitespace_tokens_are_text_and_its_control_tokens_a
     tokens, matched whole and kept in the text; control and unused tokens are left out of it."""
     path = tmp_path / "spm.gguf"
     write_vocabulary(path, "gemma3", "llama", SPM_TOKENS, SPM_TYPES, bos=2, eos=1, unk=3, pad=0)
-    tokenizer = packs.tokenizer_from_gguf(path)
+    tokenizer = tokenizers.tokenizer_from_gguf(path)
     code = "def(x):\n    return x\n\n"
     ids = tokenizer(code, add_special_tokens=False)["input_ids"]
     index = {t: i for i, t in enumerate(SPM_TOKENS)}
@@ -85,7 +85,7 @@ def test_a_bpe_vocabularys_control_and_unused_tokens_are_hidden_and_user_defined
     types = [NORMAL] * 259 + [CONTROL, CONTROL, CONTROL, USER_DEFINED, UNUSED]
     path = tmp_path / "bpe.gguf"
     write_vocabulary(path, "qwen2", "gpt2", tokens, types, ["Ġ t", "h e", "Ġt he"], eos=260, pad=259, bos=259)
-    tokenizer = packs.tokenizer_from_gguf(path)
+    tokenizer = tokenizers.tokenizer_from_gguf(path)
     fim, call, pad = (tokens.index(t) for t in ("<|fim_prefix|>", "<tool_call>", "[PAD9]"))
     the = tokenizer(" the", add_special_tokens=False)["input_ids"]
     assert api.decode_text(tokenizer, [fim, *the, call, *the, pad, 260]) == " the<tool_call> the"
@@ -105,16 +105,16 @@ def test_a_pack_tokenizer_kept_by_an_older_build_is_built_again(tmp_path, monkey
     pack = packs.Pack("tiny-spm", "a vocabulary", (), path.stat().st_size, "0" * 64, len(SPM_TOKENS))
     cache = tmp_path / "cache"
     stale = cache / "tokenizers" / pack.name
-    old = packs.tokenizer_from_gguf(path)
+    old = tokenizers.tokenizer_from_gguf(path)
     old.backend_tokenizer.add_special_tokens([AddedToken("\n", special=True, normalized=False)])  # as older builds
     old.save_pretrained(stale)
     assert api.decode_text(AutoTokenizer.from_pretrained(stale), [10, 6]) == "d"
     built = []
-    real = packs.tokenizer_from_gguf
-    monkeypatch.setattr(packs, "tokenizer_from_gguf", lambda gguf: built.append(gguf) or real(gguf))
+    real = tokenizers.tokenizer_from_gguf
+    monkeypatch.setattr(tokenizers, "tokenizer_from_gguf", lambda gguf: built.append(gguf) or real(gguf))
     assert api.decode_text(packs.gguf_tokenizer(path, pack=pack, cache_dir=cache), [10, 6]) == "d\n"
     assert built == [path]
-    assert json.loads((stale / packs.TOKENIZER_MARKER).read_text())["tokenizer_format"] == packs.TOKENIZER_FORMAT
+    assert json.loads((stale / packs.TOKENIZER_MARKER).read_text())["tokenizer_format"] == tokenizers.TOKENIZER_FORMAT
     assert api.decode_text(packs.gguf_tokenizer(path, pack=pack, cache_dir=cache), [10, 6]) == "d\n"
     assert built == [path]  # read back from the cache
 

@@ -21,14 +21,16 @@ from pathlib import Path
 
 import specdec
 
+from helpers import REPO
+
 ROOT = Path(specdec.__file__).parent
-DRAWING = Path(__file__).parent.parent / "docs" / "architecture.md"
+DRAWING = REPO / "docs" / "architecture.md"
 
 # The layers, highest first, each with the modules (``x`` for x.py) and packages (``x`` for x/) of
 # specdec in it; ``__init__`` is the package itself. A module may import its own layer and lower ones.
 LAYERS: dict[str, tuple[str, ...]] = {
     "entry points": ("cli", "__main__", "server", "bench", "training"),
-    "library API": ("__init__", "api", "serving", "config", "build", "models", "packs", "prompts",
+    "library API": ("__init__", "api", "serving", "config", "build", "models", "packs", "tokenizers", "prompts",
                     "layer_skip_search", "divergence"),
     "decoding": ("engine", "stats", "verify", "drafters", "policies", "theory", "sequoia", "token_tree", "sampling",
                  "constraints", "datastore", "options", "costs"),

@@ -9,7 +9,11 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
+import os
 import re
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +21,7 @@ import torch
 
 from specdec import models, packs, paths
 from specdec.packs import ModelPackError, Pack, Part
-from helpers import TINY_VOCAB, make_fake_pack, write_tiny_gguf
+from helpers import REPO, TINY_VOCAB, make_fake_pack, write_tiny_gguf
 
 
 # ------------------------------------------------------------------------------------------------
@@ -78,7 +82,7 @@ def test_smollm2_pack():
 
 def test_requirements_file_pins_every_part():
     """requirements-models.txt installs exactly the registry's parts."""
-    path = Path(__file__).resolve().parents[1] / "requirements-models.txt"
+    path = REPO / "requirements-models.txt"
     lines = {line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")}
     wanted = {req for pack in packs.PACKS.values() for req in pack.requirements}
     assert wanted <= lines
@@ -461,3 +465,70 @@ def test_the_cli_names_what_it_loads_and_says_generating_only_once_the_checks_pa
                                         "vocabulary (0..255)")
     assert main(["generate", "x", "--target", str(folder), "--draft", "none", "--max-new-tokens", "2"]) == 0
     assert "specdec: generating" in capsys.readouterr().err.splitlines()
+
+
+# ------------------------------------------------------------------------------------------------
+# Temporaries left by an interrupted pack preparation
+
+PACK = "smollm2-135m"  # a pack's name: only names are made here
+
+
+def dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_stale_temporaries_are_removed_and_live_ones_kept(tmp_path):
+    stale = tmp_path / f".{PACK}-tmp{dead_pid()}-ab12cd34"
+    (stale / "model").mkdir(parents=True)
+    (stale / "model" / "weights").write_bytes(b"x" * 10)
+    stale_file = tmp_path / f".{PACK}-tmp{dead_pid()}-ef34gh56.gguf.part"
+    stale_file.write_bytes(b"x")
+    live = tmp_path / f".{PACK}-tmp{os.getpid()}-ij56kl78"
+    live.mkdir()
+    old_unnamed = tmp_path / f".{PACK}-k2x9_q7z"  # an older version's name, without a PID
+    old_unnamed.mkdir()
+    day_ago = time.time() - 2 * 86400
+    os.utime(old_unnamed, (day_ago, day_ago))
+    new_unnamed = tmp_path / f".{PACK}-m3y8_r6w"
+    new_unnamed.mkdir()
+    other = tmp_path / f".qwen2.5-coder-0.5b-tmp{dead_pid()}-zz99yy00"  # another pack's: its own lock guards it
+    other.mkdir()
+    keep = [tmp_path / PACK, tmp_path / f".{PACK}.lock"]
+    keep[0].mkdir()
+    keep[1].write_text("")
+    removed = packs.remove_stale_temporaries(tmp_path, PACK)
+    assert sorted(removed) == sorted([stale, stale_file, old_unnamed])
+    assert not stale.exists() and not stale_file.exists() and not old_unnamed.exists()
+    assert live.is_dir() and new_unnamed.is_dir() and other.is_dir() and all(p.exists() for p in keep)
+
+
+def test_preparing_a_pack_removes_stale_temporaries(tmp_path, monkeypatch):
+    (tmp_path / "pack").mkdir()
+    pack = make_fake_pack(tmp_path / "pack", monkeypatch)
+    cache = tmp_path / "cache"
+    (cache / "gguf").mkdir(parents=True)
+    stale_work = cache / f".{pack.name}-tmp{dead_pid()}-ab12cd34"
+    (stale_work / "model").mkdir(parents=True)
+    stale_join = cache / "gguf" / f".{pack.name}-tmp{dead_pid()}-ef34gh56.gguf.part"
+    stale_join.write_bytes(b"x")
+    made = []
+    real_mkdtemp = packs.tempfile.mkdtemp
+
+    def mkdtemp(*args, **kwargs):  # the work folder is named with this process's id
+        made.append(real_mkdtemp(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(packs.tempfile, "mkdtemp", mkdtemp)
+    def convert_gguf(pack, gguf, out, progress):  # stands in for the dequantisation
+        out.mkdir()
+        (out / "config.json").write_text("{}")
+
+    monkeypatch.setattr(packs, "_convert_gguf", convert_gguf)
+    packs.gguf_file(pack, cache, progress=False)
+    assert not stale_join.exists()
+    packs.convert(pack, cache, progress=False)
+    assert not stale_work.exists()
+    assert made and os.path.basename(made[0]).startswith(f".{pack.name}-tmp{os.getpid()}-")
+    assert sorted(p.name for p in cache.iterdir()) == sorted(["gguf", pack.name, f".{pack.name}.lock"])

@@ -13,6 +13,8 @@ from specdec.config import DecodeConfig, options
 from specdec.server import requests as rq
 from specdec.cli.serve import DEFAULT_METHOD, default_method
 
+from helpers import REPO
+
 DEFAULT = "spec:ngram+model:block:k=4:policy=auto"
 
 
@@ -90,11 +92,10 @@ def test_committed_results_read_back_as_the_methods_they_name():
     """Result files keep their meaning: each method record, whatever its name was when written,
     reads back (method_of_record) as a method with the same drafter, verifier and policy."""
     import json
-    from pathlib import Path
 
     from specdec.bench.methods import method_of_record
 
-    files = sorted(Path(__file__).parents[1].glob("benchmarks/*/*/results.json"))
+    files = sorted(REPO.glob("benchmarks/*/*/results.json"))
     assert files
     for path in files:
         # a concurrency run's results.json holds runs of servers named by method text, no records

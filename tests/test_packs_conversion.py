@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 
-from specdec import packs
+from specdec import packs, tokenizers
 from helpers import make_fake_pack, write_tiny_gguf
 
 
@@ -91,7 +91,7 @@ def test_smollm2_converted_one_tensor_at_a_time_has_transformers_own_weights_and
     _assert_same_weights(converted, direct)
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     reference = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
-    packs.fix_gguf_tokenizer(reference, gguf)
+    tokenizers.fix_gguf_tokenizer(reference, gguf)
     text = "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)"
     assert tokenizer(text)["input_ids"] == reference(text)["input_ids"]
     assert (tokenizer.eos_token, tokenizer.bos_token) == (reference.eos_token, reference.bos_token)
@@ -119,7 +119,7 @@ def test_the_metadata_reader_gives_transformers_the_fields_gguf_reader_gives(tmp
     writer.add_string("test.string", "ünïcode")
     writer.write_header_to_file(); writer.write_kv_data_to_file(); writer.write_tensors_to_file(); writer.close()
     for file in (path, tmp_path / "arrays.gguf"):
-        ours, theirs = packs._metadata_reader(file), gguf.GGUFReader(str(file))
+        ours, theirs = tokenizers._metadata_reader(file), gguf.GGUFReader(str(file))
         assert list(ours.fields) == list(theirs.fields) and len(ours.fields) > 5
         for name, field in theirs.fields.items():
             mine = ours.fields[name]
@@ -128,7 +128,7 @@ def test_the_metadata_reader_gives_transformers_the_fields_gguf_reader_gives(tmp
             parse = [_gguf_parse_value(f.parts[i], f.types) for f in (mine, field) for i in f.data]
             assert parse[:len(mine.data)] == parse[len(mine.data):], name
         assert [t.name for t in ours.tensors] == [t.name for t in theirs.tensors]
-    assert packs._metadata_reader(path).fields["tokenizer.ggml.merges"].contents() == ["Ġ t", "h e", "Ġt he"]
+    assert tokenizers._metadata_reader(path).fields["tokenizer.ggml.merges"].contents() == ["Ġ t", "h e", "Ġt he"]
 
 
 def test_a_gguf_tokenizer_is_transformers_own_built_from_the_file_read_once(tmp_path, monkeypatch):
@@ -140,12 +140,12 @@ def test_a_gguf_tokenizer_is_transformers_own_built_from_the_file_read_once(tmp_
     path = tmp_path / "tiny.gguf"
     write_tiny_gguf(path)
     made = []
-    real = packs._metadata_reader
-    monkeypatch.setattr(packs, "_metadata_reader", lambda p: made.append(p) or real(p))
-    ours = packs.tokenizer_from_gguf(path)
+    real = tokenizers._metadata_reader
+    monkeypatch.setattr(tokenizers, "_metadata_reader", lambda p: made.append(p) or real(p))
+    ours = tokenizers.tokenizer_from_gguf(path)
     assert len(made) == 1
     theirs = AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name, local_files_only=True)
-    packs.fix_gguf_tokenizer(theirs, path)
+    tokenizers.fix_gguf_tokenizer(theirs, path)
     assert gguf.GGUFReader is gguf.gguf_reader.GGUFReader  # the stand-in is gone after the block
     text = "the cat<|im_end|> then  the"
     assert ours(text)["input_ids"] == theirs(text)["input_ids"] and len(ours(text)["input_ids"]) > 3

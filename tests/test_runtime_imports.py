@@ -18,7 +18,7 @@ import sys
 import tomllib
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from helpers import REPO
 
 
 def module_level_imports(source: str) -> set[str]:
@@ -89,7 +89,7 @@ def undeclared_imports(root: Path) -> dict[str, list[str]]:
 
 
 def test_every_module_level_import_is_a_runtime_dependency():
-    assert undeclared_imports(ROOT) == {}
+    assert undeclared_imports(REPO) == {}
 
 
 def test_the_check_catches_a_module_level_import_that_only_an_extra_installs(tmp_path):

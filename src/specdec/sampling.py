@@ -275,14 +275,10 @@ def _filter() -> ctypes.CDLL | None:
     """The compiled candidate filter, or None where it cannot be built (no C compiler): the
     sampler then computes every key, with the same results."""
     try:
-        lib = kernels.build_library("gumbel.c", ["-O2", "-ffp-contract=off", "-shared", "-fPIC"], name="gumbel")
+        return kernels.build_library("gumbel.c", ["-O2", "-ffp-contract=off", "-shared", "-fPIC"], name="gumbel",
+                                     interface="gumbel_interface")
     except RuntimeError:
         return None
-    fn = lib.gumbel_candidates
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64, ctypes.c_double, ctypes.c_double,
-                   ctypes.c_void_p, ctypes.c_int64]
-    fn.restype = ctypes.c_int64
-    return lib
 
 
 def _candidates(scores: np.ndarray, seed: int, position: int, count: int) -> np.ndarray | None:

@@ -75,7 +75,7 @@ INSTALL_HINT = (f"install llama.cpp's binding: {llamacpp.INSTALL} (it compiles l
 
 def _path_why() -> str:
     """What the reason adds where the kernel runs its portable path: who chose it."""
-    if gguf.uses_avx2():
+    if gguf.kernel_path() != "portable":
         return ""
     asked = gguf.path_asked_by()
     return PORTABLE_ASKED_WHY.format(asked=asked) if asked else PORTABLE_WHY

@@ -46,7 +46,7 @@ then adds its lanes, times weight scale * activation scale, into 8 fp32 lane acc
 fused multiply-add per lane, blocks in order 0, 1, 2, ...; the lanes are finally summed in a fixed
 tree. Float weights multiply the fp32 row into 8 lanes in order, with the same tree. Threads split
 the output elements, never the sum. The AVX2 path and the portable C path perform the very same
-operations and agree bit for bit (``tests/test_gguf_native.py``).
+operations and agree bit for bit (``tests/backends/test_gguf_native.py``).
 
 Why it is batch invariant. Every step of a row's result is a function of that row alone: its
 quantization, its integer block sums, its fixed-order float accumulation; the weight block is
@@ -70,7 +70,6 @@ import dataclasses
 import functools
 import mmap
 import os
-import re
 import sys
 import types
 from pathlib import Path
@@ -243,69 +242,31 @@ def running_path(name: str, lib: ctypes.CDLL | None = None) -> Iterator[None]:
 
 
 def _build_and_open(flags: list[str], variant: str) -> ctypes.CDLL:
-    lib = kernels.build_library(SOURCE, flags, name=f"linear_gguf-{variant}", libs=LIBS, error=KernelUnavailable,
-                                serial_fallback=True)
-    declare(lib)
-    return lib
+    return kernels.build_library(SOURCE, flags, name=f"linear_gguf-{variant}", interface="gguf_interface", libs=LIBS,
+                                 error=KernelUnavailable, serial_fallback=True)
 
 
 # -- the interface, as the library describes it ----------------------------------------------------
 
-# C types of the exported functions' prototypes -> ctypes (a pointer of any type is a c_void_p).
-C_TYPES: dict[str, Any] = {"void": None, "int": ctypes.c_int, "int32_t": ctypes.c_int32, "int64_t": ctypes.c_int64,
-                           "float": ctypes.c_float}
-_PROTOTYPE = re.compile(r"^(?P<result>[\w ]+?)\s*\b(?P<name>gguf_\w+)\s*\((?P<params>.*)\);$")
-_layouts: dict[int, tuple[tuple[str, int], ...]] = {}  # library handle -> the layer record's fields
 
-
-class InterfaceMismatch(KernelUnavailable):
-    """The library's description of its interface and what this module passes it disagree."""
-
-
-def _c_type(text: str, where: str) -> Any:
-    """The ctypes type of a C parameter or result (``const float *x``, ``int64_t n``, ``void``)."""
-    if "*" in text:
-        return ctypes.c_void_p
-    words = text.replace("const ", " ").split()  # a parameter's last word is its name
-    base = words[0] if len(words) == 1 or where.endswith("result") else " ".join(words[:-1])
-    if base not in C_TYPES:
-        raise InterfaceMismatch(f"{where}: the C type {base!r} has no ctypes type here ({', '.join(C_TYPES)})")
-    return C_TYPES[base]
-
-
-def parse_interface(text: str) -> tuple[dict[str, tuple[list[Any], Any]], tuple[tuple[str, int], ...]]:
-    """The text of ``gguf_interface()``: each exported function's (argtypes, restype) by name, and
-    the layer record's fields (name, count) in their order."""
-    functions: dict[str, tuple[list[Any], Any]] = {}
-    fields: list[tuple[str, int]] = []
-    for line in text.splitlines():
-        if line.startswith("field "):
-            _, name, count = line.split()
-            fields.append((name, int(count)))
-            continue
-        m = _PROTOTYPE.match(line.strip())
-        if m is None:
-            raise InterfaceMismatch(f"the GGUF kernel describes its interface with a line this module cannot read: {line!r}")
-        name, params = m["name"], m["params"].strip()
-        args = [] if params in ("", "void") else [_c_type(p, f"{name} parameter {p.strip()!r}") for p in params.split(",")]
-        functions[name] = (args, _c_type(m["result"], f"{name} result"))
-    return functions, tuple(fields)
+class InterfaceMismatch(KernelUnavailable, kernels.InterfaceMismatch):
+    """The GGUF kernel's description of its interface (its prototypes, its layer record) and what
+    this module passes it disagree: the kernel cannot be used."""
 
 
 def declare(lib: ctypes.CDLL) -> None:
-    """Declares every exported function of ``lib`` to ctypes from the prototypes the library gives
-    (``gguf_interface``), and keeps its layer record's fields for :func:`layer_record`."""
-    lib.gguf_interface.argtypes, lib.gguf_interface.restype = [], ctypes.c_char_p
-    functions, fields = parse_interface(lib.gguf_interface().decode())
-    for name, (args, result) in functions.items():
-        fn = getattr(lib, name)
-        fn.argtypes, fn.restype = args, result
-    _layouts[lib._handle] = fields
+    """Declares every exported function of a build of ``linear_gguf.c`` to ctypes from the
+    prototypes it gives (``gguf_interface``, :func:`specdec.kernels.declare`), and keeps its layer
+    record's fields for :func:`layer_record`."""
+    try:
+        kernels.declare(lib, "gguf_interface")
+    except kernels.InterfaceMismatch as err:
+        raise InterfaceMismatch(str(err)) from None
 
 
 def layer_fields(lib: ctypes.CDLL | None = None) -> tuple[tuple[str, int], ...]:
     """The fields of a layer's record for ``gguf_forward_seqs``, (name, count) in the library's order."""
-    return _layouts[(lib or library())._handle]
+    return kernels.record_fields(lib or library())
 
 
 def layer_record(values: dict[str, Sequence[int] | int], fields: Sequence[tuple[str, int]]) -> list[int]:
@@ -330,19 +291,9 @@ def layer_record(values: dict[str, Sequence[int] | int], fields: Sequence[tuple[
     return record
 
 
-def set_portable(on: bool) -> None:
-    """Run the native library's portable C path (True) or its AVX2 path where available (False)."""
-    library().gguf_set_portable(int(bool(on)))
-
-
 def portable_path() -> contextlib.AbstractContextManager[None]:
     """Within the block, the native library runs its portable C path (for tests)."""
     return running_path("portable")
-
-
-def uses_avx2() -> bool:
-    """Whether the kernels currently run their AVX2 path."""
-    return bool(library().gguf_uses_avx2())
 
 
 def type_name(ggml_type: int) -> str:
@@ -451,7 +402,7 @@ def _reader(path: str | Path, *, elements: bool = False) -> Any:
     of numbers are one view and arrays of strings are skipped (their ``contents()`` is empty: this
     backend never reads the vocabulary); with ``elements`` every element is a part of its own, a
     string element its bytes, the fields, parts and data indices ``GGUFReader`` gives, which is what
-    transformers reads (:func:`specdec.packs.tokenizer_from_gguf`)."""
+    transformers reads (:func:`specdec.tokenizers.tokenizer_from_gguf`)."""
     from gguf import GGUFValueType
     from gguf.gguf_reader import GGUFReader  # the class itself, even where a caller stands in for gguf.GGUFReader
 

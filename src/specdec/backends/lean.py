@@ -8,7 +8,7 @@ dtypes (bf16 activations, specdec's bf16 linear and attention kernels, RMSNorm a
 transformers writes them) straight from the model's own parameters, over a preallocated KV cache
 kept in fp32 (the bf16 values, widened once instead of in every layer of every call). Its logits
 are therefore bit for bit those of :class:`~specdec.backends.hf.HFCausalLM` on the same model
-(``tests/test_lean.py``), so it changes speed only, never an output.
+(``tests/backends/test_lean.py``), so it changes speed only, never an output.
 
 It runs a model only when :func:`lean_unsupported` finds nothing in the way: a llama, qwen2 or
 mistral model in bf16 on the CPU whose linear layers and attention already run on specdec's kernels

@@ -148,11 +148,7 @@ _library: list[ctypes.CDLL] = []
 def _read_library() -> ctypes.CDLL:
     """csrc/read_speed.c, compiled once (:func:`specdec.kernels.build_library`)."""
     if not _library:
-        lib = kernels.build_library("read_speed.c", ["-O3", "-fopenmp", "-shared", "-fPIC"], name="read_speed",
-                                    error=ReadSpeedUnavailable, serial_fallback=True)
-        lib.specdec_fill_words.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
-        lib.specdec_fill_words.restype = None
-        lib.specdec_read_words.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
-        lib.specdec_read_words.restype = ctypes.c_uint64
-        _library.append(lib)
+        _library.append(kernels.build_library("read_speed.c", ["-O3", "-fopenmp", "-shared", "-fPIC"], name="read_speed",
+                                              interface="read_speed_interface", error=ReadSpeedUnavailable,
+                                              serial_fallback=True))
     return _library[0]

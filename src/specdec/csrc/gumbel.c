@@ -14,6 +14,23 @@
 #include <math.h>
 #include <stdint.h>
 
+/* The exported function, described once: specdec.kernels declares it to ctypes from the prototype
+ * that gumbel_interface() returns, the text of its row; the compiler checks the definition
+ * against the row (the declaration below). */
+#define GUMBEL_EXPORTS(X)                                                                                           \
+    X(int64_t, gumbel_candidates, (const double *scores, int64_t n, uint64_t key, double bar, double margin,        \
+                                   int64_t *out, int64_t cap))
+
+#define GUMBEL_DECLARE(result, name, params) result name params;
+GUMBEL_EXPORTS(GUMBEL_DECLARE)
+#undef GUMBEL_DECLARE
+
+#define GUMBEL_PROTOTYPE(result, name, params) #result " " #name #params ";\n"
+static const char g_interface[] = GUMBEL_EXPORTS(GUMBEL_PROTOTYPE);
+#undef GUMBEL_PROTOTYPE
+
+const char *gumbel_interface(void) { return g_interface; }
+
 #define GAMMA 0x9E3779B97F4A7C15ULL
 
 static inline uint64_t mix(uint64_t z) {

@@ -17,6 +17,30 @@
 #include <stdint.h>
 #include <omp.h>
 
+/* The exported functions, described once: specdec.kernels declares each to ctypes from the
+ * prototypes that linear_bf16_interface() returns, which are the text of these rows, and the
+ * compiler checks each definition against its row (the declarations below). */
+#define BF16_EXPORTS(X)                                                                                             \
+    X(int, specdec_avx2_available, (void))                                                                          \
+    X(void, specdec_linear_bf16, (const float *x, const uint16_t *w, float *y, int64_t n, int64_t in, int64_t out,   \
+                                  int threads))                                                                     \
+    X(void, specdec_linear_i8, (const float *x, const int8_t *w, const float *scales, float *y, int64_t n,          \
+                                int64_t in, int64_t out, int threads))                                              \
+    X(void, specdec_attention, (const float *q, const float *k, const float *v, const uint8_t *visible, float *out, \
+                                int64_t heads, int64_t kv_heads, int64_t nq, int64_t L, int64_t d,                  \
+                                int64_t kv_stride, float scale, float *scores, int threads))
+
+#define BF16_DECLARE(result, name, params) result name params;
+BF16_EXPORTS(BF16_DECLARE)
+#undef BF16_DECLARE
+
+/* The interface as text: one line a function, its C prototype. */
+#define BF16_PROTOTYPE(result, name, params) #result " " #name #params ";\n"
+static const char bf16_interface[] = BF16_EXPORTS(BF16_PROTOTYPE);
+#undef BF16_PROTOTYPE
+
+const char *linear_bf16_interface(void) { return bf16_interface; }
+
 static inline __m256 load_bf16x8(const uint16_t *p) {
     __m128i h = _mm_loadu_si128((const __m128i *)p);
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));

@@ -40,7 +40,7 @@
  *
  * Threads split the OUTPUT elements j (chunks of weight rows, handed out as threads ask); the
  * reduction over i is never split, so neither the thread count nor the split changes a result. The AVX2 path and the portable scalar
- * path (gguf_set_portable; what a CPU without AVX2 runs) run the same operations: the scalar path
+ * path (gguf_set_path(P_PORTABLE); what a CPU without AVX2 runs) run the same operations: the scalar path
  * keeps the 8 lanes in arrays and uses fmaf where the vector path fuses, so they agree bit for bit.
  * Build with -ffp-contract=off (the scalar path must not fuse what the vector path rounds twice).
  *
@@ -124,7 +124,7 @@ typedef float kv_t;
 /* ---------------------------------------------------------------------------------------------- */
 /* the interface: described once, here */
 
-/* The exported functions. specdec.backends.gguf declares each one to ctypes from the prototypes
+/* The exported functions. specdec.kernels declares each one to ctypes from the prototypes
  * that gguf_interface() returns, which are the text of these rows; the compiler checks each
  * function against its row (the declarations below, and the dispatchers generated from it). A row:
  * how it is defined (F: once, in this file; V, R: a function of the computing code, dispatched to
@@ -134,10 +134,7 @@ typedef float kv_t;
     X(F, int, gguf_cpu_paths, (void), ())                                                                           \
     X(F, int, gguf_set_path, (int p), ())                                                                           \
     X(F, int, gguf_path, (void), ())                                                                                \
-    X(F, void, gguf_set_portable, (int on), ())                                                                     \
-    X(F, int, gguf_uses_avx2, (void), ())                                                                           \
     X(F, int, gguf_avx2_compiled, (void), ())                                                                       \
-    X(F, int, gguf_avx2_available, (void), ())                                                                      \
     X(F, int, gguf_type_supported, (int type), ())                                                                  \
     X(F, int64_t, gguf_row_bytes, (int type, int64_t n_in), ())                                                     \
     X(F, int, gguf_get_rows, (int type, const uint8_t *w, int64_t n_in, const int64_t *ids, int64_t n, float *out), ()) \
@@ -264,14 +261,7 @@ int gguf_avx2_compiled(void) {
 #endif
 }
 
-int gguf_avx2_available(void) { return (gguf_cpu_paths() >> P_AVX2) & 1; }
-
-/* 1: the portable path; 0: the best path this CPU has. */
-void gguf_set_portable(int on) { gguf_set_path(on ? P_PORTABLE : -1); }
-
 static int vec(void) { return gguf_path() != P_PORTABLE; } /* every vector path runs the AVX2 copy (the AVX2 code outside the products) */
-
-int gguf_uses_avx2(void) { return vec(); }
 
 /* ---------------------------------------------------------------------------------------------- */
 /* scalars */

@@ -6,6 +6,23 @@
  */
 #include <stdint.h>
 
+/* The exported functions, described once: specdec.kernels declares each to ctypes from the
+ * prototypes that read_speed_interface() returns, the text of these rows; the compiler checks each
+ * definition against its row (the declarations below). */
+#define READ_EXPORTS(X)                                                                                             \
+    X(void, specdec_fill_words, (uint64_t *words, int64_t n, int threads))                                          \
+    X(uint64_t, specdec_read_words, (const uint64_t *words, int64_t n, int threads))
+
+#define READ_DECLARE(result, name, params) result name params;
+READ_EXPORTS(READ_DECLARE)
+#undef READ_DECLARE
+
+#define READ_PROTOTYPE(result, name, params) #result " " #name #params ";\n"
+static const char g_interface[] = READ_EXPORTS(READ_PROTOTYPE);
+#undef READ_PROTOTYPE
+
+const char *read_speed_interface(void) { return g_interface; }
+
 /* Writes words[i] = i with `threads` threads, each the share it will later read (pages placed near it). */
 void specdec_fill_words(uint64_t *words, int64_t n, int threads) {
 #pragma omp parallel for schedule(static) num_threads(threads)

@@ -87,7 +87,7 @@ def greedy_verdict(draft_tokens: list[int], logits: torch.Tensor) -> Verdict:
     draft_tokens: k ids; logits: [k + 1, V]. Greedy makes the target's law a point mass on its
     argmax chain, and each exact rule (greedy, token, block) then keeps exactly the draft tokens
     that equal the argmax, in order, and appends the argmax after them -- with probability 1, as
-    ``tests/test_verify_exact.py`` checks against each rule's plan. One argmax per row is all it takes:
+    ``tests/verify/test_verify_exact.py`` checks against each rule's plan. One argmax per row is all it takes:
     no [k + 1, V] probabilities, residuals or draws (several milliseconds at a 150k vocabulary).
     Ties go to the lowest id, as in :func:`~specdec.sampling.logits_to_probs`.
     """

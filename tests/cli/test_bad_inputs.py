@@ -1,7 +1,10 @@
 """Bad input from the command line, the bench and train-heads: one line and a hint, before model work.
 
-Each test here stands for one kind of mistake a new user makes; the numbers of the defect list are
-not repeated, the test names say what is checked.
+Each test here stands for one kind of mistake a new user makes; the test names say what is checked.
+Among them, input that once passed silently or was misreported: tree specs that swallow the prompt,
+options that do not apply to the chosen method or backend, what a GGUF on llama.cpp really runs,
+shell-escaped stop strings, too many threads. (The Python API's bad input is
+tests/test_api_errors.py; a damaged GGUF's, tests/backends/test_damaged_gguf.py.)
 """
 
 from __future__ import annotations
@@ -10,10 +13,15 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from specdec import cli, models, packs
+from specdec.backends import llamacpp
+from specdec.cli import commands, common
 
 from helpers import assert_one_line_error, make_model_dir, run_main
+
+SMOLLM2 = "smollm2-135m"
 
 
 def assert_error_after_notes(err: str, *, contains: str) -> None:
@@ -27,6 +35,15 @@ def no_model_work(monkeypatch):
     """Fail the test if a model is loaded or a pack converted."""
     monkeypatch.setattr(models, "load_model", lambda *a, **kw: pytest.fail("loaded a model for bad input"))
     monkeypatch.setattr(packs, "convert", lambda *a, **kw: pytest.fail("converted a pack for bad input"))
+
+
+@pytest.fixture
+def load_stops(monkeypatch):
+    """Loading a model fails with a pack error: a command that gets this far passed its checks."""
+    def refuse(*args, **kwargs):
+        raise models.ModelPackError("loading stopped by the test", "none")
+
+    monkeypatch.setattr(models, "load_model", refuse)  # the step every route loads a model through
 
 
 @pytest.fixture(scope="module")
@@ -363,3 +380,135 @@ def test_long_prompt_prefill_is_fast_and_keeps_greedy_equality(monkeypatch):
         hf, lean = HFCausalLM(model), LeanCausalLM(model)
         assert torch.equal(forward_after(hf, prompt, [1, 2, 3]), forward_after(lean, prompt, [1, 2, 3]))
         assert torch.equal(forward_after(hf, prompt + [5, 6], [7]), forward_after(lean, prompt + [5, 6], [7]))
+
+
+# ------------------------------------------------------------------------------------------------
+# --tree-static is parsed as its option's value
+
+
+@pytest.mark.parametrize("args, message", [
+    # the would-be prompt taken as a tree: the error names the tree, not a missing PROMPT
+    (["generate", "--verify", "tree", "--tree-static", "x"],
+     "argument --tree-static: tree choices 'x': write 'default' or rank paths like 0|1|0.0 "
+     "(paths joined by '|', ranks by '.')"),
+    (["generate", "hello", "--verify", "tree", "--tree-static", ""],
+     "argument --tree-static: tree choices '': write 'default' or rank paths like 0|1|0.0 "
+     "(paths joined by '|', ranks by '.')"),
+])
+def test_bad_tree_static_is_a_bad_option_value(args, message, capsys, no_model_work):
+    code, out, err = run_main(args, capsys)
+    assert (code, out) == (2, "")
+    assert_one_line_error(err, contains=message)
+    assert err.splitlines()[0] == f"specdec: error: {message}"
+
+
+def test_tree_static_alone_and_by_name_is_the_default_shape():
+    from specdec.drafters.tree import DEFAULT_CHOICES
+
+    for extra in (["--tree-static"], ["--tree-static", "default"]):
+        args = commands.build_parser().parse_args(["generate", "hi", "--verify", "tree", *extra])
+        assert common.decode_config(args).tree == {"choices": DEFAULT_CHOICES}
+    args = commands.build_parser().parse_args(["generate", "hi", "--verify", "tree", "--tree-static", "0|1|0.0"])
+    assert common.decode_config(args).tree == {"choices": ((0,), (1,), (0, 0))}
+
+
+# ------------------------------------------------------------------------------------------------
+# Options that do not apply are errors naming them, only when given
+
+
+@pytest.mark.parametrize("extra, option", [(["--policy", "static"], "--policy"), (["-k", "2"], "-k")])
+def test_chain_options_under_a_tree_are_refused(extra, option, capsys, no_model_work):
+    code, out, err = run_main(["generate", "hi", "--verify", "tree", *extra], capsys)
+    assert (code, out) == (2, "")
+    assert_one_line_error(err, contains=f"{option} is an option of --verify block, coupled, greedy, token or typical, "
+                                        "but --verify is tree")
+    assert err.splitlines()[1] == (f"hint: drop {option} (the tree's shape sets how much it drafts: --tree-depth, "
+                                   "--tree-budget), or use --verify block")
+
+
+def test_chain_defaults_do_not_count_as_given():
+    for argv in (["--verify", "tree"], ["--verify", "block", "-k", "2", "--policy", "static"]):
+        args = commands.build_parser().parse_args(["generate", "hi", *argv])
+        common.decode_config(args)  # no error
+
+
+def test_num_heads_with_eagle_is_refused(tmp_path, capsys, no_model_work):
+    code, out, err = run_main(["train-heads", "--out", str(tmp_path / "heads"), "--kind", "eagle",
+                               "--num-heads", "3"], capsys)
+    assert (code, out) == (2, "")
+    assert_one_line_error(err, contains="--num-heads is an option of --kind medusa, but --kind is eagle")
+    assert not (tmp_path / "heads").exists()  # refused before any work
+
+
+@pytest.mark.parametrize("extra", [["--kind", "eagle"], ["--kind", "medusa", "--num-heads", "3"]])
+def test_train_heads_kinds_without_foreign_options_pass(extra, tmp_path, capsys, load_stops):
+    code, _, err = run_main(["train-heads", "--out", str(tmp_path / "heads"), "--cache-dir", str(tmp_path / "cache"),
+                             *extra], capsys)
+    assert code == 1 and "loading stopped by the test" in err, err
+
+
+# ------------------------------------------------------------------------------------------------
+# A GGUF on llama.cpp: say what runs, refuse what does not apply
+
+
+def smollm2_gguf():
+    missing = packs.missing_parts(packs.PACKS[SMOLLM2])
+    if missing:
+        pytest.skip(f"pack {SMOLLM2} is not installed: {packs.PACKS[SMOLLM2].install_command(missing)}")
+    return packs.PACKS[SMOLLM2].parts[0].locate()
+
+
+def test_llamacpp_run_says_what_runs(tmp_path, capsys):
+    smollm2_gguf()
+    if not llamacpp.available():
+        pytest.skip(f"the llama.cpp binding is not installed: {llamacpp.INSTALL}")
+    code, out, err = run_main(["generate", "def f(x):", "--target", SMOLLM2, "--draft", "none", "--backend",
+                               "llamacpp", "--threads", "1", "--max-new-tokens", "2", "--json",
+                               "--cache-dir", str(tmp_path)], capsys)
+    assert code == 0, err
+    lines = err.splitlines()
+    assert "specdec: loading smollm2-135m (GGUF via llama.cpp)" in lines
+    assert "specdec: smollm2-135m: llama 135M Q4_1 GGUF via llama.cpp" in lines  # llama.cpp's words, with the parameter count of its tensors
+    assert "float16" not in err
+    report = json.loads(out)
+    assert report["weights"] == "llama 135M Q4_1 GGUF via llama.cpp" and "dtype" not in report
+
+
+@pytest.mark.parametrize("extra, option", [(["--dtype", "float32"], "--dtype"), (["--kernels", "torch"], "--kernels")])
+def test_torch_options_on_llamacpp_are_refused(extra, option, tmp_path, capsys, no_model_work):
+    code, out, err = run_main(["generate", "hi", "--target", SMOLLM2, "--draft", "none", "--backend", "llamacpp",
+                               "--cache-dir", str(tmp_path), *extra], capsys)
+    assert (code, out) == (2, "")
+    assert_one_line_error(err, contains=f"{option} is an option of the torch backend, but {SMOLLM2} runs on llama.cpp")
+
+
+# ------------------------------------------------------------------------------------------------
+# Stop strings with a shell escape typed literally
+
+
+def test_stop_with_a_literal_backslash_escape_gets_a_hint(tiny, capsys):
+    code, _, err = run_main(["generate", "hi", "--target", tiny["target"], "--draft", "none", "--dtype", "float32",
+                             "--max-new-tokens", "2", "--stop", "END\\n", "--stop", "\t"], capsys)
+    assert code == 0, err
+    hints = [line for line in err.splitlines() if "--stop" in line]
+    assert hints == ["specdec: warning: --stop 'END\\n' holds \\n as two characters (a backslash and 'n'), not a "
+                     "newline; to stop at a newline pass --stop $'END\\n' (bash)"]
+
+
+# ------------------------------------------------------------------------------------------------
+# More threads than CPUs
+
+
+@pytest.mark.parametrize("command", [["generate", "hi", "--draft", "none"], ["train-heads", "--out", "OUT"],
+                                     ["bench", "--draft", "none", "--methods", "ar", "--out", "OUT"],
+                                     ["serve", "--draft", "none"]])
+def test_threads_beyond_the_cpus_are_warned_of(command, tiny, tmp_path, capsys, monkeypatch, load_stops):
+    monkeypatch.setattr(llamacpp, "default_threads", lambda: 2)
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # keep this process's threads
+    for threads, warned in (("3", True), ("2", False)):
+        command = [str(tmp_path / f"out{threads}") if a == "OUT" or a.startswith(str(tmp_path)) else a for a in command]
+        code, _, err = run_main([*command, "--target", tiny["target"], "--threads", threads], capsys)
+        assert code == 1 and "loading stopped by the test" in err, err
+        line = ("specdec: warning: --threads 3 is more than the 2 CPUs this process may run on; threads beyond "
+                "them only contend (use --threads 2 or fewer)")
+        assert (line in err.splitlines()) == warned, err

@@ -32,7 +32,7 @@ gguf = pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType as T  # noqa: E402
 from gguf import quants  # noqa: E402
 
-from specdec import packs  # noqa: E402
+from specdec import kernels, packs  # noqa: E402
 from specdec.backends import gguf as native  # noqa: E402
 from specdec.backends.base import SNAPSHOTS, TREES, capabilities  # noqa: E402
 from specdec.token_tree import TokenTree, forward_tree, keep_path  # noqa: E402
@@ -195,7 +195,7 @@ def test_the_portable_path_gives_the_avx2_paths_bits(lib, qtype):
     x = torch.from_numpy(activations(5, n_in, rng))
     fast = native.matmul(weight, int(qtype), n_in, x, threads=2)
     with native.portable_path():
-        assert not native.uses_avx2()
+        assert native.kernel_path() == "portable"
         scalar = native.matmul(weight, int(qtype), n_in, x, threads=2)
     assert torch.equal(fast, scalar)
     # the build of the portable path alone (what a CPU of another family compiles)
@@ -347,16 +347,16 @@ def test_the_path_is_chosen_once_and_named(lib):
 def test_every_function_is_declared_from_the_librarys_prototypes(lib):
     """The library describes its interface once (gguf_interface: its C prototypes and its layer
     record's fields); every function is declared to ctypes from that text, nothing by hand."""
-    functions, fields = native.parse_interface(lib.gguf_interface().decode())
+    functions, fields = kernels.parse_interface(lib.gguf_interface().decode())
     assert {"gguf_forward_seqs", "gguf_matmul_multi", "gguf_attention", "gguf_cpu_paths"} <= set(functions)
     for name, (args, result) in functions.items():
         assert getattr(lib, name).argtypes == args and getattr(lib, name).restype == result, name
     assert functions["gguf_row_bytes"] == ([ctypes.c_int, ctypes.c_int64], ctypes.c_int64)
     assert fields == native.layer_fields(lib) and fields[0] == ("qkv_type", 3) and fields[-1] == ("window", 1)
-    with pytest.raises(native.InterfaceMismatch, match="'unsigned long'"):
-        native.parse_interface("int gguf_f(unsigned long n);")
-    with pytest.raises(native.InterfaceMismatch, match="cannot read"):
-        native.parse_interface("gguf_f(int n)")
+    with pytest.raises(kernels.InterfaceMismatch, match="'unsigned long'"):
+        kernels.parse_interface("int gguf_f(unsigned long n);")
+    with pytest.raises(kernels.InterfaceMismatch, match="cannot read"):
+        kernels.parse_interface("gguf_f(int n)")
 
 
 def test_a_layer_record_is_laid_out_as_the_library_says_and_a_mismatch_is_named(lib):
@@ -408,16 +408,16 @@ def test_a_library_with_its_record_reordered_gives_the_same_model(lib, tmp_path)
 def test_the_avx2_path_runs_where_the_cpu_has_it(lib):
     if "avx2" not in native.available_paths(lib):
         pytest.skip("this CPU lacks AVX2/FMA/F16C: only the portable path runs")
-    assert native.uses_avx2()
+    assert native.kernel_path() != "portable"
     # and SPECDEC_GGUF_PORTABLE=1 asks for the portable path
     import os
     import subprocess
     import sys
 
-    code = "from specdec.backends import gguf; print(gguf.uses_avx2())"
+    code = "from specdec.backends import gguf; print(gguf.kernel_path())"
     env = {**os.environ, native.PORTABLE_ENV: "1"}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    assert done.stdout.strip() == "False", done.stderr
+    assert done.stdout.strip() == "portable", done.stderr
 
 
 def test_exp_is_accurate_and_the_same_on_both_paths(lib):
@@ -1056,7 +1056,7 @@ def test_gelu_is_accurate_and_the_same_on_both_paths(lib):
 # -- (d) SmolLM2-135M Q4_1 ---------------------------------------------------------------------------
 
 PACK = "smollm2-135m"
-# Token ids of some English and code text in SmolLM2's vocabulary (as tests/test_llamacpp.py).
+# Token ids of some English and code text in SmolLM2's vocabulary (as tests/backends/test_llamacpp.py).
 CONTEXT = [504, 1070, 28, 30, 4667, 30, 3158, 314, 260, 1345, 30, 4667, 30, 3158, 314, 260, 1345, 30, 4667, 30]
 EXTRA = [3158, 314, 260, 1345, 30, 2784, 28, 1070, 30, 504, 28, 30, 4667, 314, 260, 1345]
 # "def fibonacci(n):\n    if n < 2:\n        return n\n    return" in SmolLM2's tokenizer (BOS first)

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from specdec import generate, packs
+from specdec import generate, tokenizers
 from specdec.backends import llamacpp
 from specdec.token_tree import TokenTree, forward_tree, keep_path
 
@@ -350,7 +350,7 @@ def greedy_tokens(model, prompt: str, tokens: int) -> Any:
 @functools.cache
 def _tokenizer():
     """The file's own tokenizer, built once per process (parsing its 49k-token vocabulary takes seconds)."""
-    return packs.tokenizer_from_gguf(_gguf())
+    return tokenizers.tokenizer_from_gguf(_gguf())
 
 
 SAMPLES = 2000

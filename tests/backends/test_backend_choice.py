@@ -53,8 +53,8 @@ def test_the_kernel_runs_a_file_it_runs_even_where_llamacpp_would_be_faster(llam
 
 
 def test_without_avx2_the_kernel_runs_its_portable_path_and_says_so(monkeypatch, llamacpp_faster):
-    """The portable C path gives the AVX2 path's bits (tests/test_gguf_native.py): exact, only slower."""
-    monkeypatch.setattr(native, "uses_avx2", lambda: False)
+    """The portable C path gives the AVX2 path's bits (tests/backends/test_gguf_native.py): exact, only slower."""
+    monkeypatch.setattr(native, "kernel_path", lambda lib=None: "portable")
     result = choice.choose_gguf_backend(smollm2_path())
     assert (result["backend"], result["source"]) == ("gguf", "rule")
     assert result["why"] == choice.KERNEL_WHY + choice.PORTABLE_WHY

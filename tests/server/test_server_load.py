@@ -9,7 +9,7 @@
    exactly 6 are turned away with 429 and the 4 queued ones complete correctly.
 3. Afterwards the first server still serves.
 
-``python -m pytest -q -s tests/test_server_load.py`` prints the figures (requests, errors, time to
+``python -m pytest -q -s tests/server/test_server_load.py`` prints the figures (requests, errors, time to
 first token).
 """
 

@@ -30,6 +30,7 @@ from specdec import kernels, packs
 from specdec.paths import CACHE_ENV
 
 GUMBEL_FLAGS = ["-O2", "-ffp-contract=off", "-shared", "-fPIC"]  # as specdec.sampling builds it
+GUMBEL = "gumbel_interface"  # the function through which the library describes its interface
 needs_cc = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
                               reason="no C compiler on PATH")
 
@@ -37,11 +38,8 @@ needs_cc = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc")
 GUMBEL_CHILD = f"""
 import ctypes
 from specdec import kernels
-lib = kernels.build_library("gumbel.c", {GUMBEL_FLAGS!r}, name="gumbel")
+lib = kernels.build_library("gumbel.c", {GUMBEL_FLAGS!r}, name="gumbel", interface="gumbel_interface")
 fn = lib.gumbel_candidates
-fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64, ctypes.c_double, ctypes.c_double,
-               ctypes.c_void_p, ctypes.c_int64]
-fn.restype = ctypes.c_int64
 scores = (ctypes.c_double * 64)(*[0.25 * (i % 9) for i in range(64)])
 out = (ctypes.c_int64 * 64)()
 n = fn(scores, 64, 12345, 1.5, 1e-6, out, 64)
@@ -140,12 +138,49 @@ def test_a_library_that_never_loads_is_built_once_more_then_the_error_says_why(c
                                    'while [ $# -gt 0 ]; do [ "$1" = -o ] && printf "not a library" > "$2"; shift; done\n')
     monkeypatch.setenv("CC", junk)
     with pytest.raises(Refused, match=r"^loading .*gumbel-\w+\.so failed: .*"):
-        kernels.build_library("gumbel.c", GUMBEL_FLAGS, name="gumbel", error=Refused)
+        kernels.build_library("gumbel.c", GUMBEL_FLAGS, name="gumbel", interface=GUMBEL, error=Refused)
     assert log.read_text().count("run") == 1  # built just now: not built again
     # now it matches its stamp but does not load: built again once, then the same error
     with pytest.raises(Refused, match=r"^loading .*gumbel-\w+\.so failed"):
-        kernels.build_library("gumbel.c", GUMBEL_FLAGS, name="gumbel", error=Refused)
+        kernels.build_library("gumbel.c", GUMBEL_FLAGS, name="gumbel", interface=GUMBEL, error=Refused)
     assert log.read_text().count("run") == 2
+
+
+# -- the interface each library describes ------------------------------------------------------------
+
+
+@needs_cc
+def test_every_library_is_declared_from_its_own_description_and_no_python_file_repeats_a_signature():
+    """Each source in csrc/ lists its exported functions once and returns their prototypes as text;
+    the functions are declared to ctypes from that text alone (specdec.kernels.declare)."""
+    import re
+    from importlib import resources
+
+    from specdec import sampling
+    from specdec.backends import gguf
+    from specdec.bench import machine
+
+    loaded = {"gumbel_interface": sampling._filter(), "read_speed_interface": machine._read_library(),
+              "gguf_interface": gguf.library()}
+    if kernels.status() == "available":  # x86-64 with AVX2
+        loaded["linear_bf16_interface"] = kernels._load()
+    for interface, lib in loaded.items():
+        describe = getattr(lib, interface)
+        functions, _ = kernels.parse_interface(describe().decode())
+        assert functions, interface
+        for name, (args, result) in functions.items():
+            assert getattr(lib, name).argtypes == args and getattr(lib, name).restype == result, name
+    functions, _ = kernels.parse_interface(sampling._filter().gumbel_interface().decode())
+    assert functions == {"gumbel_candidates": ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64, ctypes.c_double,
+                                                ctypes.c_double, ctypes.c_void_p, ctypes.c_int64], ctypes.c_int64)}
+    sources = resources.files("specdec").joinpath("csrc")
+    for source in sources.iterdir():
+        if source.name.endswith(".c"):
+            assert re.search(r"const char \*\w+_interface\(void\)", source.read_text()), source.name
+    package = Path(kernels.__file__).parent
+    by_hand = [str(path.relative_to(package)) for path in package.rglob("*.py")
+               if path.name != "kernels.py" and re.search(r"\.(argtypes|restype)\s*=", path.read_text())]
+    assert by_hand == []
 
 
 # -- the compiler ---------------------------------------------------------------------------------
@@ -156,14 +191,14 @@ def test_no_compiler_on_path_is_the_given_error(cache, tmp_path, monkeypatch):
     (tmp_path / "empty").mkdir()
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     with pytest.raises(Refused) as err:
-        kernels.build_library("gumbel.c", GUMBEL_FLAGS, name="gumbel", error=Refused)
+        kernels.build_library("gumbel.c", GUMBEL_FLAGS, name="gumbel", interface=GUMBEL, error=Refused)
     assert str(err.value) == "no C compiler found (install gcc, or set CC)"
 
 
 def test_a_compiler_named_by_cc_that_does_not_exist_is_the_given_error(cache, monkeypatch):
     monkeypatch.setenv("CC", "/nonexistent/cc")
     with pytest.raises(Refused) as err:
-        kernels.build_library("gumbel.c", GUMBEL_FLAGS, name="gumbel", error=Refused)
+        kernels.build_library("gumbel.c", GUMBEL_FLAGS, name="gumbel", interface=GUMBEL, error=Refused)
     assert str(err.value) == ("cannot run the C compiler /nonexistent/cc: No such file or directory "
                               "(install gcc, or set CC to a compiler that runs)")
 
@@ -176,7 +211,7 @@ def test_a_built_library_loads_without_a_compiler(tmp_path, monkeypatch):
     monkeypatch.delenv("CC", raising=False)
     (tmp_path / "empty").mkdir()
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    lib = kernels.build_library("gumbel.c", GUMBEL_FLAGS, name="gumbel", error=Refused)
+    lib = kernels.build_library("gumbel.c", GUMBEL_FLAGS, name="gumbel", interface=GUMBEL, error=Refused)
     assert isinstance(lib, ctypes.CDLL)
 
 
@@ -189,9 +224,10 @@ def test_a_compiler_without_openmp_builds_the_serial_library(cache, tmp_path, mo
     monkeypatch.setenv("CC", cc)
     flags = [*GUMBEL_FLAGS, "-fopenmp"]
     with pytest.raises(Refused, match=r"^compiling .*gumbel-omp-\w+\.c failed: unsupported option -fopenmp$"):
-        kernels.build_library("gumbel.c", flags, name="gumbel-omp", error=Refused)
+        kernels.build_library("gumbel.c", flags, name="gumbel-omp", interface=GUMBEL, error=Refused)
     assert not list(cache.glob("kernels/*.so")) and not list(cache.glob("kernels/*.tmp"))
-    lib = kernels.build_library("gumbel.c", flags, name="gumbel-omp", error=Refused, serial_fallback=True)
+    lib = kernels.build_library("gumbel.c", flags, name="gumbel-omp", interface=GUMBEL, error=Refused,
+                                serial_fallback=True)
     runs = log.read_text().splitlines()
     assert len(runs) == 3 and "-fopenmp" in runs[1] and "-fopenmp" not in runs[2]
     assert lib.gumbel_candidates is not None

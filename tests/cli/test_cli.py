@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,7 +13,7 @@ import torch
 from specdec import cli, models
 from specdec.config import DecodeConfig
 from specdec.packs import Pack, Part
-from helpers import assert_one_line_error, run_main
+from helpers import REPO, assert_one_line_error, run_main
 from helpers import tiny  # noqa: F401  (tiny: a fixture)
 
 
@@ -231,9 +230,8 @@ def test_models_lists_the_packs(tmp_path, capsys):
 
 def test_readme_commands_and_ci_agree():
     """.ci/run runs the README's test command verbatim; the README's first command runs the CLI."""
-    root = Path(__file__).resolve().parents[1]
-    readme = root / "README.md"
-    ci = (root / ".ci" / "run").read_text().splitlines()
+    readme = REPO / "README.md"
+    ci = (REPO / ".ci" / "run").read_text().splitlines()
     commands = [line for line in readme.read_text().splitlines() if "pip install torch==2.13.0 &&" in line]
     assert len(commands) == 2
     setup, test = commands
@@ -247,7 +245,7 @@ def _readme_schema_command() -> list[str]:
     """The README's --json-schema example, as arguments after ``specdec``."""
     import shlex
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (REPO / "README.md").read_text()
     (line,) = [line for line in readme.splitlines() if line.startswith("specdec ") and "--json-schema" in line]
     return shlex.split(line.split("#")[0])[1:]
 
@@ -259,13 +257,12 @@ def test_the_readme_json_schema_example_ships_and_constrains_the_output(tiny, ca
     within the token limit)."""
     from specdec.constraints import Constraints
 
-    root = Path(__file__).resolve().parents[1]
     args = _readme_schema_command()
     path = args[args.index("--json-schema") + 1]
-    schema = json.loads((root / path).read_text())
+    schema = json.loads((REPO / path).read_text())
     assert schema["type"] == "object" and set(schema["required"]) == set(schema["properties"]) == {"name", "age"}
     Constraints(json_schema=schema).check(vocab_size=1 << 31)
-    monkeypatch.chdir(root)
+    monkeypatch.chdir(REPO)
     no_whitespace = [f"--logit-bias={token}=-100" for token in (197, 198, 201, 220)]  # \t \n \r and space
     code, out, err = run_main([*args, "--target", tiny["target"], "--draft", tiny["draft"], "--dtype", "float32",
                                "--max-new-tokens", "120", *no_whitespace], capsys)
