@@ -413,7 +413,7 @@ def test_trained_drafters_run_in_the_bench_and_keep_the_greedy_output(tiny_model
 def test_cli_end_to_end(tiny_models, tmp_path, monkeypatch):
     prompt_file = tmp_path / "p.jsonl"
     prompt_file.write_text('{"prompt": "abcabc"}\n{"prompt": "xyzxyz"}\n')
-    monkeypatch.setattr("specdec.cli.bench.load_models", lambda args, methods: tiny_models)
+    monkeypatch.setattr("specdec.cli.bench.torch_pair", lambda args, methods: tiny_models)
     out = tmp_path / "out"
     argv = ["--prompts", f"{prompt_file}:2", "--methods", "spec:model:block:k=2:policy=static,hf-prompt-lookup",
             "--temperature", "0", "1", "--max-new-tokens", "6", "--warmup-tokens", "0",
