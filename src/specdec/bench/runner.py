@@ -1,11 +1,11 @@
 """Run benchmark methods on prompts: warm-up, interleaved order, repeats, timing.
 
 Every method sees the same loaded models (a :class:`~specdec.models.Pair` per backend: the torch
-one the run is given, and one per GGUF backend in the run's :class:`BenchBackends`), prompt tokens, sampling settings, token budget and EOS handling. Runs are
-interleaved prompt by prompt (for each repeat, for each prompt: A, B, C, ...) so that drift in the
-machine's speed falls on all methods alike, and the order turns by one place from one prompt and
-repeat to the next (B, C, A, ...), so that no method always runs first or right after a given
-other one.
+one the run is given, and one per GGUF backend in the run's :class:`BenchBackends`), prompt tokens,
+sampling settings, token budget and EOS handling. Runs are interleaved prompt by prompt (for each
+repeat, for each prompt: A, B, C, ...) so that drift in the machine's speed falls on all methods
+alike, and the order turns by one place from one prompt and repeat to the next (B, C, A, ...), so
+that no method always runs first or right after a given other one.
 
 Runs already made (by an interrupted invocation, :mod:`specdec.bench.resume`) can be handed in
 as ``done``: they keep their place in the order and only the others run; ``on_sample`` sees
