@@ -28,20 +28,19 @@ from specdec import kernels as fast
 from specdec import packs
 from specdec.backends import llamacpp  # imports the optional llama-cpp-python binding only when a model loads
 from specdec.backends import table as backend_table
-from specdec.backends.table import AUTO, GGUF, LLAMACPP, TORCH
+from specdec.backends.table import AUTO, TORCH
 from specdec.backends.base import ContextSizeError
 from specdec.backends.choice import INSTALL_HINT, choose_gguf_backend
 from specdec.backends.gguf import (
     LLAMACPP_HINT, PATH_ENV, PORTABLE_ENV, KernelUnavailable, PathUnavailable, UnreadableGGUF, Unsupported,
-    load_gguf_native,
 )
 from specdec.packs import DEFAULT_DRAFT, DEFAULT_TARGET, PACKS, ModelPackError  # re-exported
 from specdec.paths import CACHE_ENV
 
 __all__ = [
     "BACKENDS", "CACHE_ENV", "DEFAULT_DRAFT", "DEFAULT_TARGET", "GGUF_BACKENDS", "PACKS", "Located", "ModelPackError",
-    "Pair", "backend_choice", "check_backend", "choose_backend", "gguf_path", "is_gguf_source", "load", "load_model",
-    "load_pair", "load_tokenizer", "locate", "logit_width", "resolve_backend", "resolve_dtype", "ContextSizeError",
+    "Pair", "check_backend", "choose_backend", "gguf_path", "is_gguf_source", "load", "load_model",
+    "load_pair", "load_tokenizer", "locate", "logit_width", "resolve_dtype", "ContextSizeError",
     "MIN_CONTEXT", "check_context",
 ]
 
@@ -98,7 +97,7 @@ def locate(name_or_path: str | os.PathLike, cache_dir: str | Path | None = None,
     name = _checked_name(name_or_path)
     pack = PACKS.get(name)
     if pack is not None:
-        form = packs.PARTS if backend == TORCH else packs.GGUF
+        form = packs.GGUF if _runs_gguf(backend) else packs.PARTS
         path = packs.prepare(pack, cache_dir, form=form, progress=progress)
         return Located(name, PACK, path, pack, cache_dir)
     path = Path(name).expanduser()
@@ -134,6 +133,12 @@ def _check_threads(n_threads: Any) -> None:
                          f"got {n_threads!r}")
 
 
+def _runs_gguf(backend: str) -> bool:
+    """Whether ``backend`` may run a GGUF file's own weights (``"auto"``: it may)."""
+    row = BACKENDS_BY_NAME.get(backend)
+    return row is None or row.runs_gguf
+
+
 def is_gguf_source(name_or_path: str) -> bool:
     """Whether ``name_or_path`` names a GGUF: a pack or a ``.gguf`` file."""
     return name_or_path in PACKS or Path(name_or_path).expanduser().suffix.lower() == ".gguf"
@@ -160,7 +165,7 @@ def check_backend(name_or_path: str, backend: str) -> bool:
     if backend in GGUF_BACKENDS and not is_gguf:
         raise ModelPackError(f"the {backend} backend runs GGUF files; {name_or_path} is neither a pack nor a .gguf file",
                              "pass a pack name or a .gguf file, or use the torch backend")
-    if backend == LLAMACPP and not llamacpp.available():
+    if backend != AUTO and not BACKENDS_BY_NAME[backend].available():  # llama.cpp's binding is not installed
         raise _llamacpp_missing()
     return is_gguf
 
@@ -215,24 +220,6 @@ def choose_backend(located: Located, backend: str) -> dict[str, Any]:
     return choice
 
 
-def backend_choice(name_or_path: str, backend: str, *, cache_dir: str | Path | None = None,
-                   n_threads: int | None = None) -> dict[str, Any]:
-    """:func:`choose_backend` for a name (checked, then located where the choice reads the file).
-    n_threads does not enter the choice."""
-    is_gguf = check_backend(name_or_path, backend)
-    if backend == AUTO and is_gguf:  # the rule reads the file
-        return choose_backend(locate(name_or_path, cache_dir), AUTO)
-    kind = PACK if name_or_path in PACKS else GGUF_FILE if is_gguf else HF_DIRECTORY
-    return choose_backend(Located(name_or_path, kind, Path(name_or_path).expanduser(), PACKS.get(name_or_path),
-                                  cache_dir), backend)
-
-
-def resolve_backend(name_or_path: str, backend: str, *, cache_dir: str | Path | None = None,
-                    n_threads: int | None = None) -> str:
-    """``"torch"``, ``"llamacpp"`` or ``"gguf"``: :func:`backend_choice`'s backend."""
-    return backend_choice(name_or_path, backend, cache_dir=cache_dir)["backend"]
-
-
 # --------------------------------------------------------------------------------------------
 # Loading a located model, and its tokenizer
 
@@ -258,9 +245,10 @@ def load_model(
     the model was trained on (read from the GGUF)."""
     check_context(n_ctx, backend, located.name)
     fast.use_cache_dir(located.cache_dir)  # the compiled kernels live in the models' cache
-    if backend in GGUF_BACKENDS:
+    row = BACKENDS_BY_NAME[backend]
+    if row.runs_gguf:
         gguf = _gguf_of(located) or packs.prepare(located.pack, located.cache_dir, form=packs.GGUF, progress=progress)
-        return _load_gguf(gguf, located, backend, n_threads, n_ctx)
+        return _load_gguf(gguf, located, row, n_threads, n_ctx)
     if kernels not in ("auto", "torch"):
         raise ValueError(f"kernels must be 'auto' or 'torch', got {kernels!r}")
     torch_dtype = resolve_dtype(dtype)
@@ -280,28 +268,24 @@ def load_model(
     return model.eval()
 
 
-def _load_gguf(gguf: Path, located: Located, backend: str, n_threads: int | None, n_ctx: int | None) -> Any:
-    """A GGUF file on ``backend`` (llama.cpp or specdec's GGUF kernel)."""
+def _load_gguf(gguf: Path, located: Located, row: backend_table.Backend, n_threads: int | None,
+               n_ctx: int | None) -> Any:
+    """A GGUF file on the backend of ``row`` (llama.cpp or specdec's GGUF kernel), each backend's
+    errors said as a :class:`ModelPackError` with the hint that fits it."""
     eos = (located.pack.eos_token_ids or None) if located.pack else None
-    ctx = {} if n_ctx is None else {"n_ctx": n_ctx}
-    if backend == GGUF:
-        try:
-            return load_gguf_native(gguf, n_threads=n_threads, eos_token_ids=eos, **ctx)
-        except ContextSizeError as err:  # more than the model's trained context
-            raise ModelPackError(err.message, err.hint) from None
-        except ValueError as err:  # a damaged file, a model this kernel does not run, a path it lacks
-            known = _file_error(err)
-            if known is None:  # a bad argument (n_ctx): said as it is
-                raise
-            raise known from None
-        except KernelUnavailable as err:  # no C compiler, an unwritable cache, a failed build
-            raise ModelPackError(f"specdec's GGUF kernel could not be built: {err}", LLAMACPP_HINT) from None
     try:
-        return llamacpp.load_gguf(gguf, n_threads=n_threads, eos_token_ids=eos, cache_dir=located.cache_dir, **ctx)
+        return row.load(gguf, n_threads=n_threads, n_ctx=n_ctx, eos_token_ids=eos, cache_dir=located.cache_dir)
+    except ContextSizeError as err:  # more than the model's trained context
+        raise ModelPackError(err.message, err.hint) from None
+    except ValueError as err:  # the kernel's: a damaged file, a model it does not run, a path it lacks
+        known = _file_error(err)
+        if known is None:  # a bad argument (n_ctx), or llama.cpp's own error: said as it is
+            raise
+        raise known from None
+    except KernelUnavailable as err:  # no C compiler, an unwritable cache, a failed build
+        raise ModelPackError(f"specdec's GGUF kernel could not be built: {err}", LLAMACPP_HINT) from None
     except llamacpp.LlamaCppUnavailable as err:  # installed, yet it does not import (e.g. its library fails to load)
         raise _llamacpp_missing(f"does not import here ({err.reason})") from None
-    except ContextSizeError as err:
-        raise ModelPackError(err.message, err.hint) from None
 
 
 def check_context(n_ctx: int | None, backend: str, name: str = "the model") -> None:
@@ -311,9 +295,9 @@ def check_context(n_ctx: int | None, backend: str, name: str = "the model") -> N
     ``ValueError``) naming what is wrong."""
     if n_ctx is None:
         return
-    if backend == TORCH:
+    if not BACKENDS_BY_NAME[backend].runs_gguf:
         raise ContextSizeError(f"n_ctx (--ctx-size) sets the context of the GGUF backends, but {name} runs on "
-                               f"{BACKEND_LABELS[TORCH]}, where the context is the model's own",
+                               f"{BACKEND_LABELS[backend]}, where the context is the model's own",
                                "leave n_ctx out, or run a GGUF file or pack on backend 'gguf' or 'llamacpp'")
     if isinstance(n_ctx, bool) or not isinstance(n_ctx, int):
         raise ContextSizeError(f"n_ctx must be a number of tokens (an integer), got {n_ctx!r}",
@@ -424,7 +408,7 @@ def load(
     located = locate(name, cache_dir, backend=backend, progress=progress)
     where = choose_backend(located, backend)["backend"]
     check_context(n_ctx, where, name)
-    if where in GGUF_BACKENDS:
+    if BACKENDS_BY_NAME[where].runs_gguf:
         return load_model(located, where, n_threads=n_threads, n_ctx=n_ctx, progress=progress), load_tokenizer(located)
     options = {"dtype": "bfloat16" if dtype is None else dtype, "kernels": "auto" if kernels is None else kernels}
     model = load_model(located, where, n_threads=n_threads, progress=progress, **options)
@@ -497,7 +481,7 @@ def load_pair(
     def load_one(name: str) -> Any:
         if on_load is not None:
             on_load(name, where[name])
-        options = {"dtype": dtype, "kernels": kernels} if where[name] == TORCH else {"n_ctx": n_ctx}
+        options = {"n_ctx": n_ctx} if BACKENDS_BY_NAME[where[name]].runs_gguf else {"dtype": dtype, "kernels": kernels}
         return load_model(found[name], where[name], n_threads=n_threads, **options)
 
     target_model = load_one(target)

@@ -95,7 +95,7 @@ def test_a_file_neither_backend_runs_here_is_refused_with_the_binding_to_install
     monkeypatch.setattr(llamacpp, "available", lambda: False)
     monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("loaded a model that cannot run here"))
     with pytest.raises(models.ModelPackError) as refused:
-        models.backend_choice(str(path), "auto")
+        models.choose_backend(models.locate(str(path)), "auto")
     assert refused.value.message == (f"{path}: architecture 'gemma' is not one specdec's GGUF backend runs "
                                      f"({', '.join(native.ARCHITECTURES)}); llama.cpp's binding (llama-cpp-python), "
                                      "which would run it, is not installed")
@@ -103,7 +103,9 @@ def test_a_file_neither_backend_runs_here_is_refused_with_the_binding_to_install
     assert choice.INSTALL_HINT.startswith("install llama.cpp's binding: pip install llama-cpp-python==0.3.36 ")
     with pytest.raises(models.ModelPackError, match="which would run it, is not installed"):
         models.load(str(path), backend="auto")
-    assert models.backend_choice(str(path), "torch") == {"backend": "torch", "why": "asked for", "source": "asked for"}
+    assert models.check_backend(str(path), "torch")  # a GGUF, taken to transformers by name
+    assert models.choose_backend(models.locate(str(path), backend="torch"), "torch") == {
+        "backend": "torch", "why": "asked for", "source": "asked for"}
 
     from specdec.cli import main
 
@@ -131,8 +133,11 @@ def test_load_pair_runs_both_models_on_the_kernel(llamacpp_faster):
 def test_a_named_backend_says_what_may_differ_from_plain_decoding(monkeypatch):
     smollm2_path()
     monkeypatch.setattr(llamacpp, "available", lambda: True)  # named, llama.cpp needs its binding
-    assert models.backend_choice(PACK, "gguf")["why"] == "asked for"
-    assert models.backend_choice(PACK, "llamacpp")["why"] == f"asked for; {CAVEAT}"
+    located = models.locate(PACK)
+    for backend in ("gguf", "llamacpp"):
+        assert models.check_backend(PACK, backend)
+    assert models.choose_backend(located, "gguf")["why"] == "asked for"
+    assert models.choose_backend(located, "llamacpp")["why"] == f"asked for; {CAVEAT}"
 
 
 def test_generate_says_where_and_why(llamacpp_faster, capsys):
@@ -178,6 +183,41 @@ def test_the_table_says_what_each_backend_runs():
         TREES, HIDDEN_STATES, LAYERS}
     assert [b.name for b in TABLE if b.shares_passes] == [GGUF]
     assert [b.name for b in TABLE if b.weights is None] == [TORCH]
+    assert [b.name for b in TABLE if b.batch_invariant] == [TORCH, GGUF]
+    assert [b.module for b in TABLE] == [None, "specdec.backends.llamacpp", "specdec.backends.gguf"]
+
+
+def test_a_loaded_model_is_asked_its_capabilities_through_its_row(tmp_path):
+    """A model says which row it runs on; its row answers whether its passes may be shared and what
+    one sequence's cache takes. A transformers model (or anything that declares no row) is torch's."""
+    from helpers import tiny_pair, write_tiny_gguf
+    from specdec.backends import table
+    from specdec.backends.table import GGUF, LLAMACPP, TORCH
+
+    path = tmp_path / "m.gguf"
+    write_tiny_gguf(path)
+    kernel = BY_NAME[GGUF].load(path, n_threads=1, n_ctx=256)  # the row loads its own models
+    assert type(kernel) is native.GGUFCausalLM and kernel.max_context == 256
+    assert table.row_of(kernel) is BY_NAME[GGUF] and table.row_of(kernel.fork()) is BY_NAME[GGUF]
+    assert table.row_of(llamacpp.LlamaCppCausalLM) is BY_NAME[LLAMACPP]
+    target, draft = tiny_pair()
+    assert table.row_of(target) is BY_NAME[TORCH]
+    assert table.shares_passes(kernel) and table.shares_passes(kernel, kernel.fork())
+    assert not table.shares_passes(target) and not table.shares_passes(kernel, draft)
+    assert not table.shares_passes(target, kernel)
+    assert table.cache_bytes(kernel) == kernel.cache_bytes > 0
+    assert table.cache_bytes(target) is None
+    with pytest.raises(ValueError, match="runs no GGUF file of its own"):
+        BY_NAME[TORCH].load(path)
+
+
+def test_a_backend_is_available_where_its_module_says(monkeypatch):
+    from specdec.backends.table import GGUF, LLAMACPP, TORCH
+
+    monkeypatch.setattr(llamacpp, "available", lambda: False)
+    assert [BY_NAME[name].available() for name in (TORCH, LLAMACPP, GGUF)] == [True, False, True]
+    monkeypatch.setattr(llamacpp, "available", lambda: True)
+    assert BY_NAME[LLAMACPP].available()
 
 
 # ------------------------------------------------------------------------------------------------

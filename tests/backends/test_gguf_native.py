@@ -1319,7 +1319,7 @@ def test_the_gguf_backend_is_refused_for_what_it_cannot_run(tmp_path):
     folder = tmp_path / "model"
     folder.mkdir()
     with pytest.raises(models.ModelPackError, match="the gguf backend runs GGUF files"):
-        models.resolve_backend(str(folder), "gguf")
+        models.check_backend(str(folder), "gguf")
     smollm2_path()
     with pytest.raises(ValueError, match="dtype does not apply to the specdec's GGUF kernel backend"):
         models.load(PACK, backend="gguf", dtype="float32")

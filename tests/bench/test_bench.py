@@ -413,7 +413,7 @@ def test_trained_drafters_run_in_the_bench_and_keep_the_greedy_output(tiny_model
 def test_cli_end_to_end(tiny_models, tmp_path, monkeypatch):
     prompt_file = tmp_path / "p.jsonl"
     prompt_file.write_text('{"prompt": "abcabc"}\n{"prompt": "xyzxyz"}\n')
-    monkeypatch.setattr("specdec.cli.bench.load_models", lambda args, methods: tiny_models)
+    monkeypatch.setattr("specdec.cli.bench.torch_pair", lambda args, methods: tiny_models)
     out = tmp_path / "out"
     argv = ["--prompts", f"{prompt_file}:2", "--methods", "spec:model:block:k=2:policy=static,hf-prompt-lookup",
             "--temperature", "0", "1", "--max-new-tokens", "6", "--warmup-tokens", "0",
@@ -814,3 +814,28 @@ def test_a_peer_that_will_not_sample_the_end_where_ar_did_is_explained_as_such(m
                     and line.split(" on ")[1].startswith(str(run.prompts[0].id)))
         assert ("never samples such a token" in line) is ends
         assert ("can flip a near-tie" in line) is not ends
+
+
+def test_the_bench_holds_a_pair_per_gguf_backend_loaded_with_the_runs_context(tmp_path):
+    """Methods on the GGUF kernel run on a :class:`~specdec.models.Pair` of that backend, loaded once
+    with the run's context (rounded up), its draft the target's weights where it is the target's
+    file; a later run needing no more room keeps it."""
+    from helpers import write_tiny_gguf
+    from specdec.backends import table
+    from specdec.bench import runner
+    from specdec.models import locate
+
+    path = tmp_path / "m.gguf"
+    write_tiny_gguf(path)
+    located = locate(str(path))
+    backends = runner.BenchBackends(ggufs={"gguf": runner.GGUFs(located, located)}, n_threads=1)
+    methods = parse_methods("spec:model:block:k=2:policy=static:backend=gguf", ("gguf",))
+    tokenizer = CharTokenizer()
+    runner.load_gguf_pairs(backends, methods, 100, tokenizer)
+    pair = backends.pairs["gguf"]
+    assert (pair.backend, pair.draft_backend, pair.target_name, pair.draft_name) == ("gguf", "gguf", str(path), str(path))
+    assert pair.tokenizer is tokenizer and table.row_of(pair.target).name == "gguf"
+    assert pair.draft is not pair.target and pair.draft.weights is pair.target.weights  # forked: one set of weights
+    assert backends.n_ctx == runner.CONTEXT_STEP == pair.target.max_context  # 100 tokens, rounded up
+    runner.load_gguf_pairs(backends, methods, 200, tokenizer)
+    assert backends.pairs["gguf"] is pair

@@ -34,7 +34,7 @@ def bench(tiny_models, tmp_path, monkeypatch):
     returns (exit code, timed runs computed). ``stop_after=N`` presses Ctrl-C as run N+1 starts."""
     prompt_file = tmp_path / "p.jsonl"
     prompt_file.write_text('{"prompt": "abcabcab"}\n{"prompt": "xyzxyzxy"}\n')
-    monkeypatch.setattr("specdec.cli.bench.load_models", lambda args, methods: tiny_models)
+    monkeypatch.setattr("specdec.cli.bench.torch_pair", lambda args, methods: tiny_models)
     real = runner.run_method
 
     def run(out, *extra, stop_after=None, methods=METHODS, prompts=f"{prompt_file}:2"):
@@ -255,7 +255,7 @@ def test_the_command_refuses_bad_methods_before_loading_a_model(methods, named, 
     def load(args, methods):
         raise AssertionError("a model was loaded")
 
-    monkeypatch.setattr("specdec.cli.bench.load_models", load)
+    monkeypatch.setattr("specdec.cli.bench.torch_pair", load)
     assert main(["--methods", methods, "--out", str(tmp_path / "out"), "--no-progress"]) == 2
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith("specdec: error: ") and named in err[0] and err[1].startswith("hint: ")

@@ -169,6 +169,7 @@ def test_serve_chooses_its_slots_from_the_cost_curve_and_the_memory(monkeypatch,
     from specdec.cli import serve as cli_serve
 
     class Kernel:
+        backend_name = "gguf"  # a stand-in for specdec's GGUF kernel
         cache_bytes = 100 << 20
         max_context = 4096
 
@@ -182,3 +183,5 @@ def test_serve_chooses_its_slots_from_the_cost_curve_and_the_memory(monkeypatch,
     assert cli_serve.choose_slots(served) == 3
     target, draft = tiny_pair()  # not the kernel: one request at a time
     assert cli_serve.choose_slots(Pair(target, tiny_tokenizer(), draft, target_name="tiny")) == 1
+    # a draft off the kernel (auto sends a file the kernel cannot run to llama.cpp): one request at a time
+    assert cli_serve.choose_slots(Pair(Kernel(), tiny_tokenizer(), draft, target_name="kernel")) == 1

@@ -56,6 +56,14 @@ def kernel_refusal(path: str | Path) -> str | None:
     return None
 
 
+def refusal(backend: str, path: str | Path) -> str | None:
+    """Why the GGUF backend ``backend`` cannot run ``path`` here (None: it can): the kernel's
+    :func:`kernel_refusal`, llama.cpp's missing binding."""
+    if backend == GGUF:
+        return kernel_refusal(path)
+    return None if llamacpp.available() else f"the llama.cpp binding is not installed ({llamacpp.INSTALL})"
+
+
 def choose_gguf_backend(path: str | Path) -> dict[str, Any]:
     """``{"backend": "gguf" | "llamacpp" | None, "why": one line, "source": "rule"}``: the kernel
     wherever it runs ``path``, else llama.cpp where installed; ``None``: neither GGUF backend can

@@ -80,6 +80,7 @@ import torch
 
 from specdec import kernels
 from specdec.backends.base import DEFAULT_CONTEXT, SNAPSHOTS, TREES, CacheSnapshot, ModelFacts, context_size
+from specdec.backends.table import GGUF
 from specdec.measurements import file_identity
 
 SOURCE = "linear_gguf.c"
@@ -812,6 +813,20 @@ def load_gguf_native(
     return GGUFCausalLM(weights, n_threads=n_threads, eos_token_ids=eos_token_ids)
 
 
+def available() -> bool:
+    """Always: the kernel is compiled when a model first loads, and a failure there is
+    :class:`KernelUnavailable` (the table asks each backend, :meth:`specdec.backends.table.Backend.available`)."""
+    return True
+
+
+def load(path: str | Path, *, n_threads: int | None = None, n_ctx: int | None = None,
+         eos_token_ids: Sequence[int] | None = None, cache_dir: str | Path | None = None) -> "GGUFCausalLM":
+    """The table's loader for this backend (:meth:`specdec.backends.table.Backend.load`):
+    :func:`load_gguf_native`. The kernel measures nothing at load, and its library is kept where
+    :func:`specdec.kernels.use_cache_dir` says, so ``cache_dir`` is not read here."""
+    return load_gguf_native(path, n_threads=n_threads, n_ctx=n_ctx, eos_token_ids=eos_token_ids)
+
+
 class GGUFCausalLM(ModelFacts):
     """One sequence's view of a GGUF model on specdec's batch-invariant kernels.
 
@@ -820,6 +835,7 @@ class GGUFCausalLM(ModelFacts):
     preallocated for ``max_context`` + :data:`TREE_SLACK` positions (pages are touched as used).
     """
 
+    backend_name = GGUF  # its row in specdec.backends.table
     capabilities = frozenset({TREES, SNAPSHOTS})
     passes: Any = None  # a specdec.backends.shared.SharedPasses this sequence's passes run in (a slot), or None
 

@@ -53,6 +53,7 @@ import numpy as np
 import torch
 
 from specdec.backends.base import DEFAULT_CONTEXT, SNAPSHOTS, TREES, CacheSnapshot, ModelFacts, context_size
+from specdec.backends.table import LLAMACPP
 from specdec.measurements import batch_invariance, cache_file, cost_key, file_identity
 from specdec.paths import load_measurement, save_measurement
 
@@ -253,6 +254,13 @@ def load_gguf(
     return model
 
 
+def load(path: str | Path, *, n_threads: int | None = None, n_ctx: int | None = None,
+         eos_token_ids: Sequence[int] | None = None, cache_dir: str | Path | None = None) -> "LlamaCppCausalLM":
+    """The table's loader for this backend (:meth:`specdec.backends.table.Backend.load`):
+    :func:`load_gguf` with its default batch and prefill layout."""
+    return load_gguf(path, n_threads=n_threads, n_ctx=n_ctx, eos_token_ids=eos_token_ids, cache_dir=cache_dir)
+
+
 def choose_prefill_layout(model: "LlamaCppCausalLM", *, cache_dir: str | Path | None = None,
                           refresh: bool = False) -> dict[str, Any]:
     """Which weight layout a chain of :data:`FILE_LAYOUT_ROWS` tokens runs faster on, ``model``'s
@@ -301,6 +309,7 @@ class LlamaCppCausalLM(ModelFacts):
     same model as target and as its own draft.
     """
 
+    backend_name = LLAMACPP  # its row in specdec.backends.table
     capabilities = frozenset({TREES, SNAPSHOTS})  # neither layers nor hidden states are exposed
 
     def __init__(

@@ -15,7 +15,7 @@ from typing import Any
 
 from specdec import kernels
 from specdec.backends.lean import lean_unsupported
-from specdec.backends.table import GGUF, LLAMACPP
+from specdec.backends.table import GGUF
 from specdec.bench.weights import gguf_weights
 from specdec.measurements import machine
 
@@ -51,19 +51,22 @@ def environment(command: str, dtype: str) -> dict[str, Any]:
     }
 
 
-def llamacpp_info(models: Any) -> dict[str, Any]:
-    """The GGUFs the llama.cpp methods and peers run, their weights as llama.cpp describes them
-    (:func:`gguf_weights`), their threads, and the weight layout the backend's models prefill on
+def gguf_info(backends: Any, backend: str) -> dict[str, Any]:
+    """The GGUFs the methods and peers of the GGUF ``backend`` run (``backends``: the run's
+    :class:`~specdec.bench.runner.BenchBackends`), their weights as llama.cpp describes them
+    (:func:`gguf_weights`), their threads, and the weight layout its models prefill on
     (:func:`specdec.backends.llamacpp.choose_prefill_layout`)."""
-    layouts = {role: getattr(model, "prefill_choice", None)
-               for role, model in (("target", models.target), ("draft", models.draft)) if model is not None}
+    files, pair = backends.ggufs[backend], backends.pairs.get(backend)
+    loaded = {"target": pair.target, "draft": pair.draft} if pair is not None else {}
+    layouts = {role: getattr(model, "prefill_choice", None) for role, model in loaded.items() if model is not None}
     # specdec's GGUF kernel describes its weights otherwise: the file's header says it as llama.cpp does
-    target, draft = (None, None) if getattr(models, "backend", LLAMACPP) == GGUF else (models.target, models.draft)
-    return {"target_gguf": str(models.target_path),
-            "draft_gguf": str(models.draft_path) if models.draft_path else None,
-            "target_weights": gguf_weights(models.target_path, target),
-            "draft_weights": gguf_weights(models.draft_path, draft) if models.draft_path else None,
-            "threads": models.n_threads,
+    described = {} if backend == GGUF else loaded
+    target, draft = files.target.path, files.draft.path if files.draft is not None else None
+    return {"target_gguf": str(target),
+            "draft_gguf": str(draft) if draft else None,
+            "target_weights": gguf_weights(target, described.get("target")),
+            "draft_weights": gguf_weights(draft, described.get("draft")) if draft else None,
+            "threads": backends.n_threads,
             "prefill_layout": layouts or None}
 
 

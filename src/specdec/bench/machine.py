@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 
 from specdec import kernels
-from specdec.backends import choice, gguf, llamacpp
-from specdec.backends.table import GGUF, LABELS, LLAMACPP
+from specdec.backends import choice, gguf
+from specdec.backends.table import BY_NAME, GGUF, LABELS, LLAMACPP
 from specdec.measurements import cpu_features, machine
 
 READ_MIB = 1024  # the buffer read: far larger than any CPU's last-level cache
@@ -121,24 +121,20 @@ def one_row_steps(path: str | Path, threads: int) -> dict[str, Any]:
 
 
 def _load_backends(path: Path, threads: int) -> tuple[dict[str, Any], dict[str, str]]:
-    """The backends of :data:`BACKENDS` that run ``path`` here, loaded, and why each other does not."""
+    """The backends of :data:`BACKENDS` that run ``path`` here, each loaded by its row of the table
+    (:meth:`specdec.backends.table.Backend.load`), and why each other does not."""
     models: dict[str, Any] = {}
     skipped: dict[str, str] = {}
-    refusal = choice.kernel_refusal(path)
-    try:
-        if refusal is None:
-            models[GGUF] = gguf.load_gguf_native(path, n_threads=threads, n_ctx=STEP_CTX)
-        else:
-            skipped[GGUF] = refusal
-    except (ValueError, RuntimeError) as err:
-        skipped[GGUF] = str(err)
-    try:
-        if llamacpp.available():
-            models[LLAMACPP] = llamacpp.LlamaCppCausalLM(llamacpp.GGUFWeights(path), n_threads=threads, n_ctx=STEP_CTX)
-        else:
-            skipped[LLAMACPP] = f"the llama.cpp binding is not installed ({llamacpp.INSTALL})"
-    except (ValueError, RuntimeError) as err:
-        skipped[LLAMACPP] = str(err)
+    for name in BACKENDS:
+        row = BY_NAME[name]
+        refusal = choice.refusal(name, path)
+        try:
+            if refusal is None:
+                models[name] = row.load(path, n_threads=threads, n_ctx=STEP_CTX)
+            else:
+                skipped[name] = refusal
+        except (ValueError, RuntimeError) as err:
+            skipped[name] = str(err)
     return models, skipped
 
 

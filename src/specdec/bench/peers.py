@@ -13,23 +13,23 @@ from __future__ import annotations
 import contextlib
 import copy
 import time
-from typing import Any, Iterator
+from pathlib import Path
+from typing import Any, Callable, Iterator
 
 import torch
 
-from specdec.backends.table import LLAMACPP
-from specdec.bench.llamacpp_models import LlamaCppModels
+from specdec.backends.llamacpp import DEFAULT_BATCH
 from specdec.bench.methods import PEERS, MethodSpec
 from specdec.bench.sample import Sample, median as _median
 from specdec.models import Pair
 
 
-def run_peer(method: MethodSpec, pair: Pair, llamacpp: LlamaCppModels | None, prompt_ids: list[int],
+def run_peer(method: MethodSpec, pair: Pair, llamacpp_peer: Callable[[MethodSpec], Any], prompt_ids: list[int],
              temperature: float, max_new_tokens: int, eos: list[int], seed: int) -> Sample:
     """One timed generation by a peer: transformers' on the ``pair``'s models, ``llamacpp-ar`` on
-    the binding's own model of the target's GGUF (``llamacpp``)."""
-    if method.backend == LLAMACPP:
-        return _run_llamacpp_peer(method, llamacpp, prompt_ids, temperature, max_new_tokens, eos, seed)
+    the binding's own model of the target's GGUF (``llamacpp_peer(method)``, :func:`load_llamacpp_peer`)."""
+    if PEERS[method.kind].tool == "llama-cpp-python":
+        return _run_llamacpp_peer(method, llamacpp_peer(method), prompt_ids, temperature, max_new_tokens, eos, seed)
     return _run_hf_peer(method, pair, prompt_ids, temperature, max_new_tokens, eos, seed)
 
 
@@ -182,13 +182,27 @@ def _forward_timer(model: Any, calls: list[tuple[int, int, float]], ends: list[f
 # The llama.cpp binding's own model
 
 
-def _run_llamacpp_peer(method, llamacpp, prompt_ids, temperature, max_new_tokens, eos, seed) -> Sample:
-    """``llamacpp-ar``: llama-cpp-python's own ``Llama.generate`` on the target's GGUF, the same
-    binding and llama.cpp build the backend runs. Its sampler chain is set to plain sampling
+def load_llamacpp_peer(path: str | Path, n_ctx: int, n_threads: int | None) -> Any:
+    """The binding's own ``llama_cpp.Llama`` on the GGUF ``path``, for the ``llamacpp-*`` peers, with
+    room for ``n_ctx`` tokens on ``n_threads`` threads (None: the binding's default).
+
+    The binding's own settings (flash attention off, repacked weights for every pass) with the
+    backend's prefill batch: a context of at least DEFAULT_BATCH tokens, since the binding batches
+    its prefill by min(n_ctx, 512). The backend leaves flash attention to llama.cpp (on for the CPU)
+    and prefills long prompts on the file's layout where that is faster
+    (specdec.backends.llamacpp.choose_prefill_layout), so near-ties can round apart."""
+    from llama_cpp import Llama  # the optional binding: imported when a peer first runs
+
+    return Llama(str(path), n_ctx=max(n_ctx, DEFAULT_BATCH), n_threads=n_threads or None,
+                 n_threads_batch=n_threads or None, n_batch=DEFAULT_BATCH, flash_attn=False, verbose=False)
+
+
+def _run_llamacpp_peer(method, llm, prompt_ids, temperature, max_new_tokens, eos, seed) -> Sample:
+    """``llamacpp-ar``: llama-cpp-python's own ``Llama.generate`` (``llm``) on the target's GGUF, the
+    same binding and llama.cpp build the backend runs. Its sampler chain is set to plain sampling
     (greedy at temperature 0, else softmax(logits / T) with top-k, top-p, min-p, typical and the
     repetition penalty switched off), seeded with ``seed``. The cache is emptied first, so the
     prompt is prefilled every time (no prefix reuse between repeats)."""
-    llm = llamacpp.peer(method)
     llm.set_seed(seed if seed is not None else 0)
     llm.reset()
     tokens: list[int] = []

@@ -16,7 +16,7 @@ from typing import Any
 
 from specdec.backends.table import GGUF_NAMES, TORCH
 from specdec.bench import schema_check
-from specdec.bench.environment import environment, llamacpp_info, model_info
+from specdec.bench.environment import environment, gguf_info, model_info
 from specdec.bench.figures import summarize
 from specdec.bench.machine import machine_record
 from specdec.bench.markdown import markdown, summary_markdown, title
@@ -26,7 +26,7 @@ from specdec.bench.weights import gguf_weights, run_weights
 from specdec.paths import write_atomic
 
 __all__ = [
-    "PLOTS", "environment", "gguf_weights", "llamacpp_info", "machine_record", "markdown", "model_info", "plot",
+    "PLOTS", "environment", "gguf_info", "gguf_weights", "machine_record", "markdown", "model_info", "plot",
     "results", "run_weights", "summarize", "summary_markdown", "title", "write_run",
 ]
 

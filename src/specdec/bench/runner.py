@@ -1,18 +1,18 @@
 """Run benchmark methods on prompts: warm-up, interleaved order, repeats, timing.
 
-Every method sees the same loaded models (a :class:`~specdec.models.Pair` and the run's
-:class:`BenchBackends`), prompt tokens, sampling settings, token budget and EOS handling. Runs are
-interleaved prompt by prompt (for each repeat, for each prompt: A, B, C, ...) so that drift in the
-machine's speed falls on all methods alike, and the order turns by one place from one prompt and
-repeat to the next (B, C, A, ...), so that no method always runs first or right after a given
-other one.
+Every method sees the same loaded models (a :class:`~specdec.models.Pair` per backend: the torch
+one the run is given, and one per GGUF backend in the run's :class:`BenchBackends`), prompt tokens,
+sampling settings, token budget and EOS handling. Runs are interleaved prompt by prompt (for each
+repeat, for each prompt: A, B, C, ...) so that drift in the machine's speed falls on all methods
+alike, and the order turns by one place from one prompt and repeat to the next (B, C, A, ...), so
+that no method always runs first or right after a given other one.
 
 Runs already made (by an interrupted invocation, :mod:`specdec.bench.resume`) can be handed in
 as ``done``: they keep their place in the order and only the others run; ``on_sample`` sees
 each run as it ends, so it can be saved at once.
 
 Project methods run through :func:`specdec.stream` with token ids (no tokenizer, so no decoding
-cost inside the timed region), on the torch backend or on the llama.cpp one (``backend=``); peers
+cost inside the timed region), on the pair of their backend (``backend=``); peers
 (:mod:`specdec.bench.peers`) run through transformers' ``model.generate`` or the llama.cpp
 binding's own model; the llama-server peers and project methods with ``via=serve`` through a
 server process, over HTTP (:mod:`specdec.bench.servers`). Each run's wall time covers the whole
@@ -22,6 +22,7 @@ call, prefill included.
 from __future__ import annotations
 
 import gc
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -31,36 +32,90 @@ from specdec.api import decode_text, eos_token_ids_of
 from specdec import build as builder
 from specdec.divergence import LogitsRecorder, decisive_position, explain
 from specdec.measurements import batch_invariance
-from specdec.backends.table import GGUF, LLAMACPP, TORCH
-from specdec.bench.llamacpp_models import LlamaCppModels, context_needed
+from specdec.backends.table import LABELS, TORCH
 from specdec.bench.methods import MethodSpec
-from specdec.bench.peers import run_peer
+from specdec.bench.peers import load_llamacpp_peer, run_peer
 from specdec.bench.schema_check import check_output
 from specdec.bench.servers import Servers, run_server
 from specdec.constraints import Constraints
 from specdec.prompts import Prompt
 from specdec.sampling import SamplingConfig
 from specdec.bench.sample import Sample, median as _median
-from specdec.models import Pair
+from specdec.models import Located, Pair, load_model
 
 
 WARMUP_SERVER_TOKENS = 8
+CONTEXT_STEP = 256  # the GGUF models' contexts are rounded up to a multiple of this
+DRAFT_ROOM = 32  # room past the token budget for the last step's draft tokens
+
+
+@dataclass(frozen=True)
+class GGUFs:
+    """The GGUF files the methods of one GGUF backend run (located: :func:`specdec.models.locate`,
+    a pack's joined and hash-checked): the target's, and the draft's where a method there drafts
+    with a model."""
+
+    target: Located
+    draft: Located | None = None
 
 
 @dataclass
 class BenchBackends:
-    """How a run's methods use their models beyond the :class:`~specdec.models.Pair` they share
-    (whose ``target`` and ``draft`` are transformers models, None when no method runs on torch;
-    ``draft`` is needed by draft-model methods only)."""
+    """How a run's methods use their models beyond the torch :class:`~specdec.models.Pair` the run
+    is given (whose ``target`` and ``draft`` are transformers models; ``draft`` is needed by
+    draft-model methods only): the draft's weights there, the GGUFs of each GGUF backend a method,
+    peer or server runs on, and the :class:`~specdec.models.Pair` of each, which :func:`run_bench`
+    loads (:func:`load_gguf_pairs`) before the warm-up with a context long enough for the run's
+    longest prompt plus its token budget, and keeps for every later method, prompt and temperature."""
 
     draft_weights: str = "int8"  # how draft-model methods run the draft (``make_backend(weights=...)``)
-    llamacpp: LlamaCppModels | None = None  # the GGUFs for methods with ``backend=llamacpp`` and the llama.cpp peers
-    gguf: LlamaCppModels | None = None  # the GGUFs for methods with ``backend=gguf`` (specdec's own kernel)
-
-    def gguf_models(self, backend: str) -> LlamaCppModels | None:
-        """The GGUF models of ``backend`` (``llamacpp`` or ``gguf``)."""
-        return self.gguf if backend == GGUF else self.llamacpp
+    ggufs: dict[str, GGUFs] = field(default_factory=dict)  # backend (llamacpp, gguf) -> the files it runs
+    n_threads: int | None = None  # the GGUF models' threads (decode and batch); None: the backend's default
     servers: Servers | None = None  # llama-server peers and methods with ``via=serve``
+    pairs: dict[str, Pair] = field(default_factory=dict)  # backend -> its loaded models (load_gguf_pairs)
+    peers: dict[str, Any] = field(default_factory=dict)  # peer kind -> the llama.cpp binding's own model
+    n_ctx: int = 0  # the context the GGUF models are loaded with
+
+    def peer(self, method: MethodSpec) -> Any:
+        """The llama.cpp binding's own model of a ``llamacpp-*`` peer on the target's GGUF (loaded on
+        first use, the warm-up, with the run's context: :func:`specdec.bench.peers.load_llamacpp_peer`)."""
+        if method.kind not in self.peers:
+            self.peers[method.kind] = load_llamacpp_peer(self.ggufs[method.backend].target.path, self.n_ctx,
+                                                         self.n_threads)
+        return self.peers[method.kind]
+
+
+def context_needed(prompt_lengths: Sequence[int], max_new_tokens: int) -> int:
+    """Tokens a run's context must hold: the longest prompt, the budget and a last step's drafts."""
+    return max(prompt_lengths) + max_new_tokens + DRAFT_ROOM
+
+
+def load_gguf_pairs(backends: BenchBackends, methods: Sequence[MethodSpec], n_ctx: int, tokenizer: Any) -> None:
+    """Load the models ``methods`` run on each GGUF backend of ``backends`` into its
+    :class:`~specdec.models.Pair` (sharing ``tokenizer``), as every command loads a model
+    (:func:`specdec.models.load_model`), with room for ``n_ctx`` tokens (rounded up to a multiple of
+    :data:`CONTEXT_STEP`); models already loaded with that much room are kept. A draft that is the
+    target's file shares its weights (``fork``)."""
+    n_ctx = CONTEXT_STEP * math.ceil(n_ctx / CONTEXT_STEP)
+    if n_ctx > backends.n_ctx:
+        backends.pairs.clear()
+        backends.peers.clear()
+        backends.n_ctx = n_ctx
+    for backend, files in backends.ggufs.items():
+        mine = [m for m in methods if m.backend == backend and not m.is_server]  # servers load their own
+        if any(not m.is_peer for m in mine) and backend not in backends.pairs:
+            target = load_model(files.target, backend, n_threads=backends.n_threads, n_ctx=backends.n_ctx)
+            backends.pairs[backend] = Pair(target, tokenizer, target_name=files.target.name, backend=backend,
+                                           backend_why="asked for")
+        pair = backends.pairs.get(backend)
+        if any(m.needs_draft_model for m in mine) and pair is not None and pair.draft is None:
+            if files.draft is None:
+                names = ", ".join(m.name for m in mine if m.needs_draft_model)
+                raise ValueError(f"methods {names} need a draft model's GGUF; give one (--draft)")
+            same = files.draft.path == files.target.path
+            pair.draft = pair.target.fork() if same else load_model(files.draft, backend, n_threads=backends.n_threads,
+                                                                    n_ctx=backends.n_ctx)
+            pair.draft_name, pair.draft_backend = files.draft.name, backend
 
 
 ENDPOINTS = ("completions", "chat")
@@ -152,9 +207,7 @@ def run_bench(
     runnable = [m for m in methods if m.name not in skipped]
     check_models(pair, runnable, backends)
     ids = [p.token_ids(pair.tokenizer) for p in prompts]
-    for gguf_models in (backends.llamacpp, backends.gguf):
-        if gguf_models is not None:
-            gguf_models.prepare(runnable, context_needed([len(x) for x in ids], settings.max_new_tokens))
+    load_gguf_pairs(backends, runnable, context_needed([len(x) for x in ids], settings.max_new_tokens), pair.tokenizer)
     eos = [] if settings.ignore_eos else sorted(eos_token_ids_of(pair.target, pair.tokenizer))
     order = list(schedule(runnable, len(prompts), settings.repeats))
     planned = {(m.name, p, r) for r, p, m in order}
@@ -315,16 +368,11 @@ def check_models(pair: Pair, methods: Sequence[MethodSpec], backends: BenchBacke
     if any(m.needs_draft_model for m in on_torch) and pair.draft is None:
         names = ", ".join(m.name for m in on_torch if m.needs_draft_model)
         raise ValueError(f"methods {names} need a draft model; give one (--draft)")
-    on_gguf = [m for m in methods if m.backend == GGUF and not m.is_server]
-    if on_gguf and backends.gguf is None:
-        raise ValueError(f"methods {', '.join(m.name for m in on_gguf)} run on specdec's GGUF kernel and need the "
-                         "target's GGUF; give a pack or a .gguf file as the target")
-    on_llamacpp = [m for m in methods if m.backend == LLAMACPP]
-    if on_llamacpp and backends.llamacpp is None:
-        raise ValueError(
-            f"methods {', '.join(m.name for m in on_llamacpp)} run on llama.cpp and need the target's GGUF; "
-            "give a pack or a .gguf file as the target"
-        )
+    for backend in dict.fromkeys(m.backend for m in methods if m.backend != TORCH and not m.is_server):
+        if backend not in backends.ggufs:
+            names = ", ".join(m.name for m in methods if m.backend == backend and not m.is_server)
+            raise ValueError(f"methods {names} run on {LABELS[backend]} and need the target's GGUF; give a pack or "
+                             "a .gguf file as the target")
 
 
 def run_method(
@@ -348,7 +396,7 @@ def run_method(
     if method.is_peer:
         if schema is not None:
             raise ValueError(f"{method.name} cannot constrain its output to a JSON schema")
-        return run_peer(method, pair, backends.llamacpp, prompt_ids, temperature, max_new_tokens, eos, seed)
+        return run_peer(method, pair, backends.peer, prompt_ids, temperature, max_new_tokens, eos, seed)
     sample = _run_project(method, pair, backends, prompt_ids, temperature, max_new_tokens, eos, seed, schema=schema)
     if schema is not None:  # after the timed run: the tokens' own text (no clean-up rewriting its spaces)
         checked = check_output(decode_text(pair.tokenizer, sample.token_ids), schema)
@@ -367,11 +415,9 @@ def _run_project(method, pair, backends, prompt_ids, temperature, max_new_tokens
     config = method.config.replace(temperature=temperature, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
                                    seed=seed, eos_token_ids=eos, draft_weights=backends.draft_weights)
     start = time.perf_counter()
-    if method.backend == TORCH:
-        target, draft = pair.target, pair.draft
-    else:  # loaded once: their caches are emptied (specdec.build does) so no run reuses an earlier prefix
-        gguf_models = backends.gguf_models(method.backend)
-        target, draft = gguf_models.target, gguf_models.draft
+    # a GGUF backend's pair is loaded once: its caches are emptied (specdec.build does) so no run reuses an earlier prefix
+    models = {TORCH: pair, **backends.pairs}[method.backend]
+    target, draft = models.target, models.draft
     if not method.needs_draft_model:
         draft = None
     if wrap is not None:  # the recorder wraps the backend the drafter runs on

@@ -28,10 +28,9 @@ from specdec.backends import llamacpp as llamacpp_backend
 from specdec.backends import table as backend_table
 from specdec.backends.table import GGUF, LLAMACPP, TORCH
 from specdec.bench import concurrency, markdown as bench_markdown, report, resume
-from specdec.bench.llamacpp_models import LlamaCppModels
 from specdec.bench.methods import MethodSpec, parse_method, parse_methods
 from specdec.prompts import load_prompts
-from specdec.bench.runner import BenchBackends, BenchSettings, run_bench
+from specdec.bench.runner import BenchBackends, BenchSettings, GGUFs, run_bench
 from specdec.bench.servers import (
     BUILD_SCRIPT, DEFAULT_BINARY, LLAMA_SERVER_ENV, LLAMA_SERVER_FLAGS, ServerMissing, Servers, llama_server_binary,
 )
@@ -203,8 +202,8 @@ def _run(args: argparse.Namespace, argv: Sequence[str] | None, out: Path, method
     env["resolved_command"] = _resolved_command(args)
     _warn_if_busy(env)
     # the GGUFs first: a missing binding or GGUF fails before any model loads
-    backends = BenchBackends(args.draft_weights, llamacpp=llamacpp_models(args, methods),
-                             servers=bench_servers(args, methods), gguf=gguf_models(args, methods))
+    backends = BenchBackends(args.draft_weights, ggufs=gguf_files(args, methods),
+                             n_threads=args.threads or torch.get_num_threads(), servers=bench_servers(args, methods))
     try:
         env["machine"] = report.machine_record(args.threads or torch.get_num_threads(), _target_gguf(backends),
                                                why_no_target="no method runs a GGUF")
@@ -216,7 +215,7 @@ def _run(args: argparse.Namespace, argv: Sequence[str] | None, out: Path, method
 
 def _run_all(args: argparse.Namespace, command: str, env: dict[str, Any], out: Path, methods: list[MethodSpec],
              prompts: list[Any], saved: dict[Any, Any], backends: BenchBackends) -> int:
-    pair = load_models(args, methods)
+    pair = torch_pair(args, methods)
     info = {"target": report.model_info(pair.target, pair.target_name),
             "draft": report.model_info(pair.draft, pair.draft_name)}
     if info["draft"] is not None:
@@ -226,10 +225,8 @@ def _run_all(args: argparse.Namespace, command: str, env: dict[str, Any], out: P
         before = _load_average()
         run = run_bench(pair, methods, prompts, s, backends, progress=not args.no_progress, done=store.load(prompts),
                         on_sample=lambda x, store=store: store.save(x, prompts[x.prompt]))
-        if backends.llamacpp is not None:  # after the run: what its models were loaded with
-            info[LLAMACPP] = report.llamacpp_info(backends.llamacpp)
-        if backends.gguf is not None:
-            info[GGUF] = report.llamacpp_info(backends.gguf)
+        for backend in backends.ggufs:  # after the run: what its models were loaded with
+            info[backend] = report.gguf_info(backends, backend)
         if backends.servers is not None:  # llama-server keeps earlier prompts in RAM: each temperature starts afresh
             backends.servers.stop()
         data = report.results(run, env | {"load_average_run": [before, _load_average()]}, info)
@@ -298,7 +295,7 @@ def _plan_concurrency(args: argparse.Namespace) -> tuple[list[MethodSpec], list[
                        "in the bench's process",
                        "add :via=serve to a project method, or name llama-server peers (--methods "
                        f"{concurrency.DEFAULT_METHODS})", code=2)
-    serial = [m.name for m in methods if not m.is_peer and m.backend != GGUF]
+    serial = [m.name for m in methods if not m.is_peer and not backend_table.BY_NAME[m.backend].shares_passes]
     if serial and max(args.concurrency) > 1:
         raise CLIError(f"--concurrency {max(args.concurrency)}: {', '.join(serial)} would run on a backend that "
                        "serves one request at a time",
@@ -447,10 +444,11 @@ def _warn_if_busy(env: dict[str, Any]) -> None:
         )
 
 
-def load_models(args: argparse.Namespace, methods: Sequence[MethodSpec]) -> Pair:
+def torch_pair(args: argparse.Namespace, methods: Sequence[MethodSpec]) -> Pair:
     """The transformers target, and the draft when a method on torch needs one, loaded as ``specdec
-    generate`` loads them (the bench's --backend says where methods run, not how these load). The
-    pair names the draft when a method on either backend drafts with it."""
+    generate`` loads them (:func:`specdec.cli.common.load_models`; the bench's --backend says where
+    methods run, not how these load). The pair names the draft when a method on any backend drafts
+    with it."""
     has_draft = args.draft is not None
     wants_draft = has_draft and any(m.needs_draft_model and m.backend == TORCH for m in methods)
     pair = common.load_models(args.target, args.draft if wants_draft else None, backend=TORCH,
@@ -462,35 +460,23 @@ def load_models(args: argparse.Namespace, methods: Sequence[MethodSpec]) -> Pair
     return dataclasses.replace(pair, draft=draft, draft_name=args.draft if draft is not None or drafts else None)
 
 
-def llamacpp_models(args: argparse.Namespace, methods: Sequence[MethodSpec]) -> LlamaCppModels | None:
-    """For methods on llama.cpp, the GGUFs (loaded by the runner, once, when it knows the context);
-    None when no method runs there. A :class:`CLIError` when the binding is missing or a model has
-    no GGUF (:func:`gguf_path`)."""
-    import torch
-
-    on_llamacpp = [m for m in methods if m.backend == LLAMACPP]
-    if not on_llamacpp:
-        return None
-    if not llamacpp_backend.available():
-        raise CLIError(f"{', '.join(m.name for m in on_llamacpp)} run on llama.cpp, which needs its binding",
-                       f"install it ({llamacpp_backend.INSTALL}), or leave out the llama.cpp methods "
-                       "(--backend torch, no llamacpp-ar)", code=2)
-    draft_gguf = args.draft is not None and any(m.needs_draft_model for m in on_llamacpp)
-    return LlamaCppModels(located_gguf(args.target, args), located_gguf(args.draft, args) if draft_gguf else None,
-                          n_threads=args.threads or torch.get_num_threads())
-
-
-def gguf_models(args: argparse.Namespace, methods: Sequence[MethodSpec]) -> LlamaCppModels | None:
-    """For methods on specdec's GGUF kernel (``backend=gguf``), the GGUFs (loaded by the runner);
-    None when no method runs there."""
-    import torch
-
-    on_gguf = [m for m in methods if m.backend == GGUF and not m.is_server]
-    if not on_gguf:
-        return None
-    draft_gguf = args.draft is not None and any(m.needs_draft_model for m in on_gguf)
-    return LlamaCppModels(located_gguf(args.target, args), located_gguf(args.draft, args) if draft_gguf else None,
-                          n_threads=args.threads or torch.get_num_threads(), backend=GGUF)
+def gguf_files(args: argparse.Namespace, methods: Sequence[MethodSpec]) -> dict[str, GGUFs]:
+    """For each GGUF backend a method, peer or server runs on, the GGUFs it runs (the runner loads
+    them, once, when it knows the context): the target's, and the draft's where a method there
+    drafts with a model. A :class:`CLIError` when a backend is not available here (llama.cpp's
+    binding missing) or a model has no GGUF (:func:`located_gguf`)."""
+    ggufs = {}
+    for row in backend_table.TABLE:
+        on_it = [m for m in methods if m.backend == row.name]
+        if not row.runs_gguf or not on_it:
+            continue
+        if not row.available():
+            raise CLIError(f"{', '.join(m.name for m in on_it)} run on {row.label}, which needs its binding",
+                           f"install it ({llamacpp_backend.INSTALL}), or leave out the {row.label} methods "
+                           "(--backend torch, no llamacpp-ar)", code=2)
+        draft = args.draft is not None and any(m.needs_draft_model for m in on_it)
+        ggufs[row.name] = GGUFs(located_gguf(args.target, args), located_gguf(args.draft, args) if draft else None)
+    return ggufs
 
 
 def bench_servers(args: argparse.Namespace, methods: Sequence[MethodSpec]) -> Servers | None:
@@ -519,9 +505,8 @@ def bench_servers(args: argparse.Namespace, methods: Sequence[MethodSpec]) -> Se
 
 def _target_gguf(backends: BenchBackends) -> Path | None:
     """The target's GGUF where a method runs one (on llama.cpp, the GGUF kernel or a server)."""
-    paths = [getattr(backends.gguf, "target_path", None), getattr(backends.llamacpp, "target_path", None),
-             getattr(backends.servers, "target_gguf", None)]
-    return next((path for path in paths if path is not None), None)
+    paths = [files.target.path for files in backends.ggufs.values()]
+    return next(iter(paths), getattr(backends.servers, "target_gguf", None))
 
 
 def gguf_path(name: str, args: argparse.Namespace) -> Path:

@@ -25,7 +25,7 @@ from typing import Any, Callable, Collection, Iterator
 from specdec import models, packs
 from specdec.backends import gguf, llamacpp
 from specdec.backends import table as backend_table
-from specdec.backends.table import AUTO, GGUF, LLAMACPP, TORCH
+from specdec.backends.table import AUTO, GGUF, TORCH
 from specdec.config import GROUP_FIELD, NAME_ONLY, ConfigError, DecodeConfig, NothingToVerify, option, options
 from specdec.constraints import ConstraintError, Constraints, check_logprobs
 from specdec.options import Option
@@ -351,7 +351,9 @@ def check_cache_dir(cache_dir: str | None, *, create: bool) -> None:
 def _check_torch_options(names: list[str], backend: str, typed: Collection[str]) -> None:
     """--dtype and --kernels shape transformers models: refused when typed and every model runs a
     GGUF's own weights (whether the backend runs the models at all, :func:`specdec.models.load_pair` checks)."""
-    if not names or backend == TORCH or not all(models.is_gguf_source(name) for name in names):
+    row = backend_table.BY_NAME.get(backend)  # None: auto, which runs a GGUF's own weights
+    runs_gguf = row is None or row.runs_gguf
+    if not names or not runs_gguf or not all(models.is_gguf_source(name) for name in names):
         return
     where = backend_table.LABELS[backend] if backend in backend_table.GGUF_NAMES else "a GGUF backend"
     for flag, dest in (("--dtype", "dtype"), ("--kernels", "kernels")):
@@ -365,9 +367,9 @@ def gguf_weights(model: Any) -> str:
     """What a model loaded from a GGUF runs: 'llama 135M Q4_1 GGUF via llama.cpp' (as llama.cpp
     describes it), or 'llama 30x576 (Q4_1/Q6_K) GGUF on specdec kernels (avx2 path)': the kernel's
     path, the instructions its products run on here (:data:`specdec.backends.gguf.PATHS`)."""
-    if type(model).__module__.endswith("llamacpp"):
-        return f"{model.weights.description} {backend_table.BY_NAME[LLAMACPP].weights}"
-    return f"{model.weights.description} {backend_table.BY_NAME[GGUF].weights} ({gguf.kernel_path(model.lib)} path)"
+    row = backend_table.row_of(model)
+    path = f" ({gguf.kernel_path(model.lib)} path)" if row.name == GGUF else ""  # the kernel's, as it says
+    return f"{model.weights.description} {row.weights}{path}"
 
 
 def check_threads(threads: int | None) -> None:

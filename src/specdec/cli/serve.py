@@ -192,9 +192,10 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 def choose_slots(models: Any) -> int:
-    """--parallel's default: on the GGUF kernel, :func:`~specdec.backends.shared.default_slots` of the
+    """--parallel's default: where the models' passes may be shared (the GGUF kernel's,
+    :func:`specdec.backends.table.shares_passes`), :func:`~specdec.backends.shared.default_slots` of the
     target's measured cost curve (measured once per machine and cached), as many as fit in memory; 1 elsewhere."""
-    if not hasattr(models.target, "cache_bytes"):
+    if not backend_table.shares_passes(models.target, models.draft):
         return 1
     curve, source = row_costs(models.target, MAX_ROWS)
     slots = default_slots(curve)
@@ -218,13 +219,13 @@ def slots_that_fit(models: Any) -> int | None:
 
 def _slot_bytes(models: Any) -> int:
     """What one slot's caches of the target and the draft take at a full context."""
-    return models.target.cache_bytes + (models.draft.cache_bytes if hasattr(models.draft, "cache_bytes") else 0)
+    return sum(backend_table.cache_bytes(model) or 0 for model in (models.target, models.draft) if model is not None)
 
 
 def check_slots_fit(models: Any, parallel: int) -> None:
     """Say what a slot's caches take, and refuse a --parallel whose caches do not fit in the memory
     available now (the caches' pages are taken as they fill: a slot reaches this at a full context)."""
-    if parallel == 1 or not hasattr(models.target, "cache_bytes"):
+    if parallel == 1 or backend_table.cache_bytes(models.target) is None:
         return
     per_slot = _slot_bytes(models)
     available = available_memory()
