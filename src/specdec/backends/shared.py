@@ -358,10 +358,3 @@ def default_slots(curve: list[float], share: float = SLOTS_SHARE, most: int = MA
     rates = [n / seconds for n, seconds in enumerate(curve, start=1)]
     best = max(rates)
     return min(most, next(n for n, rate in enumerate(rates, start=1) if rate >= share * best))
-
-
-def shares_passes(target: Any, draft: Any = None) -> bool:
-    """Whether ``target`` (and ``draft``, where given) can decode in slots whose passes are shared:
-    only specdec's GGUF kernel computes a row of a shared pass as the sequence's own pass would, so
-    only there does an answer not depend on the others. The one place that asks."""
-    return isinstance(target, GGUFCausalLM) and (draft is None or isinstance(draft, GGUFCausalLM))

@@ -6,7 +6,7 @@ import numbers
 from typing import Any, Iterable, Sequence
 
 from specdec.api import GenerationResult, _check_model, _config
-from specdec.backends.shared import shares_passes
+from specdec.backends.table import shares_passes
 from specdec.config import DecodeConfig
 from specdec.constraints import Constraints
 from specdec.models import Pair

@@ -4,7 +4,7 @@ A :class:`Slot` is one sequence's models: a fork of the target and of the draft 
 cache) whose forward passes run in the pool's :class:`~specdec.backends.shared.SharedPasses`, and
 its seat on the pool's one :class:`~specdec.serving.board.Board`, which its planner is handed
 when it binds. Only models whose passes can be shared make a pool
-(:func:`specdec.backends.shared.shares_passes`).
+(:func:`specdec.backends.table.shares_passes`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from specdec.backends.shared import SharedPasses, shares_passes
+from specdec.backends.shared import SharedPasses
+from specdec.backends.table import shares_passes
 from specdec.costs import pass_costs
 from specdec.serving.board import Board, Seat
 
