@@ -448,6 +448,10 @@ class Engine:
     def _job(self, handle: Handle, slot: Slot | None) -> None:
         started = time.monotonic()
         self.observer.started(started - handle.arrived)
+        # The request's last message ("done" or "error") leaves once the engine has counted it and
+        # freed its slot, so a caller that has it finds the request in status() and the slot free.
+        post, last = handle.post, []
+        handle.post = lambda kind, payload: post(kind, payload) if kind == "step" else last.append((kind, payload))
         try:
             with stop_when(handle.stopped):
                 if slot is None:
@@ -466,6 +470,9 @@ class Engine:
                 if handle.outcome == "ok":
                     self.durations.append(time.monotonic() - started)
                 self._cond.notify_all()
+            handle.post = post
+            for kind, payload in last:
+                post(kind, payload)
 
     # -- one request -----------------------------------------------------------------------------
 
