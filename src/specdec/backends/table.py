@@ -63,6 +63,12 @@ class Backend:
         """Whether greedy and seeded speculative output is plain decoding's token for token here."""
         return self.batch_invariant
 
+    def kernel_path(self, model: Any) -> str | None:
+        """The path of specdec's kernel that ``model`` (a model on this backend) runs, as its load notes
+        say it (``avx512vnni``, ``avx2``, ``portable``: :data:`specdec.backends.gguf.PATHS`); None on a
+        backend that is not specdec's kernel."""
+        return importlib.import_module(self.module).kernel_path(model.lib) if self.name == GGUF else None
+
     def available(self) -> bool:
         """Whether its models can be loaded here, as its module says (llama.cpp: whether its binding
         is installed); transformers is always there."""

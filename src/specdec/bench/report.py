@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from specdec.backends.table import GGUF_NAMES, TORCH
+from specdec.backends.table import BY_NAME, GGUF_NAMES
 from specdec.bench import schema_check
 from specdec.bench.environment import environment, gguf_info, model_info
 from specdec.bench.figures import summarize
@@ -36,7 +36,7 @@ def results(run: BenchRun, env: dict[str, Any], models: dict[str, Any]) -> dict[
     s = run.settings
     if any(m.backend in GGUF_NAMES for m in run.methods):  # as `specdec generate --json` says it: "weights"
         env = env | {"weights": run_weights(run.methods, env.get("dtype"), models)}
-        if not any(m.backend == TORCH for m in run.methods):  # and no torch dtype where torch ran nothing
+        if all(BY_NAME[m.backend].runs_gguf for m in run.methods):  # and no torch dtype where torch ran nothing
             env = {k: v for k, v in env.items() if k != "dtype"}
     return {
         "environment": env,

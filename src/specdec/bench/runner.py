@@ -32,7 +32,7 @@ from specdec.api import decode_text, eos_token_ids_of
 from specdec import build as builder
 from specdec.divergence import LogitsRecorder, decisive_position, explain
 from specdec.measurements import batch_invariance
-from specdec.backends.table import LABELS, TORCH
+from specdec.backends.table import BY_NAME, LABELS, TORCH
 from specdec.bench.methods import MethodSpec
 from specdec.bench.peers import load_llamacpp_peer, run_peer
 from specdec.bench.schema_check import check_output
@@ -362,13 +362,13 @@ def _coupled(method: MethodSpec) -> bool:
 
 def check_models(pair: Pair, methods: Sequence[MethodSpec], backends: BenchBackends) -> None:
     """Each method's models are there, else a ValueError naming the methods and what to give."""
-    on_torch = [m for m in methods if m.backend == TORCH]
+    on_torch = [m for m in methods if not BY_NAME[m.backend].runs_gguf]
     if on_torch and pair.target is None:
         raise ValueError(f"methods {', '.join(m.name for m in on_torch)} run on torch; load the target's weights")
     if any(m.needs_draft_model for m in on_torch) and pair.draft is None:
         names = ", ".join(m.name for m in on_torch if m.needs_draft_model)
         raise ValueError(f"methods {names} need a draft model; give one (--draft)")
-    for backend in dict.fromkeys(m.backend for m in methods if m.backend != TORCH and not m.is_server):
+    for backend in dict.fromkeys(m.backend for m in methods if BY_NAME[m.backend].runs_gguf and not m.is_server):
         if backend not in backends.ggufs:
             names = ", ".join(m.name for m in methods if m.backend == backend and not m.is_server)
             raise ValueError(f"methods {names} run on {LABELS[backend]} and need the target's GGUF; give a pack or "

@@ -53,7 +53,7 @@ from typing import Any, Callable, Sequence
 
 import httpx
 
-from specdec.backends.table import TORCH
+from specdec.backends.table import BY_NAME
 from specdec.bench.methods import PEERS
 from specdec.bench.sample import Sample, median as _median
 from specdec.bench.schema_check import check_output
@@ -193,7 +193,7 @@ class Servers:
         threads = [] if self.n_threads is None else [str(self.n_threads)]
         if key.startswith("specdec:"):
             _, backend, method = key.split(":", 2)
-            argv = list(self.specdec_argv) + (self.torch_argv if backend == TORCH else [])
+            argv = list(self.specdec_argv) + (self.torch_argv if not BY_NAME[backend].runs_gguf else [])
             if method == "ar" and "--draft" in argv:
                 argv[argv.index("--draft") + 1] = "none"
             return [sys.executable, "-m", "specdec", "serve", *argv, "--backend", backend, "--method", method,

@@ -450,7 +450,7 @@ def torch_pair(args: argparse.Namespace, methods: Sequence[MethodSpec]) -> Pair:
     methods run, not how these load). The pair names the draft when a method on any backend drafts
     with it."""
     has_draft = args.draft is not None
-    wants_draft = has_draft and any(m.needs_draft_model and m.backend == TORCH for m in methods)
+    wants_draft = has_draft and any(m.needs_draft_model and not backend_table.BY_NAME[m.backend].runs_gguf for m in methods)
     pair = common.load_models(args.target, args.draft if wants_draft else None, backend=TORCH,
                                cache_dir=args.cache_dir, dtype=args.dtype, kernels=args.kernels, threads=args.threads)
     draft = pair.draft

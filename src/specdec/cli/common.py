@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any, Callable, Collection, Iterator
 
 from specdec import models, packs
-from specdec.backends import gguf, llamacpp
+from specdec.backends import llamacpp
 from specdec.backends import table as backend_table
-from specdec.backends.table import AUTO, GGUF, TORCH
+from specdec.backends.table import AUTO, TORCH
 from specdec.config import GROUP_FIELD, NAME_ONLY, ConfigError, DecodeConfig, NothingToVerify, option, options
 from specdec.constraints import ConstraintError, Constraints, check_logprobs
 from specdec.options import Option
@@ -308,7 +308,7 @@ def load_models(target: str, draft: str | None = None, *, backend: str = TORCH, 
     except (models.ModelPackError, models.ContextSizeError) as err:
         raise CLIError(err.message, err.hint) from None
     pair.draft_weights = draft_weights
-    if backend == AUTO and pair.backend != TORCH:
+    if backend == AUTO and backend_table.BY_NAME[pair.backend].runs_gguf:
         note(f"{pair.target_name} runs on {pair.backend_why}")
     elif pair.backend_why != "asked for":  # a named backend whose output may differ from plain decoding
         note(f"{pair.target_name} runs on {backend_table.LABELS[pair.backend]} ({pair.backend_why})")
@@ -368,7 +368,8 @@ def gguf_weights(model: Any) -> str:
     describes it), or 'llama 30x576 (Q4_1/Q6_K) GGUF on specdec kernels (avx2 path)': the kernel's
     path, the instructions its products run on here (:data:`specdec.backends.gguf.PATHS`)."""
     row = backend_table.row_of(model)
-    path = f" ({gguf.kernel_path(model.lib)} path)" if row.name == GGUF else ""  # the kernel's, as it says
+    path = row.kernel_path(model)  # the kernel's, as it says
+    path = f" ({path} path)" if path is not None else ""
     return f"{model.weights.description} {row.weights}{path}"
 
 

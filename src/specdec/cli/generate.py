@@ -20,9 +20,7 @@ from specdec.config import DecodeConfig
 from specdec.divergence import LogitsRecorder, cause, decisive_position, explain, first_difference
 from specdec.drafters.tree import DEFAULT_TREE, TreeDrafter
 from specdec.measurements import batch_invariance
-from specdec.backends import gguf
 from specdec.backends import table as backend_table
-from specdec.backends.table import GGUF
 from specdec.models import Pair
 from specdec.cli.common import (
     CLIError, add_backend_option, add_constraint_options, add_context_option, add_decoding_options, add_model_options,
@@ -308,7 +306,8 @@ def _report(args: argparse.Namespace, pair: Pair, result: Any, ar: Any,
         "draft": args.draft,
         "draft_weights": args.draft_weights,
         "backend": {"name": pair.backend, "why": pair.backend_why,
-                    **({"kernel_path": gguf.kernel_path(pair.target.lib)} if pair.backend == GGUF else {})},
+                    **({"kernel_path": path} if (path := backend_table.BY_NAME[pair.backend].kernel_path(pair.target))
+                       is not None else {})},
         **({"weights": gguf_weights(pair.target)} if pair.backend in backend_table.GGUF_NAMES else {"dtype": args.dtype}),
         "method": result.method,
         "exact": result.exact,  # the verification rule keeps the target's law (docs/exactness.md)
