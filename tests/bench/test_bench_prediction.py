@@ -10,12 +10,14 @@ import json
 import pytest
 
 from specdec.bench.methods import method_of_record, parse_method
-from specdec.bench.servers import Completion, chat_request_body, request_body, run_server
+from specdec.bench.servers import Completion, Servers, chat_request_body, request_body, run_server, server_key
 from specdec.prompts import load_jsonl
 from specdec.server.requests import ChatBody, CompletionBody
 
 CODE = "def area(width, height):\n    return width * height\n\n\ndef perimeter(width, height):\n    return 2 * (width + height)\n"
 ASK = [{"role": "user", "content": "Repeat this code exactly:\n\n" + CODE}]
+PACK = "smollm2-135m"
+METHOD = "spec:ngram:block:k=4:policy=static:backend=gguf:via=serve"
 
 
 def test_prediction_yes_is_a_served_spec_methods_key():
@@ -51,6 +53,30 @@ def test_the_prediction_goes_as_openais_field_and_only_where_given():
     CompletionBody.model_validate(ids)
 
 
+def test_the_method_that_sends_predictions_has_a_server_of_its_own(tmp_path):
+    """Each finds no prompt the other's run just left in its server's cache; both start alike."""
+    sent, plain = parse_method(f"{METHOD}:prediction=yes"), parse_method(METHOD)
+    assert server_key(sent) != server_key(plain)
+    servers = Servers(tmp_path / "t.gguf", None, ["--target", "t", "--draft", "none"])
+    assert servers._argv(server_key(sent)) == servers._argv(server_key(plain))
+
+
+def test_several_clients_send_the_prediction_for_the_method_that_sends_it():
+    from specdec.bench.concurrency import ConcurrencySettings, answer_of, request
+    from specdec.prompts import Prompt
+
+    prompt = Prompt("edits.jsonl", "repeat", messages=tuple(ASK), prediction=CODE)
+    settings = ConcurrencySettings(levels=(1,))
+    assert request(prompt, settings, 0, prediction=True)[1]["prediction"]["content"] == CODE
+    assert "prediction" not in request(prompt, settings, 0)[1]
+    text = Prompt("edits.jsonl", "text", text="def area(", prediction=CODE)
+    path, body = request(text, settings, 0, prediction=True)
+    assert path == "/v1/completions" and body["prediction"]["content"] == CODE
+    CompletionBody.model_validate(body)
+    answer = answer_of(_Streams().complete("k", body), 0, 0)
+    assert (answer.prediction_accepted, answer.prediction_rejected) == (1, 2)
+
+
 class _Streams:
     """Answers every request with one chunk and a usage chunk that counts what it was sent."""
 
@@ -81,10 +107,6 @@ def test_a_served_run_reads_the_prediction_counts_from_the_usage():
 
 # ------------------------------------------------------------------------------------------------
 # One bench run on the SmolLM2 GGUF: a chat prompt with its prediction, sent and not sent
-
-PACK = "smollm2-135m"
-METHOD = "spec:ngram:block:k=4:policy=static:backend=gguf:via=serve"
-
 
 @pytest.fixture(scope="module")
 def prediction_run(tmp_path_factory):

@@ -36,7 +36,7 @@ from specdec.bench.llamacpp_models import LlamaCppModels, context_needed
 from specdec.bench.methods import MethodSpec
 from specdec.bench.peers import run_peer
 from specdec.bench.schema_check import check_output
-from specdec.bench.servers import Servers, run_server
+from specdec.bench.servers import Servers, run_server, server_key
 from specdec.constraints import Constraints
 from specdec.prompts import Prompt
 from specdec.sampling import SamplingConfig
@@ -342,8 +342,7 @@ def run_method(
         if backends.servers is None:
             raise ValueError(f"{method.name} runs through a server; the run has none (BenchBackends.servers)")
         config = None if method.is_peer else str(method.config)
-        key = method.kind if method.is_peer else f"specdec:{method.backend}:{config}"
-        return run_server(backends.servers, key, method.name, prompt_ids, temperature, max_new_tokens, eos, seed,
+        return run_server(backends.servers, server_key(method), method.name, prompt_ids, temperature, max_new_tokens, eos, seed,
                           method=config, messages=messages,
                           tokenize=lambda text: list(pair.tokenizer(text, add_special_tokens=False)["input_ids"]),
                           schema=schema, schema_name=schema_name or "output", prediction=prediction)

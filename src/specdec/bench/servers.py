@@ -61,7 +61,7 @@ from typing import Any, Callable, Sequence
 import httpx
 
 from specdec.backends.table import TORCH
-from specdec.bench.methods import PEERS
+from specdec.bench.methods import PEERS, MethodSpec
 from specdec.bench.sample import Sample, median as _median
 from specdec.bench.schema_check import check_output
 from specdec.config import DecodeConfig
@@ -73,6 +73,16 @@ DEFAULT_BINARY = Path.home() / ".cache" / "specdec" / "llama-server" / "bin" / "
 LLAMA_SERVER_FLAGS: dict[str, tuple[str, ...]] = {name: p.server_flags for name, p in PEERS.items() if p.is_server}
 START_SECONDS = 300.0  # how long a server may take to load its models and answer /health
 REQUEST_SECONDS = 3600.0
+
+
+PREDICTION_KEY = ":prediction=yes"  # ends the server key of a method that sends predictions
+
+
+def server_key(method: MethodSpec) -> str:
+    """The :meth:`Servers.server` key of a server method."""
+    if method.is_peer:
+        return method.kind
+    return f"specdec:{method.backend}:{method.config}" + (PREDICTION_KEY if method.prediction else "")
 
 
 class ServerMissing(RuntimeError):
@@ -185,10 +195,11 @@ class Servers:
         timeout=REQUEST_SECONDS, limits=httpx.Limits(max_keepalive_connections=0)))
 
     def server(self, key: str) -> ServerProcess:
-        """The running server for ``key``: a llama-server peer's name, or ``specdec:<backend>:<method>``
-        (one ``specdec serve`` per method, with that method as its default and, for ``ar``, no
-        draft model: as a user would start it, and so that no server finds the prompt another
-        method's run just left in its cache)."""
+        """The running server for ``key`` (:func:`server_key`): a llama-server peer's name, or
+        ``specdec:<backend>:<method>`` (one ``specdec serve`` per method, with that method as its
+        default and, for ``ar``, no draft model: as a user would start it, and so that no server
+        finds the prompt another method's run just left in its cache), followed by
+        ``:prediction=yes`` for the method that sends predictions (a server of its own, for the same reason)."""
         if key not in self.running:
             process = ServerProcess(key, self._argv(key), free_port())
             process.argv = [a.replace("{port}", str(process.port)) for a in process.argv]
@@ -199,7 +210,7 @@ class Servers:
     def _argv(self, key: str) -> list[str]:
         threads = [] if self.n_threads is None else [str(self.n_threads)]
         if key.startswith("specdec:"):
-            _, backend, method = key.split(":", 2)
+            _, backend, method = key.removesuffix(PREDICTION_KEY).split(":", 2)
             argv = list(self.specdec_argv) + (self.torch_argv if backend == TORCH else [])
             if method == "ar" and "--draft" in argv:
                 argv[argv.index("--draft") + 1] = "none"
