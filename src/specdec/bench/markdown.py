@@ -181,11 +181,11 @@ def _prediction_lines(data: dict[str, Any]) -> list[str]:
                   "|---|" + "---:|" * (len(others) + 4) + "---|---|"]
         for r in p["requests"]:
             speeds = [_fmt(r["tokens_per_second"].get(m)) for m in [name, *others]]
-            counts = (f"{_fmt(r['accepted'])} / {_fmt(r['rejected'])}" if r["accepted"] is not None else "–")
+            counts = f"{_count(r['accepted'])} / {_count(r['rejected'])}" if r["accepted"] is not None else "–"
             first = (f"{_fmt(r['first_token_seconds'])} s ({_fmt(r['prefill_share'], '%')})"
                      if r["first_token_seconds"] is not None else "–")
             same = "–" if r["identical_to_ar"] is None else "yes" if r["identical_to_ar"] else "NO"
-            lines.append(f"| {r['prompt_id']} | {r['prompt_tokens']} | {_fmt(r['new_tokens'])} | "
+            lines.append(f"| {r['prompt_id']} | {r['prompt_tokens']} | {_count(r['new_tokens'])} | "
                          + " | ".join(speeds) + f" | {counts} | {first} | {same} |")
         lines.append("| geomean of the ratio | | | | " + " | ".join(_fmt(p["geomean_vs"][m], "x") for m in others)
                      + " | | | |")
@@ -195,6 +195,11 @@ def _prediction_lines(data: dict[str, Any]) -> list[str]:
                       "in neither. first token: the time from sending the request to its first token (the "
                       "prompt's prefill and the first step), its share of the whole request in brackets."]
     return lines
+
+
+def _count(value: float) -> str:
+    """A count, or a mean of counts over repeats: whole where it is whole."""
+    return f"{value:.0f}" if value == int(value) else f"{value:.1f}"
 
 
 def _divergence_lines(data: dict[str, Any]) -> list[str]:
