@@ -19,7 +19,9 @@ work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
 echo "llama-cpp-python $version: fetching its source distribution"
-pip download --quiet --no-deps --no-binary :all: -d "$work" "llama-cpp-python==$version"
+# --no-binary for this package only: with :all:, pip builds the build back-end's own dependencies
+# from source too before it can read the source distribution's metadata (many minutes, or never).
+pip download --quiet --no-deps --no-binary llama-cpp-python -d "$work" "llama-cpp-python==$version"
 tar -xzf "$work"/llama_cpp_python-"$version".tar.gz -C "$work"
 src="$work/llama_cpp_python-$version/vendor/llama.cpp"
 

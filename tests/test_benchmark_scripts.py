@@ -721,3 +721,29 @@ def test_attention_kernels_runs(tmp_path):
     assert sum(data["differing"]["bf16"].values()) == 0
     assert data["differing"]["f16"]["8+64"] > 0 and data["differing"]["f16"]["8+4"] == 0
     positive_numbers([data["bf16_over_f16"]["prefill"], data["bf16_over_f16"]["step"]])
+
+
+def test_edits_set_runs(tmp_path):
+    """The edit requests are rebuilt as committed (on the Python whose stdlib they were taken from),
+    each a chat request with its prediction, the text it edits; the bug to fix is in the prediction;
+    ``--unrelated`` gives each request the next one's text."""
+    from specdec.prompts import load_jsonl
+
+    out, unrelated = tmp_path / "edits.jsonl", tmp_path / "edits-unrelated.jsonl"
+    ran(run_script("edits_set.py", "--out", str(out)))
+    ran(run_script("edits_set.py", "--unrelated", "--out", str(unrelated)))
+    requests = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(requests) == 10 and len({r["id"] for r in requests}) == 10
+    for r in requests:
+        assert r["prediction"] in r["messages"][0]["content"]
+        assert 20 <= len(r["prediction"].splitlines()) <= 60 or "package" in r["source"]
+    bug = next(r for r in requests if r["id"].endswith("/bug"))
+    wrong = bug["messages"][0]["content"].split("`")[1]
+    assert wrong in bug["prediction"]
+    shifted = [json.loads(line) for line in unrelated.read_text().splitlines()]
+    assert [s["prediction"] for s in shifted] == [r["prediction"] for r in requests[1:] + requests[:1]]
+    assert [p.prediction for p in load_jsonl(out)] == [r["prediction"] for r in requests]
+    if requests[0]["source"]["python"] == json.loads((BENCHMARKS / "edits.jsonl").read_text().splitlines()[0])[
+            "source"]["python"]:
+        assert out.read_text() == (BENCHMARKS / "edits.jsonl").read_text()
+        assert unrelated.read_text() == (BENCHMARKS / "edits-unrelated.jsonl").read_text()

@@ -23,7 +23,9 @@ Sets:
 - a JSONL file: one object per line, either ``{"prompt": "..."}`` (raw text; add
   ``"chat": true`` to wrap it in the chat template) or ``{"messages": [{"role": ..., "content":
   ...}, ...]}``; an optional ``"id"`` names the prompt, an optional ``"schema"`` (a JSON schema
-  object, named by an optional ``"schema_name"``) is the schema its output must follow.
+  object, named by an optional ``"schema_name"``) is the schema its output must follow, an optional
+  ``"prediction"`` (a string) the text the answer is expected to repeat, which a server method with
+  ``prediction=yes`` sends as OpenAI's Predicted Outputs (:mod:`specdec.bench.methods`).
 """
 
 from __future__ import annotations
@@ -53,7 +55,8 @@ EDIT_REQUEST = "Add type hints and a docstring to this function and keep its bod
 class Prompt:
     """One benchmark prompt. ``messages`` is set for chat prompts, ``text`` for raw ones.
     ``schema``: the JSON schema the output must follow (None: free output), named ``schema_name``
-    (the ``json_schema.name`` of an OpenAI ``response_format``)."""
+    (the ``json_schema.name`` of an OpenAI ``response_format``). ``prediction``: the text the
+    answer is expected to repeat (OpenAI's Predicted Outputs; None: none)."""
 
     set: str
     id: str
@@ -61,6 +64,7 @@ class Prompt:
     messages: tuple[dict[str, str], ...] = field(default=())
     schema: dict[str, Any] | None = None
     schema_name: str = ""
+    prediction: str | None = None
 
     @property
     def chat(self) -> bool:
@@ -80,7 +84,8 @@ class Prompt:
 
     def to_dict(self) -> dict[str, Any]:
         return {"set": self.set, "id": self.id, "chat": self.chat} | (
-            {"schema": self.schema_name} if self.schema is not None else {})
+            {"schema": self.schema_name} if self.schema is not None else {}) | (
+            {"prediction_chars": len(self.prediction)} if self.prediction else {})
 
 
 def _package_file(package: str, path: str) -> Path:
@@ -242,6 +247,10 @@ def load_jsonl(path: str | Path) -> list[Prompt]:
             if schema is not None and not isinstance(schema, dict):
                 raise ValueError(f'{path} line {n}: "schema" must be a JSON schema object')
             shaped = {"schema": schema, "schema_name": str(row.get("schema_name") or "output")} if schema else {}
+            prediction = row.get("prediction")
+            if prediction is not None and not isinstance(prediction, str):
+                raise ValueError(f'{path} line {n}: "prediction" must be a string (the text the answer repeats)')
+            shaped |= {"prediction": prediction} if prediction else {}
             if isinstance(row.get("messages"), list) and row["messages"]:
                 messages = tuple({"role": m["role"], "content": m["content"]} for m in row["messages"])
                 prompts.append(Prompt(path.name, pid, messages=messages, **shaped))

@@ -55,6 +55,7 @@ def test_each_project_drafter_has_at_most_one_peer_and_finds_it():
 
 def test_the_server_flags_and_the_unknown_method_message_come_from_the_table():
     assert LLAMA_SERVER_FLAGS == {p.name: p.server_flags for p in PEERS.values() if p.is_server}
-    assert list(LLAMA_SERVER_FLAGS) == ["llama-server", "llama-server-md", "llama-server-spec-default"]
+    assert list(LLAMA_SERVER_FLAGS) == ["llama-server", "llama-server-md", "llama-server-spec-default",
+                                       "llama-server-ngram"]
     with pytest.raises(ValueError, match="or a peer: " + ", ".join(PEERS)):
         parse_method("hf-unknown")

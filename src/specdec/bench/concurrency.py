@@ -9,6 +9,9 @@ goes as its messages to ``/v1/chat/completions`` with the fields an OpenAI clien
 (:func:`~specdec.bench.servers.chat_request_body`), a raw-text prompt as its text to
 ``/v1/completions`` with the same fields (:func:`completion_request_body`): each server samples
 with its own defaults, as its users get it. Prompt p is sent with the seed ``seed + p`` at every N.
+A ``specdec serve`` method with ``prediction=yes`` also sends each prompt's predicted output (OpenAI's
+Predicted Outputs, :mod:`specdec.bench.servers`), and its answers carry the usage's accepted and
+rejected prediction tokens.
 
 Figures of one (server, N) run (:func:`figures`): the aggregate tokens per second (every
 completion token over the wall time from the first request sent to the last answer's end), and
@@ -39,7 +42,9 @@ import httpx
 
 from specdec.bench.methods import MethodSpec
 from specdec.bench.runner import WARMUP_MESSAGES
-from specdec.bench.servers import REQUEST_SECONDS, Completion, Servers, chat_request_body
+from specdec.bench.servers import (
+    REQUEST_SECONDS, Completion, Servers, chat_request_body, predicted_output, prediction_counts, server_key,
+)
 from specdec.prompts import Prompt
 
 # The servers --concurrency compares when --methods names none: plain decoding and the default
@@ -89,6 +94,8 @@ class Answer:
     token_ids: list[int] = field(default_factory=list)  # empty where the stream carries none
     text: str = ""
     token_gaps: list[float] = field(default_factory=list)  # inter-token latencies, seconds (token_gaps)
+    prediction_accepted: int | None = None  # the usage's prediction tokens (None: no prediction sent)
+    prediction_rejected: int | None = None
 
     @property
     def end(self) -> float:
@@ -215,26 +222,29 @@ def run_clients(clients: int, n_prompts: int, send: Callable[[int, int], Answer]
 
 
 def completion_request_body(text: str, temperature: float, max_new_tokens: int, seed: int,
-                            ignore_eos: bool) -> dict[str, Any]:
+                            ignore_eos: bool, prediction: str | None = None) -> dict[str, Any]:
     """A raw-text prompt as an OpenAI client sends it to ``/v1/completions``: the text, the token
     budget, the temperature and the seed, streamed with usage (and ``ignore_eos`` where the run
-    makes every completion its full length)."""
+    makes every completion its full length; ``prediction``: the predicted output)."""
     body: dict[str, Any] = {"prompt": text, "max_tokens": max_new_tokens, "temperature": temperature, "seed": seed,
                             "stream": True, "stream_options": {"include_usage": True}}
     if ignore_eos:
         body["ignore_eos"] = True
-    return body
+    return body | predicted_output(prediction)
 
 
 def request(prompt: Prompt, settings: ConcurrencySettings, seed: int, max_new_tokens: int | None = None,
-            ) -> tuple[str, dict[str, Any]]:
-    """(path, body) of ``prompt``'s request: chat prompts to the chat endpoint, raw text to completions."""
+            prediction: bool = False) -> tuple[str, dict[str, Any]]:
+    """(path, body) of ``prompt``'s request: chat prompts to the chat endpoint, raw text to completions;
+    ``prediction``: with the prompt's predicted output, where it has one."""
     n = settings.max_new_tokens if max_new_tokens is None else max_new_tokens
+    predicted = prompt.prediction if prediction else None
     if prompt.chat:
         return "/v1/chat/completions", chat_request_body(prompt.messages, settings.temperature, n, seed,
                                                          settings.ignore_eos, prompt.schema,
-                                                         prompt.schema_name or "output")
-    return "/v1/completions", completion_request_body(prompt.text, settings.temperature, n, seed, settings.ignore_eos)
+                                                         prompt.schema_name or "output", predicted)
+    return "/v1/completions", completion_request_body(prompt.text, settings.temperature, n, seed, settings.ignore_eos,
+                                                      predicted)
 
 
 def answer_of(done: Completion, prompt: int, client: int) -> Answer:
@@ -250,14 +260,11 @@ def answer_of(done: Completion, prompt: int, client: int) -> Answer:
         raise RuntimeError("a server's answer says neither its token ids nor how many tokens it made")
     arrivals = [at for at, _ in done.arrivals[:1]] + done.text_arrivals[:1]
     chunks = done.arrivals or [(at, 1) for at in done.text_arrivals]  # a text-only stream: a token a chunk
+    kept, rejected = prediction_counts(done)
     return Answer(prompt=prompt, client=client, sent=0.0, seconds=done.seconds,
                   first_token=min(arrivals) if arrivals else None, tokens=tokens,
-                  token_ids=list(done.token_ids), text=done.text, token_gaps=token_gaps(chunks))
-
-
-def server_key(method: MethodSpec) -> str:
-    """The :meth:`Servers.server` key of a server method."""
-    return method.kind if method.is_peer else f"specdec:{method.backend}:{method.config}"
+                  token_ids=list(done.token_ids), text=done.text, token_gaps=token_gaps(chunks),
+                  prediction_accepted=kept, prediction_rejected=rejected)
 
 
 def measure(servers: Servers, method: MethodSpec, prompts: Sequence[Prompt], settings: ConcurrencySettings,
@@ -279,7 +286,7 @@ def measure(servers: Servers, method: MethodSpec, prompts: Sequence[Prompt], set
             servers.complete(key, body, path, client=pool[c])
 
     def send(c: int, p: int) -> Answer:
-        path, body = request(prompts[p], settings, settings.seed + p)
+        path, body = request(prompts[p], settings, settings.seed + p, prediction=method.prediction)
         return answer_of(servers.complete(key, body, path, client=pool[c]), p, c)
 
     try:

@@ -38,6 +38,14 @@ Definitions (per method, over all its timed runs):
   on a backend: each that differs from the first coupled method of its backend (``base``) gets the
   same record, with the margins of the noised scores that chose the tokens.
 
+Per request, for each method that sent the prompts' predicted outputs (``prediction=yes``,
+:func:`prediction_figures`): every method's tokens per second on that prompt (the median over its
+repeats), the prediction tokens the server drafted and kept (``accepted``) or drafted and did not
+keep (``rejected``) as its usage counts them (means over the repeats), the time to the first token
+and its share of the request (what the prompt's prefill takes), and whether the answer equals ar's
+in every repeat (greedy runs); over the requests, the geometric mean of the method's tokens per
+second against each other method's (against the same method without the prediction first).
+
 For a token tree, drafted tokens are tree nodes and accepted ones the kept path, and no
 prediction is made (the closed form is for a chain). Lossy methods carry ``exact: false`` and
 are marked LOSSY in the table.
@@ -247,3 +255,49 @@ def _compare_with_peers(methods: Sequence[MethodSpec], summary: dict[str, dict[s
             peer_speedup_vs_ar=best,
             vs_peer=(mine["speedup_vs_ar"] or 0.0) / best if best else None,
         )
+
+
+def prediction_figures(run: BenchRun) -> dict[str, dict[str, Any]]:
+    """Per method with ``prediction=yes``, its figures per request and its geometric means against
+    the other methods (see the module docstring); empty where no method sent a prediction."""
+    by_method: dict[str, list[Sample]] = defaultdict(list)
+    for s in run.samples:
+        by_method[s.method].append(s)
+    out = {}
+    for method in (m for m in run.methods if m.prediction):
+        mine = by_method.get(method.name, [])
+        others = [m.name for m in run.methods if m.name != method.name]
+        without = method.without_prediction.name
+        others.sort(key=lambda name: name != without)  # the same method without the prediction first
+        ar_runs = {(s.prompt, s.repeat): s for s in by_method.get(method.ar.name, [])}
+        requests = []
+        for prompt in sorted({s.prompt for s in mine}):
+            runs = [s for s in mine if s.prompt == prompt]
+            firsts = [s.first_step_seconds for s in runs if s.first_step_seconds is not None]
+            same = [s.token_ids == ar_runs[s.prompt, s.repeat].token_ids for s in runs
+                    if (s.prompt, s.repeat) in ar_runs]
+            requests.append({
+                "prompt": prompt, "prompt_id": run.prompts[prompt].id, "prompt_tokens": run.prompt_tokens[prompt],
+                "new_tokens": statistics.fmean(s.new_tokens for s in runs),
+                "tokens_per_second": {name: _median_tps([s for s in by_method.get(name, []) if s.prompt == prompt])
+                                      for name in [method.name, *others]},
+                "accepted": _mean_of([s.prediction_accepted for s in runs]),
+                "rejected": _mean_of([s.prediction_rejected for s in runs]),
+                "first_token_seconds": statistics.fmean(firsts) if firsts else None,
+                "prefill_share": statistics.fmean(s.first_step_seconds / s.seconds for s in runs
+                                                  if s.first_step_seconds is not None and s.seconds > 0)
+                if firsts else None,
+                "identical_to_ar": all(same) if run.settings.greedy and same else None,
+            })
+        out[method.name] = {
+            "without_prediction": without if without in by_method else None,
+            "ar": method.ar.name,
+            "requests": requests,
+            "geomean_vs": {name: _geomean_speedup(mine, by_method.get(name, [])) for name in others},
+        }
+    return out
+
+
+def _mean_of(values: Sequence[int | None]) -> float | None:
+    """The mean of the values, None where any is unknown."""
+    return statistics.fmean(values) if values and None not in values else None

@@ -1,5 +1,6 @@
 """A benchmark run's results (:func:`specdec.bench.report.results`) as Markdown: a line saying what
-ran, a line saying on what machine, one table row per method, the per-set speed-ups, and a line per divergent output."""
+ran, a line saying on what machine, one table row per method, the per-set speed-ups, the
+per-request figures of the methods that sent predicted outputs, and a line per divergent output."""
 
 from __future__ import annotations
 
@@ -115,6 +116,7 @@ def markdown(data: dict[str, Any]) -> str:
                 cells.append(_fmt(m.get(key)))
         lines.append("| " + " | ".join(cells) + " |")
     lines += _set_lines(data) if llamacpp_ar else []
+    lines += _prediction_lines(data)
     lines += _divergence_lines(data)
     shaped = schema_check.markdown({name: m for name, m in data["methods"].items() if m.get("schema_runs")})
     lines += [f"\n{shaped}"] if shaped else []
@@ -162,6 +164,42 @@ def _set_lines(data: dict[str, Any]) -> list[str]:
     for name, by_set in rows.items():
         lines.append(f"| `{name}` | " + " | ".join(_fmt(by_set.get(x), "x") for x in sets) + " |")
     return lines
+
+
+def _prediction_lines(data: dict[str, Any]) -> list[str]:
+    """Per method that sent the prompts' predicted outputs, a row per request: every method's
+    tokens per second, the prediction tokens accepted and rejected, the time to the first token
+    (and its share of the request) and identity to ar; then the geometric means of its speed
+    against each other method's (:func:`specdec.bench.figures.prediction_figures`)."""
+    lines = []
+    for name, p in (data.get("predictions") or {}).items():
+        others = list(p["geomean_vs"])
+        lines += ["", f"Per request, `{name}` (each request carries the prompt's predicted output; the other "
+                      "methods get the same requests without it): tokens per second",
+                  "", "| request | prompt tokens | new tokens | " + " | ".join(f"`{m}`" for m in [name, *others])
+                  + " | accepted / rejected | first token (share) | identical to ar |",
+                  "|---|" + "---:|" * (len(others) + 4) + "---|---|"]
+        for r in p["requests"]:
+            speeds = [_fmt(r["tokens_per_second"].get(m)) for m in [name, *others]]
+            counts = f"{_count(r['accepted'])} / {_count(r['rejected'])}" if r["accepted"] is not None else "–"
+            first = (f"{_fmt(r['first_token_seconds'])} s ({_fmt(r['prefill_share'], '%')})"
+                     if r["first_token_seconds"] is not None else "–")
+            same = "–" if r["identical_to_ar"] is None else "yes" if r["identical_to_ar"] else "NO"
+            lines.append(f"| {r['prompt_id']} | {r['prompt_tokens']} | {_count(r['new_tokens'])} | "
+                         + " | ".join(speeds) + f" | {counts} | {first} | {same} |")
+        lines.append("| geomean of the ratio | | | | " + " | ".join(_fmt(p["geomean_vs"][m], "x") for m in others)
+                     + " | | | |")
+    if lines:
+        lines += ["", "accepted / rejected: the prediction's tokens the server drafted and the answer kept / "
+                      "did not keep (usage's `completion_tokens_details`); prediction tokens never drafted are "
+                      "in neither. first token: the time from sending the request to its first token (the "
+                      "prompt's prefill and the first step), its share of the whole request in brackets."]
+    return lines
+
+
+def _count(value: float) -> str:
+    """A count, or a mean of counts over repeats: whole where it is whole."""
+    return f"{value:.0f}" if value == int(value) else f"{value:.1f}"
 
 
 def _divergence_lines(data: dict[str, Any]) -> list[str]:

@@ -12,11 +12,16 @@ The peers are other tools' own generation, named by the bench: one row each of :
 with, the keys it takes, llama-server's flags for a server peer, and what it is). They are
 transformers' ``generate`` (``hf-assisted[:k=N]``, ``hf-prompt-lookup[:k=N]``, ``hf-ar``),
 llama-cpp-python's own generation (``llamacpp-ar``, see :mod:`specdec.bench.peers`) and llama.cpp's
-own server (``llama-server``, ``llama-server-md``, ``llama-server-spec-default``).
+own server (``llama-server``, ``llama-server-md``, ``llama-server-spec-default``,
+``llama-server-ngram``).
 
 The server peers are called over HTTP by the same client as ``specdec serve``: a project method
 with ``via=serve`` runs through a ``specdec serve`` process of its own (started with that
 method, and for ``ar`` with ``--draft none``) instead of the library, so the server path is what is compared (:mod:`specdec.bench.servers`).
+A ``spec`` method with ``via=serve`` also takes ``prediction=yes``: its requests carry the
+prompt's predicted output (OpenAI's Predicted Outputs, from a prompt file's ``"prediction"``),
+which the server drafts from; the same method without the key sends the same requests without
+it, as every other method does (llama-server has no such field).
 
 On llama.cpp the drafters are the draft model and the n-gram drafter (the others read the
 transformers model's layers or hidden states). The binding's own prompt lookup
@@ -34,7 +39,7 @@ through :func:`method_of_record`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal, Sequence
 
 from specdec.backends import table as backend_table
@@ -104,6 +109,10 @@ PEERS: dict[str, Peer] = {peer.name: peer for peer in (
          drafter="model", server_flags=("-md", "{draft}", "--spec-type", "draft-simple")),
     Peer("llama-server-spec-default", "llama-server", "llama-server with --spec-default (its n-gram drafter)",
          drafter="ngram", server_flags=("--spec-default",)),
+    # ngram-simple: the 12 tokens before each step looked up in the prompt and the output, up to 48 drafted
+    Peer("llama-server-ngram", "llama-server",
+         "llama-server with --spec-type ngram-simple (its prompt lookup, its defaults)",
+         drafter="ngram", server_flags=("--spec-type", "ngram-simple")),
 )}
 
 VIAS = ("library", "serve")  # how a project method is called: specdec.stream, or a specdec serve process
@@ -114,13 +123,15 @@ class MethodSpec:
     """One method. ``kind`` is ``ar``, ``spec`` or a peer name. ``config``: an ``ar`` or ``spec``
     method's decoding method, its drafter named (:meth:`DecodeConfig.resolve`). ``k``: a peer's
     (None: the peer's default). ``backend``: where the target runs, ``torch``, ``llamacpp`` or ``gguf`` (a
-    peer's is its :attr:`Peer.backend`). ``via``: ``library`` or ``serve`` (see the module docstring)."""
+    peer's is its :attr:`Peer.backend`). ``via``: ``library`` or ``serve`` (see the module docstring).
+    ``prediction``: a served ``spec`` method's requests carry the prompt's predicted output."""
 
     kind: str
     config: DecodeConfig | None = None
     k: int | None = None
     backend: str = TORCH
     via: str = "library"
+    prediction: bool = False
 
     def __post_init__(self) -> None:
         if self.kind in PEERS:  # a peer runs where its tool runs
@@ -133,6 +144,7 @@ class MethodSpec:
         """The canonical string; ``parse_method(spec.name) == spec``."""
         backend = "" if self.backend == TORCH or self.is_peer else f":backend={self.backend}"
         backend += ":via=serve" if self.via == "serve" else ""
+        backend += ":prediction=yes" if self.prediction else ""
         if self.kind != "spec":
             return (self.kind if self.k is None else f"{self.kind}:k={self.k}") + backend
         return f"{self.config}{backend}"
@@ -181,6 +193,11 @@ class MethodSpec:
         return next((peer.name for peer in PEERS.values() if peer.peer_of == self.drafter), None)
 
     @property
+    def without_prediction(self) -> "MethodSpec":
+        """The same method, its requests sent without the prompt's prediction."""
+        return replace(self, prediction=False)
+
+    @property
     def ar(self) -> "MethodSpec":
         """The ``ar`` of this method's backend: what its greedy output must equal."""
         return MethodSpec("ar", backend=self.backend)
@@ -201,7 +218,8 @@ class MethodSpec:
         config = self.config if self.kind == "spec" else None
         options = {} if config is None else {
             **(config.policy_options or {}), **(config.tree or {}), **(config.drafter_options or {})}
-        return {"kind": self.kind, "backend": self.backend, "via": self.via, "verifier": self.verifier,
+        return {"kind": self.kind, "backend": self.backend, "via": self.via, "prediction": self.prediction,
+                "verifier": self.verifier,
                 "drafter": self.drafter,
                 "k": config.k if config is not None else self.k, "policy": self.policy,
                 "options": sorted([key, _plain(value)] for key, value in options.items()), "name": self.name}
@@ -225,9 +243,17 @@ def parse_method(text: str, default_backend: str = TORCH) -> MethodSpec:
                          f"or a peer: {', '.join(PEERS)}")
     backends = [f.partition("=")[2] for f in fields if f.partition("=")[0] == "backend"]
     vias = [f.partition("=")[2] for f in fields if f.partition("=")[0] == "via"]
-    fields = [f for f in fields if f.partition("=")[0] not in ("backend", "via")]
-    if len(backends) > 1 or len(vias) > 1:
-        raise ValueError(f"method {text!r}: {'backend' if len(backends) > 1 else 'via'}= given twice")
+    predictions = [f.partition("=")[2] for f in fields if f.partition("=")[0] == "prediction"]
+    fields = [f for f in fields if f.partition("=")[0] not in ("backend", "via", "prediction")]
+    for key, given in (("backend", backends), ("via", vias), ("prediction", predictions)):
+        if len(given) > 1:
+            raise ValueError(f"method {text!r}: {key}= given twice")
+    if predictions and predictions[0] not in ("yes", "no"):
+        raise ValueError(f"method {text!r}: prediction= takes yes or no, got {predictions[0]!r}")
+    prediction = predictions == ["yes"]
+    if prediction and (kind != "spec" or vias != ["serve"]):
+        raise ValueError(f"method {text!r}: prediction=yes sends the prompt's predicted output with a server "
+                         "request: give it to a spec method with via=serve")
     backend = backends[0] if backends else default_backend
     if backend not in backend_table.NAMES:
         raise ValueError(f"method {text!r}: unknown backend {backend!r}; choose one of {', '.join(backend_table.NAMES)}")
@@ -249,7 +275,7 @@ def parse_method(text: str, default_backend: str = TORCH) -> MethodSpec:
         raise ValueError(
             f"method {text!r}: the {config.drafter} drafter reads the transformers model's layers or hidden "
             f"states, so it runs on backend=torch only; on {backend} draft with model, ngram or ngram+model")
-    return MethodSpec("ar" if config.is_ar else "spec", config, backend=backend, via=via)
+    return MethodSpec("ar" if config.is_ar else "spec", config, backend=backend, via=via, prediction=prediction)
 
 
 def _parse_peer(text: str, kind: str, fields: list[str]) -> MethodSpec:
@@ -288,6 +314,7 @@ def method_of_record(record: dict[str, Any]) -> MethodSpec:
             value = "|".join(".".join(map(str, p)) for p in value)
         fields.append(f"{key}={'/'.join(map(str, value)) if isinstance(value, list) else value}")
     fields += ["via=serve"] if via == "serve" else []
+    fields += ["prediction=yes"] if record.get("prediction") else []
     return parse_method(":".join(fields), default_backend=backend)
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from specdec.backends.table import BY_NAME, GGUF_NAMES
 from specdec.bench import schema_check
 from specdec.bench.environment import environment, gguf_info, model_info
-from specdec.bench.figures import summarize
+from specdec.bench.figures import prediction_figures, summarize
 from specdec.bench.machine import machine_record
 from specdec.bench.markdown import markdown, summary_markdown, title
 from specdec.bench.plots import PLOTS, plot
@@ -50,6 +50,7 @@ def results(run: BenchRun, env: dict[str, Any], models: dict[str, Any]) -> dict[
         },
         "prompts": [p.to_dict() | {"tokens": n} for p, n in zip(run.prompts, run.prompt_tokens)],
         "methods": _with_schema_figures(summarize(run), run.samples),
+        **({"predictions": predictions} if (predictions := prediction_figures(run)) else {}),
         "skipped": run.skipped,
         "failed": run.failed,
         "wall_seconds": run.seconds,

@@ -43,7 +43,8 @@ class OutputInUse(Exception):
 
 def prompt_digest(prompt: Prompt) -> str:
     """A short digest of what the model is given for ``prompt``: a changed prompt file changes it."""
-    content = json.dumps({"text": prompt.text, "messages": list(prompt.messages)}, sort_keys=True)
+    content = json.dumps({"text": prompt.text, "messages": list(prompt.messages)}
+                         | ({"prediction": prompt.prediction} if prompt.prediction else {}), sort_keys=True)
     return hashlib.sha256(content.encode()).hexdigest()[:16]
 
 

@@ -36,7 +36,7 @@ from specdec.backends.table import BY_NAME, LABELS, TORCH
 from specdec.bench.methods import MethodSpec
 from specdec.bench.peers import load_llamacpp_peer, run_peer
 from specdec.bench.schema_check import check_output
-from specdec.bench.servers import Servers, run_server
+from specdec.bench.servers import Servers, run_server, server_key
 from specdec.constraints import Constraints
 from specdec.prompts import Prompt
 from specdec.sampling import SamplingConfig
@@ -226,7 +226,8 @@ def run_bench(
         try:
             return run_method(method, pair, backends, prompt_ids, settings.temperature, max_new_tokens, eos, seed,
                               messages=messages if settings.endpoint == "chat" else (),
-                              schema=shape.schema if shape else None, schema_name=shape.schema_name if shape else "")
+                              schema=shape.schema if shape else None, schema_name=shape.schema_name if shape else "",
+                              prediction=shape.prediction if shape and method.prediction else None)
         except Exception as e:
             if method.kind == "ar":
                 raise
@@ -378,21 +379,21 @@ def check_models(pair: Pair, methods: Sequence[MethodSpec], backends: BenchBacke
 def run_method(
     method: MethodSpec, pair: Pair, backends: BenchBackends, prompt_ids: list[int], temperature: float,
     max_new_tokens: int, eos: list[int], seed: int, messages: Sequence[dict[str, str]] = (),
-    schema: dict[str, Any] | None = None, schema_name: str = "",
+    schema: dict[str, Any] | None = None, schema_name: str = "", prediction: str | None = None,
 ) -> Sample:
     """One timed generation; the returned sample's prompt/repeat/order are left at 0. messages: a
     server method sends these to the chat endpoint instead of ``prompt_ids`` (bench/servers.py).
     schema: the JSON schema the output follows (a server gets it with the request, the project's
-    methods as :class:`~specdec.constraints.Constraints`; a library peer cannot follow one)."""
+    methods as :class:`~specdec.constraints.Constraints`; a library peer cannot follow one).
+    prediction: the predicted output a server method sends with the request."""
     if method.is_server:
         if backends.servers is None:
             raise ValueError(f"{method.name} runs through a server; the run has none (BenchBackends.servers)")
         config = None if method.is_peer else str(method.config)
-        key = method.kind if method.is_peer else f"specdec:{method.backend}:{config}"
-        return run_server(backends.servers, key, method.name, prompt_ids, temperature, max_new_tokens, eos, seed,
+        return run_server(backends.servers, server_key(method), method.name, prompt_ids, temperature, max_new_tokens, eos, seed,
                           method=config, messages=messages,
                           tokenize=lambda text: list(pair.tokenizer(text, add_special_tokens=False)["input_ids"]),
-                          schema=schema, schema_name=schema_name or "output")
+                          schema=schema, schema_name=schema_name or "output", prediction=prediction)
     if method.is_peer:
         if schema is not None:
             raise ValueError(f"{method.name} cannot constrain its output to a JSON schema")

@@ -25,6 +25,9 @@ class Sample:
     reported_tokens: where ``token_ids`` are the streamed text tokenised again (llama-server's chat
     stream carries text only), how many tokens the server says it generated (its usage's
     ``completion_tokens``): what speed counts, as the text can tokenise to fewer or more tokens.
+    prediction_accepted / prediction_rejected: where the request sent a predicted output, the
+    tokens drafted from it that the answer kept and those it did not, as the server's usage reports
+    them (``completion_tokens_details``); None where no prediction was sent.
     """
 
     method: str
@@ -49,6 +52,8 @@ class Sample:
     schema_valid: bool | None = None
     forced_tokens: int | None = None
     reported_tokens: int | None = None
+    prediction_accepted: int | None = None
+    prediction_rejected: int | None = None
 
     @property
     def new_tokens(self) -> int:

@@ -27,6 +27,13 @@ servers take. Such a request never asks to ignore EOS: the output ends where its
 Each output is then checked against the schema (:mod:`specdec.bench.schema_check`), and specdec's
 final ``speculative`` summary gives ``forced_tokens``, the tokens the grammar forced.
 
+A prompt with a predicted output (a prompt file's ``"prediction"``) sends it, as OpenAI's
+Predicted Outputs (``"prediction": {"type": "content", "content": ...}``), to the ``specdec serve``
+methods with ``prediction=yes`` only (:mod:`specdec.bench.methods`); every other request, and
+every request to llama-server, which has no such field, is the same without it. The answer's usage
+gives the prediction tokens the server drafted and kept or rejected
+(``completion_tokens_details.accepted_prediction_tokens`` and ``rejected_prediction_tokens``).
+
 ``llama-server`` runs with its own defaults (one slot, its prompt cache on, as a user gets it)
 plus what a fair comparison needs: the thread count, the context, and for the speculative
 configurations ``-md DRAFT --spec-type draft-simple`` (its draft-model speculation, with its
@@ -54,7 +61,7 @@ from typing import Any, Callable, Sequence
 import httpx
 
 from specdec.backends.table import BY_NAME
-from specdec.bench.methods import PEERS
+from specdec.bench.methods import PEERS, MethodSpec
 from specdec.bench.sample import Sample, median as _median
 from specdec.bench.schema_check import check_output
 from specdec.config import DecodeConfig
@@ -66,6 +73,16 @@ DEFAULT_BINARY = Path.home() / ".cache" / "specdec" / "llama-server" / "bin" / "
 LLAMA_SERVER_FLAGS: dict[str, tuple[str, ...]] = {name: p.server_flags for name, p in PEERS.items() if p.is_server}
 START_SECONDS = 300.0  # how long a server may take to load its models and answer /health
 REQUEST_SECONDS = 3600.0
+
+
+PREDICTION_KEY = ":prediction=yes"  # ends the server key of a method that sends predictions
+
+
+def server_key(method: MethodSpec) -> str:
+    """The :meth:`Servers.server` key of a server method."""
+    if method.is_peer:
+        return method.kind
+    return f"specdec:{method.backend}:{method.config}" + (PREDICTION_KEY if method.prediction else "")
 
 
 class ServerMissing(RuntimeError):
@@ -178,10 +195,11 @@ class Servers:
         timeout=REQUEST_SECONDS, limits=httpx.Limits(max_keepalive_connections=0)))
 
     def server(self, key: str) -> ServerProcess:
-        """The running server for ``key``: a llama-server peer's name, or ``specdec:<backend>:<method>``
-        (one ``specdec serve`` per method, with that method as its default and, for ``ar``, no
-        draft model: as a user would start it, and so that no server finds the prompt another
-        method's run just left in its cache)."""
+        """The running server for ``key`` (:func:`server_key`): a llama-server peer's name, or
+        ``specdec:<backend>:<method>`` (one ``specdec serve`` per method, with that method as its
+        default and, for ``ar``, no draft model: as a user would start it, and so that no server
+        finds the prompt another method's run just left in its cache), followed by
+        ``:prediction=yes`` for the method that sends predictions (a server of its own, for the same reason)."""
         if key not in self.running:
             process = ServerProcess(key, self._argv(key), free_port())
             process.argv = [a.replace("{port}", str(process.port)) for a in process.argv]
@@ -192,7 +210,7 @@ class Servers:
     def _argv(self, key: str) -> list[str]:
         threads = [] if self.n_threads is None else [str(self.n_threads)]
         if key.startswith("specdec:"):
-            _, backend, method = key.split(":", 2)
+            _, backend, method = key.removesuffix(PREDICTION_KEY).split(":", 2)
             argv = list(self.specdec_argv) + (self.torch_argv if not BY_NAME[backend].runs_gguf else [])
             if method == "ar" and "--draft" in argv:
                 argv[argv.index("--draft") + 1] = "none"
@@ -288,14 +306,17 @@ class Completion:
 
 def request_body(prompt_ids: Sequence[int], temperature: float, max_new_tokens: int, seed: int,
                  ignore_eos: bool, *, llama_server: bool, method: str | None = None,
-                 schema: dict[str, Any] | None = None) -> dict[str, Any]:
+                 schema: dict[str, Any] | None = None, prediction: str | None = None) -> dict[str, Any]:
     """The request both servers get: plain sampling (see the module docstring), streamed;
-    ``schema``: the JSON schema the output must follow (``json_schema``; EOS then not ignored)."""
+    ``schema``: the JSON schema the output must follow (``json_schema``; EOS then not ignored);
+    ``prediction``: the predicted output's text (:func:`predicted_output`)."""
     body: dict[str, Any] = {"prompt": list(prompt_ids), "max_tokens": max_new_tokens, "temperature": temperature,
                             "top_p": 1.0, "top_k": 0, "seed": seed, "stream": True}
     if schema is not None:
         body["json_schema"] = schema
         ignore_eos = False
+    if prediction:  # with the usage chunk, which counts the prediction's tokens
+        body |= predicted_output(prediction) | {"stream_options": {"include_usage": True}}
     if llama_server:
         body |= {"min_p": 0.0, "typical_p": 1.0, "repeat_penalty": 1.0, "presence_penalty": 0.0,
                  "frequency_penalty": 0.0, "dry_multiplier": 0.0, "xtc_probability": 0.0, "mirostat": 0,
@@ -308,12 +329,13 @@ def request_body(prompt_ids: Sequence[int], temperature: float, max_new_tokens: 
 
 def chat_request_body(messages: Sequence[dict[str, str]], temperature: float, max_new_tokens: int, seed: int,
                       ignore_eos: bool, schema: dict[str, Any] | None = None,
-                      schema_name: str = "output") -> dict[str, Any]:
+                      schema_name: str = "output", prediction: str | None = None) -> dict[str, Any]:
     """The chat request both servers get: what an OpenAI client sends by default (no sampler
     field but the temperature and seed; usage asked for at the stream's end), and
     ``ignore_eos`` when the run makes every completion its full length. ``schema``: the JSON
     schema the answer must follow, sent as an OpenAI client sends structured output
-    (``response_format``, strict; EOS then not ignored, see the module docstring)."""
+    (``response_format``, strict; EOS then not ignored, see the module docstring).
+    ``prediction``: the predicted output's text (:func:`predicted_output`)."""
     body: dict[str, Any] = {"messages": [dict(m) for m in messages], "max_tokens": max_new_tokens,
                             "temperature": temperature, "seed": seed, "stream": True,
                             "stream_options": {"include_usage": True}}
@@ -322,24 +344,40 @@ def chat_request_body(messages: Sequence[dict[str, str]], temperature: float, ma
                                    "json_schema": {"name": schema_name, "schema": schema, "strict": True}}
     elif ignore_eos:
         body["ignore_eos"] = True
-    return body
+    return body | predicted_output(prediction)
+
+
+def predicted_output(prediction: str | None) -> dict[str, Any]:
+    """The request's ``prediction`` field as an OpenAI client sends it (none for no prediction)."""
+    return {"prediction": {"type": "content", "content": prediction}} if prediction else {}
+
+
+def prediction_counts(done: Completion) -> tuple[int | None, int | None]:
+    """(accepted, rejected) prediction tokens the answer's usage reports; (None, None) where it
+    reports none (a request without a prediction, or a server that takes none)."""
+    details = done.usage.get("completion_tokens_details") or {}
+    if "accepted_prediction_tokens" not in details:
+        return None, None
+    return int(details["accepted_prediction_tokens"]), int(details["rejected_prediction_tokens"])
 
 
 def run_server(servers: Servers, key: str, name: str, prompt_ids: list[int], temperature: float,
                max_new_tokens: int, eos: list[int], seed: int, method: str | None = None,
                messages: Sequence[dict[str, str]] | None = None,
                tokenize: Callable[[str], list[int]] | None = None, schema: dict[str, Any] | None = None,
-               schema_name: str = "output") -> Sample:
+               schema_name: str = "output", prediction: str | None = None) -> Sample:
     """One timed completion through a server (``key``: see :meth:`Servers.server`) as a Sample.
 
     messages: send these to /v1/chat/completions (:func:`chat_request_body`) instead of
     ``prompt_ids`` to /v1/completions; a stream that carries no token ids (llama-server's chat
     stream) then has its text tokenised by ``tokenize``. schema: the JSON schema the output must
     follow, sent with the request; the text the client received is checked against it (the
-    sample's ``json_parsed`` and ``schema_valid``)."""
+    sample's ``json_parsed`` and ``schema_valid``). prediction: the predicted output sent with the
+    request; the sample's ``prediction_accepted`` and ``prediction_rejected`` are the usage's counts."""
     reported = None
     if messages:
-        body = chat_request_body(messages, temperature, max_new_tokens, seed, not eos, schema, schema_name)
+        body = chat_request_body(messages, temperature, max_new_tokens, seed, not eos, schema, schema_name,
+                                 prediction)
         done = servers.complete(key, body, "/v1/chat/completions")
         if not done.token_ids and done.text:
             if tokenize is None:
@@ -349,7 +387,8 @@ def run_server(servers: Servers, key: str, name: str, prompt_ids: list[int], tem
             reported = int(done.usage["completion_tokens"]) if "completion_tokens" in done.usage else None
     else:
         body = request_body(prompt_ids, temperature, max_new_tokens, seed, not eos,
-                            llama_server=not key.startswith("specdec:"), method=method, schema=schema)
+                            llama_server=not key.startswith("specdec:"), method=method, schema=schema,
+                            prediction=prediction)
         done = servers.complete(key, body)
     checked = check_output(done.text, schema) if schema is not None else None
     first = done.arrivals[0] if done.arrivals else (done.seconds, 0)
@@ -360,6 +399,7 @@ def run_server(servers: Servers, key: str, name: str, prompt_ids: list[int], tem
     if key in PEERS and PEERS[key].drafter is not None:  # totals only, left out where it drafted none
         totals = (int(timings.get("draft_n", 0)), int(timings.get("draft_n_accepted", 0)))
     spec = done.speculative
+    kept, rejected = prediction_counts(done)
     return Sample(
         method=name, prompt=0, repeat=0, order=0, seed=seed, token_ids=done.token_ids, seconds=done.seconds,
         target_forwards=int(spec.get("target_forwards") or (len(done.token_ids) if reported is None else reported)
@@ -370,5 +410,5 @@ def run_server(servers: Servers, key: str, name: str, prompt_ids: list[int], tem
         step_seconds=_median(gaps), first_step_seconds=first[0], first_step_tokens=first[1],
         json_parsed=checked.parsed if checked else None, schema_valid=checked.valid if checked else None,
         forced_tokens=int(spec["forced_tokens"]) if "forced_tokens" in spec else None,
-        reported_tokens=reported,
+        reported_tokens=reported, prediction_accepted=kept, prediction_rejected=rejected,
     )

@@ -65,10 +65,14 @@ EPILOG = (
     "server path is what is timed. The llama-server peers run llama.cpp's own server on the target's GGUF: "
     "llama-server (plain decoding), llama-server-md (with the draft's GGUF: "
     f"{' '.join(LLAMA_SERVER_FLAGS['llama-server-md']).replace('{draft}', 'DRAFT')}) and llama-server-spec-default "
-    f"({' '.join(LLAMA_SERVER_FLAGS['llama-server-spec-default'])}, its n-gram drafter). Every server is its own "
+    f"({' '.join(LLAMA_SERVER_FLAGS['llama-server-spec-default'])}, its n-gram drafter) and llama-server-ngram "
+    f"({' '.join(LLAMA_SERVER_FLAGS['llama-server-ngram'])}, its prompt lookup). Every server is its own "
     "process on a loopback port, with the run's --threads and the same context, called by one HTTP client the "
     "same way (streamed /v1/completions), started afresh for each temperature; the llama-server peers and "
-    "via=serve methods on llama.cpp run GGUFs (give a pack or a .gguf file as --target and --draft)."
+    "via=serve methods on llama.cpp run GGUFs (give a pack or a .gguf file as --target and --draft). "
+    "A spec method with via=serve also takes prediction=yes: its requests carry the predicted output of the "
+    "prompts that have one (a prompt file's \"prediction\", e.g. benchmarks/edits.jsonl), as OpenAI's Predicted "
+    "Outputs; the report then gives per request each method's speed and the prediction tokens accepted and rejected."
     "\n\n"
     f"The llama-server peers need a llama-server binary: build one with {BUILD_SCRIPT} (from the llama.cpp "
     "source that the installed llama-cpp-python vendors; about 4 minutes on 2 cores; it writes "
@@ -115,15 +119,17 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompts", default=DEFAULT_PROMPTS,
                         help="prompt sets and counts: humaneval, edit (rewrite a HumanEval solution), mtbench, sharegpt, "
                              "extract (JSON extraction, each answer constrained to its JSON schema; reports the "
-                             "outputs that parse and follow it) or a .jsonl file, "
+                             "outputs that parse and follow it) or a .jsonl file (its lines may carry a "
+                             "\"prediction\": see prediction=yes in --methods), "
                              f"e.g. humaneval:8,my.jsonl:4 (default: {DEFAULT_PROMPTS})")
     parser.add_argument("--methods", default=DEFAULT_METHODS,
                         help="comma-separated: ar, spec:[<drafter>:]<verifier>[:k=N][:policy=P][:option=V...] "
                              f"(drafters: {', '.join(drafters.names())}), spec:tree[:budget=N], hf-assisted[:k=N], "
                              "hf-prompt-lookup[:k=N], hf-ar, llamacpp-ar, and llama.cpp's own server: llama-server, "
-                             "llama-server-md, llama-server-spec-default (they need a llama-server binary: see "
+                             "llama-server-md, llama-server-spec-default, llama-server-ngram (they need a llama-server binary: see "
                              "Servers below); ar and spec take backend=torch|llamacpp|gguf, and via=serve to run through "
-                             "a specdec serve process instead of the library; ar is always run, on each backend "
+                             "a specdec serve process instead of the library (spec then also prediction=yes, which "
+                             "sends each prompt's predicted output); ar is always run, on each backend "
                              "used (default: %(default)s)")
     parser.add_argument("--backend", choices=tuple(BACKEND_CHOICES), default=TORCH,
                         help="where ar and spec methods without backend= run: torch (transformers' weights), "
