@@ -470,8 +470,8 @@ class Server:
         self.sock.close()
 
     @property
-    def scheduler(self) -> Any:
-        return self.app.state.specdec.scheduler
+    def engine(self) -> Any:
+        return self.app.state.specdec.engine
 
     def client(self, key: str = "unused") -> openai.OpenAI:
         import httpx

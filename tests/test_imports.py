@@ -28,8 +28,8 @@ DRAWING = Path(__file__).parent.parent / "docs" / "architecture.md"
 # specdec in it; ``__init__`` is the package itself. A module may import its own layer and lower ones.
 LAYERS: dict[str, tuple[str, ...]] = {
     "entry points": ("cli", "__main__", "server", "bench", "training"),
-    "library API": ("__init__", "api", "config", "build", "models", "packs", "prompts", "layer_skip_search",
-                    "divergence"),
+    "library API": ("__init__", "api", "serving", "config", "build", "models", "packs", "prompts",
+                    "layer_skip_search", "divergence"),
     "decoding": ("engine", "stats", "verify", "drafters", "policies", "theory", "sequoia", "token_tree", "sampling",
                  "constraints", "datastore", "options", "costs"),
     "backends": ("backends", "kernels", "memory"),

@@ -23,7 +23,7 @@ from tiny import noisy_copy, tiny_llama
 
 from specdec import generate
 from specdec.backends.base import forward_after
-from specdec.backends.shared import Board
+from specdec.serving.board import Board
 from specdec.backends.hf import HFCausalLM
 from specdec.backends.hf_layers import HFLayeredCausalLM
 from specdec.build import make_drafter
@@ -139,13 +139,6 @@ def test_a_draft_model_is_behind_by_what_it_has_not_fed():
     assert ChoiceDrafter.build(drafter).behind([1, 2, 3, 4, 5]) == {"model": 1}
 
 
-class _Slot:
-    """A slot of shared passes as the planner sees it: ``passes.board``."""
-
-    def __init__(self, board) -> None:
-        self.passes = type("Passes", (), {"board": board})()
-
-
 def test_a_slot_plans_for_the_whole_shared_pass():
     """In a shared pass the planner maximises the pass's expected tokens per second: the other
     slots' rows set where its own rows fall on the cost curve, and their expected tokens join its
@@ -158,12 +151,15 @@ def test_a_slot_plans_for_the_whole_shared_pass():
     alone.bind(None, NGramDrafter(16))
     assert alone.next_k() == 0
     board = Board()
-    board.post(4, 4.0)  # posted by another thread: four sequences of one row, a token each
-    worker = threading.Thread(target=board.post, args=(4, 4.0))
+    mine = board.seat()
+    mine.post(4, 4.0)  # this slot's own post is not the others'
+    others = [board.seat(), board.seat()]
+    others[0].post(4, 4.0)  # posted by another slot on this thread: four sequences of one row, a token each
+    worker = threading.Thread(target=others[1].post, args=(4, 4.0))
     worker.start(), worker.join()
-    board.leave()  # this thread's own post is not the others'
+    others[0].leave()
     policy = AutoPolicy(k_max=4, costs=costs, prior_alpha=0.6)
-    policy.bind(_Slot(board), NGramDrafter(16))
+    policy.bind(None, NGramDrafter(16), mine)
     k = policy.next_k()
     expected = [1.0 + sum(0.6 ** i for i in range(1, n + 1)) for n in range(5)]
     rates = [(4.0 + expected[n]) / costs.target_cost(4 + n + 1) for n in range(5)]
@@ -175,14 +171,16 @@ def test_the_board_sums_the_other_slots_plans_and_forgets_a_slot_that_leaves():
     board, seen = Board(), {}
     posted, read, left = threading.Barrier(4), threading.Barrier(4), threading.Barrier(4)  # three slots and this test
     done = threading.Event()
+    mine = board.seat()  # this test's seat, with no plan posted
 
     def slot(name, rows, expected):
-        board.post(rows, expected)
+        seat = board.seat()
+        seat.post(rows, expected)
         posted.wait()
-        seen[name] = board.others()
+        seen[name] = seat.others()
         read.wait()
         if name == "b":
-            board.leave()
+            seat.leave()
         left.wait()
         done.wait()
 
@@ -191,7 +189,7 @@ def test_the_board_sums_the_other_slots_plans_and_forgets_a_slot_that_leaves():
         t.start()
     posted.wait(), read.wait(), left.wait()
     assert seen == {"a": (6, 4.0, 1), "b": (8, 5.5, 2), "c": (4, 3.5, 1)}  # a row of 1: not drafting
-    assert board.others() == (8, 5.5, 2)  # b left: a and c
+    assert mine.others() == (8, 5.5, 2)  # b left: a and c
     done.set()
     for t in threads:
         t.join()

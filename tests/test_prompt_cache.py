@@ -148,7 +148,7 @@ def test_a_snapshot_put_back_decodes_as_the_cache_it_copied():
 
 
 def test_the_prompt_cache_puts_back_the_saved_cache_sharing_most_and_drops_the_oldest_past_its_budget():
-    from specdec.server.prompt_cache import PromptCache
+    from specdec.serving.prompt_cache import PromptCache
 
     model = _smollm2()
     model.reset()

@@ -426,8 +426,8 @@ def test_full_queue_answers_429_and_a_disconnect_stops_the_generation_within_one
             with pytest.raises(openai.RateLimitError) as err:
                 running.client().completions.create(model="tiny", prompt="x", max_tokens=2)
             assert err.value.body["code"] == "queue_full"
-        wait_for(lambda: len(running.scheduler.history) == 1)
-        job = running.scheduler.history[0]
+        wait_for(lambda: len(running.engine.history) == 1)
+        job = running.engine.history[0]
         assert job.outcome == "cancelled" and job.steps < 480
         assert job.steps - job.steps_at_stop <= 1  # at most the step under way when the client left
         got = running.client().completions.create(model="tiny", prompt="x", max_tokens=2)  # served again
@@ -459,8 +459,8 @@ def test_a_non_streaming_client_that_leaves_stops_its_generation(pair):
         body = {"prompt": "0", "max_tokens": 480, "temperature": 0}
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(running.url + "/v1/completions", json=body, trust_env=False, timeout=0.5)
-        wait_for(lambda: len(running.scheduler.history) == 1)
-        job = running.scheduler.history[0]
+        wait_for(lambda: len(running.engine.history) == 1)
+        job = running.engine.history[0]
         assert job.outcome == "cancelled" and job.steps < 480 and job.steps - job.steps_at_stop <= 1
 
 
@@ -480,8 +480,8 @@ def test_queued_requests_run_in_arrival_order(pair):
                 wait_for(lambda: running.app.state.specdec.metrics.registry.get_sample_value("specdec_queue_length") == i + 1)
         for t in threads:
             t.join(30)
-        wait_for(lambda: len(running.scheduler.history) == 4)  # a job is logged just after its answer
-        order = [job for job in running.scheduler.history][1:]
+        wait_for(lambda: len(running.engine.history) == 4)  # a job is logged just after its answer
+        order = [job for job in running.engine.history][1:]
         assert [job.outcome for job in order] == ["ok"] * 3
         assert [results[i].choices[0].text for i in range(3)] == [
             generate(target, f"{i}", tokenizer=tokenizer, max_new_tokens=3).text for i in range(3)]
@@ -496,9 +496,9 @@ def test_a_request_past_its_timeout_gets_504(pair):
             running.client().completions.create(model="tiny", prompt="x", max_tokens=480, temperature=0)
         assert err.value.status_code == 504 and err.value.body["code"] == "timeout"
         assert time.monotonic() - start < 5
-        wait_for(lambda: len(running.scheduler.history) == 1)
-        assert running.scheduler.history[0].outcome in ("timeout", "cancelled")
-        assert running.scheduler.history[0].steps < 480
+        wait_for(lambda: len(running.engine.history) == 1)
+        assert running.engine.history[0].outcome in ("timeout", "cancelled")
+        assert running.engine.history[0].steps < 480
 
 
 def test_metrics_count_requests_tokens_and_latencies(pair):

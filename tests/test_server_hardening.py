@@ -433,32 +433,12 @@ def test_serve_help_says_how_to_keep_the_key_out_of_ps(capsys):
 
 def test_a_full_queue_answers_429_with_retry_after(pair):
     with Server(app_of(pair, max_queue=0)) as running:
-        running.scheduler.durations.extend([2.2, 2.6])  # the recent generations took 2.4 s on average
+        running.engine.durations.extend([2.2, 2.6])  # the recent generations took 2.4 s on average
         with running_stream(running):
             response = post(running, "/v1/completions", {"prompt": "x", "max_tokens": 2})
         assert_error(response, 429, code="queue_full")
         assert response.headers["retry-after"] == "3"  # one generation ahead, 2.4 s, rounded up
-        wait_for(lambda: len(running.scheduler.history) == 1)
-
-
-def test_retry_after_grows_with_the_queue():
-    import asyncio
-
-    from specdec.server.metrics import Metrics
-    from specdec.server.worker import Job, Scheduler
-
-    scheduler = Scheduler(max_queue=16, metrics=Metrics())  # not started: submitted jobs wait
-    assert scheduler.retry_after() == 1  # nothing measured, nothing waiting
-    scheduler.durations.extend([0.5, 1.5])
-    loop = asyncio.new_event_loop()
-    seen = []
-    for _ in range(6):
-        scheduler.submit(Job(iter, str, dict, time.monotonic() + 60, loop))
-        seen.append(scheduler.retry_after())
-    loop.close()
-    assert seen == [1, 2, 3, 4, 5, 6]
-    scheduler.durations.extend([0.2] * 16)  # only recent generations count
-    assert scheduler.retry_after() == 2
+        wait_for(lambda: len(running.engine.history) == 1)
 
 
 @pytest.mark.parametrize("stream", [False, True])

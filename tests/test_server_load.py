@@ -162,8 +162,8 @@ def test_sixteen_concurrent_clients_then_overflow_then_still_serving():
             assert got.status == 400 and got.error["param"] in ("temperature", "best_of", "speculative.method"), got
         for got in left:
             assert got.status == 200 and not got.done and len(got.token_ids) < LONG
-        wait_until(lambda: len(running.scheduler.history) == 13)  # 10 valid and 3 that left (invalid never queue)
-        stopped = [job for job in running.scheduler.history if job.outcome == "cancelled"]
+        wait_until(lambda: len(running.engine.history) == 13)  # 10 valid and 3 that left (invalid never queue)
+        stopped = [job for job in running.engine.history if job.outcome == "cancelled"]
         assert len(stopped) == 3
         assert all(job.steps - job.steps_at_stop <= 1 and job.steps < LONG for job in stopped)
         wait_until(lambda: metric(running, "specdec_requests_total", endpoint="/v1/completions", outcome="cancelled") == 3)

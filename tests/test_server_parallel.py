@@ -17,7 +17,7 @@ import pytest
 
 from specdec import models, packs
 from specdec.backends.shared import default_slots
-from specdec.server.app import ServerOptions, create_app, make_slots
+from specdec.server.app import ServerOptions, create_app
 from specdec.models import Pair
 from specdec.server.requests import method_config
 from helpers import THREADS, Server, tiny_pair, tiny_tokenizer
@@ -153,16 +153,6 @@ def test_a_client_that_leaves_during_a_long_prefill_frees_its_slot_before_the_pr
         time.sleep(0.02)
     # the freed slot (the next one taken) answers as before: its caches held part of the prompt, rolled back
     assert ask(server, *REQUESTS[0]) == before
-
-
-def test_only_the_gguf_kernel_serves_several_requests_at_once():
-    target, draft = tiny_pair()
-    served = Pair(target, tiny_tokenizer(), draft, target_name="tiny")
-    with pytest.raises(ValueError, match="GGUF kernel"):
-        make_slots(served, 2)
-    assert make_slots(served, 1) is None
-    with pytest.raises(ValueError, match="at least 1"):
-        make_slots(served, 0)
 
 
 def test_the_default_slots_are_the_fewest_within_a_tenth_of_the_best_pass():

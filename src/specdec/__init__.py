@@ -14,17 +14,18 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from specdec.api import GenerationResult, StreamEvent, generate, generate_many, stream
+    from specdec.api import GenerationResult, StreamEvent, generate, stream
     from specdec.config import DecodeConfig
     from specdec.constraints import ConstraintError, Constraints, TokenLogprob
     from specdec.engine import NonFiniteLogitsError
     from specdec.sampling import SamplingConfig
+    from specdec.serving.batch import generate_many
 
 __version__ = "0.1.0"
 # The public names, by the module that defines them. They load on first use (PEP 562), so that
 # ``import specdec.cli`` costs nothing before the command can catch Ctrl-C.
 _HOMES = {"DecodeConfig": "specdec.config", "GenerationResult": "specdec.api", "SamplingConfig": "specdec.sampling",
-          "StreamEvent": "specdec.api", "generate": "specdec.api", "generate_many": "specdec.api", "stream": "specdec.api",
+          "StreamEvent": "specdec.api", "generate": "specdec.api", "generate_many": "specdec.serving.batch", "stream": "specdec.api",
           "Constraints": "specdec.constraints", "ConstraintError": "specdec.constraints",
           "TokenLogprob": "specdec.constraints", "NonFiniteLogitsError": "specdec.engine"}
 __all__ = sorted(_HOMES)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import numbers
 import secrets
-import threading
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -14,13 +13,10 @@ from typing import Any, Iterable, Iterator, Sequence
 import torch
 
 from specdec.backends.base import CausalLM, common_prefix_len
-from specdec.backends.gguf import GGUFCausalLM
-from specdec.backends.shared import SharedPasses
 from specdec.backends.hf import eos_token_ids
 from specdec.build import build
 from specdec.config import DecodeConfig
 from specdec.constraints import UNPROCESSED, Constraints, LogitProcessor, TokenLogprob, Unprocessed, check_logprobs
-from specdec.costs import pass_costs
 from specdec.engine import autoregressive_steps, speculative_steps, tree_steps
 from specdec.policies import DraftLengthPolicy
 from specdec.stats import GenerationStats, Step
@@ -149,102 +145,12 @@ def generate(
     return run.result()
 
 
-def generate_many(
-    target: Any,
-    prompts: Sequence[str | Sequence[int]],
-    *,
-    draft: Any = None,
-    tokenizer: Any = None,
-    configs: Sequence[DecodeConfig | None] | None = None,
-    constraints: Sequence[Constraints | None] | None = None,
-    logprobs: int | None = None,
-    **overrides: Any,
-) -> list[GenerationResult]:
-    """:func:`generate` for several prompts at once: on specdec's GGUF kernel their forward passes
-    share each pass of the weights (:mod:`specdec.backends.shared`: one slot, a cache of the target
-    and of the draft, per prompt), so that n prompts take far less than n times one prompt's time.
-    Each result is the one :func:`generate` gives the prompt alone, token for token (greedy, and
-    under the Gumbel-max sampler with a seed). ``prompts``: a list of prompts (each text or token
-    ids). ``configs`` and ``constraints``: lists, one entry per prompt (or None); ``overrides``
-    apply to every prompt; ``draft`` serves the prompts whose method drafts with it (the others
-    decode as :func:`generate` does without a draft), on every backend alike. On another backend
-    the prompts run one after another. Bad input raises ``ValueError`` or ``TypeError`` naming the
-    argument, before any prompt is decoded."""
-    prompts = _listed(prompts, "prompts", "prompts (each text or token ids)")
-    configs = _listed(configs, "configs", "specdec.DecodeConfig (or None), one per prompt", len(prompts))
-    constraints = _listed(constraints, "constraints", "specdec.Constraints (or None), one per prompt", len(prompts))
-    configs = [_config(c, overrides, f"configs[{i}]") for i, c in enumerate(configs)]
-    drafts = [_draft_for(c, draft) for c in configs]  # the draft each prompt's generate gets
-    if not (isinstance(target, GGUFCausalLM) and (draft is None or isinstance(draft, GGUFCausalLM))):
-        return [generate(target, p, draft=d, tokenizer=tokenizer, config=c, constraints=k, logprobs=logprobs)
-                for p, c, d, k in zip(prompts, configs, drafts, constraints)]
-    # The passes run on this thread: the one thread that calls the kernel, as when decoding alone
-    # (a second thread calling it would start a second OpenMP team; see torch_on_one_thread).
-    shared = SharedPasses(own_thread=False, costs=pass_costs)  # prompts prefilled within each pass's budget
-    results: list[GenerationResult | BaseException | None] = [None] * len(prompts)
-
-    def one(i: int) -> None:
-        with shared.member():
-            try:
-                results[i] = generate(shared.slot(target), prompts[i], tokenizer=tokenizer, config=configs[i],
-                                      draft=shared.slot(draft) if drafts[i] is not None else None,
-                                      constraints=constraints[i], logprobs=logprobs)
-            except BaseException as err:  # raised in the caller's thread below
-                results[i] = err
-
-    threads = [threading.Thread(target=one, args=(i,), name=f"specdec-slot-{i}") for i in range(len(prompts))]
-
-    def close_when_done() -> None:
-        for thread in threads:
-            thread.join()
-        shared.close()
-
-    for thread in threads:
-        thread.start()
-    threading.Thread(target=close_when_done, name="specdec-slots-done", daemon=True).start()
-    shared.serve()  # until every slot is done
-    for result in results:
-        if isinstance(result, BaseException):
-            raise result
-    return results  # type: ignore[return-value]
-
-
 def _config(config: DecodeConfig | None, overrides: dict[str, Any], name: str = "config") -> DecodeConfig:
     if config is None:
         return DecodeConfig().replace(**overrides)
     if not isinstance(config, DecodeConfig):
         raise TypeError(f"{name} must be a specdec.DecodeConfig, got {type(config).__name__}")
     return config.replace(**overrides)
-
-
-def _listed(values: Any, name: str, each: str, count: int | None = None) -> list[Any]:
-    """:func:`generate_many`'s list argument ``name`` as a list: ``prompts`` (``count`` None), or
-    one entry per prompt (None: one None each). A ``TypeError`` for a single value where a list of
-    them belongs (a string is one prompt, not a list of one-character prompts), a ``ValueError`` for
-    a list of the wrong length."""
-    if values is None and count is not None:
-        return [None] * count
-    if isinstance(values, (str, bytes, bytearray, DecodeConfig, Constraints)) or not isinstance(values, Iterable):
-        got = f"the str {values!r}" if isinstance(values, str) else type(values).__name__
-        remedy = ("pass [prompt] for one prompt" if count is None
-                  else f"pass [{name[:-1]}] * len(prompts) to use one for every prompt")
-        raise TypeError(f"{name} must be a list of {each}, got {got}; {remedy}")
-    listed = list(values)
-    if count is None and listed and all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in listed):
-        raise TypeError(f"{name} must be a list of prompts, got a list of {len(listed)} integers; "
-                        "pass [ids] for one prompt of token ids")
-    if count is not None and len(listed) != count:
-        raise ValueError(f"{name} needs one entry per prompt ({count}), got {len(listed)}")
-    return listed
-
-
-def _draft_for(config: DecodeConfig, draft: Any) -> Any:
-    """The draft model a prompt of :func:`generate_many` decodes with: ``draft`` where the prompt's
-    method drafts with a draft model, else None (its method runs as without one)."""
-    if draft is None:
-        return None
-    _check_model(draft, "draft")
-    return draft if config.resolve(True).uses_draft_model else None
 
 
 @dataclass
@@ -269,9 +175,10 @@ class _Run:
 
     @classmethod
     def build(cls, target: Any, prompt: Any, *, draft: Any, tokenizer: Any, config: DecodeConfig,
-              constraints: Constraints | None = None, logprobs: int | None = None) -> "_Run":
+              constraints: Constraints | None = None, logprobs: int | None = None, seat: Any = None) -> "_Run":
         """Check the inputs, build the backends and the drafter (one-time costs such as a draft's
-        int8 weights are paid here, before the timed generation), and choose the decode loop."""
+        int8 weights are paid here, before the timed generation), and choose the decode loop.
+        ``seat``: a slot's seat on its pool's board (:mod:`specdec.serving.board`), for the planner."""
         _check_model(target, "target")
         if draft is not None:
             _check_model(draft, "draft")
@@ -283,7 +190,7 @@ class _Run:
         check_logprobs(logprobs)
         prompt = _checked_prompt(prompt, tokenizer)
         try:
-            built = build(config, target, draft)
+            built = build(config, target, draft, seat)
         except MethodError:
             raise
         except ValueError as err:  # the method does not fit these models

@@ -55,9 +55,11 @@ class Built:
         return self.verifier is None or self.verifier.exact
 
 
-def build(config: DecodeConfig, target: Any, draft: Any = None) -> Built:
+def build(config: DecodeConfig, target: Any, draft: Any = None, seat: Any = None) -> Built:
     """Build ``config`` for ``target`` (a transformers causal LM or a :class:`CausalLM`) and the
-    ``draft`` model (the same, or None). Raises ``ValueError`` naming what does not fit."""
+    ``draft`` model (the same, or None). ``seat``: the slot's seat on its pool's board where the
+    target's passes are shared (:mod:`specdec.serving.board`), handed to the policy as it binds.
+    Raises ``ValueError`` naming what does not fit."""
     config = config.resolve(draft is not None)  # a drafter given by name or object stays as it is
     if config.is_ar:
         if draft is not None:
@@ -91,7 +93,7 @@ def build(config: DecodeConfig, target: Any, draft: Any = None) -> Built:
     policy = config.policy
     if isinstance(policy, str):
         policy = make_policy(policy, config.k, **(config.policy_options or {}))
-    policy.bind(backend, drafter)  # the planner measures its models' costs (or reads them from its cache)
+    policy.bind(backend, drafter, seat)  # the planner measures its models' costs (or reads them from its cache)
     return Built(config.as_run, backend, drafter, verifier, policy)
 
 

@@ -32,14 +32,8 @@ steps, does not hold the others up). Which pieces share a pass changes only the 
 computes each row as the sequence's own pass would, bit for bit, so a request's answer does not
 depend on what else is being served.
 
-The slots plan their drafts together (:class:`Board`): each slot's planner
-(:class:`~specdec.policies.auto.AutoPolicy`) posts the rows its next verification adds to the pass
-and the tokens it expects from them, and weighs its own draft against the whole pass: the rows the
-others posted make its rows' marginal cost (on the measured cost curve, where an extra row of a
-4-row pass costs far less than the second row of a 1-row pass), and the tokens they expect join
-its own in the pass's tokens per second. A draft length changes how fast an answer comes, never
-which answer (greedy, or the seeded Gumbel-max sampler), so planning together keeps every answer
-equal to its answer alone.
+The slots themselves, their planners' board and the threads that drive them are the serving
+engine's (:mod:`specdec.serving`); this module only runs the passes they hand in.
 """
 
 from __future__ import annotations
@@ -88,34 +82,6 @@ class _Call:
         return self.stop is not None and self.stop.is_set()
 
 
-class Board:
-    """What each slot plans to put in the next shared pass: (rows, expected tokens), by slot.
-
-    A slot's planner posts its plan each step (:meth:`post`) and reads the sum of the other
-    slots' (:meth:`others`); a slot that leaves (:meth:`SharedPasses.member` ends) is taken off."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._plans: dict[int, tuple[int, float]] = {}
-
-    def post(self, rows: int, expected: float) -> None:
-        """This thread's slot will put ``rows`` rows in the next pass, expecting ``expected`` tokens from them."""
-        with self._lock:
-            self._plans[threading.get_ident()] = (rows, expected)
-
-    def others(self) -> tuple[int, float, int]:
-        """(rows, expected tokens, slots drafting) the other slots posted for the next pass; (0, 0.0, 0) alone."""
-        me = threading.get_ident()
-        with self._lock:
-            plans = [plan for slot, plan in self._plans.items() if slot != me]
-        return (sum(rows for rows, _ in plans), sum(expected for _, expected in plans),
-                sum(rows > 1 for rows, _ in plans))
-
-    def leave(self) -> None:
-        with self._lock:
-            self._plans.pop(threading.get_ident(), None)
-
-
 @dataclass
 class PassStats:
     """Totals of the passes run: how many, their rows, and how many sequences shared each."""
@@ -157,7 +123,6 @@ class SharedPasses:
         self._costs = costs
         self._curves: dict[int, list[float]] = {}  # id(weights) -> its cost curve
         self.stats = PassStats()
-        self.board = Board()
         self._cond = threading.Condition()
         self._members = 0
         self._pending: list[_Call] = []
@@ -181,7 +146,6 @@ class SharedPasses:
             with torch_on_one_thread():
                 yield
         finally:
-            self.board.leave()
             with self._cond:
                 self._members -= 1
                 self._cond.notify_all()
@@ -396,6 +360,8 @@ def default_slots(curve: list[float], share: float = SLOTS_SHARE, most: int = MA
     return min(most, next(n for n, rate in enumerate(rates, start=1) if rate >= share * best))
 
 
-def shares_passes(model: Any) -> bool:
-    """Whether ``model`` is a slot of :class:`SharedPasses`."""
-    return getattr(model, "passes", None) is not None
+def shares_passes(target: Any, draft: Any = None) -> bool:
+    """Whether ``target`` (and ``draft``, where given) can decode in slots whose passes are shared:
+    only specdec's GGUF kernel computes a row of a shared pass as the sequence's own pass would, so
+    only there does an answer not depend on the others. The one place that asks."""
+    return isinstance(target, GGUFCausalLM) and (draft is None or isinstance(draft, GGUFCausalLM))

@@ -22,8 +22,8 @@ from specdec.constraints import ConstraintError, Constraints
 from specdec.costs import MAX_ROWS, row_costs
 from specdec.server.app import ServerOptions, create_app
 from specdec.server.guard import allowed_hosts, uvicorn_config
-from specdec.server.worker import ModelThread
 from specdec.server.requests import method_config, method_kwargs
+from specdec.serving import ModelThread
 
 API_KEY_ENV = "SPECDEC_API_KEY"
 DEFAULT_METHOD = "spec"  # the method of requests that name none: the default method (specdec.config)
@@ -166,7 +166,7 @@ def run_serve(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    thread = ModelThread()  # every call into the models, loading included, runs on it (specdec.server.worker)
+    thread = ModelThread()  # every call into the models, loading included, runs on it (specdec.serving.engine)
     models = thread.call(load_models_from, args)  # a Pair: its target_name is the model id clients pass
     options = ServerOptions(method, max_queue=args.max_queue, request_timeout=args.request_timeout,
                             api_key=key, max_tokens=args.max_tokens,
@@ -270,7 +270,7 @@ def _warm_up(state: Any, method: Any) -> None:
     print("specdec: warming up", file=sys.stderr, flush=True)
     models = state.models
     prompt = models.tokenizer("def", add_special_tokens=True)["input_ids"] or [0]
-    target, draft = state.backends(method)
+    target, draft = state.engine.backends(method.replace(prompt_cache=state.options.prompt_cache))
     kwargs = method_kwargs(method, draft, models.draft_weights)
     specdec.generate(target, prompt, max_new_tokens=2, **kwargs)
     if importlib.util.find_spec("llguidance") is not None:

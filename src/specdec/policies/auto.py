@@ -121,9 +121,9 @@ class AutoPolicy(DraftLengthPolicy):
         self._planned: dict[int, int] = {}
         self._drafted_hist: dict[int, int] = {}
         self._reasons: dict[int, str] = {}
-        # A slot of shared passes (specdec.backends.shared): the board its plans go on, and what the
-        # other slots posted for this step's pass (rows, expected tokens, slots drafting).
-        self._board: Any = None
+        # A slot of a pool (specdec.serving): its seat on the pool's board, where its plans go, and
+        # what the other slots posted for this step's pass (rows, expected tokens, slots drafting).
+        self._seat: Any = None
         self._others: tuple[int, float, int] = (0, 0.0, 0)
         self._shared_steps = 0
         self._shared_rows = 0
@@ -133,14 +133,16 @@ class AutoPolicy(DraftLengthPolicy):
         """The running acceptance estimates of the drafter this step drafts from."""
         return self._sources[self._current].acceptance
 
-    def bind(self, target: Any, drafter: Drafter) -> None:
+    def bind(self, target: Any, drafter: Drafter, seat: Any = None) -> None:
         """Measure, or read from the cache, the target's cost per 1..16 rows and each of the
         drafter's sources' cost per token (:meth:`~specdec.drafters.base.Drafter.costs`; see the
         planner's model in docs/theory.md). Done once; injected costs stay. A drafter with several sources (a
         :class:`~specdec.drafters.choice.ChoiceDrafter`) makes the planner choose the source as
-        well as the length each step, each source with its own costs and estimates."""
+        well as the length each step, each source with its own costs and estimates. ``seat``: the
+        slot's :class:`~specdec.serving.board.Seat` where its passes are shared with other
+        sequences: each step's plan is posted there, and weighed against the other seats' plans."""
         costs = drafter.costs()
-        self._board = getattr(getattr(target, "passes", None), "board", None)
+        self._seat = seat
         injected = self.costs is not None
         if not injected:
             curve, source = row_costs(target, MAX_ROWS, cache_dir=self.cache_dir)
@@ -239,7 +241,7 @@ class AutoPolicy(DraftLengthPolicy):
 
     def next_k(self) -> int:
         self._foreseen = None
-        self._others = self._board.others() if self._board is not None else (0, 0.0, 0)
+        self._others = self._seat.others() if self._seat is not None else (0, 0.0, 0)
         if self._choosing:  # the source is not known yet: choose() plans once it is
             self._reach, self._drafted_now, self._cap = 1.0, 0, 0
             return self.k_max
@@ -299,8 +301,8 @@ class AutoPolicy(DraftLengthPolicy):
             self._reasons[k] = self._named(self._why(k, expected, alphas[0]))
         self._plain_time = self._plain_time + times[0] if self._cap == 0 else 0.0
         self._planned[k] = self._planned.get(k, 0) + 1
-        if self._board is not None:
-            self._board.post(k + 1, expected)
+        if self._seat is not None:
+            self._seat.post(k + 1, expected)
             self._shared_steps += self._others[0] > 0
             self._shared_rows += self._others[0]
         return self._cap
@@ -397,7 +399,7 @@ class AutoPolicy(DraftLengthPolicy):
             "steps": self._steps,
             **({"shared_pass": {"steps_with_others": self._shared_steps,
                                 "other_rows_per_step": round(self._shared_rows / max(self._steps, 1), 3)}}
-               if self._board is not None else {}),
+               if self._seat is not None else {}),
         }
 
 

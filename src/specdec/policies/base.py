@@ -53,9 +53,11 @@ class DraftLengthPolicy(Protocol):
         grow by after this step's target token (None: unknown). Only the planner reads the last two."""
         return Plan(next(iter(sources)), self.next_k(), self.keep_going)
 
-    def bind(self, target: Any, drafter: Any) -> None:
+    def bind(self, target: Any, drafter: Any, seat: Any = None) -> None:
         """Learn what the target and the drafter cost before the first step (the planner measures
-        them: :meth:`specdec.policies.auto.AutoPolicy.bind`); other policies need nothing."""
+        them: :meth:`specdec.policies.auto.AutoPolicy.bind`); other policies need nothing. ``seat``:
+        a slot's :class:`~specdec.serving.board.Seat` where its passes are shared with other
+        sequences (the planner plans with the other slots'), else None."""
 
     def next_k(self) -> int:
         """How many tokens to draft in the next step (>= 0)."""

@@ -7,12 +7,13 @@ that streams a completion and colours each token by where it came from).
 In front of every route, :class:`~specdec.server.guard.Guard` checks the ``Host`` header and reads
 the body within its size limit and read timeout. A generation request is checked (body, model,
 method, then the prompt: its length in characters, and its tokens, tokenized on a thread so the
-event loop keeps serving) before it joins the queue, waits for the single worker
-(:mod:`specdec.server.worker`), and is answered either as one JSON object or,
+event loop keeps serving) before it is handed to the serving engine (:mod:`specdec.serving`) as a
+:class:`~specdec.serving.Work`, and is answered either as one JSON object or,
 with ``"stream": true``, as server-sent events ending with ``data: [DONE]``. The response is only
 started once the generation has produced its first tokens, so an error found when the generation
 is built (a prompt longer than the context, a drafter option the drafter refuses) still gets its
-4xx status. The bodies, each chunk's non-standard ``speculative`` object among them, are built by
+4xx status (the engine's errors are answered as :func:`specdec.server.errors.engine_error` maps
+them). The bodies, each chunk's non-standard ``speculative`` object among them, are built by
 :mod:`specdec.server.responses`; every error is answered as :mod:`specdec.server.errors` spells
 it. The chunks' text is :func:`specdec.stream`'s, which holds back text that may yet begin a stop
 string, so the streamed text never shows part of one and adds up to the non-streamed text.
@@ -20,7 +21,6 @@ string, so the streamed text never shows part of one and adds up to the non-stre
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import hashlib
@@ -28,9 +28,8 @@ import hmac
 import importlib.resources
 import json
 import re
-import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, AsyncIterator, TypeVar
 
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -40,30 +39,22 @@ from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-import specdec
-from specdec.api import MethodError, decode_text, eos_token_ids_of
-from specdec.backends.gguf import GGUFCausalLM
-from specdec.backends.shared import SharedPasses
-from specdec.datastore import MAX_MATCH
+from specdec.api import decode_text, eos_token_ids_of
 from specdec.config import DecodeConfig
 from specdec.constraints import ConstraintError
-from specdec.costs import pass_costs
 from specdec.server import errors, requests as rq
 from specdec.server.errors import APIError
 from specdec.server.guard import LOOPBACK_HOSTS, MAX_BODY_BYTES, READ_TIMEOUT_SECONDS, Guard
-from specdec.build import as_backend, is_backend
-from specdec.drafters import registry as drafters
 from specdec.models import Pair
 from specdec.server.logprobs import TokenText
 from specdec.server.metrics import Metrics
-from specdec.server.prompt_cache import DEFAULT_BUDGET_MIB, PromptCache
 from specdec.server.requests import ChatBody, CompletionBody, Generation
 from specdec.server.responses import Answer, sse, summary
-from specdec.server.worker import Job, ModelThread, QueueFull, Scheduler, Slot
+from specdec.serving import Engine, Finished, Handle, ModelThread, QueueFull, ShuttingDown, Work
+from specdec.serving.engine import DEFAULT_PROMPT_CACHE_BYTES
 
 BodyModel = TypeVar("BodyModel", CompletionBody, ChatBody)
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
-GRACE_SECONDS = 0.5  # past a request's deadline, how long to wait for the worker to notice it
 POLL_SECONDS = 0.25  # how often a waiting non-streamed request checks that its client is still there
 
 
@@ -78,28 +69,29 @@ class ServerOptions:
     max_body_bytes: int = MAX_BODY_BYTES
     read_timeout: float = READ_TIMEOUT_SECONDS  # seconds for a request's headers to arrive, and again for its body
     prompt_cache: bool = True  # keep the models' caches between requests (DecodeConfig.prompt_cache)
-    prompt_cache_bytes: int = DEFAULT_BUDGET_MIB << 20  # saved caches of earlier requests (server.prompt_cache)
+    prompt_cache_bytes: int = DEFAULT_PROMPT_CACHE_BYTES  # saved caches of earlier requests (serving.prompt_cache)
     seeded_sampler: str = "gumbel"  # the sampler of a request with a seed and no sampler (rq.choose_method)
     datastore: Any = None  # a specdec.datastore.Datastore each finished output is added to (the retrieval drafter's)
     parallel: int = 1  # requests decoded at once, their passes shared (slots; the GGUF kernel only)
 
 
 def create_app(models: Pair, options: ServerOptions, thread: ModelThread | None = None) -> FastAPI:
-    """The application; its worker starts and stops with the app's lifespan. ``thread``: the
-    thread the models were loaded on, which runs every generation (default: a new one)."""
+    """The application; its engine starts and stops with the app's lifespan. ``thread``: the
+    thread the models were loaded on, which runs every generation (default: a new one). A
+    ``ValueError`` where ``options.parallel`` asks for slots the models cannot share passes in."""
     metrics = Metrics()
-    scheduler = Scheduler(options.max_queue, metrics, thread, make_slots(models, options.parallel, metrics))
-    state = _State(models, options, metrics, scheduler, rq.has_fim_tokens(models.tokenizer),
+    engine = Engine(models, parallel=options.parallel, max_queue=options.max_queue,
+                    prompt_cache_bytes=options.prompt_cache_bytes if options.prompt_cache else None,
+                    datastore=options.datastore, observer=metrics, thread=thread)
+    state = _State(models, options, metrics, engine, rq.has_fim_tokens(models.tokenizer),
                    eos_token_ids_of(models.target, models.tokenizer),
-                   rq.PromptLimits.of(models.target, models.tokenizer),
-                   PromptCache(options.prompt_cache_bytes) if options.prompt_cache and is_backend(models.target) else None,
-                   TokenText(models.tokenizer))
+                   rq.PromptLimits.of(models.target, models.tokenizer), TokenText(models.tokenizer))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        scheduler.start()
+        engine.start()
         yield
-        scheduler.close()
+        engine.close()
 
     app = FastAPI(title="specdec", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.specdec = state
@@ -111,62 +103,16 @@ def create_app(models: Pair, options: ServerOptions, thread: ModelThread | None 
     return app
 
 
-def make_slots(models: Pair, parallel: int, metrics: Metrics | None = None) -> list[Slot] | None:
-    """``parallel`` slots whose passes are shared (None for one request at a time). ValueError
-    where the models cannot share passes: only specdec's GGUF kernel computes a row of a shared pass
-    as the sequence's own pass would, so only there does an answer not depend on the others."""
-    if parallel < 1:
-        raise ValueError(f"parallel must be at least 1, got {parallel}")
-    if parallel == 1:
-        return None
-    if not isinstance(models.target, GGUFCausalLM) or not (models.draft is None or isinstance(models.draft, GGUFCausalLM)):
-        raise ValueError("several requests at once need the models on specdec's GGUF kernel (--backend gguf), "
-                         "whose shared passes give each request its answer alone; this backend serves one at a time")
-    drafts: set[int] = set()  # the slots' draft models, by id: a draft on the target's own weights shares its passes
-
-    def observe(pieces: list[tuple[Any, int]]) -> None:
-        """One pass: counted for each model whose rows it holds (a draft that is the target's own
-        weights shares the target's passes; its rows are still the draft's)."""
-        if metrics is None:
-            return
-        for model in ("target", "draft"):
-            rows = [n for slot_model, n in pieces if (id(slot_model) in drafts) == (model == "draft")]
-            if rows:
-                metrics.shared_pass(model, sum(rows), len(rows))
-
-    passes = SharedPasses(own_thread=False, observe=observe, costs=pass_costs)
-    slots = [Slot(passes.slot(models.target), passes.slot(models.draft) if models.draft is not None else None, passes)
-             for _ in range(parallel)]
-    drafts.update(id(slot.draft) for slot in slots if slot.draft is not None)
-    return slots
-
-
 @dataclass
 class _State:
     models: Pair
     options: ServerOptions
     metrics: Metrics
-    scheduler: Scheduler
+    engine: Engine
     fim: bool
     eos: set[int]
     limits: rq.PromptLimits
-    prompt_cache: PromptCache | None = None
     token_text: TokenText | None = None
-    held: dict[str, Any] = field(default_factory=dict)  # transformers models' backends, kept for the prompt cache
-    cache_lock: threading.Lock = field(default_factory=threading.Lock)  # the prompt cache, between slots
-
-    def backends(self, method: DecodeConfig) -> tuple[Any, Any]:
-        """The target (and draft) a generation runs on. With the prompt cache, a transformers
-        model is wrapped once and the wrapper kept, so its cache outlives the request; a drafter
-        that reads the target's layers or hidden states gets a fresh wrapper of its own kind."""
-        target, draft = self.models.target, self.models.draft
-        if not self.options.prompt_cache or is_backend(target) or drafters.needs(method.drafter):
-            return target, draft
-        if "target" not in self.held:
-            self.held["target"] = as_backend(target)
-        if draft is not None and not is_backend(draft) and "draft" not in self.held:
-            self.held["draft"] = as_backend(draft, self.models.draft_weights)
-        return self.held["target"], self.held.get("draft", draft)
 
 
 def _public_routes(state: _State) -> APIRouter:
@@ -338,68 +284,54 @@ def _max_tokens(asked: int, field: str, options: ServerOptions) -> int:
 
 async def _serve(state: _State, request: Request, gen: Generation) -> Response:
     endpoint = request.url.path
-    job = _job(state, gen)
     try:
-        state.scheduler.submit(job)
-    except QueueFull:
+        handle = state.engine.open(_work(state, gen))
+    except QueueFull as err:
         raise APIError(429, f"the queue is full ({state.options.max_queue} requests waiting); retry later",
                        code="queue_full", type="rate_limit_error",
-                       headers={"Retry-After": str(state.scheduler.retry_after())}) from None
+                       headers={"Retry-After": str(err.retry_after)}) from None
+    except ShuttingDown as err:
+        raise errors.engine_error(err, gen.method) from None
     watch = _Watch(request)
-    first = await _next(job, watch)
+    first = await _next(handle, watch)
     if first is None:  # the client went away while waiting
         state.metrics.outcome(endpoint, "cancelled")
         return Response(status_code=499)
     if first[0] == "error":
-        raise first[1]
+        raise errors.engine_error(first[1], gen.method)
     answer = Answer(gen, state.models.target_name, state.token_text)
     if gen.stream:
-        return StreamingResponse(_events(state, job, first, answer, endpoint),
+        return StreamingResponse(_events(state, gen, handle, first, answer, endpoint),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     message = first
     while message is not None and message[0] == "step":  # the whole text comes with "done"
-        message = await _next(job, watch)
+        message = await _next(handle, watch)
     if message is None:
         state.metrics.outcome(endpoint, "cancelled")
         return Response(status_code=499)
     if message[0] == "error":
-        raise message[1]
+        raise errors.engine_error(message[1], gen.method)
     state.metrics.outcome(endpoint, "ok")
-    return JSONResponse(answer.whole(message[1][1]))
+    return JSONResponse(answer.whole(_summary(state, gen, message[1])))
 
 
-def _job(state: _State, gen: Generation) -> Job:
-    models, tokenizer = state.models, state.models.tokenizer
-    kwargs = rq.method_kwargs(gen.method, models.draft, models.draft_weights)
+def _work(state: _State, gen: Generation) -> Work:
+    """The request as the engine takes it: its method with the pair's draft weights, its sampling
+    and the server's prompt cache setting, its constraints and log-probabilities, its time allowed."""
+    try:
+        config = gen.method.replace(draft_weights=state.models.draft_weights, **gen.sampling,
+                                    prompt_cache=state.options.prompt_cache)
+    except (ValueError, TypeError) as err:  # the library's promise for bad input
+        raise APIError(400, str(err)) from None
+    return Work(gen.prompt, config, gen.constraints, gen.logprobs, state.options.request_timeout)
 
-    def start(slot: Slot | None) -> Any:
-        if state.prompt_cache is not None and not isinstance(gen.prompt, str):
-            with state.cache_lock:
-                state.prompt_cache.prepare(slot.target if slot is not None else models.target, gen.prompt)
-        target, draft = (slot.target, slot.draft) if slot is not None else state.backends(gen.method)
-        uses_draft = kwargs["draft"] is not None
-        extra = {**({"constraints": gen.constraints} if gen.constraints is not None else {}),
-                 **({"logprobs": gen.logprobs} if gen.logprobs is not None else {})}
-        try:
-            return specdec.stream(target, gen.prompt, tokenizer=tokenizer,
-                                  **{**kwargs, "draft": draft if uses_draft else None},
-                                  **gen.sampling, prompt_cache=state.options.prompt_cache, **extra)
-        except MethodError as err:  # e.g. a drafter that needs layers or hidden states the backend does not give
-            raise APIError(400, f"speculative.method: {gen.method}: {err}", param="speculative.method") from None
 
-    def decode(ids: list[int]) -> str:
-        return decode_text(tokenizer, ids)
-
-    def finish(ids: list[int], text: str, stats: Any, logprobs: list[Any] | None) -> dict[str, Any]:
-        cached = stats.prompt_cached if stats is not None else 0
-        state.metrics.prompt_tokens.labels(source="cached").inc(cached)
-        state.metrics.prompt_tokens.labels(source="computed").inc(gen.prompt_tokens - cached)
-        if state.options.datastore is not None and ids:  # the output, after the prompt's last tokens it followed
-            tail = list(gen.prompt[-MAX_MATCH:]) if not isinstance(gen.prompt, str) else []
-            state.options.datastore.add(tail + list(ids))
-        return {**summary(gen, ids, text, stats, decode, state.eos, models.backend), "logprobs": logprobs, "ids": ids}
-
-    return Job(start, decode, finish, time.monotonic() + state.options.request_timeout, asyncio.get_running_loop())
+def _summary(state: _State, gen: Generation, done: Finished) -> dict[str, Any]:
+    """What a finished generation adds to its answer (:func:`specdec.server.responses.summary`)."""
+    tokenizer = state.models.tokenizer
+    stats = summary(gen, done.token_ids, done.text, done.stats, lambda ids: decode_text(tokenizer, ids), state.eos,
+                    state.models.backend)
+    return {**stats, "logprobs": done.logprobs, "ids": done.token_ids}
 
 
 class _Watch:
@@ -416,27 +348,22 @@ class _Watch:
         return await self.request.is_disconnected()
 
 
-async def _next(job: Job, watch: _Watch | None) -> tuple[str, Any] | None:
-    """The job's next message; None if the watched client disconnected. Past the deadline (and a
-    grace for the worker to report it) the job is stopped and a timeout error returned."""
+async def _next(handle: Handle, watch: _Watch | None) -> tuple[str, Any] | None:
+    """The request's next message; None if the watched client disconnected. Past the deadline the
+    engine's handle stops the request and returns a timeout error."""
     while True:
-        left = job.deadline + GRACE_SECONDS - time.monotonic()
-        if left <= 0:
-            job.stop()
-            return "error", errors.timed_out()
         if watch is not None and await watch.gone():
-            job.stop()
+            handle.stop()
             return None
-        try:
-            return await asyncio.wait_for(job.out.get(), min(left, POLL_SECONDS) if watch else left)
-        except asyncio.TimeoutError:
-            pass
+        message = await handle.next(POLL_SECONDS if watch is not None else None)
+        if message is not None:
+            return message
 
 
-async def _events(state: _State, job: Job, first: tuple[str, Any], answer: Answer,
+async def _events(state: _State, gen: Generation, handle: Handle, first: tuple[str, Any], answer: Answer,
                   endpoint: str) -> AsyncIterator[str]:
     """Server-sent events; if the client goes away, the server cancels this generator and the
-    ``finally`` stops the job. A finished request is counted before its last event leaves, so a
+    ``finally`` stops the request. A finished request is counted before its last event leaves, so a
     client that has read ``[DONE]`` finds it in /metrics."""
     outcome: str | None = "cancelled"
     try:
@@ -446,7 +373,7 @@ async def _events(state: _State, job: Job, first: tuple[str, Any], answer: Answe
             if kind == "step":
                 yield sse(answer.chunk(payload))
             elif kind == "done":
-                last = [sse(chunk) for chunk in answer.last_chunks(*payload)]
+                last = [sse(chunk) for chunk in answer.last_chunks(payload.held, _summary(state, gen, payload))]
                 state.metrics.outcome(endpoint, "ok")
                 outcome = None
                 for event in last:
@@ -454,14 +381,15 @@ async def _events(state: _State, job: Job, first: tuple[str, Any], answer: Answe
                 yield "data: [DONE]\n\n"
                 return
             else:
-                state.metrics.outcome(endpoint, errors.outcome(payload))
+                err = errors.engine_error(payload, gen.method)
+                state.metrics.outcome(endpoint, errors.outcome(err))
                 outcome = None
-                yield sse(payload.body())
+                yield sse(err.body())
                 yield "data: [DONE]\n\n"
                 return
-            message = await _next(job, None)
+            message = await _next(handle, None)
     finally:
-        job.stop()
+        handle.stop()
         if outcome is not None:
             state.metrics.outcome(endpoint, outcome)
 

@@ -4,8 +4,8 @@
 and every handler answers it as its :meth:`~APIError.json` body. The functions below build the
 errors that more than one part of the server gives (a body over the size limit, a request past its
 deadline), and turn what the web framework refuses (a body pydantic could not read, an unknown
-route, an unexpected exception) into one. :func:`outcome` names an answered error for the
-``/metrics`` counters.
+route, an unexpected exception) into one, and :func:`engine_error` answers what the serving
+engine ends a request with. :func:`outcome` names an answered error for the ``/metrics`` counters.
 
 This module imports no web framework: the handlers that call it are in :mod:`specdec.server.app`,
 the middleware in :mod:`specdec.server.guard`.
@@ -17,6 +17,8 @@ import json
 import types
 import typing
 from typing import Any, Sequence
+
+from specdec.serving import errors as engine
 
 
 class APIError(Exception):
@@ -73,6 +75,26 @@ def model_failed(source: str, position: int) -> APIError:
     name = source.replace("\\", "/").rsplit("/", 1)[-1]
     return APIError(503, f"the model ({name}) computed non-finite logits (NaN or infinity) after {position} tokens: "
                          "its weights are likely damaged; the server's log names the file", code="model_error")
+
+
+def engine_error(err: engine.EngineError, method: Any) -> APIError:
+    """The answer to an error the serving engine ended a request with; ``method``: the request's
+    method, as its ``speculative.method`` named it."""
+    if isinstance(err, engine.MethodRefused):
+        return APIError(400, f"speculative.method: {method}: {err.message}", param="speculative.method")
+    if isinstance(err, engine.ConstraintFailed):
+        return APIError(400, err.message, param=err.field)
+    if isinstance(err, engine.BadInput):
+        return APIError(400, err.message)
+    if isinstance(err, engine.ModelFailed):
+        return model_failed(err.source, err.position)
+    if isinstance(err, engine.TimedOut):
+        return timed_out()
+    if isinstance(err, engine.ShuttingDown):
+        return APIError(503, "the server is shutting down", code="shutting_down")
+    if isinstance(err, engine.Cancelled):
+        return APIError(503, "the request was stopped", code="cancelled")
+    return APIError(500, err.message)
 
 
 def route_error(status: int, detail: str, method: str, path: str) -> APIError:

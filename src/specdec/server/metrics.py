@@ -10,14 +10,17 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from specdec.serving import Observer
+
 OUTCOMES = ("ok", "bad_request", "unauthorized", "not_found", "queue_full", "timeout", "cancelled", "error")
 # Seconds: from a few milliseconds (a tiny model, a warm cache) to a long queue wait on a CPU.
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
-class Metrics:
-    """Counters, gauges and histograms for one server; ``render()`` is the /metrics body."""
+class Metrics(Observer):
+    """Counters, gauges and histograms for one server; ``render()`` is the /metrics body. As the
+    serving engine's :class:`~specdec.serving.Observer`, it counts what the engine tells."""
 
     content_type = CONTENT_TYPE_LATEST
 
@@ -57,6 +60,25 @@ class Metrics:
         self.passes.labels(model=model).inc()
         self.pass_rows.labels(model=model).inc(rows)
         self.pass_sequences.labels(model=model).inc(sequences)
+
+    def queued(self, waiting: int) -> None:
+        self.queue_length.set(waiting)
+
+    def busy(self, running: int) -> None:
+        self.running.set(running)
+
+    def started(self, waited: float) -> None:
+        self.queue_wait.observe(waited)
+
+    def first_token(self, seconds: float) -> None:
+        self.ttft.observe(seconds)
+
+    def finished(self, seconds: float) -> None:
+        self.request_seconds.observe(seconds)
+
+    def prompt(self, cached: int, computed: int) -> None:
+        self.prompt_tokens.labels(source="cached").inc(cached)
+        self.prompt_tokens.labels(source="computed").inc(computed)
 
     def outcome(self, endpoint: str, outcome: str) -> None:
         assert outcome in OUTCOMES, outcome

@@ -1,4 +1,4 @@
-"""The server's prompt cache: the target's cache of recent requests, kept in RAM within a budget.
+"""The engine's prompt cache: the target's cache of recent requests, kept in RAM within a budget.
 
 Chat front-ends, agents and editors re-send a conversation or file with every request, and
 several of them may take turns on one server. The target's live cache already serves the next
@@ -9,8 +9,8 @@ with the new prompt than the live one does, puts that one back. Saved caches are
 recently used first once they pass ``budget_bytes``. A saved cache that another one extends is
 dropped for it. Backends without snapshots keep only the live cache.
 
-Every call runs on the model thread (:class:`specdec.server.worker.ModelThread`), between
-generations.
+Every call runs on the thread that drives the target's cache (the model thread, or a slot's thread
+under the engine's lock: :class:`specdec.serving.engine.Engine`), before a generation.
 """
 
 from __future__ import annotations

@@ -1,12 +1,16 @@
-"""Several requests decoded together, their passes sharing each pass of the weights
-(:mod:`specdec.backends.shared`, :func:`specdec.generate_many`): each answer is, token for token,
-the answer the same request gets alone, whatever else runs beside it -- other methods, lengths,
-temperatures and constraints, requests that arrive at random moments and requests cancelled
-mid-stream. A failure names the request and its first differing token.
+"""The serving engine (:mod:`specdec.serving`): several requests decoded together in its slots,
+their passes sharing each pass of the weights (:class:`~specdec.serving.Engine`,
+:func:`specdec.generate_many`): each answer is, token for token, the answer the same request gets
+alone, whatever else runs beside it -- other methods, lengths, temperatures and constraints,
+requests that arrive at random moments and requests cancelled mid-stream. A failure names the
+request and its first differing token. Also: its queue, its board's seats, and that its requests
+and messages are data (they pickle).
 """
 
 from __future__ import annotations
 
+import asyncio
+import pickle
 import random
 import threading
 import time
@@ -16,8 +20,15 @@ import pytest
 from specdec import Constraints, DecodeConfig, generate, generate_many, models, packs, stream
 from specdec.backends.gguf import GGUFCausalLM
 from specdec.backends.shared import SharedPasses
+from specdec.constraints import TokenLogprob
+from specdec.models import Pair
+from specdec.serving import (
+    Cancelled, Chunk, ConstraintFailed, Engine, Finished, ModelFailed, QueueFull, ShuttingDown, TimedOut, Work,
+)
+from specdec.serving.board import Board
+from specdec.stats import GenerationStats
 
-from helpers import THREADS
+from helpers import THREADS, tiny_pair, tiny_tokenizer
 
 PACK = "smollm2-135m"
 
@@ -89,43 +100,87 @@ def test_generate_many_gives_each_prompt_its_answer_alone(pair, alone):
     assert sum(r.stats.accepted_tokens for r in many) > 0  # drafts were kept beside the other requests
 
 
-def test_requests_arriving_at_random_moments_and_cancelled_get_their_answers_alone(pair, alone):
-    """Each request on its own thread and slot, started after a random delay; two are cancelled
-    after a few events (their slots leave); every request that runs to its end equals its answer alone."""
+def work_of(pair, i: int) -> Work:
+    """Request i as the engine takes it: token ids and a config holding every option."""
+    kw = request_kwargs(i)
+    config = kw["config"].replace(**{k: v for k, v in kw.items() if k not in ("config", "constraints", "logprobs")})
+    ids = pair.tokenizer(REQUESTS[i][0], add_special_tokens=True)["input_ids"]
+    return Work(ids, config, kw.get("constraints"), kw["logprobs"])
+
+
+@pytest.mark.parametrize("parallel", [2, 4])
+def test_requests_arriving_at_random_moments_and_cancelled_get_their_answers_alone(pair, alone, parallel):
+    """Each request submitted to the engine after a random delay; two are stopped after a few steps
+    (their slots go to the next); every request that runs to its end equals its answer alone."""
     rng = random.Random(11)
-    shared = SharedPasses()
-    results: dict[int, object] = {}
+    engine = Engine(Pair(pair.target, pair.tokenizer, pair.draft), parallel=parallel, prompt_cache_bytes=None)
+    engine.start()
+    results: dict[int, list] = {i: [] for i in range(len(REQUESTS))}
+    ended: dict[int, str] = {}
+    done = threading.Semaphore(0)
     cancelled = {2, 5}
+    handles = {}
 
-    def run(i: int, delay: float) -> None:
-        time.sleep(delay)
-        with shared.member():
-            target = shared.slot(pair.target)
-            draft = shared.slot(pair.draft)
-            uses_draft = "model" in REQUESTS[i][1] or REQUESTS[i][1] == "spec"
-            events = stream(target, REQUESTS[i][0], draft=draft if uses_draft else None, tokenizer=pair.tokenizer,
-                            **request_kwargs(i))
-            ids = []
-            for n, event in enumerate(events):
-                ids += event.token_ids
-                if i in cancelled and n == 2:
-                    events.close()
-                    break
-            results[i] = ids
+    def post_for(i: int):
+        def post(kind, payload) -> None:
+            if kind == "step":
+                results[i].append(payload)
+                if i in cancelled and len(results[i]) == 3:
+                    handles[i].stop()
+                return
+            ended[i] = kind if kind == "done" else type(payload).__name__
+            done.release()
+        return post
 
-    threads = [threading.Thread(target=run, args=(i, rng.uniform(0, 0.5))) for i in range(len(REQUESTS))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    shared.close()
+    try:
+        for i in range(len(REQUESTS)):
+            time.sleep(rng.uniform(0, 0.1))
+            handles[i] = engine.submit(work_of(pair, i), post_for(i))
+        for _ in REQUESTS:
+            assert done.acquire(timeout=300)
+    finally:
+        engine.close()
     for i in range(len(REQUESTS)):
+        ids = [t for chunk in results[i] for t in chunk.token_ids]
         if i in cancelled:
-            n = len(results[i])
-            assert 0 < n and results[i] == alone[i].token_ids[:n], i
+            assert ended[i] == "Cancelled" and 0 < len(ids) and ids == alone[i].token_ids[:len(ids)], i
         else:
-            assert results[i] == alone[i].token_ids, (i, first_difference(results[i], alone[i].token_ids))
-    assert shared.stats.sequences > shared.stats.passes  # passes were shared
+            assert ended[i] == "done", (i, ended[i])
+            assert ids == alone[i].token_ids, (i, first_difference(ids, alone[i].token_ids))
+            assert "".join(chunk.text for chunk in results[i]) == alone[i].text[:len("".join(c.text for c in results[i]))]
+    passes = engine.pool.passes.stats
+    assert passes.sequences > passes.passes  # passes were shared
+    status = engine.status()
+    assert (status.slots, status.busy, status.queued, status.requests) == (parallel, 0, 0, len(REQUESTS))
+
+
+def test_the_engine_streams_in_an_event_loop_as_alone(pair, alone):
+    """:meth:`Engine.stream`: two requests at once, greedy with logprobs and seeded Gumbel-max, each
+    its answer alone; the end carries the held text, the whole text and the prompt's tokens."""
+    engine = Engine(Pair(pair.target, pair.tokenizer, pair.draft), parallel=2, prompt_cache_bytes=None)
+    engine.start()
+
+    async def one(i: int):
+        steps, end = [], None
+        async for kind, payload in engine.stream(work_of(pair, i)):
+            if kind == "step":
+                steps.append(payload)
+            else:
+                end = payload
+        return steps, end
+
+    async def both():
+        return await asyncio.gather(one(0), one(1))
+
+    try:
+        answers = asyncio.run(both())
+    finally:
+        engine.close()
+    for i, (steps, end) in zip((0, 1), answers):
+        assert isinstance(end, Finished), end
+        assert end.token_ids == alone[i].token_ids and end.text == alone[i].text, i
+        assert "".join(c.text for c in steps) + end.held == end.text
+        assert end.logprobs == alone[i].logprobs and end.prompt_tokens == len(work_of(pair, i).prompt)
 
 
 def test_a_long_prompt_is_prefilled_in_pieces_beside_the_others(pair, alone):
@@ -152,6 +207,16 @@ def test_generate_many_on_another_backend_runs_the_prompts_in_turn():
                                                     eos_token_ids=[]).token_ids for p in prompts]
     with pytest.raises(ValueError, match="one entry per prompt"):
         generate_many(target, prompts, configs=[None])
+
+
+def test_only_models_that_share_passes_make_slots():
+    target, draft = tiny_pair()
+    served = Pair(target, tiny_tokenizer(), draft, target_name="tiny")
+    with pytest.raises(ValueError, match="GGUF kernel"):
+        Engine(served, parallel=2)
+    assert Engine(served, parallel=1).pool is None
+    with pytest.raises(ValueError, match="at least 1"):
+        Engine(served, parallel=0)
 
 
 def test_a_slot_is_a_fresh_sequence_on_the_same_weights(pair):
@@ -187,14 +252,13 @@ def test_the_default_pair_answers_each_prompt_as_alone():
 def test_the_servers_pass_metrics_count_a_draft_on_the_targets_weights_as_the_draft(pair):
     """The draft named as the target is a fork of the target's weights, so their rows share passes;
     the server's shared-pass metrics still count the draft's rows (and its passes) as the draft's."""
-    from specdec.models import Pair
-    from specdec.server.app import make_slots
     from specdec.server.metrics import Metrics
+    from specdec.serving.pool import Pool
 
     assert pair.draft.weights is pair.target.weights
     metrics = Metrics()
-    slots = make_slots(Pair(pair.target, pair.tokenizer, pair.draft, target_name=PACK, draft_name=PACK), 2, metrics)
-    passes = slots[0].passes
+    pool = Pool(pair.target, pair.draft, 2, metrics)
+    slots, passes = pool.slots, pool.passes
     handed: dict[str, int] = {"target": 0, "draft": 0}
     real = passes.run
 
@@ -228,3 +292,63 @@ def test_the_servers_pass_metrics_count_a_draft_on_the_targets_weights_as_the_dr
         assert total("specdec_shared_pass_rows", model) == handed[model], model
         assert total("specdec_shared_passes", model) > 0
     assert passes.stats.rows == handed["target"] + handed["draft"]
+
+
+def test_retry_after_grows_with_the_queue():
+    target, draft = tiny_pair()
+    engine = Engine(Pair(target, tiny_tokenizer(), draft), max_queue=16)  # not started: submitted work waits
+    assert engine.retry_after() == 1  # nothing measured, nothing waiting
+    engine.durations.extend([0.5, 1.5])
+    seen = []
+    for _ in range(6):
+        engine.submit(Work([1, 2], DecodeConfig()), lambda kind, payload: None)
+        seen.append(engine.retry_after())
+    assert seen == [1, 2, 3, 4, 5, 6]
+    engine.durations.extend([0.2] * 16)  # only recent generations count
+    assert engine.retry_after() == 2
+
+
+def test_a_full_queue_and_a_closed_engine_refuse_work_with_the_engines_errors():
+    target, draft = tiny_pair()
+    engine = Engine(Pair(target, tiny_tokenizer(), draft), max_queue=1)
+    ended = []
+    engine.submit(Work([1], DecodeConfig()), lambda kind, payload: ended.append(payload))  # runs (once started)
+    engine.submit(Work([1], DecodeConfig()), lambda kind, payload: ended.append(payload))  # waits
+    with pytest.raises(QueueFull) as full:
+        engine.submit(Work([1], DecodeConfig()), lambda kind, payload: None)
+    assert full.value.retry_after == 2  # two ahead, 1 s each before any has finished
+    engine.close()
+    assert [type(e) for e in ended] == [ShuttingDown, ShuttingDown]  # never started: both were waiting
+    with pytest.raises(ShuttingDown):
+        engine.submit(Work([1], DecodeConfig()), lambda kind, payload: None)
+
+
+def test_seats_are_kept_by_slot_so_two_slots_on_one_thread_do_not_collide():
+    board = Board()
+    a, b, c = board.seat(), board.seat(), board.seat()
+    a.post(3, 2.0)
+    b.post(5, 4.0)  # the same thread: still another slot's plan
+    assert a.others() == (5, 4.0, 1) and b.others() == (3, 2.0, 1) and c.others() == (8, 6.0, 2)
+    b.leave()
+    assert a.others() == (0, 0.0, 0) and c.others() == (3, 2.0, 1)
+
+
+def test_work_messages_and_errors_pickle():
+    """A request and everything the engine posts about it are data: they cross a process as they are."""
+    schema = {"type": "object", "properties": {"name": {"type": "string"}}}
+    config = DecodeConfig.parse("spec:model:block:k=4").replace(temperature=0.7, seed=3, sampler="gumbel",
+                                                                  max_new_tokens=16, stop=["\n\n"], prompt_cache=True)
+    work = Work([1, 2, 3], config, Constraints(json_schema=schema, logit_bias={5: -100.0}), logprobs=2, timeout=30.0)
+    tools = Constraints(grammar='start: "{" "}"', presence_penalty=0.5)  # a forced tool call's grammar
+    for value in (work, Work("text", DecodeConfig(), tools)):
+        assert pickle.loads(pickle.dumps(value)) == value
+    logprobs = [TokenLogprob(5, -0.25, ((5, -0.25), (7, -2.0)))]
+    chunk = Chunk([5], "hi", [True], 2, 3, logprobs)
+    stats = GenerationStats(new_tokens=1, policy={"name": "auto"})
+    finished = Finished("", [5], "hi", stats, logprobs, 3, 1)
+    for value in (chunk, finished):
+        assert pickle.loads(pickle.dumps(value)) == value
+    for err in (QueueFull("full", retry_after=4), ConstraintFailed("past", field="json_schema", tokens=7),
+                ModelFailed("nan", source="m.gguf", position=9), TimedOut("late"), Cancelled("stopped")):
+        back = pickle.loads(pickle.dumps(err))
+        assert type(back) is type(err) and back.__dict__ == err.__dict__ and str(back) == str(err)
