@@ -392,19 +392,22 @@ class ClusterError(Exception):
         self.message, self.hint = message, hint
 
 
-def run(app: Any, args: argparse.Namespace, ready: Callable[[], None]) -> None:
-    """Join the Ray cluster at ``args.ray_address`` (or start one on this machine), deploy ``app``
-    with its HTTP proxy at ``args.host``:``args.port``, call ``ready``, and serve until Ctrl-C;
-    then delete the application (and stop the Ray this started)."""
-    local = args.ray_address is None
+def run(app: Any, args: argparse.Namespace, deploying: Callable[[], None], ready: Callable[[], None]) -> None:
+    """Join the Ray cluster at ``args.ray_address`` (or start one on this machine), call
+    ``deploying``, deploy ``app`` with its HTTP proxy at ``args.host``:``args.port``, call
+    ``ready``, and serve until Ctrl-C; then delete the application (and stop the Ray this started)."""
+    local, deployed = args.ray_address is None, False
     _connect(args.ray_address)
     try:
         _check_cpus(Scale.of(args))
+        deploying()
         serve.start(http_options={"host": args.host, "port": args.port})
+        deployed = True
         try:
             serve.run(app, name=APP, route_prefix="/")
         except RuntimeError as err:
-            raise ClusterError(_deploy_failure(err), "see the replica's log: ray logs, or /tmp/ray/session_latest/logs")
+            raise ClusterError(_deploy_failure(err), "the replicas' logs say more: ray logs, or "
+                               "/tmp/ray/session_latest/logs") from None
         ready()
         while True:
             time.sleep(1.0)
@@ -412,11 +415,11 @@ def run(app: Any, args: argparse.Namespace, ready: Callable[[], None]) -> None:
         pass
     finally:
         with contextlib.suppress(Exception):  # Ray may be gone already
+            if deployed:
+                serve.delete(APP)
             if local:
                 serve.shutdown()
                 ray.shutdown()
-            else:
-                serve.delete(APP)
 
 
 def _connect(address: str | None) -> None:
@@ -429,7 +432,8 @@ def _connect(address: str | None) -> None:
                                "start one with 'ray start --head' and give its address, or leave --ray-address "
                                "out to start Ray on this machine") from None
     try:
-        ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
+        ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False,
+                 ignore_reinit_error=True)
     except (ConnectionError, RuntimeError, ValueError) as err:
         raise ClusterError(f"--ray-address {address}: {_one_line(err)}",
                            "give HOST:PORT of a Ray head ('ray start --head' prints it), or auto") from None
@@ -445,6 +449,11 @@ def _check_cpus(scale: Scale) -> None:
 
 
 def _deploy_failure(err: RuntimeError) -> str:
-    """The one line a failed deployment's error holds: a replica's :class:`ReplicaFailed`, or its first line."""
-    found = re.search(r"replica \S+ cannot serve: [^\n]*", str(err))
-    return found[0].rstrip(".\"' ") if found else _one_line(err)
+    """The one line that says why the deployment failed: a replica's :class:`ReplicaFailed`, read
+    from the deployments' status, else the error's first line."""
+    with contextlib.suppress(Exception):  # the status is a help, not a need
+        for deployment in serve.status().applications[APP].deployments.values():
+            found = re.search(r"ReplicaFailed: (replica \S+ cannot serve: [^\n]*)", deployment.message or "")
+            if found:
+                return found[1].rstrip(".\"' ")
+    return _one_line(err)

@@ -250,9 +250,10 @@ def _run_cluster(args: argparse.Namespace, method: Any, key: str | None) -> int:
     except ImportError as err:
         raise CLIError(f"--ray: {err}", "pip install 'specdec[ray]'", code=2) from None
     app = cluster.application(load_engine, args, cluster_options(args, method, key))
-    print(f"specdec: deploying {args.target} ({method}) on Ray Serve", file=sys.stderr, flush=True)
     try:
-        cluster.run(app, args, ready=lambda: print(
+        cluster.run(app, args, deploying=lambda: print(
+            f"specdec: deploying {args.target} ({method}) on Ray Serve", file=sys.stderr, flush=True),
+                    ready=lambda: print(
             f"specdec: serving on http://{_url_host(args.host)}:{args.port}/ (the page is at /, metrics at /metrics); "
             "Ctrl-C stops it", file=sys.stderr, flush=True))
     except cluster.ClusterError as err:
