@@ -195,26 +195,31 @@ def _metric(url: str, name: str, **labels: str) -> float:
 
 
 def test_a_conversation_stays_on_one_replica_and_hits_its_prompt_cache(deployed):
-    def converse(opening: str) -> tuple[set[str], list[int]]:
-        messages, replicas, cached = [{"role": "user", "content": opening}], set(), []
+    def converse(opening: str, chat: bool) -> tuple[set[str], list[int]]:
+        """Four turns, each prompt the last one with its answer and a new question after it."""
+        messages, prompt, replicas, cached = [{"role": "user", "content": opening}], opening, set(), []
         for turn in range(4):
-            response = _post(deployed, "/v1/chat/completions", {"messages": messages, "max_tokens": 12, "temperature": 0})
+            body = {"messages": messages} if chat else {"prompt": prompt}
+            response = _post(deployed, "/v1/chat/completions" if chat else "/v1/completions",
+                             {**body, "max_tokens": 12, "temperature": 0})
             assert response.status_code == 200
             replicas.add(response.headers["x-specdec-replica"])
             cached.append(response.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
-            said = response.json()["choices"][0]["message"]["content"]
+            choice = response.json()["choices"][0]
+            said = choice["message"]["content"] if chat else choice["text"]
             messages += [{"role": "assistant", "content": said}, {"role": "user", "content": f"And then {turn}?"}]
+            prompt += f"{said}\nAnd then {turn}?\n"
         return replicas, cached
 
-    first, cached = converse("Tell me a story about a lighthouse keeper and a storm.")
+    first, cached = converse("Tell me a story about a lighthouse keeper and a storm.", chat=True)
     assert len(first) == 1 and all(c > 0 for c in cached[1:]), (first, cached)
     (replica,) = first
     time.sleep(2 * cluster.STATUS_PERIOD + 1)  # the replicas' reports reach the router
-    assert _metric(deployed, "specdec_replica_prompt_cache_hits", replica=replica) >= 3
+    assert _metric(deployed, "specdec_replica_prompt_cache_hits_total", replica=replica) >= 3
     assert _metric(deployed, "specdec_router_choices_total", choice="prefix") >= 4
-    second, cached = converse("Write a haiku about mountains in winter, please, with no title.")
+    # another prefix (no chat template: a chat's system prompt is a prefix every chat shares)
+    second, cached = converse("Haiku about mountains in winter:", chat=False)
     assert len(second) == 1 and all(c > 0 for c in cached[1:]), (second, cached)
-    assert second != first  # a new prefix goes to the replica whose prefix tree holds least
 
 
 # ------------------------------------------------------------------------------------------------
@@ -238,6 +243,10 @@ def test_a_killed_replica_costs_no_greedy_request_its_answer(deployed, alone):
             assert response.status_code == 200 and response.json()["choices"][0]["text"] == expected
             assert response.headers["x-specdec-replica"] == response.json()["speculative"]["replica"]
     assert sum(r.status_code == 200 for r in answers) >= 1
+    resent = _metric(deployed, "specdec_replica_lost_requests_total", then="resent")
+    unavailable = _metric(deployed, "specdec_replica_lost_requests_total", then="unavailable")
+    print(f"after the kill: {[r.status_code for r in answers]}, {resent:g} resent, {unavailable:g} answered 503")
+    assert resent + unavailable >= 1 and unavailable == sum(r.status_code == 503 for r in answers)
     after = _post(deployed, "/v1/completions", body)
     assert after.status_code == 200 and after.json()["choices"][0]["text"] == expected
     while serve.status().applications[cluster.APP].deployments[cluster.ENGINE].replica_states.get("RUNNING", 0) < 2:

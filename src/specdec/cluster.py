@@ -198,12 +198,12 @@ class PrefixRouter(PrefixCacheAffinityRouter):
 
     def initialize_state(self, **kwargs: Any) -> None:
         super().initialize_state(**kwargs)
-        ROUTED.router = self
+        _routed().router = self
 
     async def _prefix_match_best_replicas(self, pending_request: Any, candidate_replicas: list[Any]) -> list[Any]:
         chosen = await super()._prefix_match_best_replicas(pending_request, candidate_replicas)
         if pending_request is not None and pending_request.args:  # a request, not the ingress asking what is served
-            ROUTED.choices["prefix" if chosen and chosen[0] else "load"] += 1
+            _routed().choices["prefix" if chosen and chosen[0] else "load"] += 1
         return chosen
 
     def statuses(self) -> dict[str, dict[str, Any]]:
@@ -219,7 +219,14 @@ class _Routed:
 
 
 ROUTED = _Routed()  # this process's router (the ingress's), once its handle has routed a request
-ROUTER = f"{__name__}:PrefixRouter"  # named by its path, so that Ray imports it: the router shares this module's ROUTED
+
+
+def _routed() -> _Routed:
+    """This process's :data:`ROUTED`, as the ingress reads it. Ray hands a deployment's router
+    class to the process that routes pickled by value, with a copy of this module's names."""
+    import specdec.cluster  # the module as imported here, not the copy that came with the router's class
+
+    return specdec.cluster.ROUTED
 
 
 # ------------------------------------------------------------------------------------------------
@@ -234,6 +241,7 @@ class Replicas:
     def __init__(self, handle: Any, observer: Observer) -> None:
         self.handle = handle.options(stream=True, method_name="generate")
         self.observer = observer
+        self.lost = {"resent": 0, "unavailable": 0}  # requests whose replica was lost, by what became of them
 
     def start(self) -> None:
         """Nothing to start: Ray Serve runs the replicas."""
@@ -260,6 +268,7 @@ class Replicas:
                     elif skip and (kind == "step" or kind == "done"):  # a run sent again, not yet past what was sent
                         ids = payload.token_ids if kind == "step" else []
                         if kind == "done" or len(ids) > len(skip) or ids != skip[:len(ids)]:
+                            self.lost["unavailable"] += 1
                             out.put_nowait(("error", _lost(handle, "its new run's steps did not line up with those sent")))
                             return
                         skip = skip[len(ids):]
@@ -272,10 +281,11 @@ class Replicas:
                 log.warning("replica %s lost a request (%s); %s", handle.served_by, type(err).__name__,
                             "sending it again" if replayable(handle.work) and tries <= RETRIES else "answering 503")
                 if not replayable(handle.work) or tries > RETRIES:
+                    self.lost["unavailable"] += 1
                     out.put_nowait(("error", _lost(handle, "it cannot be sent again unchanged" if tries == 1
                                                    else f"so were the {tries - 1} it was sent to again")))
                     return
-                handle.retries += 1
+                self.lost["resent"] += 1
             except BackPressureError as err:
                 out.put_nowait(("error", QueueFull(f"every replica's queue is full: {err.message}",
                                                    retry_after=int(err.retry_after_s or 1))))
@@ -317,7 +327,6 @@ class RemoteHandle(Handle):
     task: asyncio.Task | None = None
     given: list[int] = dataclasses.field(default_factory=list)  # token ids handed out in steps
     last: float | None = None  # when the last step was handed out
-    retries: int = 0
 
     def stop(self) -> None:
         super().stop()
@@ -332,22 +341,33 @@ class RemoteHandle(Handle):
 class ReplicaFigures:
     """A Prometheus collector of the replicas' figures for the ingress's /metrics: each replica's
     engine status as it last reported it (requests, tokens, prompt-cache hits and lookups, slots
-    and how many are busy, its queue), labelled ``replica``, and the router's choices."""
+    and how many are busy, its queue), labelled ``replica``; the router's choices; the requests
+    whose replica was lost, sent again or answered 503."""
+
+    def __init__(self, replicas: Replicas) -> None:
+        self.replicas = replicas
 
     def collect(self) -> Any:
-        statuses = ROUTED.router.statuses() if ROUTED.router is not None else {}
+        statuses = _routed().router.statuses() if _routed().router is not None else {}
         for field in dataclasses.fields(EngineStatus):
-            family = GaugeMetricFamily(f"specdec_replica_{field.name}",
-                                       f"A replica's engine status, as it last reported it: {field.name.replace('_', ' ')}",
-                                       labels=["replica"])
+            now = field.name in ("slots", "busy", "queued")  # the others are totals since the replica started
+            family = (GaugeMetricFamily if now else CounterMetricFamily)(
+                f"specdec_replica_{field.name}", f"A replica's {field.name.replace('_', ' ')}, as it last reported it",
+                labels=["replica"])
             for name, status in sorted(statuses.items()):
                 family.add_metric([name], float(status.get(field.name, 0)))
             yield family
         choices = CounterMetricFamily("specdec_router_choices", "Requests routed, by how the replica was chosen: "
                                       "prefix (the prefix tree) or load (queues uneven)", labels=["choice"])
-        for choice, n in sorted(ROUTED.choices.items()):
+        for choice, n in sorted(_routed().choices.items()):
             choices.add_metric([choice], n)
         yield choices
+        lost = CounterMetricFamily("specdec_replica_lost_requests", "Requests under way on a replica that was lost, "
+                                   "by what became of them: resent (to another replica) or unavailable (503)",
+                                   labels=["then"])
+        for then, n in sorted(self.replicas.lost.items()):
+            lost.add_metric([then], n)
+        yield lost
 
 
 @serve.ingress()
@@ -360,8 +380,9 @@ class Ingress:
     async def __serve_build_asgi_app__(self) -> Any:
         served = await self.replicas.served.remote()  # from any replica: they serve the same pair
         metrics = Metrics()
-        metrics.registry.register(ReplicaFigures())
-        return app_for(served, self.options, Replicas(self.replicas, metrics), metrics)
+        replicas = Replicas(self.replicas, metrics)
+        metrics.registry.register(ReplicaFigures(replicas))
+        return app_for(served, self.options, replicas, metrics)
 
 
 def application(build: Callable[[argparse.Namespace], Engine], args: argparse.Namespace,
@@ -372,7 +393,7 @@ def application(build: Callable[[argparse.Namespace], Engine], args: argparse.Na
     replica_args = argparse.Namespace(**{**vars(args), "threads": scale.threads})
     engine = serve.deployment(Replica, name=ENGINE).options(
         max_constructor_retry_count=1, health_check_period_s=10,
-        request_router_config=RequestRouterConfig(request_router_class=ROUTER,
+        request_router_config=RequestRouterConfig(request_router_class=PrefixRouter,
                                                   request_router_kwargs={"imbalanced_threshold": scale.imbalance},
                                                   request_routing_stats_period_s=STATUS_PERIOD),
         **scale.deployment())
