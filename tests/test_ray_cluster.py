@@ -94,6 +94,41 @@ def _stream(url: str, path: str, body: dict[str, Any]) -> tuple[str, list[Any], 
 
 
 # ------------------------------------------------------------------------------------------------
+# Without a cluster
+
+
+def test_serve_run_arguments_are_specdec_serves_options():
+    args = parse({"target": PACK, "draft": "none", "parallel": 3, "min_replicas": 1, "max-replicas": "4",
+                  "no_prompt_cache": "true", "seeded_sampler": "multinomial", "datastore_max_tokens": "false"})
+    assert (args.target, args.draft, args.parallel, args.min_replicas, args.max_replicas) == (PACK, None, 3, 1, 4)
+    assert args.prompt_cache is False and args.seeded_sampler == "multinomial"
+    with pytest.raises(ValueError, match="unrecognized arguments: --shards 2"):
+        ray_app({"shards": 2})
+
+
+def test_the_scale_of_the_options():
+    fixed = cluster.Scale.of(parse({"replicas": 3, "threads": 2, "parallel": 4}))
+    assert fixed.deployment() == {"ray_actor_options": {"num_cpus": 2}, "max_ongoing_requests": 20,
+                                  "max_queued_requests": 16, "num_replicas": 3}
+    auto = cluster.Scale.of(parse({"min_replicas": 1, "max_replicas": 4, "threads": 1, "parallel": 2}))
+    config = auto.deployment()["autoscaling_config"]
+    assert (config.min_replicas, config.max_replicas, config.initial_replicas) == (1, 4, 1)
+    assert config.target_ongoing_requests == 2 and auto.imbalance == 2  # a replica's slots
+
+
+def test_the_router_reads_a_prompts_tokens_and_only_exact_requests_are_sent_again():
+    from specdec.config import DecodeConfig
+    from specdec.serving import Work
+
+    request = cluster.Request.of(Work([0, 1, 0xD800, 49151], DecodeConfig()))
+    assert len(request.prompt) == 4 and request.prompt.encode("utf-8")  # one character per token, no surrogates
+    assert cluster.Request.of(Work([], DecodeConfig())).prompt  # the router divides by its length
+    assert cluster.replayable(Work([1], DecodeConfig(temperature=0.0)))
+    assert cluster.replayable(Work([1], DecodeConfig(temperature=1.0, seed=3)))
+    assert not cluster.replayable(Work([1], DecodeConfig(temperature=1.0)))
+
+
+# ------------------------------------------------------------------------------------------------
 # Bad configuration: one line each
 
 

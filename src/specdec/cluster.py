@@ -41,7 +41,7 @@ try:
     from ray import serve
     from ray.exceptions import RayActorError
     from ray.serve.config import AutoscalingConfig, RequestRouterConfig
-    from ray.serve.exceptions import BackPressureError, ReplicaUnavailableError
+    from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError
     # Ray Serve's prefix-aware router. Its public name, ray.serve.llm.request_router, loads ray.serve.llm,
     # which needs vLLM or SGLang; this is the same class, from the module that defines it.
     from ray.llm._internal.serve.routing_policies.prefix_aware.prefix_aware_router import PrefixCacheAffinityRouter
@@ -54,7 +54,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from specdec.server.app import ServerOptions, Served, app_for
 from specdec.server.metrics import Metrics
 from specdec.serving import (
-    Chunk, Engine, EngineStatus, Finished, Handle, Observer, QueueFull, ShuttingDown, Unavailable, Work,
+    Chunk, Engine, EngineStatus, Failed, Finished, Handle, Observer, QueueFull, ShuttingDown, Unavailable, Work,
 )
 
 log = logging.getLogger("specdec.cluster")
@@ -108,7 +108,7 @@ class Scale:
         high = max(low, self.max_replicas if self.max_replicas is not None else self.replicas, 1)
         return {**options, "autoscaling_config": AutoscalingConfig(
             min_replicas=low, max_replicas=high, initial_replicas=min(max(low, self.replicas), high),
-            target_ongoing_requests=float(self.slots), metrics_interval_s=2.0, look_back_period_s=10.0,
+            target_ongoing_requests=float(self.slots), look_back_period_s=10.0,
             upscale_delay_s=5.0, downscale_delay_s=30.0)}
 
 
@@ -289,6 +289,13 @@ class Replicas:
             except BackPressureError as err:
                 out.put_nowait(("error", QueueFull(f"every replica's queue is full: {err.message}",
                                                    retry_after=int(err.retry_after_s or 1))))
+                return
+            except DeploymentUnavailableError:
+                out.put_nowait(("error", Unavailable("no replica is running; retry", retry_after=LOST_RETRY_AFTER)))
+                return
+            except Exception as err:  # a fault of the replica's (its traceback is in its log) or of Ray's
+                log.exception("a request to the replicas failed")
+                out.put_nowait(("error", Failed(f"the replica failed: {_one_line(err)}")))
                 return
 
     def _observe(self, handle: "RemoteHandle", kind: str, payload: Any) -> None:
