@@ -12,6 +12,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import socket
+import threading
 import time
 from typing import Any
 
@@ -287,3 +288,43 @@ def test_a_killed_replica_costs_no_greedy_request_its_answer(deployed, alone):
     while serve.status().applications[cluster.APP].deployments[cluster.ENGINE].replica_states.get("RUNNING", 0) < 2:
         assert time.monotonic() - killed < 120, "the killed replica did not come back"
         time.sleep(1)
+
+
+# ------------------------------------------------------------------------------------------------
+# Autoscaling (last: it replaces the two replicas)
+
+
+def _running(app: str) -> int:
+    return serve.status().applications[app].deployments[cluster.ENGINE].replica_states.get("RUNNING", 0)
+
+
+def test_autoscaling_adds_a_replica_under_load_and_removes_it_after(deployed):
+    serve.delete(cluster.APP)  # its replicas hold the 2 CPUs
+    serve.run(ray_app({**ARGS, "replicas": 1, "min_replicas": 1, "max_replicas": 2, "parallel": 1}),
+              name="autoscaled", route_prefix="/")
+    assert _running("autoscaled") == 1
+    body = {"prompt": "Once upon a time", "max_tokens": 64, "temperature": 0, "ignore_eos": True}
+    stop = threading.Event()
+
+    def client() -> None:  # one request under way at a time, until told to stop
+        while not stop.is_set():
+            assert _post(deployed, "/v1/completions", body, 300).status_code == 200
+
+    loaded = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:  # 3 requests under way for 1 slot
+        clients = [pool.submit(client) for _ in range(3)]
+        try:
+            while _running("autoscaled") < 2:
+                assert time.monotonic() - loaded < 150, "no second replica under load"
+                time.sleep(1)
+        finally:
+            stop.set()
+        up = time.monotonic() - loaded
+        for done in clients:
+            done.result(timeout=300)
+    idle = time.monotonic()
+    while _running("autoscaled") > 1:
+        assert time.monotonic() - idle < 150, "the second replica stayed without load"
+        time.sleep(1)
+    print(f"autoscaling: 2 replicas {up:.0f} s after the load began, 1 again {time.monotonic() - idle:.0f} s after it ended")
+    serve.delete("autoscaled")

@@ -108,7 +108,7 @@ class Scale:
         high = max(low, self.max_replicas if self.max_replicas is not None else self.replicas, 1)
         return {**options, "autoscaling_config": AutoscalingConfig(
             min_replicas=low, max_replicas=high, initial_replicas=min(max(low, self.replicas), high),
-            target_ongoing_requests=float(self.slots), look_back_period_s=10.0,
+            target_ongoing_requests=float(self.slots), look_back_period_s=20.0,
             upscale_delay_s=5.0, downscale_delay_s=30.0)}
 
 
