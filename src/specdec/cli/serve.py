@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import os
 import sys
@@ -181,11 +182,12 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.ray:
         return _run_cluster(args, method, key)
     _check_no_cluster_options(args)
+    options = server_options(args, method, key, 1, None)  # checked before the models load
     import uvicorn
 
     metrics = Metrics()
     engine = load_engine(args, metrics)
-    options = server_options(args, method, key, engine.parallel, engine.datastore)
+    options = dataclasses.replace(options, parallel=engine.parallel, datastore=engine.datastore)
     app = app_for(Served.of(engine.pair), options, engine, metrics)
     print(f"specdec: serving {args.target} ({method}) on http://{_url_host(args.host)}:{args.port}/ "
           "(the page is at /, metrics at /metrics)", file=sys.stderr, flush=True)
@@ -250,12 +252,16 @@ def _run_cluster(args: argparse.Namespace, method: Any, key: str | None) -> int:
     except ImportError as err:
         raise CLIError(f"--ray: {err}", "pip install 'specdec[ray]'", code=2) from None
     app = cluster.application(load_engine, args, cluster_options(args, method, key))
+
+    def deploying() -> None:
+        print(f"specdec: deploying {args.target} ({method}) on Ray Serve", file=sys.stderr, flush=True)
+
+    def ready() -> None:
+        print(f"specdec: serving on http://{_url_host(args.host)}:{args.port}/ (the page is at /, metrics at "
+              "/metrics); Ctrl-C stops it", file=sys.stderr, flush=True)
+
     try:
-        cluster.run(app, args, deploying=lambda: print(
-            f"specdec: deploying {args.target} ({method}) on Ray Serve", file=sys.stderr, flush=True),
-                    ready=lambda: print(
-            f"specdec: serving on http://{_url_host(args.host)}:{args.port}/ (the page is at /, metrics at /metrics); "
-            "Ctrl-C stops it", file=sys.stderr, flush=True))
+        cluster.run(app, args, deploying, ready)
     except cluster.ClusterError as err:
         raise CLIError(err.message, err.hint) from None
     return 0
