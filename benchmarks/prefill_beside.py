@@ -92,7 +92,7 @@ def main() -> None:
     threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True).start()
     while not server.started:
         time.sleep(0.05)
-    passes = app.state.specdec.scheduler.slots[0].passes
+    passes = app.state.specdec.engine.pool.passes
     short = {"prompt": SHORT_PROMPT, "max_tokens": args.short_tokens, "temperature": 0, "ignore_eos": True}
     long_tokens = None
     stream(url, {**short, "max_tokens": 4})  # warm-up (and the cost curves, measured at start)

@@ -48,7 +48,7 @@ def _planner_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 # loaded for a whole file): under `--dist loadgroup` each runs on one worker, so the fixture is built
 # once; every other test goes to whichever worker is free.
 ONE_WORKER = {"test_bench_llamacpp.py", "test_bench_extract.py", "test_constraints.py", "test_kernel_library.py",
-              "test_benchmark_scripts.py", "test_shared_passes.py", "test_server_page.py"}
+              "test_benchmark_scripts.py", "test_engine_serving.py", "test_server_page.py"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups

@@ -216,7 +216,7 @@ def test_generate_many_names_the_argument_of_the_wrong_kind(pair, kwargs, error,
 
 
 def test_generate_many_gives_the_draft_to_the_prompts_that_draft_with_it_on_every_backend(pair):
-    """On a transformers pair (the prompts in turn) as on the GGUF kernel (tests/test_shared_passes.py):
+    """On a transformers pair (the prompts in turn) as on the GGUF kernel (tests/test_engine_serving.py):
     a method that drafts with no draft model (plain decoding, the n-gram lookup) runs beside one that
     does, each prompt's answer the one generate gives it with the draft it uses."""
     target, draft = pair

@@ -14,7 +14,7 @@ from specdec.bench.servers import (
     Completion, ServerMissing, Servers, chat_request_body, llama_server_binary, request_body, run_server,
 )
 from specdec.server.requests import ChatBody, CompletionBody, sampling_kwargs
-from specdec.server.worker import ModelThread
+from specdec.serving import ModelThread
 
 
 @pytest.mark.parametrize("text", ["ar:backend=llamacpp:via=serve", "spec:ngram:block:k=4:policy=static:via=serve",

@@ -446,20 +446,20 @@ def test_a_grammar_past_the_engines_limits_mid_generation_is_a_400_naming_its_fi
     """A grammar that passed the check at its first tokens can still reach one of llguidance's limits
     as the output grows (the processor raises ConstraintError then): the request's fault, a 400 naming
     the field, never a 500; a stream ends with that error after the tokens it sent. The server serves on."""
-    import specdec
+    from specdec.api import _Run
     from specdec.constraints import ConstraintError
 
-    real = specdec.stream
+    real = _Run.events
 
-    def grows_past_a_limit(*args: Any, **kwargs: Any) -> Any:
-        events = real(*args, **kwargs)
+    def grows_past_a_limit(run: Any) -> Any:  # the run's events, as the serving engine reads them
+        events = real(run)
         for i, event in enumerate(events):
             if i == 2:
                 events.close()
                 raise ConstraintError("regex", "is too large for the grammar engine: (a limit)")
             yield event
 
-    monkeypatch.setattr(specdec, "stream", grows_past_a_limit)
+    monkeypatch.setattr(_Run, "events", grows_past_a_limit)
     body = {"prompt": "abc", "max_tokens": 8, "temperature": 0, "stream": stream}
     r = post(server, "/v1/completions", body)
     if stream:
