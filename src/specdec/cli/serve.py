@@ -250,7 +250,7 @@ def _run_cluster(args: argparse.Namespace, method: Any, key: str | None) -> int:
     try:
         from specdec import cluster  # Ray Serve: only the ray extra installs it, and only a cluster needs it
     except ImportError as err:
-        raise CLIError(f"--ray: {err}", "pip install 'specdec[ray]'", code=2) from None
+        raise CLIError(f"--ray: {err}", "docs/scale-out.md says how to set up a cluster", code=2) from None
     app = cluster.application(load_engine, args, cluster_options(args, method, key))
 
     def deploying() -> None:
