@@ -144,6 +144,7 @@ class Replica:
 
     def __init__(self, build: Callable[[Any], Engine], args: Any) -> None:
         self.name = serve.get_replica_context().replica_tag
+        self.engine: Engine | None = None
         try:
             self.engine = build(args)
         except Exception as err:  # one line for the deployment's status and the command that deployed it
@@ -174,14 +175,13 @@ class Replica:
         self.engine.status()
 
     def __del__(self) -> None:
-        engine = getattr(self, "engine", None)  # none where the constructor failed
-        if engine is not None:
-            engine.close()
+        if self.engine is not None:  # None where it could not be built
+            self.engine.close()
 
 
 def _one_line(err: BaseException) -> str:
     text = str(err).strip().splitlines()
-    return f"{text[0] if text else type(err).__name__}"
+    return text[0] if text else type(err).__name__
 
 
 # ------------------------------------------------------------------------------------------------
