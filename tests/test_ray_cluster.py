@@ -90,7 +90,7 @@ def _stream(url: str, path: str, body: dict[str, Any]) -> tuple[str, list[Any], 
                 if line.startswith("data: ") and line != "data: [DONE]":
                     events.append(json.loads(line[6:]))
             headers = response.headers
-    text = "".join((c.get("delta", {}).get("content") or c.get("text") or "") for e in events for c in e["choices"])
+    text = "".join((c.get("delta", {}).get("content") or c.get("text") or "") for e in events for c in e.get("choices", []))
     return text, events, headers
 
 
@@ -127,6 +127,93 @@ def test_the_router_reads_a_prompts_tokens_and_only_exact_requests_are_sent_agai
     assert cluster.replayable(Work([1], DecodeConfig(temperature=0.0)))
     assert cluster.replayable(Work([1], DecodeConfig(temperature=1.0, seed=3)))
     assert not cluster.replayable(Work([1], DecodeConfig(temperature=1.0)))
+
+
+class Dying:
+    """A deployment handle over local engines standing for replicas: each call goes to the next
+    replica by name, and the replicas in ``die_after`` die (as Ray reports a killed replica) after
+    handing out that many steps."""
+
+    def __init__(self, engine: Any, die_after: dict[str, int]) -> None:
+        self.engine, self.die_after, self.calls = engine, die_after, []
+
+    def options(self, **_: Any) -> "Dying":
+        return self
+
+    async def remote(self, request: Any) -> Any:
+        from ray.exceptions import ActorDiedError
+
+        name = "abc"[len(self.calls)]
+        self.calls.append(name)
+        yield "replica", name
+        steps = 0
+        async for kind, payload in self.engine.stream(request.work):
+            if kind == "step" and steps == self.die_after.get(name, -1):
+                raise ActorDiedError()
+            steps += kind == "step"
+            yield kind, payload
+
+
+@pytest.fixture(scope="module")
+def tiny_engine():
+    from helpers import tiny_pair, tiny_tokenizer
+    from specdec.models import Pair
+    from specdec.serving import Engine
+
+    target, _ = tiny_pair()
+    engine = Engine(Pair(target, tiny_tokenizer(), target_name="tiny"))
+    engine.start()
+    yield engine
+    engine.close()
+
+
+def _behind(engine: Any, die_after: dict[str, int]) -> Server:
+    from specdec.server.requests import method_config
+
+    handle = Dying(engine, die_after)
+    server = Server(cluster.ingress_app(Served.of(engine.pair), cluster.ServerOptions(method_config("ar", False)),
+                                        handle))
+    server.handle = handle
+    return server
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_greedy_request_whose_replica_dies_gets_its_whole_answer_from_another(tiny_engine, stream):
+    body = {"prompt": "abc", "max_tokens": 12, "temperature": 0}
+    with _behind(tiny_engine, {}) as server:
+        expected = _post(server.url, "/v1/completions", body).json()["choices"][0]["text"]
+    with _behind(tiny_engine, {"a": 3}) as server:
+        if stream:
+            text, events, headers = _stream(server.url, "/v1/completions", body)
+            replica = events[-1]["speculative"]["replica"]
+        else:
+            response = _post(server.url, "/v1/completions", body)
+            text, replica = response.json()["choices"][0]["text"], response.headers["x-specdec-replica"]
+        assert server.handle.calls == ["a", "b"] and replica == "b"
+        assert text == expected  # the steps already sent were not sent twice
+        assert _metric(server.url, "specdec_replica_lost_requests_total", then="resent") == 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_sampled_request_without_a_seed_whose_replica_dies_gets_a_503_never_half_an_answer(tiny_engine, stream):
+    body = {"prompt": "abc", "max_tokens": 12, "temperature": 1.0}
+    with _behind(tiny_engine, {"a": 3}) as server:
+        if stream:
+            text, events, headers = _stream(server.url, "/v1/completions", body)
+            error = events[-1]["error"]
+            assert all(c["finish_reason"] is None for e in events[:-1] for c in e["choices"])
+        else:
+            response = _post(server.url, "/v1/completions", body)
+            assert response.status_code == 503 and response.headers["retry-after"] == str(cluster.LOST_RETRY_AFTER)
+            error = response.json()["error"]
+        assert error["code"] == "unavailable" and "lost (a)" in error["message"]
+        assert server.handle.calls == ["a"]
+
+
+def test_a_replica_lost_again_and_again_ends_with_a_503(tiny_engine):
+    with _behind(tiny_engine, {"a": 1, "b": 1, "c": 1}) as server:
+        response = _post(server.url, "/v1/completions", {"prompt": "abc", "max_tokens": 12, "temperature": 0})
+        assert response.status_code == 503 and "so were the 2 it was sent to again" in response.json()["error"]["message"]
 
 
 # ------------------------------------------------------------------------------------------------

@@ -386,10 +386,16 @@ class Ingress:
 
     async def __serve_build_asgi_app__(self) -> Any:
         served = await self.replicas.served.remote()  # from any replica: they serve the same pair
-        metrics = Metrics()
-        replicas = Replicas(self.replicas, metrics)
-        metrics.registry.register(ReplicaFigures(replicas))
-        return app_for(served, self.options, replicas, metrics)
+        return ingress_app(served, self.options, self.replicas)
+
+
+def ingress_app(served: Served, options: ServerOptions, handle: Any) -> Any:
+    """The ingress's application: the server's, with ``options``, answering through the engine
+    deployment's ``handle``, its /metrics with the replicas' figures."""
+    metrics = Metrics()
+    replicas = Replicas(handle, metrics)
+    metrics.registry.register(ReplicaFigures(replicas))
+    return app_for(served, options, replicas, metrics)
 
 
 def application(build: Callable[[argparse.Namespace], Engine], args: argparse.Namespace,
