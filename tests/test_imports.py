@@ -29,7 +29,7 @@ DRAWING = REPO / "docs" / "architecture.md"
 # The layers, highest first, each with the modules (``x`` for x.py) and packages (``x`` for x/) of
 # specdec in it; ``__init__`` is the package itself. A module may import its own layer and lower ones.
 LAYERS: dict[str, tuple[str, ...]] = {
-    "entry points": ("cli", "__main__", "server", "bench", "training"),
+    "entry points": ("cli", "__main__", "server", "bench", "training", "cluster", "ray"),
     "library API": ("__init__", "api", "serving", "config", "build", "models", "packs", "tokenizers", "prompts",
                     "layer_skip_search", "divergence"),
     "decoding": ("engine", "stats", "verify", "drafters", "policies", "theory", "sequoia", "token_tree", "sampling",

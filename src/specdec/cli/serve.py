@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import os
 import sys
@@ -20,10 +21,11 @@ from specdec import datastore
 from specdec.config import SAMPLERS
 from specdec.constraints import ConstraintError, Constraints
 from specdec.costs import MAX_ROWS, row_costs
-from specdec.server.app import ServerOptions, create_app
+from specdec.server.app import ServerOptions, Served, app_for
 from specdec.server.guard import allowed_hosts, uvicorn_config
+from specdec.server.metrics import Metrics
 from specdec.server.requests import method_config, method_kwargs
-from specdec.serving import ModelThread
+from specdec.serving import Engine, ModelThread, Observer
 
 API_KEY_ENV = "SPECDEC_API_KEY"
 DEFAULT_METHOD = "spec"  # the method of requests that name none: the default method (specdec.config)
@@ -107,6 +109,25 @@ def add_serve_parser(subparsers: Any) -> None:
                             f"(default: {DATASTORE_TOKENS})")
     group.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                        help="uvicorn's log level (default: info)")
+    cluster = parser.add_argument_group("cluster (Ray Serve; pip install 'specdec[ray]')")
+    cluster.add_argument("--ray", action="store_true",
+                         help="serve on Ray Serve: replicas of the models, each with its own slots and prompt cache, "
+                              "behind one ingress at --host:--port that answers as this server does; a conversation's "
+                              "requests go to the replica that served its beginning (docs/scale-out.md)")
+    cluster.add_argument("--ray-address", default=None, metavar="ADDRESS",
+                         help="the Ray cluster to deploy on: HOST:PORT of its head, or auto for the one this machine "
+                              "runs (default: start a Ray of this machine's CPUs, stopped with the server)")
+    cluster.add_argument("--replicas", type=positive_int, default=1, metavar="N",
+                         help="replicas of the models, each on --threads CPUs (default: 1)")
+    cluster.add_argument("--min-replicas", type=non_negative_int, default=None, metavar="N",
+                         help="autoscale: never fewer replicas than this (default: no autoscaling)")
+    cluster.add_argument("--max-replicas", type=positive_int, default=None, metavar="N",
+                         help="autoscale: never more replicas than this, adding one while the replicas have more "
+                              "requests under way than their slots (--parallel) (default: no autoscaling)")
+    cluster.add_argument("--router-imbalance", type=non_negative_float, default=None, metavar="N",
+                         help="how many more requests one replica may have under way than another before the router "
+                              "stops sending a conversation to the replica that holds its beginning and picks the "
+                              "less loaded (default: a replica's slots, --parallel)")
     parser.set_defaults(func=run_serve)
 
 
@@ -158,9 +179,40 @@ def _key_file(path: str) -> str:
 def run_serve(args: argparse.Namespace) -> int:
     method = default_method(args)
     key = api_key(args)
-    store = served_datastore(args)
+    if args.ray:
+        return _run_cluster(args, method, key)
+    _check_no_cluster_options(args)
+    options = server_options(args, method, key, 1, None)  # checked before the models load
     import uvicorn
 
+    metrics = Metrics()
+    engine = load_engine(args, metrics)
+    options = dataclasses.replace(options, parallel=engine.parallel, datastore=engine.datastore)
+    app = app_for(Served.of(engine.pair), options, engine, metrics)
+    print(f"specdec: serving {args.target} ({method}) on http://{_url_host(args.host)}:{args.port}/ "
+          "(the page is at /, metrics at /metrics)", file=sys.stderr, flush=True)
+    uvicorn.Server(uvicorn_config(app, options, host=args.host, port=args.port, log_level=args.log_level,
+                                  access_log=False)).run()
+    return 0
+
+
+def server_options(args: argparse.Namespace, method: Any, key: str | None, parallel: int, store: Any) -> ServerOptions:
+    """The HTTP side's options from the command line's."""
+    return ServerOptions(method, max_queue=args.max_queue, request_timeout=args.request_timeout,
+                         api_key=key, max_tokens=args.max_tokens,
+                         allowed_hosts=allowed_hosts(args.host, args.allowed_hosts),
+                         max_body_bytes=args.max_body_bytes, read_timeout=args.read_timeout,
+                         prompt_cache=args.prompt_cache, prompt_cache_bytes=args.prompt_cache_mib << 20,
+                         seeded_sampler=args.seeded_sampler, datastore=store, parallel=parallel)
+
+
+def load_engine(args: argparse.Namespace, observer: Observer | None = None) -> Engine:
+    """The engine ``specdec serve`` answers with, built from its options: the pair loaded on the
+    engine's model thread, its slots (--parallel, or chosen from the measured cost of a pass), its
+    prompt cache and datastore; warmed up, not started. Each replica of ``specdec serve --ray``
+    builds its own with it. ``observer``: the engine's (the server's metrics)."""
+    method = default_method(args)
+    store = served_datastore(args)
     check_threads(args.threads)
     if args.threads:
         import torch
@@ -168,27 +220,60 @@ def run_serve(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     thread = ModelThread()  # every call into the models, loading included, runs on it (specdec.serving.engine)
     models = thread.call(load_models_from, args)  # a Pair: its target_name is the model id clients pass
-    options = ServerOptions(method, max_queue=args.max_queue, request_timeout=args.request_timeout,
-                            api_key=key, max_tokens=args.max_tokens,
-                            allowed_hosts=allowed_hosts(args.host, args.allowed_hosts),
-                            max_body_bytes=args.max_body_bytes, read_timeout=args.read_timeout,
-                            prompt_cache=args.prompt_cache, prompt_cache_bytes=args.prompt_cache_mib << 20,
-                            seeded_sampler=args.seeded_sampler, datastore=store,
-                            parallel=args.parallel or thread.call(choose_slots, models))
+    parallel = args.parallel or thread.call(choose_slots, models)
     if args.parallel is not None:
-        check_slots_fit(models, options.parallel)
+        check_slots_fit(models, parallel)
     try:
-        app = create_app(models, options, thread)
+        engine = Engine(models, parallel=parallel, max_queue=args.max_queue,
+                        prompt_cache_bytes=args.prompt_cache_mib << 20 if args.prompt_cache else None,
+                        datastore=store, observer=observer, thread=thread)
     except ValueError as err:
         sharing = " or ".join(b.name for b in backend_table.TABLE if b.shares_passes)
-        raise CLIError(f"--parallel {options.parallel}: {err}", f"add --backend {sharing}, or serve with --parallel 1",
+        raise CLIError(f"--parallel {parallel}: {err}", f"add --backend {sharing}, or serve with --parallel 1",
                        code=2) from None
-    thread.call(_warm_up, app.state.specdec, method)
-    print(f"specdec: serving {args.target} ({method}) on http://{_url_host(args.host)}:{args.port}/ "
-          "(the page is at /, metrics at /metrics)", file=sys.stderr, flush=True)
-    uvicorn.Server(uvicorn_config(app, options, host=args.host, port=args.port, log_level=args.log_level,
-                                  access_log=False)).run()
+    thread.call(_warm_up, engine, method, args.prompt_cache)
+    return engine
+
+
+def _check_no_cluster_options(args: argparse.Namespace) -> None:
+    given = [flag for flag, value, unset in (("--ray-address", args.ray_address, None), ("--replicas", args.replicas, 1),
+                                             ("--min-replicas", args.min_replicas, None),
+                                             ("--max-replicas", args.max_replicas, None),
+                                             ("--router-imbalance", args.router_imbalance, None)) if value != unset]
+    if given:
+        raise CLIError(f"{given[0]} is an option of a cluster", "add --ray to serve on Ray Serve", code=2)
+
+
+def _run_cluster(args: argparse.Namespace, method: Any, key: str | None) -> int:
+    """``specdec serve --ray``: deploy :func:`cluster_options`' application on Ray Serve and serve
+    until Ctrl-C (:func:`specdec.cluster.run`)."""
+    try:
+        from specdec import cluster  # Ray Serve: only the ray extra installs it, and only a cluster needs it
+    except ImportError as err:
+        raise CLIError(f"--ray: {err}", "docs/scale-out.md says how to set up a cluster", code=2) from None
+    app = cluster.application(load_engine, args, cluster_options(args, method, key))
+
+    def deploying() -> None:
+        print(f"specdec: deploying {args.target} ({method}) on Ray Serve", file=sys.stderr, flush=True)
+
+    def ready() -> None:
+        print(f"specdec: serving on http://{_url_host(args.host)}:{args.port}/ (the page is at /, metrics at "
+              "/metrics); Ctrl-C stops it", file=sys.stderr, flush=True)
+
+    try:
+        cluster.run(app, args, deploying, ready)
+    except cluster.ClusterError as err:
+        raise CLIError(err.message, err.hint) from None
     return 0
+
+
+def cluster_options(args: argparse.Namespace, method: Any, key: str | None) -> ServerOptions:
+    """The options of a cluster's ingress (``specdec serve --ray``, ``serve run specdec.ray:app``):
+    the server's, its datastore left to the replicas."""
+    if args.min_replicas is not None and args.max_replicas is not None and args.min_replicas > args.max_replicas:
+        raise CLIError(f"--min-replicas {args.min_replicas} is more than --max-replicas {args.max_replicas}",
+                       "give a range, e.g. --min-replicas 1 --max-replicas 4", code=2)
+    return server_options(args, method, key, args.parallel or 1, None)
 
 
 def choose_slots(models: Any) -> int:
@@ -263,15 +348,15 @@ def served_datastore(args: argparse.Namespace) -> Any:
     return store
 
 
-def _warm_up(state: Any, method: Any) -> None:
+def _warm_up(engine: Engine, method: Any, prompt_cache: bool) -> None:
     """Two tokens with the default method on the models requests will run on, before serving, so
     the first request does not pay for one-time work (the draft's int8 weights, the kernels'
     first calls); then one token under a JSON schema, which builds llguidance's view of the
     vocabulary once (about a second for a 150k-token vocabulary) for every constrained request."""
     print("specdec: warming up", file=sys.stderr, flush=True)
-    models = state.models
+    models = engine.pair
     prompt = models.tokenizer("def", add_special_tokens=True)["input_ids"] or [0]
-    target, draft = state.engine.backends(method.replace(prompt_cache=state.options.prompt_cache))
+    target, draft = engine.backends(method.replace(prompt_cache=prompt_cache))
     kwargs = method_kwargs(method, draft, models.draft_weights)
     specdec.generate(target, prompt, max_new_tokens=2, **kwargs)
     if importlib.util.find_spec("llguidance") is not None:

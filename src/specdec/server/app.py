@@ -55,6 +55,7 @@ from specdec.serving.engine import DEFAULT_PROMPT_CACHE_BYTES
 
 BodyModel = TypeVar("BodyModel", CompletionBody, ChatBody)
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+REPLICA_HEADER = "x-specdec-replica"  # names the replica of a cluster (specdec.cluster) that answered
 POLL_SECONDS = 0.25  # how often a waiting non-streamed request checks that its client is still there
 
 
@@ -75,17 +76,49 @@ class ServerOptions:
     parallel: int = 1  # requests decoded at once, their passes shared (slots; the GGUF kernel only)
 
 
+@dataclass(frozen=True)
+class Served:
+    """What the HTTP side knows of the pair it serves, without its weights: the names clients see,
+    the tokenizer it checks and counts prompts with, whether a draft model is loaded, where the
+    target runs, its end tokens and the limits a prompt must fit. It pickles: a cluster's ingress
+    (:mod:`specdec.cluster`) has it from a replica."""
+
+    tokenizer: Any
+    target_name: str
+    draft_name: str | None
+    has_draft: bool
+    draft_weights: str
+    backend: str
+    eos: frozenset[int]
+    limits: rq.PromptLimits
+
+    @classmethod
+    def of(cls, models: Pair) -> "Served":
+        return cls(models.tokenizer, models.target_name, models.draft_name, models.draft is not None,
+                   models.draft_weights, models.backend, frozenset(eos_token_ids_of(models.target, models.tokenizer)),
+                   rq.PromptLimits.of(models.target, models.tokenizer))
+
+
 def create_app(models: Pair, options: ServerOptions, thread: ModelThread | None = None) -> FastAPI:
-    """The application; its engine starts and stops with the app's lifespan. ``thread``: the
-    thread the models were loaded on, which runs every generation (default: a new one). A
+    """The application serving ``models`` with an engine of its own (:func:`app_for`). ``thread``:
+    the thread the models were loaded on, which runs every generation (default: a new one). A
     ``ValueError`` where ``options.parallel`` asks for slots the models cannot share passes in."""
     metrics = Metrics()
     engine = Engine(models, parallel=options.parallel, max_queue=options.max_queue,
                     prompt_cache_bytes=options.prompt_cache_bytes if options.prompt_cache else None,
                     datastore=options.datastore, observer=metrics, thread=thread)
-    state = _State(models, options, metrics, engine, rq.has_fim_tokens(models.tokenizer),
-                   eos_token_ids_of(models.target, models.tokenizer),
-                   rq.PromptLimits.of(models.target, models.tokenizer), TokenText(models.tokenizer))
+    return app_for(Served.of(models), options, engine, metrics)
+
+
+def app_for(models: Served, options: ServerOptions, engine: Any, metrics: Metrics) -> FastAPI:
+    """The application answering with ``engine``, which starts and stops with the app's lifespan.
+    ``engine`` is what takes each request's :class:`~specdec.serving.Work`: a local
+    :class:`~specdec.serving.Engine`, or a cluster's replicas behind a handle
+    (:class:`specdec.cluster.Replicas`); its ``open(work)`` returns a handle whose ``next`` gives
+    the request's messages, whose ``stop`` stops it, and whose ``served_by`` names the replica
+    that answers (None for a local engine). ``metrics`` is the engine's observer, or fed as one."""
+    state = _State(models, options, metrics, engine, rq.has_fim_tokens(models.tokenizer), set(models.eos),
+                   models.limits, TokenText(models.tokenizer))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -105,10 +138,10 @@ def create_app(models: Pair, options: ServerOptions, thread: ModelThread | None 
 
 @dataclass
 class _State:
-    models: Pair
+    models: Served
     options: ServerOptions
     metrics: Metrics
-    engine: Engine
+    engine: Any  # an Engine, or what app_for takes as one
     fim: bool
     eos: set[int]
     limits: rq.PromptLimits
@@ -144,7 +177,7 @@ def _private_routes(state: _State) -> APIRouter:
             "id": models.target_name, "object": "model", "created": 0, "owned_by": "specdec",
             "speculative": {"method": str(options.method), "seeded_sampler": options.seeded_sampler,
                             "draft": models.draft_name,
-                            "draft_weights": models.draft_weights if models.draft is not None else None,
+                            "draft_weights": models.draft_weights if models.has_draft else None,
                             "parallel": options.parallel},
         }]}
 
@@ -152,7 +185,7 @@ def _private_routes(state: _State) -> APIRouter:
     async def completions(request: Request) -> Response:
         body = await _body(request, CompletionBody)
         _check_model(body.model, models.target_name)
-        method = rq.choose_method(body, options.method, models.draft is not None, options.seeded_sampler)
+        method = rq.choose_method(body, options.method, models.has_draft, options.seeded_sampler)
         max_tokens = _max_tokens(body.max_tokens or COMPLETION_DEFAULT_MAX_TOKENS, "max_tokens", options)
         _check_stream_options(body)
         if isinstance(body.prompt, str):
@@ -168,7 +201,7 @@ def _private_routes(state: _State) -> APIRouter:
     async def chat(request: Request) -> Response:
         body = await _body(request, ChatBody)
         _check_model(body.model, models.target_name)
-        method = rq.choose_method(body, options.method, models.draft is not None, options.seeded_sampler)
+        method = rq.choose_method(body, options.method, models.has_draft, options.seeded_sampler)
         if body.max_tokens is not None and body.max_completion_tokens is not None:
             raise APIError(400, "give max_tokens or max_completion_tokens, not both", param="max_tokens")
         asked, field = ((body.max_completion_tokens, "max_completion_tokens") if body.max_completion_tokens
@@ -302,7 +335,8 @@ async def _serve(state: _State, request: Request, gen: Generation) -> Response:
     answer = Answer(gen, state.models.target_name, state.token_text)
     if gen.stream:
         return StreamingResponse(_events(state, gen, handle, first, answer, endpoint),
-                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+                                 media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", **_replica_header(handle)})
     message = first
     while message is not None and message[0] == "step":  # the whole text comes with "done"
         message = await _next(handle, watch)
@@ -312,7 +346,7 @@ async def _serve(state: _State, request: Request, gen: Generation) -> Response:
     if message[0] == "error":
         raise errors.engine_error(message[1], gen.method)
     state.metrics.outcome(endpoint, "ok")
-    return JSONResponse(answer.whole(_summary(state, gen, message[1])))
+    return JSONResponse(answer.whole(_summary(state, gen, message[1], handle)), headers=_replica_header(handle))
 
 
 def _work(state: _State, gen: Generation) -> Work:
@@ -326,12 +360,20 @@ def _work(state: _State, gen: Generation) -> Work:
     return Work(gen.prompt, config, gen.constraints, gen.logprobs, state.options.request_timeout, gen.prediction)
 
 
-def _summary(state: _State, gen: Generation, done: Finished) -> dict[str, Any]:
-    """What a finished generation adds to its answer (:func:`specdec.server.responses.summary`)."""
+def _summary(state: _State, gen: Generation, done: Finished, handle: Handle) -> dict[str, Any]:
+    """What a finished generation adds to its answer (:func:`specdec.server.responses.summary`);
+    its ``speculative`` object names the replica that answered, where a cluster's did."""
     tokenizer = state.models.tokenizer
     stats = summary(gen, done.token_ids, done.text, done.stats, lambda ids: decode_text(tokenizer, ids), state.eos,
                     state.models.backend)
+    if handle.served_by is not None:
+        stats["speculative"] = {**stats["speculative"], "replica": handle.served_by}
     return {**stats, "logprobs": done.logprobs, "ids": done.token_ids}
+
+
+def _replica_header(handle: Handle) -> dict[str, str]:
+    """The header naming the replica that answers, where a cluster's does (``x-specdec-replica``)."""
+    return {REPLICA_HEADER: handle.served_by} if handle.served_by is not None else {}
 
 
 class _Watch:
@@ -373,7 +415,7 @@ async def _events(state: _State, gen: Generation, handle: Handle, first: tuple[s
             if kind == "step":
                 yield sse(answer.chunk(payload))
             elif kind == "done":
-                last = [sse(chunk) for chunk in answer.last_chunks(payload.held, _summary(state, gen, payload))]
+                last = [sse(chunk) for chunk in answer.last_chunks(payload.held, _summary(state, gen, payload, handle))]
                 state.metrics.outcome(endpoint, "ok")
                 outcome = None
                 for event in last:

@@ -92,6 +92,11 @@ def engine_error(err: engine.EngineError, method: Any) -> APIError:
         return timed_out()
     if isinstance(err, engine.ShuttingDown):
         return APIError(503, "the server is shutting down", code="shutting_down")
+    if isinstance(err, engine.QueueFull):  # a cluster's replica's queue (a local engine's is answered at submit)
+        return APIError(429, f"{err.message}; retry later", code="queue_full", type="rate_limit_error",
+                        headers={"Retry-After": str(err.retry_after)})
+    if isinstance(err, engine.Unavailable):
+        return APIError(503, err.message, code="unavailable", headers={"Retry-After": str(err.retry_after)})
     if isinstance(err, engine.Cancelled):
         return APIError(503, "the request was stopped", code="cancelled")
     return APIError(500, err.message)

@@ -7,9 +7,9 @@ from specdec.serving.engine import (
 )
 from specdec.serving.errors import (
     BadInput, Cancelled, ConstraintFailed, EngineError, Failed, MethodRefused, ModelFailed, QueueFull, ShuttingDown,
-    TimedOut,
+    TimedOut, Unavailable,
 )
 
 __all__ = ["BadInput", "Cancelled", "Chunk", "ConstraintFailed", "Engine", "EngineError", "EngineStatus", "Failed",
            "Finished", "Handle", "MethodRefused", "ModelFailed", "ModelThread", "Observer", "QueueFull",
-           "ShuttingDown", "TimedOut", "Work"]
+           "ShuttingDown", "TimedOut", "Unavailable", "Work"]

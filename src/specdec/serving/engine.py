@@ -193,6 +193,7 @@ class Handle:
     tokens: int = 0
     steps_at_stop: int | None = None
     outcome: str | None = None  # ok, bad_request, timeout, cancelled or error, once it ended
+    served_by: str | None = None  # where the request runs, where that is not this process (a cluster's replica)
     _out: asyncio.Queue | None = None
 
     def stop(self) -> None:

@@ -65,3 +65,10 @@ class Cancelled(EngineError):
 
 class Failed(EngineError):
     """A fault no check expected; the engine's log says what it was."""
+
+
+class Unavailable(EngineError):
+    """The engine that ran the request is gone (a cluster's replica was lost) and the request could
+    not be sent again; ``retry_after``: whole seconds before another engine is likely to take it."""
+
+    retry_after: int = 1
