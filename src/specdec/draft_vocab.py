@@ -55,8 +55,10 @@ class Ranking:
     tokenizer_sha256: str
 
 
-def corpus(chars: int = CORPUS_CHARS) -> tuple[list[str], dict[str, Any]]:
-    """The texts counted, and their description (sources, files, characters, the Python version)."""
+def corpus(chars: int | None = None) -> tuple[list[str], dict[str, Any]]:
+    """The texts counted, about ``chars`` characters (None: :data:`CORPUS_CHARS`), and their
+    description (sources, files, characters, the Python version)."""
+    chars = CORPUS_CHARS if chars is None else chars
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     purelib = Path(sysconfig.get_paths()["purelib"])
     sources = {
@@ -99,10 +101,12 @@ def tokenizer_sha256(tokenizer: Any) -> str:
     return hashlib.sha256(json.dumps([type(tokenizer).__name__, vocab]).encode()).hexdigest()
 
 
-def ranking(tokenizer: Any, vocab_size: int, *, cache_dir: str | Path | None = None, chars: int = CORPUS_CHARS,
+def ranking(tokenizer: Any, vocab_size: int, *, cache_dir: str | Path | None = None, chars: int | None = None,
             progress: bool = False) -> Ranking:
-    """The ids 0 .. ``vocab_size`` - 1 ranked by their counts in :func:`corpus`, tokenized by
-    ``tokenizer``: read from the cache, or counted once and kept there."""
+    """The ids 0 .. ``vocab_size`` - 1 ranked by their counts in :func:`corpus` of ``chars``
+    characters (None: :data:`CORPUS_CHARS`), tokenized by ``tokenizer``: read from the cache, or
+    counted once and kept there."""
+    chars = CORPUS_CHARS if chars is None else chars
     digest = tokenizer_sha256(tokenizer)
     key = {"tokenizer_sha256": digest, "vocab_size": vocab_size, "characters": chars}
     path = cache_root(cache_dir) / "draft-vocab" / f"{digest[:16]}-{vocab_size}-{chars}.json"

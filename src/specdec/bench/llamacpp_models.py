@@ -19,7 +19,7 @@ from typing import Any, Sequence
 from specdec.backends.llamacpp import DEFAULT_BATCH
 from specdec.backends.table import LLAMACPP
 from specdec.bench.methods import MethodSpec
-from specdec.models import Located, load_model
+from specdec.models import Located, load_model, load_tokenizer, trim_draft
 
 CONTEXT_STEP = 256  # contexts are rounded up to a multiple of this
 DRAFT_ROOM = 32  # room past the token budget for the last step's draft tokens
@@ -30,13 +30,15 @@ class LlamaCppModels:
     """The located GGUFs (:func:`specdec.models.locate`) and the models loaded from them.
     ``n_threads``: threads for every model (decode and batch), None: the backend's default.
     ``backend``: what runs the project's methods, ``llamacpp`` or ``gguf`` (specdec's own kernel;
-    the ``llamacpp-*`` peers need ``llamacpp``)."""
+    the ``llamacpp-*`` peers need ``llamacpp``). ``draft_vocab``: how many ids the draft's head
+    scores (--draft-vocab; :func:`specdec.models.trim_draft`)."""
 
     target_gguf: Located
     draft_gguf: Located | None = None
     n_threads: int | None = None
     backend: str = LLAMACPP
     n_ctx: int = 0
+    draft_vocab: int | str | None = None
     target: Any = None  # a CausalLM from specdec.backends.llamacpp or specdec.backends.gguf
     draft: Any = None
     peers: dict[str, Any] = field(default_factory=dict)  # peer kind -> the binding's own model object
@@ -64,7 +66,9 @@ class LlamaCppModels:
                 names = ", ".join(m.name for m in mine if m.needs_draft_model)
                 raise ValueError(f"methods {names} need a draft model's GGUF; give one (--draft)")
             same = self.target is not None and self.draft_path == self.target_path
-            self.draft = self.target.fork() if same else self._load_backend(self.draft_gguf)
+            draft = self.target.fork() if same else self._load_backend(self.draft_gguf)
+            self.draft, _ = trim_draft(draft, load_tokenizer(self.draft_gguf), self.draft_vocab, self.backend,
+                                       name=self.draft_gguf.name, cache_dir=self.draft_gguf.cache_dir)
 
     def peer(self, method: MethodSpec) -> Any:
         """The binding's own model object for a ``llamacpp-*`` peer (loaded on first use)."""

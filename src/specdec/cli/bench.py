@@ -476,6 +476,10 @@ def llamacpp_models(args: argparse.Namespace, methods: Sequence[MethodSpec]) -> 
                        f"install it ({llamacpp_backend.INSTALL}), or leave out the llama.cpp methods "
                        "(--backend torch, no llamacpp-ar)", code=2)
     draft_gguf = args.draft is not None and any(m.needs_draft_model for m in on_llamacpp)
+    if draft_gguf and isinstance(args.draft_vocab, int):
+        raise CLIError(f"--draft-vocab trims the head of a draft on specdec's GGUF kernel, but "
+                       f"{', '.join(m.name for m in on_llamacpp if m.needs_draft_model)} draft on llama.cpp",
+                       "run those methods with backend=gguf, or leave --draft-vocab out", code=2)
     return LlamaCppModels(located_gguf(args.target, args), located_gguf(args.draft, args) if draft_gguf else None,
                           n_threads=args.threads or torch.get_num_threads())
 
@@ -490,7 +494,7 @@ def gguf_models(args: argparse.Namespace, methods: Sequence[MethodSpec]) -> Llam
         return None
     draft_gguf = args.draft is not None and any(m.needs_draft_model for m in on_gguf)
     return LlamaCppModels(located_gguf(args.target, args), located_gguf(args.draft, args) if draft_gguf else None,
-                          n_threads=args.threads or torch.get_num_threads(), backend=GGUF)
+                          n_threads=args.threads or torch.get_num_threads(), backend=GGUF, draft_vocab=args.draft_vocab)
 
 
 def bench_servers(args: argparse.Namespace, methods: Sequence[MethodSpec]) -> Servers | None:
@@ -513,6 +517,8 @@ def bench_servers(args: argparse.Namespace, methods: Sequence[MethodSpec]) -> Se
     for dest in ("dtype", "kernels", "draft_weights"):
         if common.given(args, dest):
             torch_argv += [f"--{dest.replace('_', '-')}", str(getattr(args, dest))]
+    if common.given(args, "draft_vocab"):  # the servers' drafts on the GGUF kernel
+        argv += ["--draft-vocab", str(args.draft_vocab)]
     return Servers(target, draft, argv, n_threads=args.threads, n_ctx=llamacpp_backend.DEFAULT_CTX,
                    torch_argv=torch_argv)
 
