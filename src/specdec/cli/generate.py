@@ -307,6 +307,7 @@ def _report(args: argparse.Namespace, pair: Pair, result: Any, ar: Any,
         "target": args.target,
         "draft": args.draft,
         "draft_weights": args.draft_weights,
+        "draft_vocab": pair.draft_vocab,  # ids the draft's head scores (None: every id)
         "backend": {"name": pair.backend, "why": pair.backend_why,
                     **({"kernel_path": gguf.kernel_path(pair.target.lib)} if pair.backend == GGUF else {})},
         **({"weights": gguf_weights(pair.target)} if pair.backend in backend_table.GGUF_NAMES else {"dtype": args.dtype}),

@@ -145,6 +145,7 @@ def _private_routes(state: _State) -> APIRouter:
             "speculative": {"method": str(options.method), "seeded_sampler": options.seeded_sampler,
                             "draft": models.draft_name,
                             "draft_weights": models.draft_weights if models.draft is not None else None,
+                            "draft_vocab": models.draft_vocab,
                             "parallel": options.parallel},
         }]}
 
