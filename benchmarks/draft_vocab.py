@@ -60,6 +60,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=positive, default=15)
     parser.add_argument("--steps", type=positive, default=4)
     parser.add_argument("--samples", type=positive, default=12, help="at most this many prompts of each results file")
+    parser.add_argument("--corpus-chars", type=positive, default=None,
+                        help="characters of the ranking's corpus (default: specdec.draft_vocab.CORPUS_CHARS)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/draft-vocab.json"))
     args = parser.parse_args()
     sizes = [int(v) for v in args.sizes.split(",")]
@@ -80,7 +82,7 @@ def main() -> None:
     draft, _ = models.load(args.draft, backend="gguf", n_threads=args.threads, n_ctx=2048)
     vocab = draft.vocab_size
     began = time.perf_counter()
-    ranking = draft_vocab.ranking(tokenizer, vocab, progress=True)
+    ranking = draft_vocab.ranking(tokenizer, vocab, chars=args.corpus_chars, progress=True)
     ranking_seconds = time.perf_counter() - began
     always = draft_vocab.always_kept(tokenizer, [*eos_token_ids(target), *eos_token_ids(draft)])
     subsets = {size: draft_vocab.subset(ranking, size, always) for size in sizes}
@@ -161,7 +163,10 @@ def main() -> None:
         "held_out": held_out, "rounds": args.rounds, "steps": args.steps,
         "command": "python benchmarks/draft_vocab.py " + " ".join(f"--results {p}" for p in results)
                    + f" --sizes {args.sizes} --threads {args.threads} --rounds {args.rounds} --steps {args.steps}"
-                   + f" --samples {args.samples} --out {args.out}",
+                   + f" --samples {args.samples} --out {args.out}"
+                   + "".join(f" --{k.replace('_', '-')} {v}" for k, v in (("target", args.target), ("draft", args.draft),
+                                                                         ("corpus_chars", args.corpus_chars))
+                             if v != parser.get_default(k)),
     }
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     print(json.dumps(report, indent=1))
