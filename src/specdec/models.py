@@ -477,7 +477,8 @@ def load(
     if isinstance(draft_vocab, int) and where != GGUF:
         trim_draft(None, None, draft_vocab, where, name=name)  # refused before the model loads
     if where in GGUF_BACKENDS:
-        model, tokenizer = load_model(located, where, n_threads=n_threads, n_ctx=n_ctx, progress=progress), load_tokenizer(located)
+        model = load_model(located, where, n_threads=n_threads, n_ctx=n_ctx, progress=progress)
+        tokenizer = load_tokenizer(located)
         if draft_vocab is not None:
             model, _ = trim_draft(model, tokenizer, draft_vocab, where, name=name, cache_dir=cache_dir, progress=progress)
         return model, tokenizer
