@@ -73,6 +73,32 @@ def test_draft_vocab_is_checked_and_refused_where_the_draft_is_not_on_the_kernel
     assert models.trim_draft("model", None, None, "llamacpp") == ("model", None)  # the default: every id there
 
 
+@pytest.mark.parametrize("command", ["generate", "serve", "bench"])
+def test_the_commands_take_draft_vocab_and_pass_it_to_the_pair(command, monkeypatch):
+    from specdec.cli import commands, common
+
+    parser = commands.build_parser()
+    prompt = ["def f(x):"] if command == "generate" else []
+    parse = lambda *extra: parser.parse_args([command, *prompt, *extra])  # noqa: E731
+    assert parse("--draft-vocab", "ALL").draft_vocab == "all"
+    assert parse("--draft-vocab", "16384").draft_vocab == 16384
+    assert parse().draft_vocab is None
+    with pytest.raises(common.CLIError, match="positive number of ids"):
+        parse("--draft-vocab", "0")
+    if command == "bench":
+        return
+    seen = {}
+
+    def load_pair(target, draft, **kwargs):
+        seen.update(kwargs)
+        raise models.ModelPackError("stop here", "a test")
+
+    monkeypatch.setattr(models, "load_pair", load_pair)
+    with pytest.raises(common.CLIError, match="stop here"):
+        common.load_models_from(parse("--backend", "gguf", "--draft-vocab", "8192"))
+    assert seen["draft_vocab"] == 8192
+
+
 def test_the_pair_drafts_over_the_subset(smollm2):
     assert smollm2.draft_vocab == 2048 and smollm2.draft.head.size == 2048
     assert smollm2.target.head is None  # the target never trims
