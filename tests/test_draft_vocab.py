@@ -71,6 +71,7 @@ def test_draft_vocab_is_checked_and_refused_where_the_draft_is_not_on_the_kernel
     with pytest.raises(models.ModelPackError, match="GGUF kernel"):
         models.trim_draft(None, None, 4096, "llamacpp", name="d")
     assert models.trim_draft("model", None, None, "llamacpp") == ("model", None)  # the default: every id there
+    assert models.trim_draft("model", None, None, "gguf") == ("model", None)  # and on the kernel, until measured
 
 
 @pytest.mark.parametrize("command", ["generate", "serve", "bench"])
@@ -142,10 +143,11 @@ def test_two_prompts_at_once_are_each_plain_decodings_with_a_trimmed_draft(smoll
 
 
 @pytest.mark.slow
-def test_the_default_pair_with_its_default_trimmed_draft_answers_as_plain_decoding():
+def test_the_default_pair_with_a_trimmed_draft_answers_as_plain_decoding():
     installed(packs.DEFAULT_TARGET)
     installed(packs.DEFAULT_DRAFT)
-    pair = models.load_pair(packs.DEFAULT_TARGET, packs.DEFAULT_DRAFT, backend="gguf", n_threads=THREADS, n_ctx=512)
+    pair = models.load_pair(packs.DEFAULT_TARGET, packs.DEFAULT_DRAFT, backend="gguf", n_threads=THREADS, n_ctx=512,
+                            draft_vocab=models.DRAFT_VOCAB)
     assert pair.draft_vocab == models.DRAFT_VOCAB and pair.draft.head.size == models.DRAFT_VOCAB
     config = DecodeConfig.parse("spec:model:block:k=4:policy=static")
     plain = generate(pair.target, PROMPT, tokenizer=pair.tokenizer, max_new_tokens=24)

@@ -51,10 +51,12 @@ BACKENDS = backend_table.CHOICES  # "auto" and each backend of specdec.backends.
 GGUF_BACKENDS = backend_table.GGUF_NAMES  # the backends that run a GGUF file's own quantized weights
 BACKEND_LABELS = backend_table.LABELS  # in messages
 BACKENDS_BY_NAME = backend_table.BY_NAME  # each backend's row: its label, what may differ from plain decoding
-# How many ids a draft model on specdec's GGUF kernel scores by default (draft_vocab, --draft-vocab):
-# the most frequent of its vocabulary (specdec.draft_vocab), where that at least halves its head's
-# rows (the default pair's 151,936, Gemma 3's 262,144; SmolLM2's 49,152 stay whole). Measured on
-# the default pair (benchmarks/draft_vocab.py, docs/drafters.md "A trimmed draft vocabulary").
+# The subset of its vocabulary a draft model on specdec's GGUF kernel is best trimmed to by the
+# per-token measurements (draft_vocab=32768, --draft-vocab 32768: the most frequent ids,
+# specdec.draft_vocab): on the default pair a draft token costs 0.29 of a target step instead of
+# 0.37, for 4 points of greedy agreement (benchmarks/draft_vocab.py, docs/drafters.md "A trimmed
+# draft vocabulary"). Asked for, not the default: end-to-end runs against the full head have yet to
+# show it faster on every prompt set.
 DRAFT_VOCAB = 32768
 ALL_IDS = "all"  # draft_vocab's word for the full head
 # The shortest context (n_ctx, --ctx-size) a model loads with: a short prompt, its answer and a draft
@@ -396,18 +398,17 @@ def trim_draft(draft: Any, tokenizer: Any, draft_vocab: int | str | None, backen
     """The draft model with its head trimmed to the ``draft_vocab`` most frequent ids of its
     vocabulary (:mod:`specdec.draft_vocab`; its special and chat-template tokens and ``eos_ids``
     always among them), and how many ids it scores (None: every one). Trims a draft on specdec's
-    GGUF kernel only: ``draft_vocab`` None is :data:`DRAFT_VOCAB` there for a vocabulary of more
-    than twice as many ids, and the full head otherwise; ``"all"`` is the full head; a number at
-    least the vocabulary's size is too. A number asked for a draft on another backend is refused
+    GGUF kernel only: ``draft_vocab`` None (the default) and ``"all"`` are the full head; a number
+    at least the vocabulary's size is too (:data:`DRAFT_VOCAB` is the size the measurements favour). A number asked for a draft on another backend is refused
     (:class:`ModelPackError`)."""
     draft_vocab = check_draft_vocab(draft_vocab)
-    if draft_vocab == ALL_IDS or (draft_vocab is None and (backend != GGUF or draft.vocab_size <= 2 * DRAFT_VOCAB)):
+    if draft_vocab is None or draft_vocab == ALL_IDS:
         return draft, None
     if backend != GGUF:
         raise ModelPackError(f"draft_vocab (--draft-vocab) trims the head of a draft on specdec's GGUF kernel, but "
                              f"{name} runs on {BACKEND_LABELS[backend]}",
                              "leave draft_vocab out (or give 'all'), or run the draft on backend 'gguf'")
-    size = DRAFT_VOCAB if draft_vocab is None else draft_vocab
+    size = draft_vocab
     if size >= draft.vocab_size:
         return draft, None
     ranking = ranked.ranking(tokenizer, draft.vocab_size, cache_dir=cache_dir, progress=progress)
@@ -531,9 +532,8 @@ def load_pair(
     GGUF's own weights); n_threads and n_ctx (None: the backend's default) are the GGUF backends'
     (n_ctx: each model's context in tokens, as :func:`load` takes it; refused where a model runs on torch).
     draft_vocab: how many ids a draft on specdec's GGUF kernel scores, the most frequent of its
-    vocabulary (:func:`trim_draft`; ``Pair.draft_vocab`` says how many it does): None is
-    :data:`DRAFT_VOCAB` there where that at least halves its head, every id otherwise; ``"all"``
-    every id, a number that many.
+    vocabulary (:func:`trim_draft`; ``Pair.draft_vocab`` says how many it does): None (the default) and
+    ``"all"`` every id, a number that many (:data:`DRAFT_VOCAB`: the size the measurements favour).
     on_load: called as ``on_load(name, backend)`` just before each model loads (the CLI prints its
     "loading ..." line).
 

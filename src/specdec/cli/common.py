@@ -126,9 +126,8 @@ def add_model_options(parser: argparse.ArgumentParser, *, draft: bool = True) ->
                            help="how many ids of its vocabulary a draft model on specdec's GGUF kernel scores: the N "
                                 "most frequent (in Python's own source and documentation; its special and chat tokens "
                                 "always), so its head reads N of its rows; 'all' scores every id. Output stays the "
-                                "target's; a target token outside the N cannot be drafted (default: "
-                                f"{models.DRAFT_VOCAB} where that at least halves the head, as for the default pair; "
-                                "all otherwise)")
+                                "target's; a target token outside the N cannot be drafted (default: all; "
+                                f"{models.DRAFT_VOCAB} measured best per draft token for the default pair)")
     group.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"], action=Given,
                        help="compute dtype (default: bfloat16; on CPU verification is only cheap in bf16)")
     group.add_argument("--kernels", default="auto", choices=["auto", "torch"], action=Given,
