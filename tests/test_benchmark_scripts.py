@@ -523,6 +523,31 @@ def test_trimmed_head_runs(tmp_path):
         positive_numbers(timing.values())
 
 
+@pytest.mark.slow
+def test_draft_vocab_runs(tmp_path):
+    """SmolLM2 as target and draft on the kernel, heads of 1,024 and 4,096 ids, one HumanEval prompt's
+    greedy tokens as the held-out text, a small ranking corpus."""
+    need_pack()
+    results = tmp_path / "results.json"  # a bench run's results: the kernel's ar tokens on one prompt
+    results.write_text(json.dumps({"prompts": [{"set": "humaneval", "id": "HumanEval/0", "chat": False}], "samples": [
+        {"method": "ar:backend=gguf", "prompt": 0, "token_ids": [198, 260, 1345, 30, 28]},
+        {"method": "spec:model:backend=gguf", "prompt": 0, "token_ids": [13, 13]}]}))
+    out = tmp_path / "draft-vocab.json"
+    ran(run_script("draft_vocab.py", "--target", PACK, "--draft", PACK, "--results", str(results), "--sizes", "1024,4096",
+                   "--rounds", "1", "--steps", "1", "--samples", "1", "--threads", THREADS, "--corpus-chars", "100000",
+                   "--out", str(out)))
+    data = read_json(out)
+    assert (data["target"], data["draft"], data["vocab"]) == (PACK, PACK, 49152)
+    assert set(data["step_ms_median"]) == {"target", "draft, all", "draft, 1024", "draft, 4096"}
+    positive_numbers([*data["step_ms_median"].values(), *data["head_ms_median"].values()])
+    assert set(data["draft_token_over_target_step"]) == {"all", "1024", "4096"}
+    held = data["held_out"][str(results)]
+    assert (held["prompts"], held["tokens"]) == (1, 5) and set(held["coverage"]) == {"1024", "4096"}
+    assert set(held["greedy_agreement"]) == {"all", "1024", "4096"}
+    assert all(0 <= v <= 1 for v in [*held["coverage"].values(), *held["greedy_agreement"].values()])
+    assert data["ranking"]["corpus"]["characters"] == 100000 and "--corpus-chars 100000" in data["command"]
+
+
 # ------------------------------------------------------------------------------------------------
 # specdec bench --help: the server methods and the llama-server peers
 

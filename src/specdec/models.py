@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from specdec import draft_vocab as ranked
 from specdec import kernels as fast
 from specdec import packs
 from specdec.backends import llamacpp  # imports the optional llama-cpp-python binding only when a model loads
@@ -31,6 +32,7 @@ from specdec.backends import table as backend_table
 from specdec.backends.table import AUTO, TORCH
 from specdec.backends.base import ContextSizeError
 from specdec.backends.choice import INSTALL_HINT, choose_gguf_backend
+from specdec.backends.hf import eos_token_ids
 from specdec.backends.gguf import (
     LLAMACPP_HINT, PATH_ENV, PORTABLE_ENV, KernelUnavailable, PathUnavailable, UnreadableGGUF, Unsupported,
 )
@@ -41,13 +43,21 @@ __all__ = [
     "BACKENDS", "CACHE_ENV", "DEFAULT_DRAFT", "DEFAULT_TARGET", "GGUF_BACKENDS", "PACKS", "Located", "ModelPackError",
     "Pair", "check_backend", "choose_backend", "gguf_path", "is_gguf_source", "load", "load_model",
     "load_pair", "load_tokenizer", "locate", "logit_width", "resolve_dtype", "ContextSizeError",
-    "MIN_CONTEXT", "check_context",
+    "MIN_CONTEXT", "check_context", "DRAFT_VOCAB", "check_draft_vocab", "trim_draft",
 ]
 
 BACKENDS = backend_table.CHOICES  # "auto" and each backend of specdec.backends.table
 GGUF_BACKENDS = backend_table.GGUF_NAMES  # the backends that run a GGUF file's own quantized weights
 BACKEND_LABELS = backend_table.LABELS  # in messages
 BACKENDS_BY_NAME = backend_table.BY_NAME  # each backend's row: its label, what may differ from plain decoding
+# The subset of its vocabulary a draft model on specdec's GGUF kernel is best trimmed to by the
+# per-token measurements (draft_vocab=32768, --draft-vocab 32768: the most frequent ids,
+# specdec.draft_vocab): on the default pair a draft token costs 0.29 of a target step instead of
+# 0.37, for 4 points of greedy agreement (benchmarks/draft_vocab.py, docs/drafters.md "A trimmed
+# draft vocabulary"). Asked for, not the default: end-to-end runs against the full head have yet to
+# show it faster on every prompt set.
+DRAFT_VOCAB = 32768
+ALL_IDS = "all"  # draft_vocab's word for the full head
 # The shortest context (n_ctx, --ctx-size) a model loads with: a short prompt, its answer and a draft
 # (llama.cpp rounds its contexts up to a multiple of this many cells).
 MIN_CONTEXT = 256
@@ -355,6 +365,42 @@ def _gguf_of(located: Located) -> Path | None:
     return located.path if located.path.suffix.lower() == ".gguf" else None
 
 
+def check_draft_vocab(draft_vocab: Any) -> int | str | None:
+    """``draft_vocab`` as :func:`load_pair` takes it: None (the default), ``"all"`` (any case) or a
+    positive number of ids. Raises ``ValueError`` naming what is wrong."""
+    if draft_vocab is None:
+        return None
+    if isinstance(draft_vocab, str) and draft_vocab.strip().lower() == ALL_IDS:
+        return ALL_IDS
+    if isinstance(draft_vocab, bool) or not isinstance(draft_vocab, int) or draft_vocab <= 0:
+        raise ValueError(f"draft_vocab must be a positive number of ids or 'all', got {draft_vocab!r}")
+    return draft_vocab
+
+
+def trim_draft(draft: Any, tokenizer: Any, draft_vocab: int | str | None, backend: str, *, name: str = "the draft",
+               eos_ids: Any = (), cache_dir: str | Path | None = None, progress: bool = True) -> tuple[Any, int | None]:
+    """The draft model with its head trimmed to the ``draft_vocab`` most frequent ids of its
+    vocabulary (:mod:`specdec.draft_vocab`; its special and chat-template tokens and ``eos_ids``
+    always among them), and how many ids it scores (None: every one). Trims a draft on specdec's
+    GGUF kernel only: ``draft_vocab`` None (the default) and ``"all"`` are the full head; a number
+    at least the vocabulary's size is too (:data:`DRAFT_VOCAB` is the size the measurements favour). A number asked for a draft on another backend is refused
+    (:class:`ModelPackError`)."""
+    draft_vocab = check_draft_vocab(draft_vocab)
+    if draft_vocab is None or draft_vocab == ALL_IDS:
+        return draft, None
+    if not BACKENDS_BY_NAME[backend].trims_draft_head:
+        raise ModelPackError(f"draft_vocab (--draft-vocab) trims the head of a draft on specdec's GGUF kernel, but "
+                             f"{name} runs on {BACKEND_LABELS[backend]}",
+                             "leave draft_vocab out (or give 'all'), or run the draft on backend 'gguf'")
+    size = draft_vocab
+    if size >= draft.vocab_size:
+        return draft, None
+    ranking = ranked.ranking(tokenizer, draft.vocab_size, cache_dir=cache_dir, progress=progress)
+    always = ranked.always_kept(tokenizer, [*eos_ids, *eos_token_ids(draft)])
+    ids = ranked.subset(ranking, size, always)
+    return draft.trimmed(ids), len(ids)
+
+
 # --------------------------------------------------------------------------------------------
 # One model, and a pair
 
@@ -369,6 +415,7 @@ def load(
     backend: str = TORCH,
     n_threads: int | None = None,
     n_ctx: int | None = None,
+    draft_vocab: int | str | None = None,
 ) -> tuple[Any, Any]:
     """Load a causal LM and its tokenizer: :func:`locate`, :func:`load_model`, :func:`load_tokenizer`.
 
@@ -392,6 +439,9 @@ def load(
     4,096, or the model's trained context if shorter; at least :data:`MIN_CONTEXT`, at most the
     trained context; :func:`check_context`). On torch it does not apply and is refused.
 
+    draft_vocab: for a model to draft with on specdec's GGUF kernel, how many ids its head scores,
+    the most frequent of its vocabulary (:func:`trim_draft`); None or ``"all"``: every id.
+
     Raises :class:`ModelPackError` for an unknown name, a missing or corrupt pack, or (backend
     ``"gguf"``) a kernel that cannot be compiled, ``TypeError`` for a ``name_or_path`` that is not
     text or a path. The compiled kernels are kept in ``cache_dir`` (:func:`specdec.kernels.use_cache_dir`).
@@ -408,8 +458,15 @@ def load(
     located = locate(name, cache_dir, backend=backend, progress=progress)
     where = choose_backend(located, backend)["backend"]
     check_context(n_ctx, where, name)
+    draft_vocab = check_draft_vocab(draft_vocab)
+    if isinstance(draft_vocab, int) and not BACKENDS_BY_NAME[where].trims_draft_head:
+        trim_draft(None, None, draft_vocab, where, name=name)  # refused before the model loads
     if BACKENDS_BY_NAME[where].runs_gguf:
-        return load_model(located, where, n_threads=n_threads, n_ctx=n_ctx, progress=progress), load_tokenizer(located)
+        model = load_model(located, where, n_threads=n_threads, n_ctx=n_ctx, progress=progress)
+        tokenizer = load_tokenizer(located)
+        if draft_vocab is not None:
+            model, _ = trim_draft(model, tokenizer, draft_vocab, where, name=name, cache_dir=cache_dir, progress=progress)
+        return model, tokenizer
     options = {"dtype": "bfloat16" if dtype is None else dtype, "kernels": "auto" if kernels is None else kernels}
     model = load_model(located, where, n_threads=n_threads, progress=progress, **options)
     return model, load_tokenizer(located)
@@ -429,6 +486,7 @@ class Pair:
     backend_why: str = "asked for"  # why there, and what may differ from plain decoding there (see choose_backend)
     draft_backend: str | None = None  # where the draft model runs (None: no draft model)
     draft_weights: str = "int8"  # how a draft model on torch drafts: int8 copies of its weights or its own bf16 ones
+    draft_vocab: int | None = None  # how many ids the draft's head scores (a trimmed head); None: every id
 
 
 def load_pair(
@@ -441,6 +499,7 @@ def load_pair(
     kernels: str = "auto",
     n_threads: int | None = None,
     n_ctx: int | None = None,
+    draft_vocab: int | str | None = None,
     on_load: Callable[[str, str], None] | None = None,
 ) -> Pair:
     """Load ``target`` and ``draft`` (each a name :func:`locate` takes) into a :class:`Pair`.
@@ -456,6 +515,9 @@ def load_pair(
     dtype and kernels are passed only to the models that run on torch (they do not apply to a
     GGUF's own weights); n_threads and n_ctx (None: the backend's default) are the GGUF backends'
     (n_ctx: each model's context in tokens, as :func:`load` takes it; refused where a model runs on torch).
+    draft_vocab: how many ids a draft on specdec's GGUF kernel scores, the most frequent of its
+    vocabulary (:func:`trim_draft`; ``Pair.draft_vocab`` says how many it does): None (the default) and
+    ``"all"`` every id, a number that many (:data:`DRAFT_VOCAB`: the size the measurements favour).
     on_load: called as ``on_load(name, backend)`` just before each model loads (the CLI prints its
     "loading ..." line).
 
@@ -467,6 +529,7 @@ def load_pair(
     draft = None if draft is None else _checked_name(draft)
     if draft is not None and draft.lower() == "none":
         draft = None
+    draft_vocab = check_draft_vocab(draft_vocab)
     names = list(dict.fromkeys([target] + ([draft] if draft is not None else [])))
     for name in names:
         check_backend(name, backend)  # before any work
@@ -477,6 +540,8 @@ def load_pair(
     where = {name: choice["backend"] for name, choice in choices.items()}
     for name in names:
         check_context(n_ctx, where[name], name)  # before any model loads
+    if draft is not None and isinstance(draft_vocab, int) and where[draft] != GGUF:
+        trim_draft(None, None, draft_vocab, where[draft], name=draft)  # refused before any model loads
 
     def load_one(name: str) -> Any:
         if on_load is not None:
@@ -500,6 +565,8 @@ def load_pair(
                 f"pick a draft from the target's model family (the default pair is --target "
                 f"{DEFAULT_TARGET} --draft {DEFAULT_DRAFT})",
             )
+    pair.draft, pair.draft_vocab = trim_draft(pair.draft, pair.tokenizer, draft_vocab, where[draft], name=draft,
+                                              eos_ids=eos_token_ids(target_model), cache_dir=cache_dir)
     pair.draft_name = draft
     pair.draft_backend = where[draft]
     return pair

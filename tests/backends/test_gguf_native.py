@@ -657,6 +657,30 @@ def test_a_tiny_models_rows_are_batch_invariant(tiny):
         assert torch.equal(tiny.forward([context[-1], *extra]), steps)
 
 
+def test_a_trimmed_head_scores_its_ids_as_the_full_head_and_no_other(tiny):
+    tokens, vocab = [1, 17, 200, 3, 3, 99, 250, 14], tiny.vocab_size
+    kept = sorted({0, 5, 17, vocab - 1, *range(40, vocab, 7)})
+    draft = tiny.trimmed(kept)
+    assert draft.head.size == len(kept) and draft.fork().head is draft.head  # copied once, shared by forks
+    assert draft.identity()["head_rows"] == len(kept) and "head_rows" not in tiny.identity()
+    tiny.reset()
+    full = tiny.forward(tokens)
+    mine = draft.forward(tokens)
+    ids = torch.tensor(kept)
+    assert torch.equal(mine[:, ids], full[:, ids])  # the same bits: a row depends on its own weights alone
+    outside = torch.ones(vocab, dtype=torch.bool)
+    outside[ids] = False
+    assert bool(torch.isneginf(mine[:, outside]).all())
+    # in one pass beside sequences on the full head (a draft that is the target's own weights), each
+    # sequence's rows go through its own head
+    a, b = tiny.fork(), draft.fork()
+    together = native.run_together([(a, native.Piece(tokens[:3], [0, 1, 2], torch.ones(3, 3, dtype=torch.uint8).tril(), 2)),
+                                    (b, native.Piece(tokens[:4], [0, 1, 2, 3], torch.ones(4, 4, dtype=torch.uint8).tril(), 3))])
+    assert torch.equal(together[0], full[1:3]) and torch.equal(together[1], mine[1:4])
+    with pytest.raises(ValueError, match="keeps 1"):
+        tiny.trimmed([vocab])
+
+
 def test_the_fp16_cache_build_keeps_rows_batch_invariant(tiny):
     """The measurement build with fp16 keys and values (docs/kernels.md, "The context and its KV
     cache"): each row still equals the one-token step at its position, on every path, since each

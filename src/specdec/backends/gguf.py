@@ -488,6 +488,17 @@ def _rows(t: _Tensor, first: int, count: int, name: str) -> _Tensor:
     return part
 
 
+def _take_rows(t: _Tensor, ids: np.ndarray, name: str) -> _Tensor:
+    """Rows ``ids`` (ascending) of a tensor copied, in that order, into a contiguous tensor of
+    their own in memory: a row of a quantized tensor is whole blocks of bytes, so its copy is the
+    row itself (a trimmed head, :class:`TrimmedHead`)."""
+    part = object.__new__(_Tensor)
+    data = np.ascontiguousarray(t.data.reshape(t.n_out, -1)[ids])
+    part.name, part.type, part.n_in, part.n_out = name, t.type, t.n_in, len(ids)
+    part.data, part.ptr = data, int(data.ctypes.data)
+    return part
+
+
 def _drop_pages(view: np.ndarray) -> None:
     """Let go of the pages of a memory-mapped tensor that a repacked copy replaced: they leave this
     process's memory and stay in the file, read again if ever touched. (Kept, they double what the
@@ -780,6 +791,38 @@ class GGUFWeights:
         return np.array([layer_record(layer.fields(), fields) for layer in self.layers], dtype=np.uint64).view(np.int64)
 
 
+class TrimmedHead:
+    """The output head of :class:`GGUFWeights` restricted to a subset of the vocabulary, ``ids``:
+    the head's rows for those ids copied once into a contiguous tensor of their own (repacked as
+    the full head is), which a draft model scores instead of every row. A pass's logits are still
+    full rows [n, V]: the kept ids' logits (each computed as the full head computes it, bit for
+    bit: a row's result depends on that row of weights alone), -inf elsewhere. A draft's
+    distribution q is then 0 outside the subset, which every verification rule handles exactly;
+    what it costs is acceptance where the target's token lies outside (docs/drafters.md, "A
+    trimmed draft vocabulary")."""
+
+    def __init__(self, weights: "GGUFWeights", ids: Sequence[int]) -> None:
+        kept = sorted({int(i) for i in ids})
+        if not kept or not 0 <= kept[0] <= kept[-1] < weights.vocab_size:
+            raise ValueError(f"a trimmed head keeps 1 .. {weights.vocab_size} ids of 0 .. {weights.vocab_size - 1}")
+        source = weights.head.tensors[0]
+        self.vocab_size = weights.vocab_size
+        self.ids = torch.tensor(kept, dtype=torch.int64)  # [m], ascending
+        self.rows = _Fused([_take_rows(source, np.asarray(kept, dtype=np.int64), f"{source.name} ({len(kept)} rows)")])
+
+    @property
+    def size(self) -> int:
+        """How many ids it scores."""
+        return int(self.ids.numel())
+
+    def __call__(self, lib: ctypes.CDLL, x: torch.Tensor, logits: torch.Tensor, n: int, threads: int) -> None:
+        """Logits [n, V] of the normed rows x [n, H]: the kept ids' scores, -inf elsewhere."""
+        kept = torch.empty(n, self.size, dtype=torch.float32)  # [n, m]
+        self.rows(lib, x, kept, n, False, threads)
+        logits.fill_(float("-inf"))
+        logits.index_copy_(1, self.ids, kept)
+
+
 # -- the backend ------------------------------------------------------------------------------------
 
 
@@ -840,10 +883,11 @@ class GGUFCausalLM(ModelFacts):
     passes: Any = None  # a specdec.backends.shared.SharedPasses this sequence's passes run in (a slot), or None
 
     def __init__(self, weights: GGUFWeights, *, n_threads: int | None = None,
-                 eos_token_ids: Sequence[int] | None = None) -> None:
+                 eos_token_ids: Sequence[int] | None = None, head: TrimmedHead | None = None) -> None:
         if n_threads is not None and (isinstance(n_threads, bool) or not isinstance(n_threads, int) or n_threads <= 0):
             raise ValueError(f"n_threads must be a positive integer, got {n_threads!r}")
         self.weights = w = weights
+        self.head = head  # None: the full head scores every id; a TrimmedHead: only its ids (a draft)
         self.lib = library()
         self.n_threads = n_threads or default_threads()
         self._vocab = w.vocab_size
@@ -864,8 +908,17 @@ class GGUFCausalLM(ModelFacts):
         return self._cache.numel() * self._cache.element_size()
 
     def fork(self) -> "GGUFCausalLM":
-        """Another cache (empty) on the same weights and settings."""
-        return GGUFCausalLM(self.weights, n_threads=self.n_threads, eos_token_ids=self.generation_config.eos_token_id)
+        """Another cache (empty) on the same weights and settings (its head too)."""
+        return GGUFCausalLM(self.weights, n_threads=self.n_threads, eos_token_ids=self.generation_config.eos_token_id,
+                            head=self.head)
+
+    def trimmed(self, ids: Sequence[int] | None) -> "GGUFCausalLM":
+        """Another cache (empty) on the same weights whose head scores only ``ids`` (a
+        :class:`TrimmedHead`, its rows copied once here and shared by its forks); None: the full
+        head. For a draft model: its logits are -inf outside ``ids``."""
+        head = None if ids is None else TrimmedHead(self.weights, ids)
+        return GGUFCausalLM(self.weights, n_threads=self.n_threads, eos_token_ids=self.generation_config.eos_token_id,
+                            head=head)
 
     # -- the CausalLM protocol ------------------------------------------------------------------
 
@@ -881,9 +934,10 @@ class GGUFCausalLM(ModelFacts):
         """What the planner's measurements of this backend are keyed by (with the machine and the
         class; :func:`specdec.measurements.cost_key`): the GGUF file, the threads and the kernel
         library (its file name holds a hash of its source and flags: a changed kernel is measured
-        again) and the path it runs (each path's rows cost their own)."""
+        again), the path it runs (each path's rows cost their own) and, for a trimmed head, its rows."""
+        head = {} if self.head is None else {"head_rows": self.head.size}
         return {**file_identity(self.weights.path, self.n_threads), "kernel": Path(self.lib._name).stem,
-                "path": kernel_path(self.lib)}
+                "path": kernel_path(self.lib), **head}
 
     @torch.inference_mode()
     def forward(
@@ -1092,10 +1146,34 @@ def run_together(calls: Sequence[tuple[GGUFCausalLM, Piece]]) -> list[torch.Tens
         last = x[wanted].contiguous()
         normed = torch.empty(total, H, dtype=torch.float32)
         lib.gguf_rmsnorm(last.data_ptr(), w.final_norm.data_ptr(), total, H, w.eps, normed.data_ptr())
-        w.head(lib, normed, logits, total, False, threads)
+        _score_heads(lib, w, [(model.head, piece.want) for model, piece in calls], normed, logits, threads)
         # The head quantizes its input rows, which reads a NaN as 0 (finite, uniform logits): a row
         # whose hidden state is not finite (damaged weights) gets NaN logits, for the decode loop to stop on.
         broken = ~torch.isfinite(last).all(dim=1)
         if bool(broken.any()):
             logits[broken] = float("nan")
     return list(logits.split([piece.want for _, piece in calls]))
+
+
+def _score_heads(lib: ctypes.CDLL, w: GGUFWeights, heads: Sequence[tuple[TrimmedHead | None, int]],
+                 normed: torch.Tensor, logits: torch.Tensor, threads: int) -> None:
+    """Logits [rows, V] of the normed rows [rows, H], each sequence's rows (in order, ``heads``:
+    its head and its row count) through its own head: the full head (None) or a trimmed one."""
+    rows_of: dict[int, list[int]] = {}  # id(head) -> the rows it scores
+    by_id: dict[int, TrimmedHead | None] = {}
+    at = 0
+    for head, want in heads:
+        rows_of.setdefault(id(head), []).extend(range(at, at + want))
+        by_id[id(head)] = head
+        at += want
+    for key, rows in rows_of.items():
+        head, n = by_id[key], len(rows)
+        if n == 0:
+            continue
+        x, out = (normed, logits) if n == at else (normed[rows].contiguous(), torch.empty(n, w.vocab_size))
+        if head is None:
+            w.head(lib, x, out, n, False, threads)
+        else:
+            head(lib, x, out, n, threads)
+        if out is not logits:
+            logits[rows] = out

@@ -40,7 +40,8 @@ class Backend:
     sequence's own pass computes it (``specdec serve --parallel``); such a model tells what one
     sequence's KV cache takes at a full context (its ``cache_bytes``). ``weights``: what a model on
     it runs, as load notes say it after the weights' description (None: the dtype says it).
-    ``module``: the module that loads a GGUF file onto it (its ``load``; None: transformers loads the
+    ``trims_draft_head``: a draft model on it can score a subset of its vocabulary only
+    (:func:`specdec.models.trim_draft`). ``module``: the module that loads a GGUF file onto it (its ``load``; None: transformers loads the
     model, :func:`specdec.models.load_model`)."""
 
     name: str
@@ -51,6 +52,7 @@ class Backend:
     shares_passes: bool = False
     weights: str | None = None
     module: str | None = None
+    trims_draft_head: bool = False
 
     @property
     def batch_invariant(self) -> bool:
@@ -96,7 +98,8 @@ TABLE: tuple[Backend, ...] = (
         "plain decoding at near-ties, and a cached prompt may change an answer"),
         capabilities=frozenset({TREES, SNAPSHOTS}), weights="GGUF via llama.cpp", module="specdec.backends.llamacpp"),
     Backend(GGUF, "specdec's GGUF kernel", runs_gguf=True, capabilities=frozenset({TREES, SNAPSHOTS}),
-            shares_passes=True, weights="GGUF on specdec kernels", module="specdec.backends.gguf"),
+            shares_passes=True, weights="GGUF on specdec kernels", module="specdec.backends.gguf",
+            trims_draft_head=True),
 )
 AUTO = "auto"  # the choice that picks a backend per model when it loads
 

@@ -41,7 +41,7 @@ from specdec.constraints import Constraints
 from specdec.prompts import Prompt
 from specdec.sampling import SamplingConfig
 from specdec.bench.sample import Sample, median as _median
-from specdec.models import Located, Pair, load_model
+from specdec.models import Located, Pair, load_model, load_tokenizer, trim_draft
 
 
 WARMUP_SERVER_TOKENS = 8
@@ -75,6 +75,7 @@ class BenchBackends:
     pairs: dict[str, Pair] = field(default_factory=dict)  # backend -> its loaded models (load_gguf_pairs)
     peers: dict[str, Any] = field(default_factory=dict)  # peer kind -> the llama.cpp binding's own model
     n_ctx: int = 0  # the context the GGUF models are loaded with
+    draft_vocab: int | str | None = None  # how many ids a kernel draft's head scores (--draft-vocab; models.trim_draft)
 
     def peer(self, method: MethodSpec) -> Any:
         """The llama.cpp binding's own model of a ``llamacpp-*`` peer on the target's GGUF (loaded on
@@ -116,6 +117,9 @@ def load_gguf_pairs(backends: BenchBackends, methods: Sequence[MethodSpec], n_ct
             pair.draft = pair.target.fork() if same else load_model(files.draft, backend, n_threads=backends.n_threads,
                                                                     n_ctx=backends.n_ctx)
             pair.draft_name, pair.draft_backend = files.draft.name, backend
+            if backends.draft_vocab is not None:
+                pair.draft, pair.draft_vocab = trim_draft(pair.draft, load_tokenizer(files.draft), backends.draft_vocab,
+                                                          backend, name=files.draft.name, cache_dir=files.draft.cache_dir)
 
 
 ENDPOINTS = ("completions", "chat")

@@ -209,7 +209,8 @@ def _run(args: argparse.Namespace, argv: Sequence[str] | None, out: Path, method
     _warn_if_busy(env)
     # the GGUFs first: a missing binding or GGUF fails before any model loads
     backends = BenchBackends(args.draft_weights, ggufs=gguf_files(args, methods),
-                             n_threads=args.threads or torch.get_num_threads(), servers=bench_servers(args, methods))
+                             n_threads=args.threads or torch.get_num_threads(), servers=bench_servers(args, methods),
+                             draft_vocab=args.draft_vocab)
     try:
         env["machine"] = report.machine_record(args.threads or torch.get_num_threads(), _target_gguf(backends),
                                                why_no_target="no method runs a GGUF")
@@ -481,6 +482,10 @@ def gguf_files(args: argparse.Namespace, methods: Sequence[MethodSpec]) -> dict[
                            f"install it ({llamacpp_backend.INSTALL}), or leave out the {row.label} methods "
                            "(--backend torch, no llamacpp-ar)", code=2)
         draft = args.draft is not None and any(m.needs_draft_model for m in on_it)
+        if draft and isinstance(args.draft_vocab, int) and not row.trims_draft_head:
+            raise CLIError(f"--draft-vocab trims the head of a draft on specdec's GGUF kernel, but "
+                           f"{', '.join(m.name for m in on_it if m.needs_draft_model)} draft on {row.label}",
+                           "run those methods with backend=gguf, or leave --draft-vocab out", code=2)
         ggufs[row.name] = GGUFs(located_gguf(args.target, args), located_gguf(args.draft, args) if draft else None)
     return ggufs
 
@@ -505,6 +510,8 @@ def bench_servers(args: argparse.Namespace, methods: Sequence[MethodSpec]) -> Se
     for dest in ("dtype", "kernels", "draft_weights"):
         if common.given(args, dest):
             torch_argv += [f"--{dest.replace('_', '-')}", str(getattr(args, dest))]
+    if common.given(args, "draft_vocab"):  # the servers' drafts on the GGUF kernel
+        argv += ["--draft-vocab", str(args.draft_vocab)]
     return Servers(target, draft, argv, n_threads=args.threads, n_ctx=llamacpp_backend.DEFAULT_CTX,
                    torch_argv=torch_argv)
 

@@ -73,6 +73,19 @@ seed_int = _number(int, lambda v: 0 <= v < 2**64, "an integer in [0, 2**64)")  #
 context_tokens = _number(int, lambda v: v >= models.MIN_CONTEXT, f"a number of tokens >= {models.MIN_CONTEXT}")
 
 
+def draft_vocab(text: str) -> int | str:
+    """--draft-vocab's type: ``all`` (any case), or a positive number of ids."""
+    if text.strip().lower() == models.ALL_IDS:
+        return models.ALL_IDS
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"takes a positive number of ids or 'all', got {text!r}")
+    return value
+
+
 def draft_name(text: str) -> str | None:
     """--draft's type: None for ``none`` (any case: the target decodes alone), else the model's name.
     The command line reads ``args.draft is None``, never the word."""
@@ -109,6 +122,12 @@ def add_model_options(parser: argparse.ArgumentParser, *, draft: bool = True) ->
                                 f"'none' decodes with the target alone (default: {models.DEFAULT_DRAFT})")
         weights = option("sampling", "draft_weights")
         group.add_argument(weights.flag, default=weights.default, choices=list(weights.choices()), help=weights.help)
+        group.add_argument("--draft-vocab", type=draft_vocab, default=None, metavar="N|all", action=Given,
+                           help="how many ids of its vocabulary a draft model on specdec's GGUF kernel scores: the N "
+                                "most frequent (in Python's own source and documentation; its special and chat tokens "
+                                "always), so its head reads N of its rows; 'all' scores every id. Output stays the "
+                                "target's; a target token outside the N cannot be drafted (default: all; "
+                                f"{models.DRAFT_VOCAB} measured best per draft token for the default pair)")
     group.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"], action=Given,
                        help="compute dtype (default: bfloat16; on CPU verification is only cheap in bf16)")
     group.add_argument("--kernels", default="auto", choices=["auto", "torch"], action=Given,
@@ -282,7 +301,8 @@ def decode_config(args: argparse.Namespace) -> DecodeConfig:
 
 def load_models(target: str, draft: str | None = None, *, backend: str = TORCH, cache_dir: str | None = None,
                 dtype: str = "bfloat16", kernels: str = "auto", threads: int | None = None,
-                draft_weights: str = "int8", typed: Collection[str] = (), ctx_size: int | None = None) -> models.Pair:
+                draft_weights: str = "int8", typed: Collection[str] = (), ctx_size: int | None = None,
+                draft_vocab: int | str | None = None) -> models.Pair:
     """The target and, unless ``draft`` is None, the draft, as a
     :class:`~specdec.models.Pair` (:func:`specdec.models.load_pair`, which checks the two share a
     vocabulary): what every sub-command that decodes holds. Notes on stderr say what loads, and a
@@ -290,6 +310,7 @@ def load_models(target: str, draft: str | None = None, *, backend: str = TORCH, 
 
     backend: --backend ('auto', 'torch', 'llamacpp' or 'gguf'); threads: the GGUF backends' thread
     count (None: their default); ctx_size: --ctx-size, their context (None: their default);
+    draft_vocab: --draft-vocab (None: the default; :func:`specdec.models.trim_draft`);
     draft_weights: --draft-weights, kept in the pair. typed: the
     options the user typed (``args.given``): a typed --dtype or --kernels is refused when every
     model runs a GGUF's own weights, where they do not apply."""
@@ -304,7 +325,7 @@ def load_models(target: str, draft: str | None = None, *, backend: str = TORCH, 
 
     try:
         pair = models.load_pair(target, draft, backend=backend, cache_dir=cache_dir, dtype=dtype, kernels=kernels,
-                                n_threads=threads, n_ctx=ctx_size, on_load=loading)
+                                n_threads=threads, n_ctx=ctx_size, draft_vocab=draft_vocab, on_load=loading)
     except (models.ModelPackError, models.ContextSizeError) as err:
         raise CLIError(err.message, err.hint) from None
     pair.draft_weights = draft_weights
@@ -315,18 +336,21 @@ def load_models(target: str, draft: str | None = None, *, backend: str = TORCH, 
     _loaded_notes(pair.target_name, pair.target, pair.backend)
     if pair.draft_name is not None and pair.draft_name != pair.target_name:  # the same name: the target's weights
         _loaded_notes(pair.draft_name, pair.draft, pair.draft_backend)
+    if pair.draft_vocab is not None:
+        note(f"{pair.draft_name} drafts over the {pair.draft_vocab:,} most frequent of its {pair.draft.vocab_size:,} ids "
+             "(--draft-vocab all: every id)")
     return pair
 
 
 def load_models_from(args: argparse.Namespace, *, draft: bool = True) -> models.Pair:
     """:func:`load_models` with what the parsed options say: --target, --draft (unless ``draft`` is
     False), --backend (torch where the command has none), --cache-dir, --dtype, --kernels, --threads,
-    --ctx-size, --draft-weights."""
+    --ctx-size, --draft-weights, --draft-vocab."""
     return load_models(args.target, args.draft if draft else None, backend=getattr(args, "backend", TORCH),
                        cache_dir=getattr(args, "cache_dir", None), dtype=args.dtype,
                        kernels=getattr(args, "kernels", "auto"), threads=getattr(args, "threads", None),
                        draft_weights=getattr(args, "draft_weights", "int8"), typed=getattr(args, "given", frozenset()),
-                       ctx_size=getattr(args, "ctx_size", None))
+                       ctx_size=getattr(args, "ctx_size", None), draft_vocab=getattr(args, "draft_vocab", None))
 
 
 def _loaded_notes(name: str, model: Any, backend: str) -> None:

@@ -91,12 +91,13 @@ class Served:
     backend: str
     eos: frozenset[int]
     limits: rq.PromptLimits
+    draft_vocab: int | None = None  # how many ids the draft's head scores (None: every one)
 
     @classmethod
     def of(cls, models: Pair) -> "Served":
         return cls(models.tokenizer, models.target_name, models.draft_name, models.draft is not None,
                    models.draft_weights, models.backend, frozenset(eos_token_ids_of(models.target, models.tokenizer)),
-                   rq.PromptLimits.of(models.target, models.tokenizer))
+                   rq.PromptLimits.of(models.target, models.tokenizer), models.draft_vocab)
 
 
 def create_app(models: Pair, options: ServerOptions, thread: ModelThread | None = None) -> FastAPI:
@@ -178,6 +179,7 @@ def _private_routes(state: _State) -> APIRouter:
             "speculative": {"method": str(options.method), "seeded_sampler": options.seeded_sampler,
                             "draft": models.draft_name,
                             "draft_weights": models.draft_weights if models.has_draft else None,
+                            "draft_vocab": models.draft_vocab,
                             "parallel": options.parallel},
         }]}
 
