@@ -42,6 +42,7 @@ ARGS = {"target": PACK, "draft": "none", "backend": "gguf", "method": METHOD, "t
 def local_ray():
     if packs.missing_parts(packs.PACKS[PACK]):
         pytest.skip(f"pack {PACK} is not installed")
+    cluster.patient_proxy()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     port = _free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})

@@ -456,6 +456,19 @@ def run(app: Any, args: argparse.Namespace, deploying: Callable[[], None], ready
                 ray.shutdown()
 
 
+# Seconds Serve's HTTP proxy has to say it is ready once it starts, before Ray's controller counts a
+# failed check (three in a row and it kills the proxy and starts another). Ray's own 5 s is too short
+# where the machine is busy: on a 2-core machine with both cores loaded, the proxy's imports took
+# longer than three checks, and Serve never started. Set in the environment of a Ray this process
+# starts (Ray's processes inherit it); a value already in the environment is kept.
+PROXY_READY_SECONDS = "60"
+
+
+def patient_proxy() -> None:
+    """Give Serve's proxy :data:`PROXY_READY_SECONDS` to start (a Ray started after this call)."""
+    os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", PROXY_READY_SECONDS)
+
+
 def _connect(address: str | None) -> None:
     if address is not None and ":" in address and "://" not in address:
         host, _, port = address.rpartition(":")
@@ -465,6 +478,7 @@ def _connect(address: str | None) -> None:
             raise ClusterError(f"--ray-address {address}: no Ray head answers there ({_one_line(err)})",
                                "start one with 'ray start --head' and give its address, or leave --ray-address "
                                "out to start Ray on this machine") from None
+    patient_proxy()
     try:
         ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False,
                  ignore_reinit_error=True)

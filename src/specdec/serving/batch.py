@@ -40,9 +40,10 @@ def generate_many(
     configs = [_config(c, overrides, f"configs[{i}]") for i, c in enumerate(configs)]
     if draft is not None:
         _check_model(draft, "draft")
-    # one slot per prompt where the models share passes; else one prompt after another
-    parallel = max(1, len(prompts)) if shares_passes(target, draft) else 1
-    engine = Engine(Pair(target, tokenizer, draft), parallel=parallel, prompt_cache_bytes=None)
+    # one slot per prompt where the models share passes (one prompt too); else one prompt after another
+    sharing = shares_passes(target, draft)
+    engine = Engine(Pair(target, tokenizer, draft), parallel=max(1, len(prompts)) if sharing else 1,
+                    prompt_cache_bytes=None, slots=sharing)
     return engine.run([Work(p, c, k, logprobs) for p, c, k in zip(prompts, configs, constraints)])
 
 

@@ -232,11 +232,14 @@ class Engine:
     caches of earlier requests (:mod:`specdec.serving.prompt_cache`; None: keep the live cache
     only). ``datastore``: a :class:`specdec.datastore.Datastore` each finished output is added to.
     ``observer``: an :class:`Observer`. ``thread``: the :class:`ModelThread` the models were loaded
-    on (None: a new one at :meth:`start`). Requests run once :meth:`start` is called."""
+    on (None: a new one at :meth:`start`). ``slots``: decode in slots whose passes are shared even
+    with ``parallel`` 1 (None: with more than one), as :func:`specdec.generate_many` does for any
+    number of prompts. Requests run once :meth:`start` is called."""
 
     def __init__(self, pair: Pair, *, parallel: int = 1, max_queue: int = 16,
                  prompt_cache_bytes: int | None = DEFAULT_PROMPT_CACHE_BYTES, datastore: Any = None,
-                 observer: Observer | None = None, thread: ModelThread | None = None) -> None:
+                 observer: Observer | None = None, thread: ModelThread | None = None,
+                 slots: bool | None = None) -> None:
         if parallel < 1:
             raise ValueError(f"parallel must be at least 1, got {parallel}")
         self.pair = pair
@@ -245,7 +248,8 @@ class Engine:
         self.datastore = datastore
         self.observer = observer if observer is not None else Observer()
         self.thread = thread
-        self.pool = Pool(pair.target, pair.draft, parallel, self.observer) if parallel > 1 else None
+        slots = parallel > 1 if slots is None else slots
+        self.pool = Pool(pair.target, pair.draft, parallel, self.observer) if slots else None
         self.prompt_cache = (PromptCache(prompt_cache_bytes) if prompt_cache_bytes is not None and is_backend(pair.target)
                              else None)
         self.history: collections.deque[Handle] = collections.deque(maxlen=256)  # finished requests, newest last
