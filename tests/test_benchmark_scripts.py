@@ -772,3 +772,26 @@ def test_edits_set_runs(tmp_path):
             "source"]["python"]:
         assert out.read_text() == (BENCHMARKS / "edits.jsonl").read_text()
         assert unrelated.read_text() == (BENCHMARKS / "edits-unrelated.jsonl").read_text()
+
+
+@pytest.mark.slow
+def test_ray_ingress_cost_runs(tmp_path):
+    """The cluster's ingress and router cost per request, on two requests of a few tokens."""
+    pytest.importorskip("ray.serve", reason="the ray extra is not installed")
+    need_pack()
+    out = tmp_path / "ray-ingress-cost.json"
+    ran(run_script("ray_ingress_cost.py", "--requests", "2", "--max-tokens", "4", "--out", str(out)))
+    data = read_json(out)
+    assert {"ingress", "router_tree_calls_ms_per_request", "machine"} <= set(data)
+
+
+@pytest.mark.slow
+def test_ray_overhead_runs(tmp_path):
+    """specdec serve alone against the Ray app, SmolLM2, one round of two prompts of a few tokens."""
+    pytest.importorskip("ray.serve", reason="the ray extra is not installed")
+    need_pack()
+    out = tmp_path / "ray-overhead.json"
+    ran(run_script("ray_overhead.py", "--target", PACK, "--draft", PACK, "--threads", "1", "--clients", "2",
+                   "--prompts", "mtbench:2", "--rounds", "1", "--max-tokens", "4", "--out", str(out)))
+    data = read_json(out)
+    assert {"startup_seconds", "summary", "turns"} <= set(data)

@@ -540,7 +540,7 @@ def load_pair(
     where = {name: choice["backend"] for name, choice in choices.items()}
     for name in names:
         check_context(n_ctx, where[name], name)  # before any model loads
-    if draft is not None and isinstance(draft_vocab, int) and where[draft] != GGUF:
+    if draft is not None and isinstance(draft_vocab, int) and not BACKENDS_BY_NAME[where[draft]].trims_draft_head:
         trim_draft(None, None, draft_vocab, where[draft], name=draft)  # refused before any model loads
 
     def load_one(name: str) -> Any:
