@@ -116,6 +116,11 @@ def test_the_scale_of_the_options():
     config = auto.deployment()["autoscaling_config"]
     assert (config.min_replicas, config.max_replicas, config.initial_replicas) == (1, 4, 1)
     assert config.target_ongoing_requests == 2 and auto.imbalance == 2  # a replica's slots
+    assert fixed.router == "prefix" and cluster.Scale.of(parse({"router": "load"})).router == "load"
+    from specdec.cli.common import CLIError
+
+    with pytest.raises(CLIError, match="--router: invalid choice: 'random'"):
+        parse({"router": "random"})
 
 
 def test_the_router_reads_a_prompts_tokens_and_only_exact_requests_are_sent_again():

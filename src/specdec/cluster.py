@@ -31,7 +31,9 @@ import dataclasses
 import logging
 import os
 import re
+import signal
 import socket
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
@@ -75,7 +77,8 @@ class Scale:
     under way per replica as it has ``slots``; ``threads``: each replica's CPUs (``--threads``, else
     this machine's CPUs shared among the most replicas asked for); ``imbalance``: how many more
     requests one replica may have under way than another before the router stops following
-    prefixes and picks the less loaded."""
+    prefixes and picks the less loaded; ``router``: ``prefix`` (Ray Serve's prefix-aware router) or
+    ``load`` (Ray Serve's default: the less loaded of two replicas drawn at random, no prefixes)."""
 
     replicas: int
     min_replicas: int | None
@@ -84,6 +87,7 @@ class Scale:
     slots: int  # requests a replica decodes at once (--parallel; 1 where each replica chooses its own)
     max_queue: int  # requests that may wait at a replica; as many more wait at the ingress
     imbalance: float
+    router: str = "prefix"
 
     @classmethod
     def of(cls, args: argparse.Namespace) -> "Scale":
@@ -91,7 +95,8 @@ class Scale:
         slots = args.parallel or 1
         return cls(args.replicas, args.min_replicas, args.max_replicas,
                    args.threads or max(1, (os.cpu_count() or 1) // most), slots, args.max_queue,
-                   args.router_imbalance if args.router_imbalance is not None else float(slots))
+                   args.router_imbalance if args.router_imbalance is not None else float(slots),
+                   getattr(args, "router", "prefix"))
 
     @property
     def autoscaling(self) -> bool:
@@ -404,12 +409,11 @@ def application(build: Callable[[argparse.Namespace], Engine], args: argparse.Na
     server's ``options``, over :class:`Scale`'s replicas of the engine ``build(args)`` makes."""
     scale = Scale.of(args)
     replica_args = argparse.Namespace(**{**vars(args), "threads": scale.threads})
+    router = {} if scale.router == "load" else {"request_router_config": RequestRouterConfig(
+        request_router_class=PrefixRouter, request_router_kwargs={"imbalanced_threshold": scale.imbalance},
+        request_routing_stats_period_s=STATUS_PERIOD)}
     engine = serve.deployment(Replica, name=ENGINE).options(
-        max_constructor_retry_count=1, health_check_period_s=10,
-        request_router_config=RequestRouterConfig(request_router_class=PrefixRouter,
-                                                  request_router_kwargs={"imbalanced_threshold": scale.imbalance},
-                                                  request_routing_stats_period_s=STATUS_PERIOD),
-        **scale.deployment())
+        max_constructor_retry_count=1, health_check_period_s=10, **router, **scale.deployment())
     ingress = serve.deployment(Ingress, name=INGRESS).options(num_replicas=1, ray_actor_options={"num_cpus": 0})
     return ingress.bind(engine.bind(build, replica_args), options)
 
@@ -429,8 +433,11 @@ class ClusterError(Exception):
 def run(app: Any, args: argparse.Namespace, deploying: Callable[[], None], ready: Callable[[], None]) -> None:
     """Join the Ray cluster at ``args.ray_address`` (or start one on this machine), call
     ``deploying``, deploy ``app`` with its HTTP proxy at ``args.host``:``args.port``, call
-    ``ready``, and serve until Ctrl-C; then delete the application (and stop the Ray this started)."""
+    ``ready``, and serve until Ctrl-C or SIGTERM (what ``kill``, systemd and a container's stop
+    send); then delete the application (and stop the Ray this started)."""
     local, deployed = args.ray_address is None, False
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _interrupted)
     _connect(args.ray_address)
     try:
         _check_cpus(Scale.of(args))
@@ -454,6 +461,10 @@ def run(app: Any, args: argparse.Namespace, deploying: Callable[[], None], ready
             if local:
                 serve.shutdown()
                 ray.shutdown()
+
+
+def _interrupted(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt  # SIGTERM ends the cluster as Ctrl-C does: its application deleted, its Ray stopped
 
 
 # Seconds Serve's HTTP proxy has to say it is ready once it starts, before Ray's controller counts a

@@ -4,7 +4,7 @@ and the ``import_path`` of a ``serve deploy`` config (examples/ray-serve.yaml).
 Each ``key=value`` is the ``specdec serve`` option ``--key value`` (``_`` and ``-`` alike; a flag
 such as ``no_prompt_cache=true`` is given as true), read by the same parser, so every option means
 what it means for one server: ``replicas``, ``min_replicas``, ``max_replicas``, ``threads`` (each
-replica's CPUs) and ``router_imbalance`` shape the cluster (:mod:`specdec.cluster`), the rest its
+replica's CPUs), ``router`` and ``router_imbalance`` shape the cluster (:mod:`specdec.cluster`), the rest its
 replicas and its ingress. Ray Serve's own ``--address`` and HTTP options say where it runs.
 """
 

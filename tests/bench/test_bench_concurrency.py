@@ -256,6 +256,29 @@ def test_servers_start_with_n_slots_and_llama_server_with_n_times_the_context(mo
     assert argv[argv.index("-np") + 1] == "4" and argv[argv.index("-c") + 1] == "16384"  # 4096 per slot
 
 
+def test_a_method_via_ray_runs_specdec_serve_on_ray_its_replicas_sharing_threads_and_slots(tmp_path):
+    from specdec.bench.methods import method_of_record
+
+    method = parse_method("spec:via=ray:replicas=2", "gguf")
+    assert method.is_server and method.replicas == 2
+    assert parse_method(method.name, "gguf") == method == method_of_record(method.record())
+    assert parse_method("spec:via=ray", "gguf").replicas == 1 and parse_method("spec:via=ray", "gguf").name.endswith(":via=ray")
+    run = servers.Servers(tmp_path / "t.gguf", None, ["--target", "t", "--draft", "d"], n_threads=2, n_ctx=4096)
+    run.parallel = 4
+    key = servers.server_key(method)
+    assert key != servers.server_key(parse_method("spec:via=serve", "gguf"))  # a server of its own
+    argv = run._argv(key)
+    assert argv[argv.index("--ray") + 1:argv.index("--ray") + 3] == ["--replicas", "2"]
+    assert argv[argv.index("--threads") + 1] == "1" and argv[argv.index("--parallel") + 1] == "2"  # per replica
+    assert argv[argv.index("--method") + 1] == str(method.config)
+    alone = run._argv(servers.server_key(parse_method("spec:via=serve", "gguf")))
+    assert "--ray" not in alone and alone[alone.index("--threads") + 1] == "2"
+    for bad, says in (("spec:via=serve:replicas=2", "via=ray"), ("spec:via=ray:replicas=0", "positive"),
+                      ("llama-server:via=ray", "via=")):
+        with pytest.raises(ValueError, match=says):
+            parse_method(bad, "gguf")
+
+
 def test_concurrency_times_servers_only(capsys, tmp_path):
     code = cli.main(["bench", "--target", PACK, "--draft", "none", "--concurrency", "2", "--methods", "ar",
                      "--backend", "gguf", "--out", str(tmp_path / "out")])

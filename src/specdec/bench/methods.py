@@ -18,7 +18,10 @@ own server (``llama-server``, ``llama-server-md``, ``llama-server-spec-default``
 The server peers are called over HTTP by the same client as ``specdec serve``: a project method
 with ``via=serve`` runs through a ``specdec serve`` process of its own (started with that
 method, and for ``ar`` with ``--draft none``) instead of the library, so the server path is what is compared (:mod:`specdec.bench.servers`).
-A ``spec`` method with ``via=serve`` also takes ``prediction=yes``: its requests carry the
+``via=ray`` runs it through ``specdec serve --ray`` instead: the same
+models deployed on a local Ray Serve (:mod:`specdec.cluster`), ``replicas=N`` of them (default 1),
+the bench's threads and slots shared among them, so the cluster's path is what is compared.
+A ``spec`` method with ``via=serve`` or ``via=ray`` also takes ``prediction=yes``: its requests carry the
 prompt's predicted output (OpenAI's Predicted Outputs, from a prompt file's ``"prediction"``),
 which the server drafts from; the same method without the key sends the same requests without
 it, as every other method does (llama-server has no such field).
@@ -115,7 +118,7 @@ PEERS: dict[str, Peer] = {peer.name: peer for peer in (
          drafter="ngram", server_flags=("--spec-type", "ngram-simple")),
 )}
 
-VIAS = ("library", "serve")  # how a project method is called: specdec.stream, or a specdec serve process
+VIAS = ("library", "serve", "ray")  # how a project method is called: specdec.stream, a specdec serve process, or specdec serve --ray
 
 
 @dataclass(frozen=True)
@@ -124,7 +127,8 @@ class MethodSpec:
     method's decoding method, its drafter named (:meth:`DecodeConfig.resolve`). ``k``: a peer's
     (None: the peer's default). ``backend``: where the target runs, ``torch``, ``llamacpp`` or ``gguf`` (a
     peer's is its :attr:`Peer.backend`). ``via``: ``library`` or ``serve`` (see the module docstring).
-    ``prediction``: a served ``spec`` method's requests carry the prompt's predicted output."""
+    ``prediction``: a served ``spec`` method's requests carry the prompt's predicted output.
+    ``replicas``: a ``via=ray`` method's replicas."""
 
     kind: str
     config: DecodeConfig | None = None
@@ -132,6 +136,7 @@ class MethodSpec:
     backend: str = TORCH
     via: str = "library"
     prediction: bool = False
+    replicas: int = 1
 
     def __post_init__(self) -> None:
         if self.kind in PEERS:  # a peer runs where its tool runs
@@ -143,7 +148,8 @@ class MethodSpec:
     def name(self) -> str:
         """The canonical string; ``parse_method(spec.name) == spec``."""
         backend = "" if self.backend == TORCH or self.is_peer else f":backend={self.backend}"
-        backend += ":via=serve" if self.via == "serve" else ""
+        backend += f":via={self.via}" if self.via != "library" else ""
+        backend += f":replicas={self.replicas}" if self.replicas != 1 else ""
         backend += ":prediction=yes" if self.prediction else ""
         if self.kind != "spec":
             return (self.kind if self.k is None else f"{self.kind}:k={self.k}") + backend
@@ -176,8 +182,8 @@ class MethodSpec:
 
     @property
     def is_server(self) -> bool:
-        """Called over HTTP: a llama-server peer, or a project method with ``via=serve``."""
-        return (self.kind in PEERS and PEERS[self.kind].is_server) or self.via == "serve"
+        """Called over HTTP: a llama-server peer, or a project method with ``via=serve`` or ``via=ray``."""
+        return (self.kind in PEERS and PEERS[self.kind].is_server) or self.via != "library"
 
     @property
     def needs_draft_model(self) -> bool:
@@ -219,6 +225,7 @@ class MethodSpec:
         options = {} if config is None else {
             **(config.policy_options or {}), **(config.tree or {}), **(config.drafter_options or {})}
         return {"kind": self.kind, "backend": self.backend, "via": self.via, "prediction": self.prediction,
+                "replicas": self.replicas,
                 "verifier": self.verifier,
                 "drafter": self.drafter,
                 "k": config.k if config is not None else self.k, "policy": self.policy,
@@ -244,16 +251,21 @@ def parse_method(text: str, default_backend: str = TORCH) -> MethodSpec:
     backends = [f.partition("=")[2] for f in fields if f.partition("=")[0] == "backend"]
     vias = [f.partition("=")[2] for f in fields if f.partition("=")[0] == "via"]
     predictions = [f.partition("=")[2] for f in fields if f.partition("=")[0] == "prediction"]
-    fields = [f for f in fields if f.partition("=")[0] not in ("backend", "via", "prediction")]
-    for key, given in (("backend", backends), ("via", vias), ("prediction", predictions)):
+    replicas = [f.partition("=")[2] for f in fields if f.partition("=")[0] == "replicas"]
+    fields = [f for f in fields if f.partition("=")[0] not in ("backend", "via", "prediction", "replicas")]
+    for key, given in (("backend", backends), ("via", vias), ("prediction", predictions), ("replicas", replicas)):
         if len(given) > 1:
             raise ValueError(f"method {text!r}: {key}= given twice")
     if predictions and predictions[0] not in ("yes", "no"):
         raise ValueError(f"method {text!r}: prediction= takes yes or no, got {predictions[0]!r}")
     prediction = predictions == ["yes"]
-    if prediction and (kind != "spec" or vias != ["serve"]):
+    if prediction and (kind != "spec" or vias not in (["serve"], ["ray"])):
         raise ValueError(f"method {text!r}: prediction=yes sends the prompt's predicted output with a server "
-                         "request: give it to a spec method with via=serve")
+                         "request: give it to a spec method with via=serve or via=ray")
+    if replicas and vias != ["ray"]:
+        raise ValueError(f"method {text!r}: replicas= is the number of a cluster's replicas: give it with via=ray")
+    if replicas and (not replicas[0].isdigit() or int(replicas[0]) < 1):
+        raise ValueError(f"method {text!r}: replicas must be a positive integer, got {replicas[0]!r}")
     backend = backends[0] if backends else default_backend
     if backend not in backend_table.NAMES:
         raise ValueError(f"method {text!r}: unknown backend {backend!r}; choose one of {', '.join(backend_table.NAMES)}")
@@ -275,7 +287,8 @@ def parse_method(text: str, default_backend: str = TORCH) -> MethodSpec:
         raise ValueError(
             f"method {text!r}: the {config.drafter} drafter reads the transformers model's layers or hidden "
             f"states, so it runs on backend=torch only; on {backend} draft with model, ngram or ngram+model")
-    return MethodSpec("ar" if config.is_ar else "spec", config, backend=backend, via=via, prediction=prediction)
+    return MethodSpec("ar" if config.is_ar else "spec", config, backend=backend, via=via, prediction=prediction,
+                      replicas=int(replicas[0]) if replicas else 1)
 
 
 def _parse_peer(text: str, kind: str, fields: list[str]) -> MethodSpec:
@@ -303,7 +316,7 @@ def method_of_record(record: dict[str, Any]) -> MethodSpec:
     when it was written (the record always names the drafter and policy)."""
     kind, backend, via = record["kind"], record.get("backend", TORCH), record.get("via", "library")
     if kind != "spec":
-        return MethodSpec(kind, k=record.get("k"), backend=backend, via=via)
+        return MethodSpec(kind, k=record.get("k"), backend=backend, via=via, replicas=record.get("replicas", 1))
     options = dict(record.get("options") or [])
     tree = record["verifier"] == "tree"
     fields = ["spec", record["drafter"], record["verifier"]]
@@ -313,7 +326,8 @@ def method_of_record(record: dict[str, Any]) -> MethodSpec:
         if key == "choices" and isinstance(value, list):
             value = "|".join(".".join(map(str, p)) for p in value)
         fields.append(f"{key}={'/'.join(map(str, value)) if isinstance(value, list) else value}")
-    fields += ["via=serve"] if via == "serve" else []
+    fields += [f"via={via}"] if via != "library" else []
+    fields += [f"replicas={record['replicas']}"] if record.get("replicas", 1) != 1 else []
     fields += ["prediction=yes"] if record.get("prediction") else []
     return parse_method(":".join(fields), default_backend=backend)
 

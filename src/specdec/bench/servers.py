@@ -76,13 +76,15 @@ REQUEST_SECONDS = 3600.0
 
 
 PREDICTION_KEY = ":prediction=yes"  # ends the server key of a method that sends predictions
+RAY_KEY = ":ray="  # then the replicas, in the server key of a method served on Ray Serve
 
 
 def server_key(method: MethodSpec) -> str:
     """The :meth:`Servers.server` key of a server method."""
     if method.is_peer:
         return method.kind
-    return f"specdec:{method.backend}:{method.config}" + (PREDICTION_KEY if method.prediction else "")
+    ray = f"{RAY_KEY}{method.replicas}" if method.via == "ray" else ""
+    return f"specdec:{method.backend}:{method.config}{ray}" + (PREDICTION_KEY if method.prediction else "")
 
 
 class ServerMissing(RuntimeError):
@@ -198,8 +200,10 @@ class Servers:
         """The running server for ``key`` (:func:`server_key`): a llama-server peer's name, or
         ``specdec:<backend>:<method>`` (one ``specdec serve`` per method, with that method as its
         default and, for ``ar``, no draft model: as a user would start it, and so that no server
-        finds the prompt another method's run just left in its cache), followed by
-        ``:prediction=yes`` for the method that sends predictions (a server of its own, for the same reason)."""
+        finds the prompt another method's run just left in its cache), followed by ``:ray=N`` for
+        ``specdec serve --ray`` with N replicas (on a Ray of its own; the threads and slots divided
+        among the replicas) and by ``:prediction=yes`` for the method that sends predictions (a
+        server of its own, for the same reason)."""
         if key not in self.running:
             process = ServerProcess(key, self._argv(key), free_port())
             process.argv = [a.replace("{port}", str(process.port)) for a in process.argv]
@@ -211,13 +215,18 @@ class Servers:
         threads = [] if self.n_threads is None else [str(self.n_threads)]
         if key.startswith("specdec:"):
             _, backend, method = key.removesuffix(PREDICTION_KEY).split(":", 2)
+            method, _, replicas = method.partition(RAY_KEY)
             argv = list(self.specdec_argv) + (self.torch_argv if not BY_NAME[backend].runs_gguf else [])
             if method == "ar" and "--draft" in argv:
                 argv[argv.index("--draft") + 1] = "none"
+            share = int(replicas or 1)  # a cluster's replicas share the threads and slots one server has
+            cluster = ["--ray", "--replicas", replicas] if replicas else []
+            if self.n_threads is not None:
+                threads = [str(max(1, self.n_threads // share))]
             return [sys.executable, "-m", "specdec", "serve", *argv, "--backend", backend, "--method", method,
-                    "--port", "{port}", "--log-level", "warning", "--max-tokens", str(self.n_ctx),
+                    "--port", "{port}", "--log-level", "warning", "--max-tokens", str(self.n_ctx), *cluster,
                     *(["--threads", *threads] if threads else []),
-                    *(["--parallel", str(self.parallel)] if self.parallel is not None else [])]
+                    *(["--parallel", str(max(1, self.parallel // share))] if self.parallel is not None else [])]
         if self.target_gguf is None:
             raise ValueError(f"{key} runs the target's GGUF; give a pack or a .gguf file as the target")
         flags = list(PEERS[key].server_flags)

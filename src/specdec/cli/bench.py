@@ -62,7 +62,9 @@ EPILOG = (
     "Servers: a project method with via=serve (e.g. ar:via=serve, spec:via=serve, "
     "spec:model:block:k=4:backend=llamacpp:via=serve) runs through a `specdec serve` process of its own, "
     "started with that method as its default (ar's with --draft none), instead of the library, so the "
-    "server path is what is timed. The llama-server peers run llama.cpp's own server on the target's GGUF: "
+    "server path is what is timed; with via=ray (and replicas=N, default 1) through `specdec serve --ray` "
+    "instead, the models deployed on a Ray Serve of its own, the run's threads and slots divided among the "
+    "replicas (pip install 'specdec[ray]'). The llama-server peers run llama.cpp's own server on the target's GGUF: "
     "llama-server (plain decoding), llama-server-md (with the draft's GGUF: "
     f"{' '.join(LLAMA_SERVER_FLAGS['llama-server-md']).replace('{draft}', 'DRAFT')}) and llama-server-spec-default "
     f"({' '.join(LLAMA_SERVER_FLAGS['llama-server-spec-default'])}, its n-gram drafter) and llama-server-ngram "
@@ -128,7 +130,8 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                              "hf-prompt-lookup[:k=N], hf-ar, llamacpp-ar, and llama.cpp's own server: llama-server, "
                              "llama-server-md, llama-server-spec-default, llama-server-ngram (they need a llama-server binary: see "
                              "Servers below); ar and spec take backend=torch|llamacpp|gguf, and via=serve to run through "
-                             "a specdec serve process instead of the library (spec then also prediction=yes, which "
+                             "a specdec serve process instead of the library, via=ray[:replicas=N] through specdec "
+                             "serve --ray (spec then also prediction=yes, which "
                              "sends each prompt's predicted output); ar is always run, on each backend "
                              "used (default: %(default)s)")
     parser.add_argument("--backend", choices=tuple(BACKEND_CHOICES), default=TORCH,

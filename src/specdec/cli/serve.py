@@ -128,6 +128,10 @@ def add_serve_parser(subparsers: Any) -> None:
                          help="how many more requests one replica may have under way than another before the router "
                               "stops sending a conversation to the replica that holds its beginning and picks the "
                               "less loaded (default: a replica's slots, --parallel)")
+    cluster.add_argument("--router", choices=("prefix", "load"), default="prefix",
+                         help="how a request's replica is chosen: prefix, the replica whose prompt cache holds the "
+                              "longest start of its prompt (Ray Serve's prefix-aware router), or load, the less "
+                              "loaded of two drawn at random (Ray Serve's default) (default: prefix)")
     parser.set_defaults(func=run_serve)
 
 
@@ -239,7 +243,8 @@ def _check_no_cluster_options(args: argparse.Namespace) -> None:
     given = [flag for flag, value, unset in (("--ray-address", args.ray_address, None), ("--replicas", args.replicas, 1),
                                              ("--min-replicas", args.min_replicas, None),
                                              ("--max-replicas", args.max_replicas, None),
-                                             ("--router-imbalance", args.router_imbalance, None)) if value != unset]
+                                             ("--router-imbalance", args.router_imbalance, None),
+                                             ("--router", args.router, "prefix")) if value != unset]
     if given:
         raise CLIError(f"{given[0]} is an option of a cluster", "add --ray to serve on Ray Serve", code=2)
 
