@@ -39,13 +39,19 @@ from specdec.prompts import load_conversations
 PEERS = {"llama-server": "llama-server", "llama-server-spec-default": "llama-server --spec-default"}
 
 
-def server_names(methods: list[str], backends: list[str], peers: list[str]) -> dict[str, str]:
-    """Name in the report -> :class:`~specdec.bench.servers.Servers` key."""
+def server_names(methods: list[str], backends: list[str], peers: list[str], ray: int = 0) -> dict[str, str]:
+    """Name in the report -> :class:`~specdec.bench.servers.Servers` key. ``ray``: also each method
+    on ``specdec serve --ray`` with that many replicas, once with the prefix router and once with
+    ``--router load``."""
     names = {}
     for backend in backends:
         for method in methods:
             words = "--draft none" if method == "ar" else f"--method {method}"
             names[f"specdec serve --backend {backend} {words}"] = f"specdec:{backend}:{method}"
+            if ray:
+                for router, suffix in (("", ""), (" --router load", "/load")):
+                    names[f"specdec serve --ray --replicas {ray}{router} --backend {backend} {words}"] = \
+                        f"specdec:{backend}:{method}:ray={ray}{suffix}"
     return {**names, **{PEERS[p]: p for p in peers}}
 
 
@@ -122,6 +128,9 @@ def main() -> int:
     parser.add_argument("--backends", default="llamacpp", help="their backends: llamacpp, gguf (default: %(default)s)")
     parser.add_argument("--peers", default="llama-server,llama-server-spec-default",
                         help=f"llama-server's configurations: {', '.join(PEERS)} (default: %(default)s)")
+    parser.add_argument("--ray", type=int, default=0, metavar="REPLICAS",
+                        help="also run each method on specdec serve --ray with this many replicas (the threads "
+                             "divided among them), with the prefix router and with --router load (default: none)")
     parser.add_argument("--out", default=None)
     parser.add_argument("--report", default=None, metavar="JSON",
                         help="print the table of a run this script saved (--out), and run nothing")
@@ -167,7 +176,7 @@ def main() -> int:
     tokenizer = models.load_tokenizer(args.target)  # the GGUF's own: no torch conversion needed
     servers = Servers(target_gguf, models.gguf_path(args.draft, progress=False),
                       ["--target", args.target, "--draft", args.draft], n_threads=args.threads, n_ctx=DEFAULT_CTX)
-    names = server_names(methods, backends, peers)
+    names = server_names(methods, backends, peers, args.ray)
     keys = list(names.values())
     try:
         runs = run_all(servers, keys, conversations, tokenizer, max_tokens=args.max_tokens,

@@ -548,6 +548,25 @@ def test_draft_vocab_runs(tmp_path):
     assert data["ranking"]["corpus"]["characters"] == 100000 and "--corpus-chars 100000" in data["command"]
 
 
+@pytest.mark.slow
+def test_draft_vocab_end_to_end_runs(tmp_path):
+    """SmolLM2 as target and draft, its head trimmed to 4,096 ids, one and two clients, greedy."""
+    need_pack()
+    out = tmp_path / "e2e.json"
+    proc = ran(run_script("draft_vocab_end_to_end.py", "--target", PACK, "--draft", PACK, "--draft-vocab", "4096",
+                          "--prompts", "mtbench:2", "--clients", "1", "2", "--rounds", "2", "--max-new-tokens", "6",
+                          "--temperature", "0", "--threads", THREADS, "--out", str(out)))
+    data = read_json(out)
+    assert data["draft_vocab"] >= 4096 and [r["clients"] for r in data["rows"]] == [1, 1, 2]
+    for row in data["rows"]:
+        positive_numbers(row["trimmed_over_full"], 2)
+        positive_numbers(list(row["tokens_per_second"].values()), 3)
+        assert row["ar_forwards"] == 6 * len(row["prompts"]) and row["ar_drafted"] == 0
+        assert row["identical"] is True  # greedy: both drafts leave plain decoding's text
+    assert [(s["clients"], s["identical"]) for s in data["summary"]] == [(1, True), (2, True)]
+    assert "trimmed/full" in proc.stdout
+
+
 # ------------------------------------------------------------------------------------------------
 # specdec bench --help: the server methods and the llama-server peers
 

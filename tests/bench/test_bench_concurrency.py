@@ -271,6 +271,8 @@ def test_a_method_via_ray_runs_specdec_serve_on_ray_its_replicas_sharing_threads
     assert argv[argv.index("--ray") + 1:argv.index("--ray") + 3] == ["--replicas", "2"]
     assert argv[argv.index("--threads") + 1] == "1" and argv[argv.index("--parallel") + 1] == "2"  # per replica
     assert argv[argv.index("--method") + 1] == str(method.config)
+    load = run._argv(key + "/load")  # benchmarks/multi_turn.py's cluster that routes by load alone
+    assert load[load.index("--ray"):load.index("--ray") + 5] == ["--ray", "--replicas", "2", "--router", "load"]
     alone = run._argv(servers.server_key(parse_method("spec:via=serve", "gguf")))
     assert "--ray" not in alone and alone[alone.index("--threads") + 1] == "2"
     for bad, says in (("spec:via=serve:replicas=2", "via=ray"), ("spec:via=ray:replicas=0", "positive"),

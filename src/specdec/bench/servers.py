@@ -202,7 +202,7 @@ class Servers:
         default and, for ``ar``, no draft model: as a user would start it, and so that no server
         finds the prompt another method's run just left in its cache), followed by ``:ray=N`` for
         ``specdec serve --ray`` with N replicas (on a Ray of its own; the threads and slots divided
-        among the replicas) and by ``:prediction=yes`` for the method that sends predictions (a
+        among the replicas; ``:ray=N/load``: with ``--router load``) and by ``:prediction=yes`` for the method that sends predictions (a
         server of its own, for the same reason)."""
         if key not in self.running:
             process = ServerProcess(key, self._argv(key), free_port())
@@ -216,11 +216,12 @@ class Servers:
         if key.startswith("specdec:"):
             _, backend, method = key.removesuffix(PREDICTION_KEY).split(":", 2)
             method, _, replicas = method.partition(RAY_KEY)
+            replicas, _, router = replicas.partition("/")
             argv = list(self.specdec_argv) + (self.torch_argv if not BY_NAME[backend].runs_gguf else [])
             if method == "ar" and "--draft" in argv:
                 argv[argv.index("--draft") + 1] = "none"
             share = int(replicas or 1)  # a cluster's replicas share the threads and slots one server has
-            cluster = ["--ray", "--replicas", replicas] if replicas else []
+            cluster = ["--ray", "--replicas", replicas, *(["--router", router] if router else [])] if replicas else []
             if self.n_threads is not None:
                 threads = [str(max(1, self.n_threads // share))]
             return [sys.executable, "-m", "specdec", "serve", *argv, "--backend", backend, "--method", method,
