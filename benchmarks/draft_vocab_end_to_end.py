@@ -84,12 +84,15 @@ def main() -> None:
                 "accepted": sum(r.stats.accepted_tokens for r in results)}
 
     rows = []
+    warm: set[int] = set()
     for temperature in args.temperature:
         for clients in args.clients:
             groups = [list(range(i, min(i + clients, len(ids)))) for i in range(0, len(ids), clients)]
             for group in groups:
-                for method in METHODS:  # warm-up: page faults, and the planner measures each draft once
-                    run(method, group, temperature)
+                if clients not in warm:  # warm-up, once per group size: page faults, the planner's measurements
+                    warm.add(clients)
+                    for method in METHODS:
+                        run(method, group, temperature)
                 runs: dict[str, list[dict]] = {m: [] for m in METHODS}
                 for round_ in range(args.rounds):
                     turn = round_ % len(METHODS)
