@@ -10,10 +10,16 @@ machine, backend, model, dtype, threads) or measures and writes them.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
+
+try:
+    import fcntl
+except ImportError:  # not on Windows: measurements there are not serialized
+    fcntl = None  # type: ignore[assignment]
 
 import torch
 
@@ -21,8 +27,12 @@ from specdec.backends.gguf import MAX_PASS_ROWS
 from specdec.measurements import cache_file, cost_key
 from specdec.paths import load_measurement, save_measurement
 
-MAX_ROWS = 16  # the longest verify pass measured (k_max drafts + 1)
-GRID = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16)  # row counts timed; the rest interpolated
+# The longest verify pass measured: the default k_max (drafters.base.DEFAULT_K_MAX, 16) drafts and
+# the pass's own row. Measured, not extrapolated: on the GGUF kernel a pass of more than 16 rows
+# decodes each weight block again for the rows past the 16th, so the 17th row costs about three
+# times the one before it (docs/server.md, "How many rows a pass carries").
+MAX_ROWS = 17
+GRID = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 17)  # row counts timed; the rest interpolated
 REPEATS = (3, 7)  # sweeps of the grid: 3, or up to 7 while within MEASURE_SECONDS (1 if one takes longer)
 MEASURE_SECONDS = 4.0
 DUMMY_CONTEXT = 32  # tokens prefilled before timing, so the rows attend to a context
@@ -129,20 +139,51 @@ def row_costs(model: Any, max_rows: int = MAX_ROWS, *, cache_dir: str | Path | N
     """
     key = cost_key(model)
     path = cache_file(key, cache_dir)
-    saved = None if refresh else load_measurement(path, key, CACHE_FORMAT)
-    if saved is not None:
-        try:
-            curve = [float(v) for v in saved["seconds"]]
-            if len(curve) >= max_rows and all(v > 0 for v in curve):
-                return curve[:max_rows], "cache"
-        except (KeyError, TypeError, ValueError):
-            pass  # malformed: measure
-    # a slot's passes are shared with other sequences' (specdec.backends.shared): time a pass of
-    # its own, on a fresh cache of the same weights
-    alone = model.fork() if getattr(model, "passes", None) is not None else model
-    curve = measure_rows(alone, max_rows)
-    save_measurement(path, {"format": CACHE_FORMAT, "key": key, "seconds": curve})
+    with _one_at_a_time(path):  # replicas started together on one machine measure in turn, the later ones read the cache
+        saved = None if refresh else load_measurement(path, key, CACHE_FORMAT)
+        if saved is not None:
+            try:
+                curve = [float(v) for v in saved["seconds"]]
+                if len(curve) >= max_rows and all(v > 0 for v in curve):
+                    return curve[:max_rows], "cache"
+            except (KeyError, TypeError, ValueError):
+                pass  # malformed: measure
+        # a slot's passes are shared with other sequences' (specdec.backends.shared): time a pass of
+        # its own, on a fresh cache of the same weights
+        alone = model.fork() if getattr(model, "passes", None) is not None else model
+        curve = measure_rows(alone, max_rows)
+        if not plausible(curve):  # disturbed: measure again and keep each count's faster time
+            again = measure_rows(alone, max_rows)
+            curve = [float(v) for v in torch.tensor([min(a, b) for a, b in zip(curve, again)], dtype=torch.float64).cummax(0).values]
+        if plausible(curve):  # a curve still disturbed serves this run, and is measured again next time
+            save_measurement(path, {"format": CACHE_FORMAT, "key": key, "seconds": curve})
     return curve, "measured"
+
+
+SLACK = 1.25  # how far past n one-row passes a measured pass of n rows may cost and still be believed
+
+
+def plausible(curve: Sequence[float]) -> bool:
+    """Whether a measured curve can be the machine's own: a pass of n rows never costs more than n
+    one-row passes (``SLACK`` for timing noise), whatever the kernel. Other work on the machine
+    during a measurement breaks that: two replicas measuring at once on 2 cores made a pass of 2
+    rows cost 2.8 one-row passes, and a planner that believed it would never draft."""
+    return all(seconds <= SLACK * n * curve[0] for n, seconds in enumerate(curve, start=1))
+
+
+@contextlib.contextmanager
+def _one_at_a_time(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock beside ``path`` (where file locks exist and the cache is writable)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(path.with_suffix(".lock"), "a")
+    except OSError:
+        yield
+        return
+    with handle:
+        if fcntl is not None:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
 
 
 def pass_costs(model: Any) -> list[float]:

@@ -54,8 +54,8 @@ BACKENDS_BY_NAME = backend_table.BY_NAME  # each backend's row: its label, what 
 # per-token measurements (draft_vocab=32768, --draft-vocab 32768: the most frequent ids,
 # specdec.draft_vocab): on the default pair a draft token costs 0.29 of a target step instead of
 # 0.37, for 4 points of greedy agreement (benchmarks/draft_vocab.py, docs/drafters.md "A trimmed
-# draft vocabulary"). Asked for, not the default: end-to-end runs against the full head have yet to
-# show it faster on every prompt set.
+# draft vocabulary"). Asked for, not the default: end to end on general chat, where the planner
+# drafts little, it measured no faster than the full head (benchmarks/draft_vocab_end_to_end.py).
 DRAFT_VOCAB = 32768
 ALL_IDS = "all"  # draft_vocab's word for the full head
 # The shortest context (n_ctx, --ctx-size) a model loads with: a short prompt, its answer and a draft

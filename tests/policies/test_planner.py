@@ -33,7 +33,7 @@ from specdec.engine import autoregressive_steps, speculative_steps
 from specdec.drafters.choice import ChoiceDrafter
 from specdec.measurements import cost_key
 from specdec.policies.auto import PROBE_SHARE, AutoPolicy, best_length, summary_line
-from specdec.costs import CostModel, measure_rows, row_costs
+from specdec.costs import MAX_ROWS, CostModel, measure_rows, plausible, row_costs
 from specdec.policies import make_policy
 from specdec.sampling import SamplingConfig
 from specdec.stats import Step
@@ -273,7 +273,7 @@ def test_measuring_leaves_the_models_cache_as_it_was():
 
 
 def fake_measure(calls: list):
-    def measure(model, max_rows=16, **_):
+    def measure(model, max_rows=MAX_ROWS, **_):
         calls.append(max_rows)
         return [1.0 + 0.5 * n for n in range(max_rows)]
 
@@ -287,9 +287,9 @@ def test_the_cache_round_trips_and_its_key_follows_threads_and_dtype(tmp_path, m
     monkeypatch.setattr(planner, "measure_rows", fake_measure(calls))
     backend = HFCausalLM(tiny_llama(5, vocab=16))
     curve, source = row_costs(backend, cache_dir=tmp_path)
-    assert source == "measured" and calls == [16]
+    assert source == "measured" and calls == [MAX_ROWS]
     again, source = row_costs(backend, cache_dir=tmp_path)
-    assert (again, source) == (curve, "cache") and calls == [16]
+    assert (again, source) == (curve, "cache") and calls == [MAX_ROWS]
     assert row_costs(backend, 4, cache_dir=tmp_path) == (curve[:4], "cache")
     files = list((tmp_path / "planner").glob("*.json"))
     assert len(files) == 1 and json.loads(files[0].read_text())["key"] == cost_key(backend)
@@ -308,6 +308,25 @@ def test_the_cache_round_trips_and_its_key_follows_threads_and_dtype(tmp_path, m
     assert {k: v for k, v in cost_key(half).items() if k != "dtype"} == {k: v for k, v in key.items() if k != "dtype"}
     assert row_costs(half, cache_dir=tmp_path)[1] == "measured"  # its own entry
     assert len(list((tmp_path / "planner").glob("*.json"))) == 2
+
+
+def test_the_curve_covers_the_longest_pass_and_a_disturbed_one_is_measured_again_and_not_kept(tmp_path, monkeypatch):
+    import specdec.costs as planner
+    from specdec.drafters.base import DEFAULT_K_MAX
+
+    assert MAX_ROWS == DEFAULT_K_MAX + 1  # every pass the planner may choose is measured, none extrapolated
+    disturbed = [1.0] + [2.8] * (MAX_ROWS - 1)  # two replicas measured at once on 2 cores: 2 rows at 2.8x
+    calm = [1.0 + 0.3 * n for n in range(MAX_ROWS)]
+    assert not plausible(disturbed) and plausible(calm)
+    takes = iter([disturbed, disturbed, calm])
+    monkeypatch.setattr(planner, "measure_rows", lambda model, max_rows=MAX_ROWS, **_: list(next(takes)))
+    backend = HFCausalLM(tiny_llama(5, vocab=16))
+    assert row_costs(backend, cache_dir=tmp_path) == (disturbed, "measured")  # twice disturbed: used, not kept
+    assert not list((tmp_path / "planner").glob("*.json"))
+    takes = iter([disturbed, calm])
+    curve, source = row_costs(backend, cache_dir=tmp_path)  # the second take's faster times, kept
+    assert source == "measured" and curve == [min(a, b) for a, b in zip(disturbed, calm)]
+    assert row_costs(backend, cache_dir=tmp_path) == (curve, "cache")
 
 
 def test_a_backend_that_runs_a_weights_file_is_keyed_by_the_file_and_its_threads(tmp_path):
@@ -332,11 +351,11 @@ def test_bind_measures_the_target_and_the_draft_model_once(tmp_path, monkeypatch
     policy = AutoPolicy(cache_dir=tmp_path)
     policy.bind(target, ModelDrafter(HFCausalLM(tiny_llama(6, vocab=16, layers=1))))
     # the draft model's whole curve: its one-row pass drafts a token, longer passes catch it up
-    assert calls == [16, 16] and policy.costs.draft == 1.0 and policy.costs.source == "measured"
-    assert len(policy.costs.draft_rows) == 16
+    assert calls == [MAX_ROWS, MAX_ROWS] and policy.costs.draft == 1.0 and policy.costs.source == "measured"
+    assert len(policy.costs.draft_rows) == MAX_ROWS
     other = AutoPolicy(cache_dir=tmp_path)
     other.bind(target, NGramDrafter(16))
-    assert calls == [16, 16] and other.costs.source == "cache" and other.costs.draft_rows is None
+    assert calls == [MAX_ROWS, MAX_ROWS] and other.costs.source == "cache" and other.costs.draft_rows is None
     assert other.costs.draft == 0.0 and other.describe()["costs"]["draft_source"] == "taken as free"
     layered = HFLayeredCausalLM(tiny_llama(5, vocab=16))
     part = AutoPolicy(cache_dir=tmp_path)
@@ -344,7 +363,7 @@ def test_bind_measures_the_target_and_the_draft_model_once(tmp_path, monkeypatch
     assert part.costs.draft == part.costs.target[0] / 2 and part.costs.draft_source == "1 of 2 target layers"
     injected = AutoPolicy(costs=CHEAP_ROWS)
     injected.bind(target, NGramDrafter(16))
-    assert injected.costs is CHEAP_ROWS and calls == [16, 16, 16]  # the layered backend was measured once
+    assert injected.costs is CHEAP_ROWS and calls == [MAX_ROWS] * 3  # the layered backend was measured once
 
 
 def test_a_seed_fixes_the_output_with_measured_costs(pair, tmp_path, monkeypatch):
