@@ -256,6 +256,24 @@ def test_servers_start_with_n_slots_and_llama_server_with_n_times_the_context(mo
     assert argv[argv.index("-np") + 1] == "4" and argv[argv.index("-c") + 1] == "16384"  # 4096 per slot
 
 
+def test_the_table_says_how_many_prediction_tokens_each_run_kept_and_rejected():
+    from specdec.prompts import Prompt
+
+    spec, sent = "spec:backend=gguf:via=serve", "spec:backend=gguf:via=serve:prediction=yes"
+    predicted = [answer(0, 0.0, 1.0, 0.5, ids=[1]), answer(1, 0.0, 1.0, 0.5, ids=[2])]
+    predicted[0].prediction_accepted, predicted[0].prediction_rejected = 7, 1
+    predicted[1].prediction_accepted, predicted[1].prediction_rejected = 3, 0
+    cells = [cell(spec, 1, [answer(0, 0.0, 1.0, 0.5, ids=[1]), answer(1, 1.0, 1.0, 0.5, ids=[2])]),
+             cell(sent, 1, predicted)]
+    data = concurrency.results(cells, ConcurrencySettings(levels=(1,), max_new_tokens=10),
+                               [Prompt("edits", f"e/{i}", text="x") for i in range(2)], {},
+                               {"target": {"name": "t"}, "draft": {"name": "d"}})
+    table = concurrency_markdown(data)
+    assert (f"`{sent}` at N=1: of the prediction tokens it drafted, 10 kept and 1 rejected (the usage of its 2 "
+            "answers with a prediction).") in table
+    assert f"`{spec}` at N=1: of the prediction" not in table  # it sent none
+
+
 def test_a_method_via_ray_runs_specdec_serve_on_ray_its_replicas_sharing_threads_and_slots(tmp_path):
     from specdec.bench.methods import method_of_record
 

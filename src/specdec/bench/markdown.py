@@ -283,7 +283,8 @@ def _inter_token(run: dict[str, Any]) -> tuple[float | None, float | None]:
 def concurrency_markdown(data: dict[str, Any]) -> str:
     """One row per concurrency N and server: aggregate tokens per second, its ratio to llama-server
     at the same N, the request time's and the first token's percentiles, the answers identical to
-    the server's own at N = 1; then a line per server and N whose answers differ."""
+    the server's own at N = 1; then a line per server and N whose answers differ, and one per
+    server and N that sent predictions (the prediction tokens its answers' usage counts)."""
     machine = machine_line(data["environment"].get("machine"))
     peer = any("vs_llama-server" in run for run in data["runs"])  # the column where llama-server ran
     lines = [f"**{concurrency_title(data)}**", "", *([machine, ""] if machine else []),
@@ -307,6 +308,13 @@ def concurrency_markdown(data: dict[str, Any]) -> str:
             where = ", ".join(f"{ids[d['prompt']]} from {d['unit']} {d['position']}" for d in differ)
             lines.append(f"\n`{run['method']}` at N={run['concurrency']}: {len(differ)} of {run['identity']['total']} "
                          f"answers differ from its answers at N=1: {where}.")
+    for run in data["runs"]:
+        counted = [a for a in run.get("answers", []) if a.get("prediction_accepted") is not None]
+        if counted:
+            lines.append(f"\n`{run['method']}` at N={run['concurrency']}: of the prediction tokens it drafted, "
+                         f"{sum(a['prediction_accepted'] for a in counted)} kept and "
+                         f"{sum(a['prediction_rejected'] for a in counted)} rejected (the usage of its "
+                         f"{len(counted)} answers with a prediction).")
     for name, why in data.get("skipped", {}).items():
         lines.append(f"\n`{name}` not run: {why}.")
     lines.append(
