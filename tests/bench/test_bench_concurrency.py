@@ -289,6 +289,7 @@ def test_a_method_via_ray_runs_specdec_serve_on_ray_its_replicas_sharing_threads
     assert argv[argv.index("--ray") + 1:argv.index("--ray") + 3] == ["--replicas", "2"]
     assert argv[argv.index("--threads") + 1] == "1" and argv[argv.index("--parallel") + 1] == "2"  # per replica
     assert argv[argv.index("--method") + 1] == str(method.config)
+    assert servers.key_method(key) == servers.key_method(key + "/load") == str(method.config)
     load = run._argv(key + "/load")  # benchmarks/multi_turn.py's cluster that routes by load alone
     assert load[load.index("--ray"):load.index("--ray") + 5] == ["--ray", "--replicas", "2", "--router", "load"]
     alone = run._argv(servers.server_key(parse_method("spec:via=serve", "gguf")))

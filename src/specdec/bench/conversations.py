@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
-from specdec.bench.servers import Servers, request_body
+from specdec.bench.servers import Servers, key_method, request_body
 from specdec.prompts import Conversation, Prompt
 
 
@@ -61,7 +61,7 @@ def run_conversation(servers: Servers, key: str, conversation: Conversation, tok
     """Every turn of ``conversation`` on the server ``key``, each re-sending the history."""
     run = ConversationRun(key, conversation.id)
     if method is None and key.startswith("specdec:"):
-        method = key.split(":", 2)[2]  # the method that server was started with
+        method = key_method(key)  # the method that server was started with
     messages: list[dict[str, str]] = []
     for text in conversation.turns:
         messages.append({"role": "user", "content": text})

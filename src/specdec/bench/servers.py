@@ -87,6 +87,11 @@ def server_key(method: MethodSpec) -> str:
     return f"specdec:{method.backend}:{method.config}{ray}" + (PREDICTION_KEY if method.prediction else "")
 
 
+def key_method(key: str) -> str:
+    """The method a ``specdec:`` server key's server was started with (its default method)."""
+    return key.removesuffix(PREDICTION_KEY).split(":", 2)[2].partition(RAY_KEY)[0]
+
+
 class ServerMissing(RuntimeError):
     """No llama-server binary; the message says how to build one."""
 
@@ -214,8 +219,8 @@ class Servers:
     def _argv(self, key: str) -> list[str]:
         threads = [] if self.n_threads is None else [str(self.n_threads)]
         if key.startswith("specdec:"):
-            _, backend, method = key.removesuffix(PREDICTION_KEY).split(":", 2)
-            method, _, replicas = method.partition(RAY_KEY)
+            backend, method = key.split(":", 2)[1], key_method(key)
+            replicas = key.removesuffix(PREDICTION_KEY).partition(RAY_KEY)[2]
             replicas, _, router = replicas.partition("/")
             argv = list(self.specdec_argv) + (self.torch_argv if not BY_NAME[backend].runs_gguf else [])
             if method == "ar" and "--draft" in argv:
