@@ -11,6 +11,7 @@ machine, backend, model, dtype, threads) or measures and writes them.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -154,7 +155,7 @@ def row_costs(model: Any, max_rows: int = MAX_ROWS, *, cache_dir: str | Path | N
         curve = measure_rows(alone, max_rows)
         if not plausible(curve):  # disturbed: measure again and keep each count's faster time
             again = measure_rows(alone, max_rows)
-            curve = [float(v) for v in torch.tensor([min(a, b) for a, b in zip(curve, again)], dtype=torch.float64).cummax(0).values]
+            curve = list(itertools.accumulate(map(min, curve, again), max))  # still non-decreasing
         if plausible(curve):  # a curve still disturbed serves this run, and is measured again next time
             save_measurement(path, {"format": CACHE_FORMAT, "key": key, "seconds": curve})
     return curve, "measured"
