@@ -60,6 +60,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=positive, default=15)
     parser.add_argument("--steps", type=positive, default=4)
     parser.add_argument("--samples", type=positive, default=12, help="at most this many prompts of each results file")
+    parser.add_argument("--draft-quant", default=None,
+                        help="also the draft with its layers requantized to this type (q4_0; specdec.requantize), "
+                             "with its full head and each trimmed one")
     parser.add_argument("--corpus-chars", type=positive, default=None,
                         help="characters of the ranking's corpus (default: specdec.draft_vocab.CORPUS_CHARS)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/draft-vocab.json"))
@@ -72,12 +75,15 @@ def main() -> None:
     # torch and the models only now: --help and a wrong argument answer at once
     import torch
 
+    from specdec.memory import keep_freed_memory
+
     from specdec import draft_vocab, models, prompts
     from specdec.backends.gguf import kernel_path
     from specdec.backends.hf import eos_token_ids
     from specdec.bench.machine import read_speed
 
     torch.set_num_threads(args.threads)
+    keep_freed_memory()  # as the specdec command does: vocabulary-sized tensors every step (specdec.memory)
     target, tokenizer = models.load(args.target, backend="gguf", n_threads=args.threads, n_ctx=2048)
     draft, _ = models.load(args.draft, backend="gguf", n_threads=args.threads, n_ctx=2048)
     vocab = draft.vocab_size
@@ -87,6 +93,15 @@ def main() -> None:
     always = draft_vocab.always_kept(tokenizer, [*eos_token_ids(target), *eos_token_ids(draft)])
     subsets = {size: draft_vocab.subset(ranking, size, always) for size in sizes}
     drafts = {"all": draft, **{str(size): draft.trimmed(ids) for size, ids in subsets.items()}}
+    bases = {"": draft}  # the models whose held-out agreement is computed, by the prefix of their names
+    if args.draft_quant:
+        located = models.requantized_draft(models.locate(args.draft, backend="gguf"), args.draft, args.draft_quant,
+                                           "gguf", args.target)
+        requantized = models.load_model(located, "gguf", n_threads=args.threads, n_ctx=2048)
+        prefix = f"{args.draft_quant} "
+        bases[prefix] = requantized
+        drafts.update({f"{prefix}all": requantized,
+                       **{f"{prefix}{size}": requantized.trimmed(ids) for size, ids in subsets.items()}})
 
     # -- cost: one-token steps, interleaved ----------------------------------------------------
     context = torch.randint(100, 20000, (200,), generator=torch.Generator().manual_seed(0)).tolist()
@@ -110,7 +125,7 @@ def main() -> None:
         for name, model in drafts.items():
             t0 = time.perf_counter()
             if model.head is None:
-                w.head(model.lib, normed, out, 1, False, model.n_threads)
+                model.weights.head(model.lib, normed, out, 1, False, model.n_threads)
             else:
                 model.head(model.lib, normed, out, 1, model.n_threads)
             heads[name].append((time.perf_counter() - t0) * 1000)
@@ -142,13 +157,14 @@ def main() -> None:
             prompt_ids = sets[info["set"]][info["id"]].token_ids(tokenizer)
             out_ids = list(sample["token_ids"])
             tokens_all += out_ids
-            draft.reset()
-            logits = draft.forward(prompt_ids + out_ids[:-1])[len(prompt_ids) - 1:]  # [len(out), V]
             truth = torch.tensor(out_ids)
-            agree["all"] += int((logits.argmax(-1) == truth).sum())
-            for size, ids in subsets.items():
-                index = torch.tensor(ids)
-                agree[str(size)] += int((index[logits[:, index].argmax(-1)] == truth).sum())
+            for prefix, base in bases.items():
+                base.reset()
+                logits = base.forward(prompt_ids + out_ids[:-1])[len(prompt_ids) - 1:]  # [len(out), V]
+                agree[f"{prefix}all"] += int((logits.argmax(-1) == truth).sum())
+                for size, ids in subsets.items():
+                    index = torch.tensor(ids)
+                    agree[f"{prefix}{size}"] += int((index[logits[:, index].argmax(-1)] == truth).sum())
             positions += len(out_ids)
         held_out[path] = {
             "prompts": len(seen), "tokens": len(tokens_all),
@@ -169,7 +185,8 @@ def main() -> None:
                    + f" --sizes {args.sizes} --threads {args.threads} --rounds {args.rounds} --steps {args.steps}"
                    + f" --samples {args.samples} --out {args.out}"
                    + "".join(f" --{k.replace('_', '-')} {v}" for k, v in (("target", args.target), ("draft", args.draft),
-                                                                         ("corpus_chars", args.corpus_chars))
+                                                                         ("corpus_chars", args.corpus_chars),
+                                                                         ("draft_quant", args.draft_quant))
                              if v != parser.get_default(k)),
     }
     args.out.write_text(json.dumps(report, indent=1) + "\n")

@@ -15,6 +15,9 @@ or at T > 0 the Gumbel-max sampler with one seed per prompt (so all three draw t
     python benchmarks/draft_vocab_end_to_end.py --prompts sharegpt:8 --rounds 2 --max-new-tokens 64 \\
         --temperature 0 1 --out benchmarks/draft-vocab-end-to-end.json
 
+``--draft-quant q4_0`` makes the cheaper draft's layers requantized as well (``specdec.requantize``;
+``--draft-vocab all`` with it: requantized only); the report's ``trimmed`` is that cheaper draft.
+
 Run it on an idle machine; the planner's measurements of each draft are made on first use (the
 warm-up), as for a user.
 """
@@ -41,7 +44,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", default=models.DEFAULT_TARGET)
     parser.add_argument("--draft", default=models.DEFAULT_DRAFT)
-    parser.add_argument("--draft-vocab", type=int, default=models.DRAFT_VOCAB, help="ids the trimmed head scores")
+    parser.add_argument("--draft-vocab", default=str(models.DRAFT_VOCAB), help="ids the trimmed head scores ('all': every id)")
+    parser.add_argument("--draft-quant", default=None, help="the cheaper draft's layers requantized to this type (q4_0)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--prompts", default="sharegpt:8", help="prompt sets, as specdec bench takes them")
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 4])
@@ -54,8 +58,13 @@ def main() -> None:
     prompts = load_prompts(args.prompts)
     pair = models.load_pair(args.target, args.draft, backend="gguf", n_threads=args.threads)
     target, tokenizer = pair.target, pair.tokenizer
-    trimmed, kept = models.trim_draft(pair.draft, tokenizer, args.draft_vocab, "gguf",
-                                      eos_ids=target.generation_config.eos_token_id)
+    cheaper = pair.draft
+    if args.draft_quant is not None:  # the same file's layers requantized, loaded as the CLI loads it
+        located = models.requantized_draft(models.locate(args.draft, backend="gguf"), args.draft, args.draft_quant,
+                                           "gguf", args.target)
+        cheaper = models.load_model(located, "gguf", n_threads=args.threads)
+    vocab = models.check_draft_vocab(int(args.draft_vocab) if args.draft_vocab.isdigit() else args.draft_vocab)
+    trimmed, kept = models.trim_draft(cheaper, tokenizer, vocab, "gguf", eos_ids=target.generation_config.eos_token_id)
     drafts = {"full": pair.draft, "trimmed": trimmed}
     ids = [tokenizer.apply_chat_template(list(p.messages), add_generation_prompt=True) if p.chat
            else tokenizer(p.text)["input_ids"] for p in prompts]
@@ -134,7 +143,7 @@ def main() -> None:
             print(json.dumps(line), flush=True)
     Path(args.out).write_text(json.dumps({
         "command": "python " + " ".join(sys.argv), "machine": machine_record(args.threads, models.gguf_path(args.target)),
-        "draft_vocab": kept, "load_average": Path("/proc/loadavg").read_text().split()[:3],
+        "draft_vocab": kept, "draft_quant": args.draft_quant, "load_average": Path("/proc/loadavg").read_text().split()[:3],
         "summary": summary, "rows": rows}, indent=1) + "\n")
     print(f"wrote {args.out}")
 

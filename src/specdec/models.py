@@ -18,8 +18,10 @@ Nothing here downloads: every ``from_pretrained`` passes ``local_files_only=True
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -27,6 +29,7 @@ from typing import Any, Callable
 from specdec import draft_vocab as ranked
 from specdec import kernels as fast
 from specdec import packs
+from specdec import requantize
 from specdec.backends import llamacpp  # imports the optional llama-cpp-python binding only when a model loads
 from specdec.backends import table as backend_table
 from specdec.backends.table import AUTO, TORCH
@@ -43,7 +46,7 @@ __all__ = [
     "BACKENDS", "CACHE_ENV", "DEFAULT_DRAFT", "DEFAULT_TARGET", "GGUF_BACKENDS", "PACKS", "Located", "ModelPackError",
     "Pair", "check_backend", "choose_backend", "gguf_path", "is_gguf_source", "load", "load_model",
     "load_pair", "load_tokenizer", "locate", "logit_width", "resolve_dtype", "ContextSizeError",
-    "MIN_CONTEXT", "check_context", "DRAFT_VOCAB", "check_draft_vocab", "trim_draft",
+    "MIN_CONTEXT", "check_context", "DRAFT_VOCAB", "check_draft_vocab", "trim_draft", "requantized_draft",
 ]
 
 BACKENDS = backend_table.CHOICES  # "auto" and each backend of specdec.backends.table
@@ -487,6 +490,7 @@ class Pair:
     draft_backend: str | None = None  # where the draft model runs (None: no draft model)
     draft_weights: str = "int8"  # how a draft model on torch drafts: int8 copies of its weights or its own bf16 ones
     draft_vocab: int | None = None  # how many ids the draft's head scores (a trimmed head); None: every id
+    draft_quant: str | None = None  # the type the draft's layers were requantized to (None: its file's own)
 
 
 def load_pair(
@@ -500,6 +504,7 @@ def load_pair(
     n_threads: int | None = None,
     n_ctx: int | None = None,
     draft_vocab: int | str | None = None,
+    draft_quant: str | None = None,
     on_load: Callable[[str, str], None] | None = None,
 ) -> Pair:
     """Load ``target`` and ``draft`` (each a name :func:`locate` takes) into a :class:`Pair`.
@@ -518,6 +523,10 @@ def load_pair(
     draft_vocab: how many ids a draft on specdec's GGUF kernel scores, the most frequent of its
     vocabulary (:func:`trim_draft`; ``Pair.draft_vocab`` says how many it does): None (the default) and
     ``"all"`` every id, a number that many (:data:`DRAFT_VOCAB`: the size the measurements favour).
+    draft_quant: None (the default: the draft's file as it is) or ``"q4_0"``: a draft run from its
+    GGUF (either GGUF backend) loads a copy whose layers' Q5_0, Q5_1 and Q8_0 tensors are in Q4_0
+    (:func:`specdec.requantize.requantized`, made once into the cache): fewer bytes a draft
+    token, some agreement with the target lost, the output unchanged.
     on_load: called as ``on_load(name, backend)`` just before each model loads (the CLI prints its
     "loading ..." line).
 
@@ -530,6 +539,7 @@ def load_pair(
     if draft is not None and draft.lower() == "none":
         draft = None
     draft_vocab = check_draft_vocab(draft_vocab)
+    draft_quant = requantize.check_format(draft_quant)
     names = list(dict.fromkeys([target] + ([draft] if draft is not None else [])))
     for name in names:
         check_backend(name, backend)  # before any work
@@ -542,6 +552,8 @@ def load_pair(
         check_context(n_ctx, where[name], name)  # before any model loads
     if draft is not None and isinstance(draft_vocab, int) and not BACKENDS_BY_NAME[where[draft]].trims_draft_head:
         trim_draft(None, None, draft_vocab, where[draft], name=draft)  # refused before any model loads
+    if draft is not None and draft_quant is not None:
+        found[draft] = requantized_draft(found[draft], draft, draft_quant, where[draft], target)
 
     def load_one(name: str) -> Any:
         if on_load is not None:
@@ -569,7 +581,28 @@ def load_pair(
                                               eos_ids=eos_token_ids(target_model), cache_dir=cache_dir)
     pair.draft_name = draft
     pair.draft_backend = where[draft]
+    pair.draft_quant = draft_quant
     return pair
+
+
+def requantized_draft(located: Located, name: str, to: str, backend: str, target: str) -> Located:
+    """``located`` with its GGUF swapped for the copy whose layers are in ``to``
+    (:func:`specdec.requantize.requantized`); refused where the draft does not run from its GGUF,
+    or is the target itself (its weights are the target's)."""
+    if name == target:
+        raise ModelPackError(f"draft_quant (--draft-quant) requantizes a draft model's own weights, but the draft "
+                             f"{name} is the target", "leave draft_quant out, or name another draft")
+    gguf = _gguf_of(located)
+    if not BACKENDS_BY_NAME[backend].runs_gguf or gguf is None:
+        raise ModelPackError(f"draft_quant (--draft-quant) requantizes a draft run from its GGUF, but {name} runs on "
+                             f"{BACKEND_LABELS[backend]}", "leave draft_quant out, or run the draft on backend 'gguf'")
+    try:
+        path = requantize.requantized(gguf, to, located.cache_dir,
+                                      note=lambda line: print(f"specdec: {line}", file=sys.stderr, flush=True))
+    except OSError as err:
+        raise ModelPackError(f"could not write the requantized copy of {name}: {err}",
+                             "free disk space in the cache directory (--cache-dir or $SPECDEC_CACHE)") from None
+    return dataclasses.replace(located, path=path)
 
 
 def logit_width(model: Any) -> int:

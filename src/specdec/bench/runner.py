@@ -41,7 +41,7 @@ from specdec.constraints import Constraints
 from specdec.prompts import Prompt
 from specdec.sampling import SamplingConfig
 from specdec.bench.sample import Sample, median as _median
-from specdec.models import Located, Pair, load_model, load_tokenizer, trim_draft
+from specdec.models import Located, Pair, load_model, load_tokenizer, requantized_draft, trim_draft
 
 
 WARMUP_SERVER_TOKENS = 8
@@ -76,6 +76,7 @@ class BenchBackends:
     peers: dict[str, Any] = field(default_factory=dict)  # peer kind -> the llama.cpp binding's own model
     n_ctx: int = 0  # the context the GGUF models are loaded with
     draft_vocab: int | str | None = None  # how many ids a kernel draft's head scores (--draft-vocab; models.trim_draft)
+    draft_quant: str | None = None  # the type a draft's layers are requantized to (--draft-quant; models.requantized_draft)
 
     def peer(self, method: MethodSpec) -> Any:
         """The llama.cpp binding's own model of a ``llamacpp-*`` peer on the target's GGUF (loaded on
@@ -114,8 +115,11 @@ def load_gguf_pairs(backends: BenchBackends, methods: Sequence[MethodSpec], n_ct
                 names = ", ".join(m.name for m in mine if m.needs_draft_model)
                 raise ValueError(f"methods {names} need a draft model's GGUF; give one (--draft)")
             same = files.draft.path == files.target.path
-            pair.draft = pair.target.fork() if same else load_model(files.draft, backend, n_threads=backends.n_threads,
+            located = files.draft if backends.draft_quant is None or same else requantized_draft(
+                files.draft, files.draft.name, backends.draft_quant, backend, files.target.name)
+            pair.draft = pair.target.fork() if same else load_model(located, backend, n_threads=backends.n_threads,
                                                                     n_ctx=backends.n_ctx)
+            pair.draft_quant = None if same else backends.draft_quant
             pair.draft_name, pair.draft_backend = files.draft.name, backend
             if backends.draft_vocab is not None:
                 pair.draft, pair.draft_vocab = trim_draft(pair.draft, load_tokenizer(files.draft), backends.draft_vocab,

@@ -213,7 +213,7 @@ def _run(args: argparse.Namespace, argv: Sequence[str] | None, out: Path, method
     # the GGUFs first: a missing binding or GGUF fails before any model loads
     backends = BenchBackends(args.draft_weights, ggufs=gguf_files(args, methods),
                              n_threads=args.threads or torch.get_num_threads(), servers=bench_servers(args, methods),
-                             draft_vocab=args.draft_vocab)
+                             draft_vocab=args.draft_vocab, draft_quant=args.draft_quant)
     try:
         env["machine"] = report.machine_record(args.threads or torch.get_num_threads(), _target_gguf(backends),
                                                why_no_target="no method runs a GGUF")
@@ -515,6 +515,8 @@ def bench_servers(args: argparse.Namespace, methods: Sequence[MethodSpec]) -> Se
             torch_argv += [f"--{dest.replace('_', '-')}", str(getattr(args, dest))]
     if common.given(args, "draft_vocab"):  # the servers' drafts on the GGUF kernel
         argv += ["--draft-vocab", str(args.draft_vocab)]
+    if common.given(args, "draft_quant"):
+        argv += ["--draft-quant", args.draft_quant]
     return Servers(target, draft, argv, n_threads=args.threads, n_ctx=llamacpp_backend.DEFAULT_CTX,
                    torch_argv=torch_argv)
 

@@ -22,7 +22,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Collection, Iterator
 
-from specdec import models, packs
+from specdec import models, packs, requantize
 from specdec.backends import llamacpp
 from specdec.backends import table as backend_table
 from specdec.backends.table import AUTO, TORCH
@@ -128,6 +128,12 @@ def add_model_options(parser: argparse.ArgumentParser, *, draft: bool = True) ->
                                 "always), so its head reads N of its rows; 'all' scores every id. Output stays the "
                                 "target's; a target token outside the N cannot be drafted (default: all; "
                                 f"{models.DRAFT_VOCAB} measured best per draft token for the default pair)")
+        group.add_argument("--draft-quant", type=str.lower, choices=list(requantize.FORMATS), default=None,
+                           action=Given,
+                           help="run a draft model's GGUF with its layers' Q5_0/Q5_1/Q8_0 tensors requantized to "
+                                "this type (made once into the cache): fewer bytes read per draft token, some "
+                                "agreement with the target lost; output stays the target's (default: the file's "
+                                "own types)")
     group.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"], action=Given,
                        help="compute dtype (default: bfloat16; on CPU verification is only cheap in bf16)")
     group.add_argument("--kernels", default="auto", choices=["auto", "torch"], action=Given,
@@ -302,7 +308,7 @@ def decode_config(args: argparse.Namespace) -> DecodeConfig:
 def load_models(target: str, draft: str | None = None, *, backend: str = TORCH, cache_dir: str | None = None,
                 dtype: str = "bfloat16", kernels: str = "auto", threads: int | None = None,
                 draft_weights: str = "int8", typed: Collection[str] = (), ctx_size: int | None = None,
-                draft_vocab: int | str | None = None) -> models.Pair:
+                draft_vocab: int | str | None = None, draft_quant: str | None = None) -> models.Pair:
     """The target and, unless ``draft`` is None, the draft, as a
     :class:`~specdec.models.Pair` (:func:`specdec.models.load_pair`, which checks the two share a
     vocabulary): what every sub-command that decodes holds. Notes on stderr say what loads, and a
@@ -311,6 +317,7 @@ def load_models(target: str, draft: str | None = None, *, backend: str = TORCH, 
     backend: --backend ('auto', 'torch', 'llamacpp' or 'gguf'); threads: the GGUF backends' thread
     count (None: their default); ctx_size: --ctx-size, their context (None: their default);
     draft_vocab: --draft-vocab (None: the default; :func:`specdec.models.trim_draft`);
+    draft_quant: --draft-quant (None: the draft's file as it is; :func:`specdec.models.requantized_draft`);
     draft_weights: --draft-weights, kept in the pair. typed: the
     options the user typed (``args.given``): a typed --dtype or --kernels is refused when every
     model runs a GGUF's own weights, where they do not apply."""
@@ -325,7 +332,8 @@ def load_models(target: str, draft: str | None = None, *, backend: str = TORCH, 
 
     try:
         pair = models.load_pair(target, draft, backend=backend, cache_dir=cache_dir, dtype=dtype, kernels=kernels,
-                                n_threads=threads, n_ctx=ctx_size, draft_vocab=draft_vocab, on_load=loading)
+                                n_threads=threads, n_ctx=ctx_size, draft_vocab=draft_vocab, draft_quant=draft_quant,
+                                on_load=loading)
     except (models.ModelPackError, models.ContextSizeError) as err:
         raise CLIError(err.message, err.hint) from None
     pair.draft_weights = draft_weights
@@ -339,6 +347,8 @@ def load_models(target: str, draft: str | None = None, *, backend: str = TORCH, 
     if pair.draft_vocab is not None:
         note(f"{pair.draft_name} drafts over the {pair.draft_vocab:,} most frequent of its {pair.draft.vocab_size:,} ids "
              "(--draft-vocab all: every id)")
+    if pair.draft_quant is not None:
+        note(f"{pair.draft_name}'s layers run requantized to {pair.draft_quant.upper()} (--draft-quant)")
     return pair
 
 
@@ -350,7 +360,8 @@ def load_models_from(args: argparse.Namespace, *, draft: bool = True) -> models.
                        cache_dir=getattr(args, "cache_dir", None), dtype=args.dtype,
                        kernels=getattr(args, "kernels", "auto"), threads=getattr(args, "threads", None),
                        draft_weights=getattr(args, "draft_weights", "int8"), typed=getattr(args, "given", frozenset()),
-                       ctx_size=getattr(args, "ctx_size", None), draft_vocab=getattr(args, "draft_vocab", None))
+                       ctx_size=getattr(args, "ctx_size", None), draft_vocab=getattr(args, "draft_vocab", None),
+                       draft_quant=getattr(args, "draft_quant", None))
 
 
 def _loaded_notes(name: str, model: Any, backend: str) -> None:

@@ -306,6 +306,7 @@ def _report(args: argparse.Namespace, pair: Pair, result: Any, ar: Any,
         "draft": args.draft,
         "draft_weights": args.draft_weights,
         "draft_vocab": pair.draft_vocab,  # ids the draft's head scores (None: every id)
+        "draft_quant": pair.draft_quant,  # the type the draft's layers were requantized to (None: the file's)
         "backend": {"name": pair.backend, "why": pair.backend_why,
                     **({"kernel_path": path} if (path := backend_table.BY_NAME[pair.backend].kernel_path(pair.target))
                        is not None else {})},

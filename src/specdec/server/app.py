@@ -92,12 +92,14 @@ class Served:
     eos: frozenset[int]
     limits: rq.PromptLimits
     draft_vocab: int | None = None  # how many ids the draft's head scores (None: every one)
+    draft_quant: str | None = None  # the type the draft's layers were requantized to (None: the file's)
 
     @classmethod
     def of(cls, models: Pair) -> "Served":
         return cls(models.tokenizer, models.target_name, models.draft_name, models.draft is not None,
                    models.draft_weights, models.backend, frozenset(eos_token_ids_of(models.target, models.tokenizer)),
-                   rq.PromptLimits.of(models.target, models.tokenizer), models.draft_vocab)
+                   rq.PromptLimits.of(models.target, models.tokenizer), models.draft_vocab,
+                   models.draft_quant)
 
 
 def create_app(models: Pair, options: ServerOptions, thread: ModelThread | None = None) -> FastAPI:
@@ -180,6 +182,7 @@ def _private_routes(state: _State) -> APIRouter:
                             "draft": models.draft_name,
                             "draft_weights": models.draft_weights if models.has_draft else None,
                             "draft_vocab": models.draft_vocab,
+                            "draft_quant": models.draft_quant,
                             "parallel": options.parallel},
         }]}
 
