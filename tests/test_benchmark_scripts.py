@@ -526,24 +526,30 @@ def test_trimmed_head_runs(tmp_path):
 @pytest.mark.slow
 def test_draft_vocab_runs(tmp_path):
     """SmolLM2 as target and draft on the kernel, heads of 1,024 and 4,096 ids, one HumanEval prompt's
-    greedy tokens as the held-out text, a small ranking corpus."""
+    greedy tokens as the held-out text, a small ranking corpus; the draft named by its file, with
+    ``--draft-quant`` (SmolLM2's Q4_1 layers have nothing to requantize: the same weights)."""
     need_pack()
+    from specdec import models
+
+    draft = str(models.gguf_path(PACK))
     results = tmp_path / "results.json"  # a bench run's results: the kernel's ar tokens on one prompt
     results.write_text(json.dumps({"prompts": [{"set": "humaneval", "id": "HumanEval/0", "chat": False}], "samples": [
         {"method": "ar:backend=gguf", "prompt": 0, "token_ids": [198, 260, 1345, 30, 28]},
         {"method": "spec:model:backend=gguf", "prompt": 0, "token_ids": [13, 13]}]}))
     out = tmp_path / "draft-vocab.json"
-    ran(run_script("draft_vocab.py", "--target", PACK, "--draft", PACK, "--results", str(results), "--sizes", "1024,4096",
+    ran(run_script("draft_vocab.py", "--target", PACK, "--draft", draft, "--results", str(results), "--sizes", "1024,4096",
                    "--rounds", "1", "--steps", "1", "--samples", "1", "--threads", THREADS, "--corpus-chars", "100000",
-                   "--out", str(out)))
+                   "--draft-quant", "q4_0", "--out", str(out)))
     data = read_json(out)
-    assert (data["target"], data["draft"], data["vocab"]) == (PACK, PACK, 49152)
-    assert set(data["step_ms_median"]) == {"target", "draft, all", "draft, 1024", "draft, 4096"}
+    assert (data["target"], data["draft"], data["vocab"]) == (PACK, draft, 49152)
+    assert set(data["step_ms_median"]) == {"target", "draft, all", "draft, 1024", "draft, 4096", "draft, q4_0 all",
+                                           "draft, q4_0 1024", "draft, q4_0 4096"}
     positive_numbers([*data["step_ms_median"].values(), *data["head_ms_median"].values()])
-    assert set(data["draft_token_over_target_step"]) == {"all", "1024", "4096"}
+    assert set(data["draft_token_over_target_step"]) == {"all", "1024", "4096", "q4_0 all", "q4_0 1024", "q4_0 4096"}
     held = data["held_out"][str(results)]
     assert (held["prompts"], held["tokens"]) == (1, 5) and set(held["coverage"]) == {"1024", "4096"}
-    assert set(held["greedy_agreement"]) == {"all", "1024", "4096"}
+    assert set(held["greedy_agreement"]) == {"all", "1024", "4096", "q4_0 all", "q4_0 1024", "q4_0 4096"}
+    assert held["greedy_agreement"]["q4_0 all"] == held["greedy_agreement"]["all"]  # the same weights here
     assert all(0 <= v <= 1 for v in [*held["coverage"].values(), *held["greedy_agreement"].values()])
     assert data["ranking"]["corpus"]["characters"] == 100000 and "--corpus-chars 100000" in data["command"]
 
@@ -565,6 +571,30 @@ def test_draft_vocab_end_to_end_runs(tmp_path):
         assert row["identical"] is True  # greedy: both drafts leave plain decoding's text
     assert [(s["clients"], s["identical"]) for s in data["summary"]] == [(1, True), (2, True)]
     assert "trimmed/full" in proc.stdout
+
+
+@pytest.mark.slow
+def test_draft_token_parts_runs(tmp_path):
+    """SmolLM2 as target and (by its file) as draft, a head of 4,096 ids, one round: every model's
+    parts, bytes and floors are reported, and the parts add up to the step."""
+    need_pack()
+    from specdec import models
+
+    out = tmp_path / "parts.json"
+    proc = ran(run_script("draft_token_parts.py", "--target", PACK, "--draft", str(models.gguf_path(PACK)),
+                          "--draft-vocab", "4096", "--rounds", "1", "--steps", "2", "--threads", THREADS,
+                          "--out", str(out)))
+    data = read_json(out)
+    names = ["target", "draft", "draft, head 4096", "draft, Q4_0 layers", "draft, Q4_0 layers, head 4096"]
+    assert list(data["ms"]) == names and "| draft, head 4096 |" in proc.stdout
+    for name in names:
+        parts = data["ms"][name]
+        positive_numbers([parts["step"], parts["layers"], parts["head"]], 3)
+        assert parts["rest"] == pytest.approx(parts["step"] - parts["layers"] - parts["head"], abs=0.002)
+        assert ("chain greedy" in parts) == (name != "target")
+        assert data["bytes"][name]["layers"] > 0 and data["floor_ms"][name]["head"] > 0
+    assert data["bytes"]["draft, head 4096"]["head"] * 12 == data["bytes"]["draft"]["head"]  # 4,096 of 49,152 rows
+    assert data["over_target_step"]["target"]["step"] == 1.0
 
 
 # ------------------------------------------------------------------------------------------------

@@ -55,8 +55,8 @@ BACKEND_LABELS = backend_table.LABELS  # in messages
 BACKENDS_BY_NAME = backend_table.BY_NAME  # each backend's row: its label, what may differ from plain decoding
 # The subset of its vocabulary a draft model on specdec's GGUF kernel is best trimmed to by the
 # per-token measurements (draft_vocab=32768, --draft-vocab 32768: the most frequent ids,
-# specdec.draft_vocab): on the default pair a draft token costs 0.29 of a target step instead of
-# 0.37, for 4 points of greedy agreement (benchmarks/draft_vocab.py, docs/drafters.md "A trimmed
+# specdec.draft_vocab): on the default pair a draft token costs 0.30 of a target step instead of
+# 0.39, for 4 points of greedy agreement (benchmarks/draft_vocab.py, docs/drafters.md "A trimmed
 # draft vocabulary"). Asked for, not the default: end to end on general chat, where the planner
 # drafts little, it measured no faster than the full head (benchmarks/draft_vocab_end_to_end.py).
 DRAFT_VOCAB = 32768

@@ -412,6 +412,8 @@ def _prepare_output(args: argparse.Namespace, out: Path, methods: list[MethodSpe
                   "prompts": [[p.set, p.id, resume.prompt_digest(p)] for p in prompts]}
     if not arguments.get("concurrency"):  # as recorded before --concurrency existed: such a run resumes
         arguments.pop("concurrency", None)
+    if arguments.get("draft_quant") is None:  # as recorded before --draft-quant existed: such a run resumes
+        arguments.pop("draft_quant", None)
     prepare_folder(out)
     try:
         resume.prepare(out, arguments, _resolved_command(args), overwrite=args.overwrite)
