@@ -426,6 +426,26 @@ def smollm2_llamacpp(layers: int | None = None) -> Any:
     return llamacpp.load_gguf(path, n_threads=THREADS, n_ctx=512, prefill_layout="repacked")
 
 
+def load_pair_arguments(args, monkeypatch) -> dict:
+    """The keyword arguments the command line parsed as ``args`` passes to
+    :func:`specdec.models.load_pair` (which is stopped there: nothing loads)."""
+    from specdec import models
+    from specdec.cli import common
+
+    seen: dict = {}
+
+    def load_pair(target, draft, **kwargs):
+        seen.update(kwargs)
+        raise models.ModelPackError("stop here", "a test")
+
+    monkeypatch.setattr(models, "load_pair", load_pair)
+    try:
+        common.load_models_from(args)
+    except common.CLIError as err:
+        assert "stop here" in str(err.message)
+    return seen
+
+
 def run_main(args, capsys):
     code = cli.main(args)
     out, err = capsys.readouterr()

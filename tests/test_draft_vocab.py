@@ -12,7 +12,7 @@ import torch
 
 from specdec import DecodeConfig, draft_vocab, generate, generate_many, models, packs
 
-from helpers import THREADS
+from helpers import THREADS, load_pair_arguments
 
 PACK = "smollm2-135m"
 SMALL_CORPUS = 200_000  # characters: enough to rank, quick to count in a test
@@ -88,16 +88,7 @@ def test_the_commands_take_draft_vocab_and_pass_it_to_the_pair(command, monkeypa
         parse("--draft-vocab", "0")
     if command == "bench":
         return
-    seen = {}
-
-    def load_pair(target, draft, **kwargs):
-        seen.update(kwargs)
-        raise models.ModelPackError("stop here", "a test")
-
-    monkeypatch.setattr(models, "load_pair", load_pair)
-    with pytest.raises(common.CLIError, match="stop here"):
-        common.load_models_from(parse("--backend", "gguf", "--draft-vocab", "8192"))
-    assert seen["draft_vocab"] == 8192
+    assert load_pair_arguments(parse("--backend", "gguf", "--draft-vocab", "8192"), monkeypatch)["draft_vocab"] == 8192
 
 
 def test_the_pair_drafts_over_the_subset(smollm2):

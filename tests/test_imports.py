@@ -30,7 +30,8 @@ DRAWING = REPO / "docs" / "architecture.md"
 # specdec in it; ``__init__`` is the package itself. A module may import its own layer and lower ones.
 LAYERS: dict[str, tuple[str, ...]] = {
     "entry points": ("cli", "__main__", "server", "bench", "training", "cluster", "ray"),
-    "library API": ("__init__", "api", "serving", "config", "build", "models", "packs", "tokenizers", "draft_vocab", "prompts",
+    "library API": ("__init__", "api", "serving", "config", "build", "models", "packs", "tokenizers", "draft_vocab", "requantize",
+                    "prompts",
                     "layer_skip_search", "divergence"),
     "decoding": ("engine", "stats", "verify", "drafters", "policies", "theory", "sequoia", "token_tree", "sampling",
                  "constraints", "datastore", "options", "costs"),

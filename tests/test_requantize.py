@@ -16,7 +16,7 @@ from gguf import GGUFReader, quants
 
 from specdec import DecodeConfig, generate, generate_many, models, packs, requantize
 
-from helpers import THREADS, write_tiny_gguf
+from helpers import THREADS, load_pair_arguments, write_tiny_gguf
 
 
 @pytest.fixture(scope="module")
@@ -105,16 +105,7 @@ def test_the_commands_take_draft_quant_and_pass_it_to_the_pair(command, monkeypa
         parse("--draft-quant", "q4_k")
     if command == "bench":
         return
-    seen = {}
-
-    def load_pair(target, draft, **kwargs):
-        seen.update(kwargs)
-        raise models.ModelPackError("stop here", "a test")
-
-    monkeypatch.setattr(models, "load_pair", load_pair)
-    with pytest.raises(common.CLIError, match="stop here"):
-        common.load_models_from(parse("--backend", "gguf", "--draft-quant", "q4_0"))
-    assert seen["draft_quant"] == "q4_0"
+    assert load_pair_arguments(parse("--backend", "gguf", "--draft-quant", "q4_0"), monkeypatch)["draft_quant"] == "q4_0"
 
 
 PROMPT = [5, 17, 99, 3, 42, 7, 120]

@@ -66,7 +66,7 @@ def test_models_lists_the_served_model(client):
     assert [m.id for m in listed.data] == ["tiny"]
     assert listed.data[0].speculative == {"method": "spec:model:block:k=4:policy=static", "seeded_sampler": "gumbel",
                                             "draft": "tiny-draft", "draft_weights": "int8", "draft_vocab": None,
-                                            "parallel": 1}
+                                            "draft_quant": None, "parallel": 1}
 
 
 def test_greedy_completion_equals_generate(pair, client):
