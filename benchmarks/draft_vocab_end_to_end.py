@@ -34,6 +34,7 @@ from pathlib import Path
 
 from specdec import DecodeConfig, generate, generate_many, models
 from specdec.bench.machine import machine_record
+from specdec.cli.common import draft_vocab
 from specdec.memory import keep_freed_memory
 from specdec.prompts import load_prompts
 
@@ -44,7 +45,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", default=models.DEFAULT_TARGET)
     parser.add_argument("--draft", default=models.DEFAULT_DRAFT)
-    parser.add_argument("--draft-vocab", default=str(models.DRAFT_VOCAB), help="ids the trimmed head scores ('all': every id)")
+    parser.add_argument("--draft-vocab", type=draft_vocab, default=models.DRAFT_VOCAB,
+                        help="ids the trimmed head scores ('all': every id)")
     parser.add_argument("--draft-quant", default=None, help="the cheaper draft's layers requantized to this type (q4_0)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--prompts", default="sharegpt:8", help="prompt sets, as specdec bench takes them")
@@ -63,8 +65,7 @@ def main() -> None:
         located = models.requantized_draft(models.locate(args.draft, backend="gguf"), args.draft, args.draft_quant,
                                            "gguf", args.target)
         cheaper = models.load_model(located, "gguf", n_threads=args.threads)
-    vocab = models.check_draft_vocab(int(args.draft_vocab) if args.draft_vocab.isdigit() else args.draft_vocab)
-    trimmed, kept = models.trim_draft(cheaper, tokenizer, vocab, "gguf", eos_ids=target.generation_config.eos_token_id)
+    trimmed, kept = models.trim_draft(cheaper, tokenizer, args.draft_vocab, "gguf", eos_ids=target.generation_config.eos_token_id)
     drafts = {"full": pair.draft, "trimmed": trimmed}
     ids = [tokenizer.apply_chat_template(list(p.messages), add_generation_prompt=True) if p.chat
            else tokenizer(p.text)["input_ids"] for p in prompts]

@@ -325,6 +325,25 @@ def test_a_run_without_concurrency_records_its_arguments_as_before(tmp_path):
     assert "concurrency" not in recorded and recorded["methods"] == ["ar"]
 
 
+def test_a_run_without_draft_quant_records_its_arguments_as_before_and_one_with_it_names_it(tmp_path):
+    """A run recorded before --draft-quant existed has no such argument, and still resumes."""
+    parser = argparse.ArgumentParser()
+    bench_cli._add_arguments(parser)
+    for extra, out in (([], tmp_path / "a"), (["--draft-quant", "q4_0"], tmp_path / "b")):
+        args = parser.parse_args(["--target", PACK, "--methods", "ar", "--out", str(out), *extra])
+        methods, prompts, settings = bench_cli._plan(args)
+        bench_cli._prepare_output(args, out, methods, prompts, settings)
+        recorded = json.loads((out / "arguments.json").read_text())["arguments"]
+        assert recorded.get("draft_quant", "absent") == ("q4_0" if extra else "absent")
+
+
+def test_draft_quant_is_refused_for_a_draft_that_is_the_target(capsys, tmp_path):
+    code = cli.main(["bench", "--target", PACK, "--draft", PACK, "--draft-quant", "q4_0", "--methods",
+                     "spec:model:backend=gguf", "--out", str(tmp_path / "out")])
+    assert code == 2
+    assert_one_line_error(capsys.readouterr().err, contains="--draft-quant requantizes a draft model's own weights")
+
+
 def test_finished_runs_are_saved_and_read_back_for_the_same_prompts_only(tmp_path):
     from specdec.prompts import Prompt
 

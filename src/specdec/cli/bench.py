@@ -491,6 +491,9 @@ def gguf_files(args: argparse.Namespace, methods: Sequence[MethodSpec]) -> dict[
             raise CLIError(f"--draft-vocab trims the head of a draft on specdec's GGUF kernel, but "
                            f"{', '.join(m.name for m in on_it if m.needs_draft_model)} draft on {row.label}",
                            "run those methods with backend=gguf, or leave --draft-vocab out", code=2)
+        if draft and args.draft_quant is not None and args.draft == args.target:
+            raise CLIError(f"--draft-quant requantizes a draft model's own weights, but the draft {args.draft} is the "
+                           "target", "leave --draft-quant out, or name another draft", code=2)
         ggufs[row.name] = GGUFs(located_gguf(args.target, args), located_gguf(args.draft, args) if draft else None)
     return ggufs
 
