@@ -209,11 +209,12 @@ def _run(args: argparse.Namespace, argv: Sequence[str] | None, out: Path, method
     command = _command(argv)
     env = report.environment(command, args.dtype)
     env["resolved_command"] = _resolved_command(args)
+    # the GGUFs first: a missing binding or GGUF, or an argument that cannot hold, fails before any model
+    # loads and before the busy-machine warning, so a refusal is the one error it is
+    ggufs, servers = gguf_files(args, methods), bench_servers(args, methods)
     _warn_if_busy(env)
-    # the GGUFs first: a missing binding or GGUF fails before any model loads
-    backends = BenchBackends(args.draft_weights, ggufs=gguf_files(args, methods),
-                             n_threads=args.threads or torch.get_num_threads(), servers=bench_servers(args, methods),
-                             draft_vocab=args.draft_vocab, draft_quant=args.draft_quant)
+    backends = BenchBackends(args.draft_weights, ggufs=ggufs, n_threads=args.threads or torch.get_num_threads(),
+                             servers=servers, draft_vocab=args.draft_vocab, draft_quant=args.draft_quant)
     try:
         env["machine"] = report.machine_record(args.threads or torch.get_num_threads(), _target_gguf(backends),
                                                why_no_target="no method runs a GGUF")
@@ -324,9 +325,9 @@ def _run_concurrency(args: argparse.Namespace, argv: Sequence[str] | None, out: 
     command = _command(argv)
     env = {k: v for k, v in report.environment(command, None).items() if k != "dtype"}
     env["resolved_command"] = _resolved_command(args)
-    _warn_if_busy(env)
     servers = bench_servers(args, methods)
     assert servers is not None  # every method is a server's
+    _warn_if_busy(env)
     try:
         env["machine"] = report.machine_record(args.threads or torch.get_num_threads(), servers.target_gguf,
                                                why_no_target="no server runs a GGUF")
