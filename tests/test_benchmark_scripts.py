@@ -311,7 +311,7 @@ def test_gguf_row_cost_runs(tmp_path):
         assert list(data["median_ms"][name]) == ["1", "2"]
         positive_numbers(data["median_ms"][name].values())
         assert data["ratio_to_one_row"][name]["1"] == 1.0
-    assert data["kernel_path"] in ("portable", "avx2", "avx512vnni", "avxvnni")  # specdec.backends.gguf.PATHS
+    assert data["kernel_path"] in ("portable", "avx2", "avx512vnni", "avxvnni", "amx")  # specdec.backends.gguf.PATHS
 
 
 def test_multi_turn_stops_at_its_arguments_without_llama_server(tmp_path):
@@ -449,7 +449,7 @@ def test_one_client_slots_runs(tmp_path):
     assert row["default"]["tokens"] == row["parallel-1"]["tokens"] == 4  # end of text ignored
     low, high = summary["ratio_default_to_parallel_1"]["bootstrap_95"]
     assert low == high == summary["ratio_default_to_parallel_1"]["median"]  # one pair: no spread
-    assert data["machine"]["gguf_kernel_path"] in ("portable", "avx2", "avx512vnni", "avxvnni")
+    assert data["machine"]["gguf_kernel_path"] in ("portable", "avx2", "avx512vnni", "avxvnni", "amx")
 
 
 @pytest.mark.slow

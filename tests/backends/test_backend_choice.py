@@ -246,7 +246,7 @@ def ask_path(monkeypatch):
 
 @pytest.mark.parametrize("value, paths, message", [
     ("banana", None, "$SPECDEC_GGUF_PATH='banana' names no path of specdec's GGUF kernel (it takes portable, avx2, "
-                     "avx512vnni, avxvnni; this CPU runs "),
+                     "avx512vnni, avxvnni, amx; this CPU runs "),
     # a CPU with AVX2 and no AVX-512 VNNI, whatever this one has
     ("avx512vnni", ["portable", "avx2"], "$SPECDEC_GGUF_PATH=avx512vnni: this CPU (or this build) cannot run the GGUF "
                                          "kernel's avx512vnni path; it runs portable, avx2"),

@@ -325,6 +325,30 @@ def test_rows_repacked_eight_at_a_time_give_the_files_layouts_bits_on_every_path
     assert native.repack(any_blocks(T.Q6_K, 8, 256, rng), int(T.Q6_K), 256) is None  # no such layout for another type
 
 
+def test_the_amx_path_gives_the_other_paths_bits_for_passes_of_any_size(lib):
+    """The AMX path multiplies a repacked Q4_K tensor with Intel's tile products from 8 rows up, 16
+    rows a tile and 16 outputs a product: for passes of 1 to 40 rows (full tiles, a tile and a few
+    rows, rows below the threshold) against tensors of 8, 24 and 40 outputs (pairs of groups and a
+    group alone) and one that two threads split, each row gets the avx512vnni path's bits and the
+    portable path's."""
+    if "amx" not in native.available_paths(lib):
+        pytest.skip(f"this CPU (or its OS) does not run AMX tiles; it runs {', '.join(native.available_paths(lib))}")
+    rng = np.random.default_rng(640)
+    n_in = 768
+    for n_out in (8, 24, 40, 1859):
+        weight = any_blocks(T.Q4_K, n_out, n_in, rng)
+        packed, packed_type = native.repack(weight, int(T.Q4_K), n_in)
+        x = torch.from_numpy(activations(40, n_in, rng))
+        with native.running_path("portable", lib):
+            one = native.matmul(weight, int(T.Q4_K), n_in, x, lib=lib)
+        for n in ((1, 7, 8, 9, 16, 17, 23, 24, 33, 40) if n_out < 1000 else (8, 17, 40)):
+            for threads in (1, 2):
+                for path in ("avx512vnni", "amx"):
+                    with native.running_path(path, lib):
+                        got = native.matmul(packed, packed_type, n_in, x[:n], threads=threads, lib=lib, n_out=n_out)
+                    assert torch.equal(got, one[:n]), (n_out, n, threads, path)
+
+
 def test_the_path_is_chosen_once_and_named(lib):
     """The best path the CPU has runs unless $SPECDEC_GGUF_PATH names another; the planner's cost
     key names the path."""
@@ -333,7 +357,8 @@ def test_the_path_is_chosen_once_and_named(lib):
     import sys
 
     paths = native.available_paths(lib)
-    assert native.kernel_path(lib) == ("avx512vnni" if "avx512vnni" in paths else paths[-1])
+    best = next((name for name in ("amx", "avx512vnni") if name in paths), paths[-1])
+    assert native.kernel_path(lib) == best
     code = "from specdec.backends import gguf; print(gguf.kernel_path())"
     for asked in paths:
         env = {**os.environ, native.PATH_ENV: asked}

@@ -96,7 +96,7 @@ PATH_ENV = "SPECDEC_GGUF_PATH"  # a name of PATHS: run that path (where this CPU
 # file's layout instead of repacking them (:func:`repack`); the same bits, slower (for measurements)
 REPACK_ENV = "SPECDEC_GGUF_REPACK"
 # The kernel's paths (csrc/linear_gguf.c), by the id the library gives them; each gives the same bits.
-PATHS = ("portable", "avx2", "avx512vnni", "avxvnni")
+PATHS = ("portable", "avx2", "avx512vnni", "avxvnni", "amx")
 # A test build whose avx512vnni path runs on any AVX2 CPU, its two VNNI instructions emulated by
 # SIMDe's portable definitions (Debian's libsimde-dev): what the path computes, checked where no
 # CPU at hand has VNNI.

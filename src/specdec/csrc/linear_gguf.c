@@ -87,6 +87,10 @@
 #include <immintrin.h>
 #define GG_X86 1
 #endif
+#if defined(__linux__) && defined(__x86_64__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 enum {
     T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8, T_Q2_K = 10, T_Q3_K = 11,
@@ -206,10 +210,28 @@ const char *gguf_interface(void) { return g_interface; }
  * the quantized types done by VNNI instructions, in their AVX512-VNNI form (256-bit, with AVX512VL)
  * or their AVX-VNNI form. Every path gives the same bits: a VNNI instruction forms the same exact
  * integer lanes as the AVX2 instructions it replaces, and the float operations are the AVX2 path's. */
-enum { P_PORTABLE = 0, P_AVX2 = 1, P_AVX512VNNI = 2, P_AVXVNNI = 3, N_PATHS = 4 };
+enum { P_PORTABLE = 0, P_AVX2 = 1, P_AVX512VNNI = 2, P_AVXVNNI = 3, P_AMX = 4, N_PATHS = 5 };
 
 #if defined(GG_X86) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11 && !defined(GG_NO_VNNI) && !defined(GG_EMULATE_VNNI)
 #define GG_VNNI 1 /* the VNNI kernels are compiled (per function, with GCC's target pragmas) */
+#if defined(__linux__) && defined(__x86_64__) && !defined(GG_NO_AMX)
+#define GG_AMX 1 /* and the AMX path (the avx512vnni path with Intel's tile products for passes of several rows) */
+#endif
+#endif
+
+#ifdef GG_AMX
+/* Whether this process may run AMX tile instructions: the CPU has AMX-TILE and AMX-INT8 (CPUID leaf
+ * 7), the OS saves the tile state (XCR0 bits 17 and 18), and Linux granted this process the tile
+ * data (arch_prctl ARCH_REQ_XCOMP_PERM, which a process must ask for before its first tile
+ * instruction: without it the instruction faults, as it does in a virtual machine that lists AMX). */
+static int amx_usable(void) {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !((d >> 24) & 1) || !((d >> 25) & 1)) return 0;
+    unsigned lo = 0, hi = 0;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if (((lo >> 17) & 3) != 3) return 0;
+    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+}
 #endif
 
 static int g_path = -1; /* the path the kernels run; -1: not chosen yet (the best this CPU has) */
@@ -227,6 +249,11 @@ int gguf_cpu_paths(void) {
     if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw"))
         paths |= 1 << P_AVX512VNNI;
     if (__builtin_cpu_supports("avxvnni")) paths |= 1 << P_AVXVNNI;
+#endif
+#ifdef GG_AMX
+    static int amx = -1; /* asked once: the permission is the process's */
+    if (amx < 0) amx = amx_usable();
+    if (amx && ((paths >> P_AVX512VNNI) & 1)) paths |= 1 << P_AMX;
 #endif
 #endif
 #ifdef GG_EMULATE_VNNI
@@ -1131,6 +1158,20 @@ static inline __attribute__((always_inline)) __m256i bit_moved(__m256i hb, const
 #undef KN
 #undef DOT_ADD
 #undef DOT_ACC
+#ifdef GG_AMX
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512vl,avx512bw,avx512vnni,amx-tile,amx-int8")
+#define KN(name) name##_amx
+#define GG_AMX_BODY 1
+#define DOT_ADD(acc, p, w) _mm256_dpwssd_epi32((acc), (p), (w))
+#define DOT_ACC(acc, u, s) _mm256_dpbusd_epi32((acc), (u), (s))
+#include __FILE__
+#pragma GCC pop_options
+#undef KN
+#undef GG_AMX_BODY
+#undef DOT_ADD
+#undef DOT_ACC
+#endif
 #elif defined(GG_EMULATE_VNNI)
 /* A test build for CPUs without VNNI: the 512-bit VNNI path's code with its two instructions
  * emulated by SIMDe (their definition, in portable code), so that what the path computes can be
@@ -1210,7 +1251,16 @@ static void run_seg(const Seg *s, int64_t j0, int64_t j1, int64_t n_rows, const 
 #ifdef GG_VNNI
     if (path == P_AVXVNNI) { PATH_KERNELS(avxvnni) }
 #endif
+#ifdef GG_AMX
+    if (path == P_AMX) { PATH_KERNELS(amx) }
+#endif
 #undef PATH_KERNELS
+#ifdef GG_AMX
+    if (path == P_AMX && s->type == T_Q4_K && s->x8 && n_rows >= AMX_ROWS) {
+        k8_amx_rows_amx(s, j0, j1, n_rows, o);
+        return;
+    }
+#endif
 #endif
     (void)path;
     if (n_rows <= RT) {
@@ -2360,6 +2410,114 @@ static inline __attribute__((always_inline)) void KN(k8_many)(const int type, co
     KN(k8_store)(s, j, n, r0, nr, acc, o);
 }
 
+#ifdef GG_AMX_BODY
+/* The AMX path: Q4_K's outputs of two groups (16; grp and the next group) against nr (AMX_ROWS ..
+ * RT) rows with Intel's tile products. A tile product (tdpbssd) forms, for each row and output, the
+ * exact integer sum of a sub-block's 32 weight levels times its 32 quantized activations; each is
+ * multiplied by the output's sub-block scale and added up as integers, which gives the integer
+ * k8_rows forms (the same sum in another order: exact). The rest, the mins' correction and the
+ * float operations, is k8_rows' own, lane by lane in its order, so every row gets the avx512vnni
+ * path's bits whatever the pass's size. The activation tile is read in place (rows n_in bytes
+ * apart); the weight tile, 8 rows of 4 levels for each of the 16 outputs, is the two records'
+ * decoded vectors side by side. Four sum tiles take four sub-blocks in turn, so that the
+ * products overlap. What it gains is bounded by the sum tiles stored and scaled per sub-block of
+ * 32 (Q4_K's scales are per sub-block, so a tile cannot sum a whole block): on a 2-core Xeon VM a
+ * Q4_K tensor's pass of 16 rows takes 0.65-0.75 of the avx512vnni path's time, of 8 rows about
+ * the same (docs/kernels.md, "The AMX path"). */
+#define AMX_ROWS 8 /* fewer rows: the avx512vnni kernels are as fast (measured on a 2-core Xeon VM) */
+typedef struct {
+    uint8_t palette, start;
+    uint8_t reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} __attribute__((packed)) KN(TileConfig);
+
+static inline __attribute__((always_inline)) __m512 KN(joined)(__m256 lo, __m256 hi) {
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(lo)), _mm256_castps_pd(hi), 1));
+}
+
+static inline __attribute__((always_inline)) void KN(k8_amx)(const Seg *s, const uint8_t *grp, int64_t j, const int n,
+                                                          int64_t r0, const int64_t nr, const Out *o) {
+    /* two groups (16 outputs: j .. j + 15, the second's first n - 8 written) in each tile product */
+    const Acts *A = o->a;
+    const int64_t n_in = A->n_in, nb = n_in / 256;
+    const uint8_t *grp2 = grp + 8 * s->row_bytes;
+    __m512 acc[RT];
+    int8_t w[8][8][64] __attribute__((aligned(64)));   /* sub-block, then the weight tile (both groups' vectors) */
+    int32_t c[4][RT][16] __attribute__((aligned(64))); /* four sum tiles, stored */
+    const __m512i low16 = _mm512_set1_epi32(0xFFFF);
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int64_t t = 0; t < nr; t++) acc[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        KN(K8Rec) R[2];
+        for (int e = 0; e < 2; e++) {
+            const uint8_t *rec = KN(k8_open)(T_Q4_K, e ? grp2 : grp, b, &R[e]);
+            for (int u = 0; u < 32; u++) {
+                __m256i lo, hi;
+                KN(k8_vector)(T_Q4_K, rec, u, &lo, &hi);
+                _mm256_store_si256((__m256i *)(w[2 * (u >> 3)][u & 7] + 32 * e), lo);
+                _mm256_store_si256((__m256i *)(w[2 * (u >> 3) + 1][u & 7] + 32 * e), hi);
+            }
+        }
+        __m512i sum[RT];
+        for (int64_t t = 0; t < nr; t++) sum[t] = _mm512_setzero_si512();
+        const int8_t *xb = A->qk + r0 * n_in + b * 256;
+        /* four sub-blocks at a time on four sum tiles (0..3), the activation and weight tiles
+         * alternating (4, 5 and 6, 7), so that the products overlap instead of waiting in turn */
+        for (int h = 0; h < 8; h += 4) {
+#define AMX_PRODUCT(k, a, w_)                                    \
+    _tile_loadd(a, xb + 32 * (h + k), n_in);                     \
+    _tile_loadd(w_, w[h + k], 64);                               \
+    _tile_dpbssd(k, a, w_);
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+            AMX_PRODUCT(0, 4, 6)
+            AMX_PRODUCT(1, 5, 7)
+            AMX_PRODUCT(2, 4, 6)
+            AMX_PRODUCT(3, 5, 7)
+#undef AMX_PRODUCT
+            _tile_stored(0, c[0], 64);
+            _tile_stored(1, c[1], 64);
+            _tile_stored(2, c[2], 64);
+            _tile_stored(3, c[3], 64);
+            for (int k = 0; k < 4; k++) {
+                const __m512i sc = _mm512_and_si512(
+                    _mm512_inserti64x4(_mm512_castsi256_si512(R[0].sv[h + k]), R[1].sv[h + k], 1), low16);
+                for (int64_t t = 0; t < nr; t++)
+                    sum[t] = _mm512_add_epi32(sum[t], _mm512_mullo_epi32(_mm512_load_si512((const void *)c[k][t]), sc));
+            }
+        }
+        /* k8_rows' correction and float operations, for both groups' 16 outputs at once (each lane's
+         * operations are the 8-lane ones) */
+        __m512i mv[4];
+        for (int i = 0; i < 4; i++) mv[i] = _mm512_inserti64x4(_mm512_castsi256_si512(R[0].mv[i]), R[1].mv[i], 1);
+        const __m512 d = KN(joined)(R[0].d, R[1].d), dmin = KN(joined)(R[0].dmin, R[1].dmin);
+        for (int64_t t = 0; t < nr; t++) {
+            const int64_t r = r0 + t;
+            const __m256i s32 = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(A->bk + r * (n_in / 16) + b * 16)), ones);
+            const __m512i pairs = _mm512_broadcast_i64x4(_mm256_packs_epi32(s32, s32));
+            __m512i adj = _mm512_madd_epi16(mv[0], _mm512_permutexvar_epi32(_mm512_set1_epi32(0), pairs));
+            adj = _mm512_add_epi32(adj, _mm512_madd_epi16(mv[1], _mm512_permutexvar_epi32(_mm512_set1_epi32(1), pairs)));
+            adj = _mm512_add_epi32(adj, _mm512_madd_epi16(mv[2], _mm512_permutexvar_epi32(_mm512_set1_epi32(4), pairs)));
+            adj = _mm512_add_epi32(adj, _mm512_madd_epi16(mv[3], _mm512_permutexvar_epi32(_mm512_set1_epi32(5), pairs)));
+            const __m512 dx = _mm512_set1_ps(A->dk[r * nb + b]);
+            acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(sum[t]), acc[t]);
+            acc[t] = _mm512_fnmadd_ps(_mm512_mul_ps(dmin, dx), _mm512_cvtepi32_ps(adj), acc[t]);
+        }
+    }
+    __m256 out[2][RT];
+    for (int64_t t = 0; t < nr; t++) {
+        out[0][t] = _mm512_castps512_ps256(acc[t]);
+        out[1][t] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t]), 1));
+    }
+    KN(k8_store)(s, j, 8, r0, nr, out[0], o);
+    KN(k8_store)(s, j + 8, n - 8, r0, nr, out[1], o);
+}
+#endif
+
+
 /* Up to four rows (Q3_K: three, whose third bit fills the registers at four) decoded as they go,
  * more on records decoded once (k8_many). */
 static inline __attribute__((always_inline)) void KN(k8_group)(const int type, const Seg *s, const uint8_t *grp, int64_t j,
@@ -2375,6 +2533,36 @@ static inline __attribute__((always_inline)) void KN(k8_group)(const int type, c
     default: KN(k8_few)(type, s, grp, j, n, r0, 4, o);
     }
 }
+
+#ifdef GG_AMX_BODY
+/* Rows [0, n_rows) of a pass against the Q4_K tensor's outputs [j0, j1) (repacked, j0 a multiple
+ * of 8) on the AMX path: 16 rows at a time (the tiles configured once for each), every pair of
+ * groups of 8 outputs against them (the thread's share of the weights stays in its cache across
+ * the tiles). */
+static void KN(k8_amx_rows)(const Seg *s, int64_t j0, int64_t j1, int64_t n_rows, const Out *o) {
+    for (int64_t r0 = 0; r0 < n_rows; r0 += RT) {
+        const int64_t nr = n_rows - r0 < RT ? n_rows - r0 : RT;
+        if (nr < AMX_ROWS) { /* a few rows left: the avx512vnni path's kernel (the same bits) */
+            for (int64_t j = j0; j < j1; j += 8)
+                KN(k8_group)(T_Q4_K, s, s->w + j * s->row_bytes, j, j1 - j < 8 ? (int)(j1 - j) : 8, r0, nr, o);
+            continue;
+        }
+        KN(TileConfig) cfg __attribute__((aligned(64)));
+        memset(&cfg, 0, sizeof cfg);
+        cfg.palette = 1;
+        for (int k = 0; k < 4; k++) cfg.rows[k] = (uint8_t)nr, cfg.colsb[k] = 64; /* the sums: nr rows x 16 outputs (int32) */
+        cfg.rows[4] = cfg.rows[5] = (uint8_t)nr, cfg.colsb[4] = cfg.colsb[5] = 32; /* the activations: nr rows x 32 */
+        cfg.rows[6] = cfg.rows[7] = 8, cfg.colsb[6] = cfg.colsb[7] = 64; /* the weights: 8 x (4 levels x 16 outputs) */
+        _tile_loadconfig(&cfg);
+        int64_t j = j0;
+        for (; j1 - j > 8; j += 16)
+            KN(k8_amx)(s, s->w + j * s->row_bytes, j, j1 - j < 16 ? (int)(j1 - j) : 16, r0, nr, o);
+        _tile_release();
+        if (j < j1) /* a last group alone: the avx512vnni path's kernel (the same bits) */
+            KN(k8_group)(T_Q4_K, s, s->w + j * s->row_bytes, j, (int)(j1 - j), r0, nr, o);
+    }
+}
+#endif
 
 GROUPED_TYPE(k8_q4k, T_Q4_K, kq_scalar, k8_group)
 GROUPED_TYPE(k8_q5k, T_Q5_K, kq_scalar, k8_group)
