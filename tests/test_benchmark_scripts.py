@@ -573,6 +573,24 @@ def test_draft_vocab_end_to_end_runs(tmp_path):
     assert "trimmed/full" in proc.stdout
 
 
+def test_kernel_paths_runs_and_refuses_a_path_this_cpu_lacks(tmp_path):
+    """SmolLM2, the portable and AVX2 paths (what every x86 machine here has), one round: each
+    path's times, relative to its one-row pass, and the logits checked equal; a path the CPU
+    lacks is a one-line error naming it."""
+    need_pack()
+    out = tmp_path / "paths.json"
+    proc = ran(run_script("kernel_paths.py", "--model", PACK, "--paths", "portable,avx2", "--rows", "1,9",
+                          "--rounds", "1", "--context", "8", "--threads", THREADS, "--out", str(out)))
+    data = read_json(out)
+    assert data["paths"] == ["portable", "avx2"] and data["identical_logits"] is True
+    for path in ("portable", "avx2"):
+        positive_numbers(list(data["ms"][path].values()), 2)
+        assert data["x_one_row"][path]["1"] == 1.0
+    assert "| 9 |" in proc.stdout
+    proc = run_script("kernel_paths.py", "--model", PACK, "--paths", "sse9", "--out", str(tmp_path / "no.json"))
+    assert proc.returncode == 2 and "lacks the path(s) sse9" in proc.stderr and "Traceback" not in proc.stderr
+
+
 @pytest.mark.slow
 def test_draft_token_parts_runs(tmp_path):
     """SmolLM2 as target and (by its file) as draft, a head of 4,096 ids, one round: every model's
