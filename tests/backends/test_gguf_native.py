@@ -327,10 +327,10 @@ def test_rows_repacked_eight_at_a_time_give_the_files_layouts_bits_on_every_path
 
 def test_the_amx_path_gives_the_other_paths_bits_for_passes_of_any_size(lib):
     """The AMX path multiplies a repacked Q4_K tensor with Intel's tile products from 8 rows up, 16
-    rows a tile and 16 outputs a product: for passes of 1 to 40 rows (full tiles, a tile and a few
-    rows, rows below the threshold) against tensors of 8, 24 and 40 outputs (pairs of groups and a
-    group alone) and one that two threads split, each row gets the avx512vnni path's bits and the
-    portable path's."""
+    rows a tile and 16 outputs a product, and the few rows after a tile on its decoded weights: for
+    passes of 1 to 40 rows (full tiles, a tile and 1 to 7 rows more, rows below the threshold)
+    against tensors of 8, 24 and 40 outputs (pairs of groups and a group alone) and one that two
+    threads split, each row gets the avx512vnni path's bits and the portable path's."""
     if "amx" not in native.available_paths(lib):
         pytest.skip(f"this CPU (or its OS) does not run AMX tiles; it runs {', '.join(native.available_paths(lib))}")
     rng = np.random.default_rng(640)
@@ -341,7 +341,7 @@ def test_the_amx_path_gives_the_other_paths_bits_for_passes_of_any_size(lib):
         x = torch.from_numpy(activations(40, n_in, rng))
         with native.running_path("portable", lib):
             one = native.matmul(weight, int(T.Q4_K), n_in, x, lib=lib)
-        for n in ((1, 7, 8, 9, 16, 17, 23, 24, 33, 40) if n_out < 1000 else (8, 17, 40)):
+        for n in ((1, 7, 8, 9, 16, 17, 20, 23, 24, 33, 39, 40) if n_out < 1000 else (8, 17, 40)):
             for threads in (1, 2):
                 for path in ("avx512vnni", "amx"):
                     with native.running_path(path, lib):

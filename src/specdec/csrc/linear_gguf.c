@@ -2437,27 +2437,41 @@ static inline __attribute__((always_inline)) __m512 KN(joined)(__m256 lo, __m256
 }
 
 static inline __attribute__((always_inline)) void KN(k8_amx)(const Seg *s, const uint8_t *grp, int64_t j, const int n,
-                                                          int64_t r0, const int64_t nr, const Out *o) {
-    /* two groups (16 outputs: j .. j + 15, the second's first n - 8 written) in each tile product */
+                                                          int64_t r0, const int64_t nr, const int64_t extra, const Out *o) {
+    /* two groups (16 outputs: j .. j + 15, the second's first n - 8 written) in each tile product;
+     * the extra rows after the tile's (fewer than AMX_ROWS) by the avx512vnni path's k8_rows on the
+     * same decoded vectors, so that a pass of 17 rows decodes and reads its weights once */
     const Acts *A = o->a;
     const int64_t n_in = A->n_in, nb = n_in / 256;
     const uint8_t *grp2 = grp + 8 * s->row_bytes;
     __m512 acc[RT];
+    __m256 acc_x[2][AMX_ROWS];
     int8_t w[8][8][64] __attribute__((aligned(64)));   /* sub-block, then the weight tile (both groups' vectors) */
+    __m256i dec[2][64];                                 /* the same vectors as k8_rows takes them (extra rows) */
     int32_t c[4][RT][16] __attribute__((aligned(64))); /* four sum tiles, stored */
     const __m512i low16 = _mm512_set1_epi32(0xFFFF);
     const __m256i ones = _mm256_set1_epi16(1);
     for (int64_t t = 0; t < nr; t++) acc[t] = _mm512_setzero_ps();
+    for (int64_t t = 0; t < extra; t++) acc_x[0][t] = acc_x[1][t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         KN(K8Rec) R[2];
+        const uint8_t *rec[2];
         for (int e = 0; e < 2; e++) {
-            const uint8_t *rec = KN(k8_open)(T_Q4_K, e ? grp2 : grp, b, &R[e]);
+            rec[e] = KN(k8_open)(T_Q4_K, e ? grp2 : grp, b, &R[e]);
             for (int u = 0; u < 32; u++) {
                 __m256i lo, hi;
-                KN(k8_vector)(T_Q4_K, rec, u, &lo, &hi);
+                KN(k8_vector)(T_Q4_K, rec[e], u, &lo, &hi);
                 _mm256_store_si256((__m256i *)(w[2 * (u >> 3)][u & 7] + 32 * e), lo);
                 _mm256_store_si256((__m256i *)(w[2 * (u >> 3) + 1][u & 7] + 32 * e), hi);
+                if (extra) dec[e][2 * u] = lo, dec[e][2 * u + 1] = hi;
             }
+        }
+        for (int e = 0; e < 2 && extra; e++) {
+            int64_t t = 0;
+            for (; extra - t >= 4; t += 4) KN(k8_rows)(T_Q4_K, rec[e], dec[e], &R[e], A, b, r0 + nr + t, 4, acc_x[e] + t);
+            if (extra - t == 3) KN(k8_rows)(T_Q4_K, rec[e], dec[e], &R[e], A, b, r0 + nr + t, 3, acc_x[e] + t);
+            else if (extra - t == 2) KN(k8_rows)(T_Q4_K, rec[e], dec[e], &R[e], A, b, r0 + nr + t, 2, acc_x[e] + t);
+            else if (extra - t == 1) KN(k8_rows)(T_Q4_K, rec[e], dec[e], &R[e], A, b, r0 + nr + t, 1, acc_x[e] + t);
         }
         __m512i sum[RT];
         for (int64_t t = 0; t < nr; t++) sum[t] = _mm512_setzero_si512();
@@ -2514,6 +2528,10 @@ static inline __attribute__((always_inline)) void KN(k8_amx)(const Seg *s, const
     }
     KN(k8_store)(s, j, 8, r0, nr, out[0], o);
     KN(k8_store)(s, j + 8, n - 8, r0, nr, out[1], o);
+    if (extra) {
+        KN(k8_store)(s, j, 8, r0 + nr, extra, acc_x[0], o);
+        KN(k8_store)(s, j + 8, n - 8, r0 + nr, extra, acc_x[1], o);
+    }
 }
 #endif
 
@@ -2540,11 +2558,13 @@ static inline __attribute__((always_inline)) void KN(k8_group)(const int type, c
  * groups of 8 outputs against them (the thread's share of the weights stays in its cache across
  * the tiles). */
 static void KN(k8_amx_rows)(const Seg *s, int64_t j0, int64_t j1, int64_t n_rows, const Out *o) {
-    for (int64_t r0 = 0; r0 < n_rows; r0 += RT) {
-        const int64_t nr = n_rows - r0 < RT ? n_rows - r0 : RT;
-        if (nr < AMX_ROWS) { /* a few rows left: the avx512vnni path's kernel (the same bits) */
+    for (int64_t r0 = 0; r0 < n_rows;) {
+        const int64_t left = n_rows - r0, nr = left < RT ? left : RT;
+        const int64_t extra = left > RT && left - RT < AMX_ROWS ? left - RT : 0; /* taken with this tile */
+        if (nr < AMX_ROWS) { /* a few rows (not reached: they go with the tile before) */
             for (int64_t j = j0; j < j1; j += 8)
                 KN(k8_group)(T_Q4_K, s, s->w + j * s->row_bytes, j, j1 - j < 8 ? (int)(j1 - j) : 8, r0, nr, o);
+            r0 += nr;
             continue;
         }
         KN(TileConfig) cfg __attribute__((aligned(64)));
@@ -2556,10 +2576,13 @@ static void KN(k8_amx_rows)(const Seg *s, int64_t j0, int64_t j1, int64_t n_rows
         _tile_loadconfig(&cfg);
         int64_t j = j0;
         for (; j1 - j > 8; j += 16)
-            KN(k8_amx)(s, s->w + j * s->row_bytes, j, j1 - j < 16 ? (int)(j1 - j) : 16, r0, nr, o);
+            KN(k8_amx)(s, s->w + j * s->row_bytes, j, j1 - j < 16 ? (int)(j1 - j) : 16, r0, nr, extra, o);
         _tile_release();
-        if (j < j1) /* a last group alone: the avx512vnni path's kernel (the same bits) */
+        if (j < j1) { /* a last group alone: the avx512vnni path's kernel (the same bits) */
             KN(k8_group)(T_Q4_K, s, s->w + j * s->row_bytes, j, (int)(j1 - j), r0, nr, o);
+            if (extra) KN(k8_group)(T_Q4_K, s, s->w + j * s->row_bytes, j, (int)(j1 - j), r0 + nr, extra, o);
+        }
+        r0 += nr + extra;
     }
 }
 #endif
