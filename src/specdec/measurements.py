@@ -101,7 +101,7 @@ def machine() -> str:
 # native build also uses the AVX-512 and VNNI ones.
 CPU_FEATURES = {"avx2": "AVX2", "fma": "FMA", "f16c": "F16C", "avx512f": "AVX-512F", "avx512bw": "AVX-512BW",
                 "avx512vl": "AVX-512VL", "avx512_vnni": "AVX512-VNNI", "avx_vnni": "AVX-VNNI",
-                "avx512_bf16": "AVX512-BF16"}
+                "avx512_bf16": "AVX512-BF16", "amx_int8": "AMX-INT8"}
 
 
 def cpu_flags(cpuinfo: str | None = None) -> frozenset[str]:

@@ -168,7 +168,7 @@ RECORD = {
 def test_the_machine_line_says_the_features_the_read_speed_and_each_backends_step():
     assert machine_line(RECORD) == (
         "Machine: Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz; AVX2, FMA, F16C, AVX-512F, AVX-512BW, AVX-512VL, "
-        "AVX512-VNNI, AVX512-BF16 (not AVX-VNNI); memory read 31.0 GB/s (2 threads); one-token step on "
+        "AVX512-VNNI, AVX512-BF16 (not AVX-VNNI, AMX-INT8); memory read 31.0 GB/s (2 threads); one-token step on "
         "qwen2.5-coder-1.5b.gguf after 32 tokens (2 threads): specdec's GGUF kernel 35.0 ms, llama.cpp 36.0 ms.")
     assert machine_line({**RECORD, "gguf_kernel_path": "avx512vnni"}).endswith(
         "llama.cpp 36.0 ms; specdec's GGUF kernel on its avx512vnni path.")

@@ -2422,9 +2422,9 @@ static inline __attribute__((always_inline)) void KN(k8_many)(const int type, co
  * decoded vectors side by side. Four sum tiles take four sub-blocks in turn, so that the
  * products overlap. What it gains is bounded by the sum tiles stored and scaled per sub-block of
  * 32 (Q4_K's scales are per sub-block, so a tile cannot sum a whole block): on a 2-core Xeon VM a
- * Q4_K tensor's pass of 16 rows takes 0.65-0.75 of the avx512vnni path's time, of 8 rows about
- * the same (docs/kernels.md, "The AMX path"). */
-#define AMX_ROWS 8 /* fewer rows: the avx512vnni kernels are as fast (measured on a 2-core Xeon VM) */
+ * Q4_K tensor's pass of 16 rows takes 0.65-0.75 of the avx512vnni path's time, of 10 rows 0.85,
+ * of 8 rows about the same (docs/kernels.md, "The AMX path"). */
+#define AMX_ROWS 10 /* fewer rows: the avx512vnni kernels are as fast (measured on a 2-core Xeon VM) */
 typedef struct {
     uint8_t palette, start;
     uint8_t reserved[14];
