@@ -573,7 +573,7 @@ def test_draft_vocab_end_to_end_runs(tmp_path):
     assert "trimmed/full" in proc.stdout
 
 
-def test_kernel_paths_runs_and_refuses_a_path_this_cpu_lacks(tmp_path):
+def test_kernel_paths_runs(tmp_path):
     """SmolLM2, the portable and AVX2 paths (what every x86 machine here has), one round: each
     path's times, relative to its one-row pass, and the logits checked equal; a path the CPU
     lacks is a one-line error naming it."""
