@@ -208,8 +208,10 @@ const char *gguf_interface(void) { return g_interface; }
 /* The paths, chosen at run time by what the CPU reports (gguf_cpu_paths, the one detection) unless
  * set (gguf_set_path): the portable C; AVX2 + FMA + F16C; and the same with the integer products of
  * the quantized types done by VNNI instructions, in their AVX512-VNNI form (256-bit, with AVX512VL)
- * or their AVX-VNNI form. Every path gives the same bits: a VNNI instruction forms the same exact
- * integer lanes as the AVX2 instructions it replaces, and the float operations are the AVX2 path's. */
+ * or their AVX-VNNI form; and the 512-bit VNNI path with Intel's AMX tile products for Q4_K passes
+ * of many rows (where the OS grants the tiles: amx_usable). Every path gives the same bits: a VNNI
+ * instruction or a tile product forms the same exact integers as the AVX2 instructions it replaces,
+ * and the float operations are the AVX2 path's. */
 enum { P_PORTABLE = 0, P_AVX2 = 1, P_AVX512VNNI = 2, P_AVXVNNI = 3, P_AMX = 4, N_PATHS = 5 };
 
 #if defined(GG_X86) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11 && !defined(GG_NO_VNNI) && !defined(GG_EMULATE_VNNI)
