@@ -59,7 +59,6 @@ def main() -> None:
                     start = time.perf_counter()
                     logits = model.forward(ids[args.context: args.context + n], num_logits=n)
                     took = time.perf_counter() - start
-                model.trim(args.context)
                 if first is None:
                     first = logits
                 elif not torch.equal(logits, first):

@@ -2562,13 +2562,9 @@ static inline __attribute__((always_inline)) void KN(k8_group)(const int type, c
 static void KN(k8_amx_rows)(const Seg *s, int64_t j0, int64_t j1, int64_t n_rows, const Out *o) {
     for (int64_t r0 = 0; r0 < n_rows;) {
         const int64_t left = n_rows - r0, nr = left < RT ? left : RT;
-        const int64_t extra = left > RT && left - RT < AMX_ROWS ? left - RT : 0; /* taken with this tile */
-        if (nr < AMX_ROWS) { /* a few rows (not reached: they go with the tile before) */
-            for (int64_t j = j0; j < j1; j += 8)
-                KN(k8_group)(T_Q4_K, s, s->w + j * s->row_bytes, j, j1 - j < 8 ? (int)(j1 - j) : 8, r0, nr, o);
-            r0 += nr;
-            continue;
-        }
+        /* fewer than AMX_ROWS rows after a full tile go with it, so every tile has AMX_ROWS or more
+         * (run_seg sends passes of AMX_ROWS rows and more) */
+        const int64_t extra = left > RT && left - RT < AMX_ROWS ? left - RT : 0;
         KN(TileConfig) cfg __attribute__((aligned(64)));
         memset(&cfg, 0, sizeof cfg);
         cfg.palette = 1;
