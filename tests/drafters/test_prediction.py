@@ -63,6 +63,63 @@ def test_confidence_grows_with_the_run_and_the_source_comes_first():
     assert next(iter(sources)) == "prediction" and set(drafter.costs()) == {"prediction", "ngram"}
 
 
+def test_past_an_edit_the_place_carries_the_agreement_it_had():
+    from specdec.drafters.ngram import lookup_confidence
+    from specdec.drafters.prediction import START_RUN
+
+    drafter = PredictionDrafter(PREDICTION, 200)
+    drafter.observe(PROMPT)
+    kept = PREDICTION[:20]  # followed for 20 tokens: the run is the client's word and those 20
+    assert drafter.confidence(PROMPT + kept) == lookup_confidence(START_RUN + 20)
+    edited = kept + [5, 6] + PREDICTION[20:20 + MIN_SYNC]  # two tokens inserted, then the text goes on
+    assert drafter.confidence(PROMPT + edited) == lookup_confidence(START_RUN + 20)
+    # found again behind where it was lost (the output repeats earlier text): only the match counts
+    back = edited + PREDICTION[2:2 + MIN_SYNC]
+    assert drafter.place(PROMPT + back) == 2 + MIN_SYNC
+    assert drafter.confidence(PROMPT + back) == lookup_confidence(MIN_SYNC)
+
+
+def test_a_place_found_again_that_fails_at_once_halves_what_it_carries():
+    from specdec.drafters.ngram import lookup_confidence
+    from specdec.drafters.prediction import START_RUN
+
+    block = [50, 51, 52]
+    prediction = list(range(100, 110)) + block + list(range(110, 130))
+    drafter = PredictionDrafter(prediction, 200)
+    drafter.observe(PROMPT)
+    output = [7] + block  # the first token is not the prediction's; a match further on
+    assert drafter.place(PROMPT + output) == 13
+    assert drafter.confidence(PROMPT + output) == lookup_confidence(START_RUN)  # the start's word, carried
+    output += [8] + block  # it failed at its first token; found again, with half the run
+    assert drafter.confidence(PROMPT + output) == lookup_confidence(max(MIN_SYNC, START_RUN // 2))
+
+
+def test_an_edit_the_output_made_is_drafted_at_its_next_occurrences():
+    old, new = [50, 51], [60]  # a name of two tokens renamed to one
+    prediction = list(range(100, 110)) + old + list(range(110, 120)) + old + list(range(120, 130)) + old + [130]
+    drafter = PredictionDrafter(prediction, 200)
+    drafter.observe(PROMPT)
+    output = prediction[:10] + new + prediction[12:12 + MIN_SYNC]  # renamed here, then the text goes on
+    assert drafted(drafter, output, 13) == list(range(113, 120)) + new + [120, 121, 122, 123, 124]
+    later = output + list(range(113, 120)) + new + list(range(120, 130)) + new
+    assert drafted(drafter, later, 5) == [130]  # followed through the rewritten text to its end
+    # an edit made once: where the output keeps the old span after all, it is rewritten back
+    kept = output + list(range(113, 120)) + old + list(range(120, 120 + MIN_SYNC))
+    assert drafted(drafter, kept, 8) == list(range(120 + MIN_SYNC, 130)) + old[:1]
+    # the output cut back to before the edit: the prediction as the client sent it
+    assert drafted(drafter, prediction[:8], 4) == prediction[8:12]
+    assert drafter.describe()["tokens"] == len(prediction)
+
+
+def test_an_insertion_is_learnt_with_the_tokens_before_it():
+    first, last, suffix = [70, 71], [72, 71], [80]  # first_int and last_int share their second token
+    prediction = list(range(100, 110)) + first + list(range(110, 120)) + last + [120] + first + list(range(121, 130))
+    drafter = PredictionDrafter(prediction, 200)
+    drafter.observe(PROMPT)
+    output = prediction[:12] + suffix + prediction[12:12 + MIN_SYNC]  # first_int -> first_int_value
+    assert drafted(drafter, output, 14) == list(range(113, 120)) + last + [120] + first + suffix + [121]
+
+
 def test_a_drafter_rebuilt_state_matches_one_that_followed_step_by_step():
     stepwise = PredictionDrafter(PREDICTION, 200)
     output = PREDICTION[:8] + [3, 4] + PREDICTION[8:20]
