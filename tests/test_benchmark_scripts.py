@@ -862,3 +862,33 @@ def test_ray_overhead_runs(tmp_path):
                    "--prompts", "mtbench:2", "--rounds", "1", "--max-tokens", "4", "--out", str(out)))
     data = read_json(out)
     assert {"startup_seconds", "summary", "turns"} <= set(data)
+
+
+def test_edits_bound_runs(tmp_path):
+    """A bench folder of one request with and without the prediction, and a curve, small enough to
+    price by hand: each method's passes on the curve, the best a prediction could do, the ratios."""
+    curve = tmp_path / "curve.json"
+    curve.write_text(json.dumps({"paths": ["amx"], "x_one_row": {"amx": {"1": 1.0, "4": 2.0, "8": 3.0}}}))
+    samples = tmp_path / "bench" / "greedy" / "samples"
+    samples.mkdir(parents=True)
+    common = {"prompt": 0, "new_tokens": 17, "first_step_tokens": 1, "token_ids": list(range(17))}
+    # default: after the first pass, passes of 4, 4, 2 and 1 rows; prediction: of 8 and 4 rows
+    default = dict(common, seconds=10.0, first_step_seconds=4.0, step_drafted=[0, 3, 3, 1, 0])
+    prediction = dict(common, seconds=8.0, first_step_seconds=4.0, step_drafted=[2, 7, 3])
+    for name, method, sample in (("d", "spec:ngram+model:via=serve", default),
+                                 ("p", "spec:ngram+model:via=serve:prediction=yes", prediction)):
+        (samples / f"r0-p0-{name}.json").write_text(json.dumps({"method": method, "sample": sample}))
+    (samples / "r0-p0-l.json").write_text(json.dumps({"method": "llama-server", "sample": dict(common, step_drafted=[])}))
+    out = tmp_path / "bound.json"
+    proc = ran(run_script("edits_bound.py", "--bench", str(tmp_path / "bench"), "--curve", str(curve), "--out", str(out)))
+    data = read_json(out)
+    (row,) = data["requests"]
+    units = 2.0 + 2.0 + (1.0 + (2.0 - 1.0) / 3) + 1.0  # 4, 4, 2 (between 1 and 4) and 1 rows
+    assert row["default_units"] == round(units, 2) and row["prediction_units"] == 5.0  # 8 rows 3.0, 4 rows 2.0
+    assert data["cheapest_rows"] == 8 and row["ideal_units"] == 16 * 3.0 / 8
+    assert row["curve_ratio"] == round(10.0 / (4.0 + 6.0 * 5.0 / units), 3)
+    assert row["bound_ratio"] == round(10.0 / (4.0 + 6.0 * 6.0 / units), 3)
+    assert row["measured_ratio"] == 1.25 and row["identical"] is True and row["prefill_share"] == 0.4
+    assert "| geometric mean |" in proc.stdout
+    proc = run_script("edits_bound.py", "--bench", str(tmp_path), "--curve", str(curve))
+    assert proc.returncode == 2 and "no request ran both" in proc.stderr and "Traceback" not in proc.stderr
