@@ -327,10 +327,11 @@ def test_rows_repacked_eight_at_a_time_give_the_files_layouts_bits_on_every_path
 
 def test_the_amx_path_gives_the_other_paths_bits_for_passes_of_any_size(lib):
     """The AMX path multiplies a repacked Q4_K tensor with Intel's tile products from 10 rows up, 16
-    rows a tile and 16 outputs a product, and the few rows after a tile on its decoded weights: for
-    passes of 1 to 42 rows (full tiles, a tile and 1 to 9 rows more, a tile of 10, rows below the threshold)
-    against tensors of 8, 24 and 40 outputs (pairs of groups and a group alone) and one that two
-    threads split, each row gets the avx512vnni path's bits and the portable path's."""
+    rows a tile, up to 64 rows on one decoding of the weights, 16 outputs a product: for passes of 1
+    to 90 rows (a tile of 10, full tiles, a last tile of 1 to 9 rows after full ones, blocks of 64
+    and the rows after them, rows below the threshold) against tensors of 8, 24 and 40 outputs
+    (pairs of groups and a group alone) and one that two threads split, each row gets the
+    avx512vnni path's bits and the portable path's."""
     if "amx" not in native.available_paths(lib):
         pytest.skip(f"this CPU (or its OS) does not run AMX tiles; it runs {', '.join(native.available_paths(lib))}")
     rng = np.random.default_rng(640)
@@ -338,14 +339,36 @@ def test_the_amx_path_gives_the_other_paths_bits_for_passes_of_any_size(lib):
     for n_out in (8, 24, 40, 1859):
         weight = any_blocks(T.Q4_K, n_out, n_in, rng)
         packed, packed_type = native.repack(weight, int(T.Q4_K), n_in)
-        x = torch.from_numpy(activations(42, n_in, rng))
+        x = torch.from_numpy(activations(90, n_in, rng))
         with native.running_path("portable", lib):
             one = native.matmul(weight, int(T.Q4_K), n_in, x, lib=lib)
-        for n in ((1, 9, 10, 11, 16, 17, 20, 25, 26, 33, 41, 42) if n_out < 1000 else (10, 17, 42)):
+        for n in ((1, 9, 10, 11, 16, 17, 20, 25, 26, 33, 41, 42, 64, 65, 74, 90) if n_out < 1000 else (10, 17, 42, 90)):
             for threads in (1, 2):
                 for path in ("avx512vnni", "amx"):
                     with native.running_path(path, lib):
                         got = native.matmul(packed, packed_type, n_in, x[:n], threads=threads, lib=lib, n_out=n_out)
+                    assert torch.equal(got, one[:n]), (n_out, n, threads, path)
+
+
+def test_the_amx_paths_q6k_pairs_give_the_other_paths_bits_for_passes_of_any_size(lib):
+    """On the AMX path, Q6_K passes of 4 rows and more take two outputs per 512-bit vector, up to 64
+    rows on one decoding of their blocks: for passes of 1 to 90 rows against an odd number of
+    outputs (the last paired with itself), one pair, and a tensor two threads split, each row gets
+    the avx512vnni path's bits and the portable path's."""
+    if "amx" not in native.available_paths(lib):
+        pytest.skip(f"this CPU (or its OS) does not run AMX tiles; it runs {', '.join(native.available_paths(lib))}")
+    rng = np.random.default_rng(660)
+    n_in = 768
+    x = torch.from_numpy(activations(90, n_in, rng))
+    for n_out in (1, 2, 37, 1001):
+        weight = any_blocks(T.Q6_K, n_out, n_in, rng)
+        with native.running_path("portable", lib):
+            one = native.matmul(weight, int(T.Q6_K), n_in, x, lib=lib)
+        for n in ((1, 3, 4, 5, 16, 17, 63, 64, 65, 67, 90) if n_out < 1000 else (4, 17, 90)):
+            for threads in (1, 2):
+                for path in ("avx512vnni", "amx"):
+                    with native.running_path(path, lib):
+                        got = native.matmul(weight, int(T.Q6_K), n_in, x[:n], threads=threads, lib=lib)
                     assert torch.equal(got, one[:n]), (n_out, n, threads, path)
 
 

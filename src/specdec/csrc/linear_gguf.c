@@ -115,6 +115,7 @@ static inline int base_type(int t) { return is_x8(t) ? t & ~GG_X8 : t; }
 static const int8_t kv_iq4[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
 #define RT 16 /* rows applied to one decoded weight block before the next tile of rows */
+#define AMX_BLOCK 64 /* the AMX path's rows on one decoding of the weights (Q4_K: four tiles of 16) */
 #define CHUNK_BYTES 262144 /* weights per unit of work handed to a thread (long runs: the prefetchers stream) */
 
 /* The KV cache's element: fp32, or fp16 in a build with -DGG_KV_F16 (keys and values rounded to
@@ -1262,6 +1263,11 @@ static void run_seg(const Seg *s, int64_t j0, int64_t j1, int64_t n_rows, const 
         k8_amx_rows_amx(s, j0, j1, n_rows, o);
         return;
     }
+    if (path == P_AMX && s->type == T_Q6_K && n_rows >= 4) {
+        for (int64_t r0 = 0; r0 < n_rows; r0 += AMX_BLOCK)
+            q6k_pairs_amx(s, j0, j1, r0, n_rows - r0 < AMX_BLOCK ? n_rows - r0 : AMX_BLOCK, o);
+        return;
+    }
 #endif
 #endif
     (void)path;
@@ -1301,15 +1307,17 @@ static int gguf_matmul_multi(int n_seg, const int32_t *types, const uint64_t *we
     }
     if (col > ldy) return -1;
     /* the quantized rows */
-    const int64_t sz_qk = need_k ? align64(n_rows * n_in) + align64(n_rows * (n_in / 256) * 4) + align64(n_rows * (n_in / 16) * 2) : 0;
+    const int64_t sz_qk = need_k ? align64(((n_rows + 15) & ~(int64_t)15) * n_in) + align64(n_rows * (n_in / 256) * 4) + align64(n_rows * (n_in / 16) * 2) : 0;
     const int64_t sz_q0 = need_32 ? align64(n_rows * n_in) + 2 * align64(n_rows * (n_in / 32) * 4) : 0;
     uint8_t *buf = scratch((size_t)(sz_qk + sz_q0 + 64));
     if (!buf) return -2;
     Acts A = {n_in, x, NULL, NULL, NULL, NULL, NULL, NULL};
     if (need_k) {
         A.qk = (int8_t *)buf;
-        A.dk = (float *)(buf + align64(n_rows * n_in));
-        A.bk = (int16_t *)(buf + align64(n_rows * n_in) + align64(n_rows * (n_in / 256) * 4));
+        /* the quantized rows' buffer holds whole tiles of 16 rows (the AMX path's last tile reads them) */
+        const int64_t q_bytes = align64(((n_rows + 15) & ~(int64_t)15) * n_in);
+        A.dk = (float *)(buf + q_bytes);
+        A.bk = (int16_t *)(buf + q_bytes + align64(n_rows * (n_in / 256) * 4));
     }
     if (need_32) {
         uint8_t *b0 = buf + sz_qk;
@@ -1816,6 +1824,73 @@ static inline __attribute__((always_inline)) void KN(q6k_tile)(const Seg *s, int
             store(o->y + (r0 + t) * o->ldy + s->col + j, tree8v(acc[t]), s->bias, j, o->accumulate);
     }
 }
+
+#ifdef GG_AMX_BODY
+static inline __attribute__((always_inline)) __m512i KN(pair512)(__m256i lo, __m256i hi) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+/* Q6_K on the AMX path for passes of 4 rows and more (AMX_BLOCK at most): two outputs at a time,
+ * one in each half of a 512-bit vector, every row of the pass on one decoding of their blocks. A
+ * half is q6k_tile's 8 lanes with the same integers (the same products, added in another order:
+ * exact) and the same float operations in their order, so each output gets q6k_tile's and
+ * q6k_few's bits; the vector instructions per row and output are halved. (Q6_K's sub-blocks of 16
+ * and its 8-lane float sums leave the tile products nothing to take without other bits.) */
+static void KN(q6k_pairs)(const Seg *s, int64_t j0, int64_t j1, int64_t r0, const int64_t nr, const Out *o) {
+    const Acts *A = o->a;
+    const int64_t n_in = A->n_in, nb = n_in / 256;
+    __m512 acc[AMX_BLOCK];
+    for (int64_t j = j0; j < j1; j += 2) {
+        const int64_t j2 = j + 1 < j1 ? j + 1 : j; /* an odd last output pairs with itself, stored once */
+        const uint8_t *row0 = s->w + j * s->row_bytes, *row1 = s->w + j2 * s->row_bytes;
+        for (int64_t t = 0; t < nr; t++) acc[t] = _mm512_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *blk0 = row0 + b * 210, *blk1 = row1 + b * 210;
+            prefetch_block(blk0, 210);
+            prefetch_block(blk1, 210);
+            const __m512 dv = _mm512_castpd_ps(_mm512_insertf64x4(
+                _mm512_castps_pd(_mm512_castps256_ps512(_mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(blk0[208] | (blk0[209] << 8)))))),
+                _mm256_castps_pd(_mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(blk1[208] | (blk1[209] << 8))))), 1));
+            const __m256i sca = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk0 + 192)));
+            const __m256i scb = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk1 + 192)));
+            const __m512i sc16 = KN(pair512)(sca, scb);
+            __m512i qv[8], sv[8]; /* half h, vector v at 4h + v */
+            for (int h = 0; h < 2; h++) {
+                __m256i qa[4], qb[4];
+                q6k_vectors(blk0, h, qa);
+                q6k_vectors(blk1, h, qb);
+                const __m256i sha = _mm256_broadcastsi128_si256(h ? _mm256_extracti128_si256(sca, 1) : _mm256_castsi256_si128(sca));
+                const __m256i shb = _mm256_broadcastsi128_si256(h ? _mm256_extracti128_si256(scb, 1) : _mm256_castsi256_si128(scb));
+                for (int v = 0; v < 4; v++) {
+                    const __m256i pick = _mm256_set_m128i(_mm_set1_epi16((short)(0x0100 + 0x0202 * (2 * v + 1))),
+                                                          _mm_set1_epi16((short)(0x0100 + 0x0202 * (2 * v))));
+                    qv[4 * h + v] = KN(pair512)(qa[v], qb[v]);
+                    sv[4 * h + v] = KN(pair512)(_mm256_shuffle_epi8(sha, pick), _mm256_shuffle_epi8(shb, pick));
+                }
+            }
+            for (int64_t t = 0; t < nr; t++) {
+                const int64_t r = r0 + t;
+                const int8_t *x = A->qk + r * n_in + b * 256;
+                __m512i sum = _mm512_setzero_si512();
+                for (int u = 0; u < 8; u++) {
+                    const __m512i xv = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(x + 32 * u)));
+                    sum = _mm512_dpwssd_epi32(sum, _mm512_maddubs_epi16(qv[u], xv), sv[u]);
+                }
+                const __m512i bk = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(A->bk + r * (n_in / 16) + b * 16)));
+                sum = _mm512_sub_epi32(sum, _mm512_slli_epi32(_mm512_madd_epi16(sc16, bk), 5));
+                acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dv, _mm512_set1_ps(A->dk[r * nb + b])), _mm512_cvtepi32_ps(sum), acc[t]);
+            }
+        }
+        for (int64_t t = 0; t < nr; t++) {
+            float *y = o->y + (r0 + t) * o->ldy + s->col;
+            store(y + j, tree8v(_mm512_castps512_ps256(acc[t])), s->bias, j, o->accumulate);
+            if (j2 != j)
+                store(y + j2, tree8v(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t]), 1))), s->bias, j2,
+                      o->accumulate);
+        }
+    }
+}
+#endif
 
 static void KN(q6k)(const Seg *s, int64_t j0, int64_t j1, int64_t r0, int64_t nr, const Out *o) {
     switch (nr) { /* the register kernel, its loops over the rows unrolled, for up to three rows */
@@ -2413,20 +2488,21 @@ static inline __attribute__((always_inline)) void KN(k8_many)(const int type, co
 }
 
 #ifdef GG_AMX_BODY
-/* The AMX path: Q4_K's outputs of two groups (16; grp and the next group) against nr (AMX_ROWS ..
- * RT) rows with Intel's tile products. A tile product (tdpbssd) forms, for each row and output, the
- * exact integer sum of a sub-block's 32 weight levels times its 32 quantized activations; each is
- * multiplied by the output's sub-block scale and added up as integers, which gives the integer
- * k8_rows forms (the same sum in another order: exact). The rest, the mins' correction and the
- * float operations, is k8_rows' own, lane by lane in its order, so every row gets the avx512vnni
- * path's bits whatever the pass's size. The activation tile is read in place (rows n_in bytes
- * apart); the weight tile, 8 rows of 4 levels for each of the 16 outputs, is the two records'
- * decoded vectors side by side. Four sum tiles take four sub-blocks in turn, so that the
- * products overlap. What it gains is bounded by the sum tiles stored and scaled per sub-block of
- * 32 (Q4_K's scales are per sub-block, so a tile cannot sum a whole block): on a 2-core Xeon VM a
- * Q4_K tensor's pass of 16 rows takes 0.65-0.75 of the avx512vnni path's time, of 10 rows 0.85,
- * of 8 rows about the same (docs/kernels.md, "The AMX path"). */
-#define AMX_ROWS 10 /* fewer rows: the avx512vnni kernels are as fast (measured on a 2-core Xeon VM) */
+/* The AMX path: Q4_K's outputs of two groups (16; grp and the next group) against nr (1 ..
+ * AMX_BLOCK) rows with Intel's tile products. A tile product (tdpbssd) forms, for each row and
+ * output, the exact integer sum of a sub-block's 32 weight levels times its 32 quantized
+ * activations; each is multiplied by the output's sub-block scale and added up as integers, which
+ * gives the integer k8_rows forms (the same sum in another order: exact). The rest, the mins'
+ * correction and the float operations, is k8_rows' own, lane by lane in its order, so every row
+ * gets the avx512vnni path's bits whatever the pass's size. The activation tile is read in place
+ * (rows n_in bytes apart; a last tile of fewer than 16 rows after a full one reads the rows after
+ * the pass, which the activations' buffer holds (gguf_matmul_multi rounds it up to 16 rows), and
+ * its sums there are never read); the weight tile, 8 rows of 4 levels for each of the 16 outputs,
+ * is the two records' decoded vectors side by side, decoded once for all the rows' tiles. Four sum
+ * tiles take four sub-blocks in turn, so that the products overlap. What it gains is bounded by
+ * the sum tiles stored and scaled per sub-block of 32 (Q4_K's scales are per sub-block, so a tile
+ * cannot sum a whole block) and by the weights' decoding (docs/kernels.md, "The AMX path"). */
+#define AMX_ROWS 10   /* fewer rows: the avx512vnni kernels are as fast (measured on a 2-core Xeon VM) */
 typedef struct {
     uint8_t palette, start;
     uint8_t reserved[14];
@@ -2438,101 +2514,99 @@ static inline __attribute__((always_inline)) __m512 KN(joined)(__m256 lo, __m256
     return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(lo)), _mm256_castps_pd(hi), 1));
 }
 
+/* Block b of both groups' records: their decoded vectors as the weight tiles (w[sub-block][tile
+ * row][two groups' 32 bytes]) and their records (R[group]). */
+static inline __attribute__((always_inline)) void KN(k8_amx_decode)(const uint8_t *grp, const uint8_t *grp2, int64_t b,
+                                                                 int8_t (*w)[8][64], KN(K8Rec) *R) {
+    for (int e = 0; e < 2; e++) {
+        const uint8_t *rec = KN(k8_open)(T_Q4_K, e ? grp2 : grp, b, &R[e]);
+        for (int u = 0; u < 32; u++) {
+            __m256i lo, hi;
+            KN(k8_vector)(T_Q4_K, rec, u, &lo, &hi);
+            _mm256_store_si256((__m256i *)(w[2 * (u >> 3)][u & 7] + 32 * e), lo);
+            _mm256_store_si256((__m256i *)(w[2 * (u >> 3) + 1][u & 7] + 32 * e), hi);
+        }
+    }
+}
+
 static inline __attribute__((always_inline)) void KN(k8_amx)(const Seg *s, const uint8_t *grp, int64_t j, const int n,
-                                                          int64_t r0, const int64_t nr, const int64_t extra, const Out *o) {
-    /* two groups (16 outputs: j .. j + 15, the second's first n - 8 written) in each tile product;
-     * the extra rows after the tile's (fewer than AMX_ROWS) by the avx512vnni path's k8_rows on the
-     * same decoded vectors, so that a pass of 17 rows decodes and reads its weights once */
+                                                          int64_t r0, const int64_t nr, const Out *o) {
+    /* two groups (16 outputs: j .. j + 15, the second's first n - 8 written), rows r0 .. r0 + nr - 1
+     * in tiles of 16 (the configured tile height: 16, or nr where nr < 16) */
     const Acts *A = o->a;
     const int64_t n_in = A->n_in, nb = n_in / 256;
     const uint8_t *grp2 = grp + 8 * s->row_bytes;
-    __m512 acc[RT];
-    __m256 acc_x[2][AMX_ROWS];
-    int8_t w[8][8][64] __attribute__((aligned(64)));   /* sub-block, then the weight tile (both groups' vectors) */
-    __m256i dec[2][64];                                 /* the same vectors as k8_rows takes them (extra rows) */
-    int32_t c[4][RT][16] __attribute__((aligned(64))); /* four sum tiles, stored */
+    __m512 acc[AMX_BLOCK];
+    int8_t w[2][8][8][64] __attribute__((aligned(64))); /* b & 1, sub-block, then the weight tile (both groups' vectors) */
+    int32_t c[8][16][16] __attribute__((aligned(64))); /* a tile of rows' sums per sub-block, stored */
     const __m512i low16 = _mm512_set1_epi32(0xFFFF);
     const __m256i ones = _mm256_set1_epi16(1);
     for (int64_t t = 0; t < nr; t++) acc[t] = _mm512_setzero_ps();
-    for (int64_t t = 0; t < extra; t++) acc_x[0][t] = acc_x[1][t] = _mm256_setzero_ps();
+    KN(K8Rec) Rb[2][2]; /* the blocks' records (b & 1), both groups */
+    KN(k8_amx_decode)(grp, grp2, 0, w[0], Rb[0]);
     for (int64_t b = 0; b < nb; b++) {
-        KN(K8Rec) R[2];
-        const uint8_t *rec[2];
-        for (int e = 0; e < 2; e++) {
-            rec[e] = KN(k8_open)(T_Q4_K, e ? grp2 : grp, b, &R[e]);
-            for (int u = 0; u < 32; u++) {
-                __m256i lo, hi;
-                KN(k8_vector)(T_Q4_K, rec[e], u, &lo, &hi);
-                _mm256_store_si256((__m256i *)(w[2 * (u >> 3)][u & 7] + 32 * e), lo);
-                _mm256_store_si256((__m256i *)(w[2 * (u >> 3) + 1][u & 7] + 32 * e), hi);
-                if (extra) dec[e][2 * u] = lo, dec[e][2 * u + 1] = hi;
-            }
-        }
-        for (int e = 0; e < 2 && extra; e++) {
-            int64_t t = 0;
-            for (; extra - t >= 4; t += 4) KN(k8_rows)(T_Q4_K, rec[e], dec[e], &R[e], A, b, r0 + nr + t, 4, acc_x[e] + t);
-            if (extra - t == 3) KN(k8_rows)(T_Q4_K, rec[e], dec[e], &R[e], A, b, r0 + nr + t, 3, acc_x[e] + t);
-            else if (extra - t == 2) KN(k8_rows)(T_Q4_K, rec[e], dec[e], &R[e], A, b, r0 + nr + t, 2, acc_x[e] + t);
-            else if (extra - t == 1) KN(k8_rows)(T_Q4_K, rec[e], dec[e], &R[e], A, b, r0 + nr + t, 1, acc_x[e] + t);
-        }
-        __m512i sum[RT];
-        for (int64_t t = 0; t < nr; t++) sum[t] = _mm512_setzero_si512();
-        const int8_t *xb = A->qk + r0 * n_in + b * 256;
-        /* four sub-blocks at a time on four sum tiles (0..3), the activation and weight tiles
-         * alternating (4, 5 and 6, 7), so that the products overlap instead of waiting in turn */
-        for (int h = 0; h < 8; h += 4) {
-#define AMX_PRODUCT(k, a, w_)                                    \
-    _tile_loadd(a, xb + 32 * (h + k), n_in);                     \
-    _tile_loadd(w_, w[h + k], 64);                               \
-    _tile_dpbssd(k, a, w_);
-            _tile_zero(0);
-            _tile_zero(1);
-            _tile_zero(2);
-            _tile_zero(3);
-            AMX_PRODUCT(0, 4, 6)
-            AMX_PRODUCT(1, 5, 7)
-            AMX_PRODUCT(2, 4, 6)
-            AMX_PRODUCT(3, 5, 7)
-#undef AMX_PRODUCT
-            _tile_stored(0, c[0], 64);
-            _tile_stored(1, c[1], 64);
-            _tile_stored(2, c[2], 64);
-            _tile_stored(3, c[3], 64);
-            for (int k = 0; k < 4; k++) {
-                const __m512i sc = _mm512_and_si512(
-                    _mm512_inserti64x4(_mm512_castsi256_si512(R[0].sv[h + k]), R[1].sv[h + k], 1), low16);
-                for (int64_t t = 0; t < nr; t++)
-                    sum[t] = _mm512_add_epi32(sum[t], _mm512_mullo_epi32(_mm512_load_si512((const void *)c[k][t]), sc));
-            }
-        }
-        /* k8_rows' correction and float operations, for both groups' 16 outputs at once (each lane's
-         * operations are the 8-lane ones) */
+        const KN(K8Rec) *R = Rb[b & 1];
+        __m512i sc[8];
+        for (int k = 0; k < 8; k++)
+            sc[k] = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(R[0].sv[k]), R[1].sv[k], 1), low16);
         __m512i mv[4];
         for (int i = 0; i < 4; i++) mv[i] = _mm512_inserti64x4(_mm512_castsi256_si512(R[0].mv[i]), R[1].mv[i], 1);
         const __m512 d = KN(joined)(R[0].d, R[1].d), dmin = KN(joined)(R[0].dmin, R[1].dmin);
-        for (int64_t t = 0; t < nr; t++) {
-            const int64_t r = r0 + t;
-            const __m256i s32 = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(A->bk + r * (n_in / 16) + b * 16)), ones);
-            const __m512i pairs = _mm512_broadcast_i64x4(_mm256_packs_epi32(s32, s32));
-            __m512i adj = _mm512_madd_epi16(mv[0], _mm512_permutexvar_epi32(_mm512_set1_epi32(0), pairs));
-            adj = _mm512_add_epi32(adj, _mm512_madd_epi16(mv[1], _mm512_permutexvar_epi32(_mm512_set1_epi32(1), pairs)));
-            adj = _mm512_add_epi32(adj, _mm512_madd_epi16(mv[2], _mm512_permutexvar_epi32(_mm512_set1_epi32(4), pairs)));
-            adj = _mm512_add_epi32(adj, _mm512_madd_epi16(mv[3], _mm512_permutexvar_epi32(_mm512_set1_epi32(5), pairs)));
-            const __m512 dx = _mm512_set1_ps(A->dk[r * nb + b]);
-            acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(sum[t]), acc[t]);
-            acc[t] = _mm512_fnmadd_ps(_mm512_mul_ps(dmin, dx), _mm512_cvtepi32_ps(adj), acc[t]);
+        for (int64_t t0 = 0; t0 < nr; t0 += 16) {
+            const int8_t *xb = A->qk + (r0 + t0) * n_in + b * 256;
+            /* four sub-blocks at a time on four sum tiles (0..3), the activation and weight tiles
+             * alternating (4, 5 and 6, 7), so that the products overlap instead of waiting in turn */
+            for (int h = 0; h < 8; h += 4) {
+#define AMX_PRODUCT(k, a, w_)                                    \
+    _tile_loadd(a, xb + 32 * (h + k), n_in);                     \
+    _tile_loadd(w_, w[b & 1][h + k], 64);                        \
+    _tile_dpbssd(k, a, w_);
+                _tile_zero(0);
+                _tile_zero(1);
+                _tile_zero(2);
+                _tile_zero(3);
+                AMX_PRODUCT(0, 4, 6)
+                AMX_PRODUCT(1, 5, 7)
+                AMX_PRODUCT(2, 4, 6)
+                AMX_PRODUCT(3, 5, 7)
+#undef AMX_PRODUCT
+                _tile_stored(0, c[h], 64);
+                _tile_stored(1, c[h + 1], 64);
+                _tile_stored(2, c[h + 2], 64);
+                _tile_stored(3, c[h + 3], 64);
+            }
+            /* the next block's weights decoded while this block's products run: its tiles are
+             * loaded an iteration later, after the stores have left the core's store buffer */
+            if (t0 == 0 && b + 1 < nb) KN(k8_amx_decode)(grp, grp2, b + 1, w[(b + 1) & 1], Rb[(b + 1) & 1]);
+            const int64_t tn = nr - t0 < 16 ? nr - t0 : 16;
+            for (int64_t t = 0; t < tn; t++) {
+                const int64_t r = r0 + t0 + t;
+                __m512i sum = _mm512_mullo_epi32(_mm512_load_si512((const void *)c[0][t]), sc[0]);
+                for (int k = 1; k < 8; k++)
+                    sum = _mm512_add_epi32(sum, _mm512_mullo_epi32(_mm512_load_si512((const void *)c[k][t]), sc[k]));
+                /* k8_rows' correction and float operations, for both groups' 16 outputs at once
+                 * (each lane's operations are the 8-lane ones) */
+                const __m256i s32 = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(A->bk + r * (n_in / 16) + b * 16)), ones);
+                const __m512i pairs = _mm512_broadcast_i64x4(_mm256_packs_epi32(s32, s32));
+                __m512i adj = _mm512_madd_epi16(mv[0], _mm512_permutexvar_epi32(_mm512_set1_epi32(0), pairs));
+                adj = _mm512_add_epi32(adj, _mm512_madd_epi16(mv[1], _mm512_permutexvar_epi32(_mm512_set1_epi32(1), pairs)));
+                adj = _mm512_add_epi32(adj, _mm512_madd_epi16(mv[2], _mm512_permutexvar_epi32(_mm512_set1_epi32(4), pairs)));
+                adj = _mm512_add_epi32(adj, _mm512_madd_epi16(mv[3], _mm512_permutexvar_epi32(_mm512_set1_epi32(5), pairs)));
+                const __m512 dx = _mm512_set1_ps(A->dk[r * nb + b]);
+                acc[t0 + t] = _mm512_fmadd_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(sum), acc[t0 + t]);
+                acc[t0 + t] = _mm512_fnmadd_ps(_mm512_mul_ps(dmin, dx), _mm512_cvtepi32_ps(adj), acc[t0 + t]);
+            }
         }
     }
-    __m256 out[2][RT];
-    for (int64_t t = 0; t < nr; t++) {
-        out[0][t] = _mm512_castps512_ps256(acc[t]);
-        out[1][t] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t]), 1));
-    }
-    KN(k8_store)(s, j, 8, r0, nr, out[0], o);
-    KN(k8_store)(s, j + 8, n - 8, r0, nr, out[1], o);
-    if (extra) {
-        KN(k8_store)(s, j, 8, r0 + nr, extra, acc_x[0], o);
-        KN(k8_store)(s, j + 8, n - 8, r0 + nr, extra, acc_x[1], o);
+    for (int64_t t0 = 0; t0 < nr; t0 += RT) {
+        const int64_t tn = nr - t0 < RT ? nr - t0 : RT;
+        __m256 out[2][RT];
+        for (int64_t t = 0; t < tn; t++) {
+            out[0][t] = _mm512_castps512_ps256(acc[t0 + t]);
+            out[1][t] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t0 + t]), 1));
+        }
+        KN(k8_store)(s, j, 8, r0 + t0, tn, out[0], o);
+        KN(k8_store)(s, j + 8, n - 8, r0 + t0, tn, out[1], o);
     }
 }
 #endif
@@ -2556,31 +2630,25 @@ static inline __attribute__((always_inline)) void KN(k8_group)(const int type, c
 
 #ifdef GG_AMX_BODY
 /* Rows [0, n_rows) of a pass against the Q4_K tensor's outputs [j0, j1) (repacked, j0 a multiple
- * of 8) on the AMX path: 16 rows at a time (the tiles configured once for each), every pair of
- * groups of 8 outputs against them (the thread's share of the weights stays in its cache across
- * the tiles). */
+ * of 8) on the AMX path: AMX_BLOCK rows at a time (the tiles configured once for each), every pair
+ * of groups of 8 outputs against them, its weights decoded once for the block's tiles of 16 rows
+ * (the thread's share of the weights stays in its cache across the blocks). */
 static void KN(k8_amx_rows)(const Seg *s, int64_t j0, int64_t j1, int64_t n_rows, const Out *o) {
-    for (int64_t r0 = 0; r0 < n_rows;) {
-        const int64_t left = n_rows - r0, nr = left < RT ? left : RT;
-        /* fewer than AMX_ROWS rows after a full tile go with it, so every tile has AMX_ROWS or more
-         * (run_seg sends passes of AMX_ROWS rows and more) */
-        const int64_t extra = left > RT && left - RT < AMX_ROWS ? left - RT : 0;
+    for (int64_t r0 = 0; r0 < n_rows; r0 += AMX_BLOCK) {
+        const int64_t nr = n_rows - r0 < AMX_BLOCK ? n_rows - r0 : AMX_BLOCK, th = nr < 16 ? nr : 16;
         KN(TileConfig) cfg __attribute__((aligned(64)));
         memset(&cfg, 0, sizeof cfg);
         cfg.palette = 1;
-        for (int k = 0; k < 4; k++) cfg.rows[k] = (uint8_t)nr, cfg.colsb[k] = 64; /* the sums: nr rows x 16 outputs (int32) */
-        cfg.rows[4] = cfg.rows[5] = (uint8_t)nr, cfg.colsb[4] = cfg.colsb[5] = 32; /* the activations: nr rows x 32 */
+        for (int k = 0; k < 4; k++) cfg.rows[k] = (uint8_t)th, cfg.colsb[k] = 64; /* the sums: th rows x 16 outputs (int32) */
+        cfg.rows[4] = cfg.rows[5] = (uint8_t)th, cfg.colsb[4] = cfg.colsb[5] = 32; /* the activations: th rows x 32 */
         cfg.rows[6] = cfg.rows[7] = 8, cfg.colsb[6] = cfg.colsb[7] = 64; /* the weights: 8 x (4 levels x 16 outputs) */
         _tile_loadconfig(&cfg);
         int64_t j = j0;
-        for (; j1 - j > 8; j += 16)
-            KN(k8_amx)(s, s->w + j * s->row_bytes, j, j1 - j < 16 ? (int)(j1 - j) : 16, r0, nr, extra, o);
+        for (; j1 - j > 8; j += 16) KN(k8_amx)(s, s->w + j * s->row_bytes, j, j1 - j < 16 ? (int)(j1 - j) : 16, r0, nr, o);
         _tile_release();
-        if (j < j1) { /* a last group alone: the avx512vnni path's kernel (the same bits) */
-            KN(k8_group)(T_Q4_K, s, s->w + j * s->row_bytes, j, (int)(j1 - j), r0, nr, o);
-            if (extra) KN(k8_group)(T_Q4_K, s, s->w + j * s->row_bytes, j, (int)(j1 - j), r0 + nr, extra, o);
-        }
-        r0 += nr + extra;
+        if (j < j1) /* a last group alone: the avx512vnni path's kernel (the same bits) */
+            for (int64_t t0 = 0; t0 < nr; t0 += RT)
+                KN(k8_group)(T_Q4_K, s, s->w + j * s->row_bytes, j, (int)(j1 - j), r0 + t0, nr - t0 < RT ? nr - t0 : RT, o);
     }
 }
 #endif
