@@ -1868,18 +1868,27 @@ static void KN(q6k_pairs)(const Seg *s, int64_t j0, int64_t j1, int64_t r0, cons
                     sv[4 * h + v] = KN(pair512)(_mm256_shuffle_epi8(sha, pick), _mm256_shuffle_epi8(shb, pick));
                 }
             }
-            for (int64_t t = 0; t < nr; t++) {
-                const int64_t r = r0 + t;
-                const int8_t *x = A->qk + r * n_in + b * 256;
-                __m512i sum = _mm512_setzero_si512();
-                for (int u = 0; u < 8; u++) {
-                    const __m512i xv = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(x + 32 * u)));
-                    sum = _mm512_dpwssd_epi32(sum, _mm512_maddubs_epi16(qv[u], xv), sv[u]);
-                }
-                const __m512i bk = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(A->bk + r * (n_in / 16) + b * 16)));
-                sum = _mm512_sub_epi32(sum, _mm512_slli_epi32(_mm512_madd_epi16(sc16, bk), 5));
-                acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dv, _mm512_set1_ps(A->dk[r * nb + b])), _mm512_cvtepi32_ps(sum), acc[t]);
+            /* two rows at a time, each row's sum in two halves (independent chains of products) */
+#define Q6K_ROW(t)                                                                                                          \
+    do {                                                                                                                    \
+        const int64_t r = r0 + (t);                                                                                         \
+        const int8_t *x = A->qk + r * n_in + b * 256;                                                                       \
+        __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();                                                   \
+        for (int u = 0; u < 4; u++) {                                                                                       \
+            lo = _mm512_dpwssd_epi32(lo, _mm512_maddubs_epi16(qv[u], _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(x + 32 * u)))), sv[u]); \
+            hi = _mm512_dpwssd_epi32(hi, _mm512_maddubs_epi16(qv[u + 4], _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(x + 128 + 32 * u)))), sv[u + 4]); \
+        }                                                                                                                   \
+        const __m512i bk = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(A->bk + r * (n_in / 16) + b * 16))); \
+        const __m512i sum = _mm512_sub_epi32(_mm512_add_epi32(lo, hi), _mm512_slli_epi32(_mm512_madd_epi16(sc16, bk), 5));  \
+        acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dv, _mm512_set1_ps(A->dk[r * nb + b])), _mm512_cvtepi32_ps(sum), acc[t]);   \
+    } while (0)
+            int64_t t = 0;
+            for (; t + 2 <= nr; t += 2) {
+                Q6K_ROW(t);
+                Q6K_ROW(t + 1);
             }
+            if (t < nr) Q6K_ROW(t);
+#undef Q6K_ROW
         }
         for (int64_t t = 0; t < nr; t++) {
             float *y = o->y + (r0 + t) * o->ldy + s->col;
