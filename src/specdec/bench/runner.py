@@ -36,7 +36,7 @@ from specdec.backends.table import BY_NAME, LABELS, TORCH
 from specdec.bench.methods import MethodSpec
 from specdec.bench.peers import load_llamacpp_peer, run_peer
 from specdec.bench.schema_check import check_output
-from specdec.bench.servers import Servers, run_server, server_key
+from specdec.bench.servers import Servers, end_of_turn_token, run_server, server_key
 from specdec.constraints import Constraints
 from specdec.prompts import Prompt
 from specdec.sampling import SamplingConfig
@@ -401,7 +401,8 @@ def run_method(
         return run_server(backends.servers, server_key(method), method.name, prompt_ids, temperature, max_new_tokens, eos, seed,
                           method=config, messages=messages,
                           tokenize=lambda text: list(pair.tokenizer(text, add_special_tokens=False)["input_ids"]),
-                          schema=schema, schema_name=schema_name or "output", prediction=prediction)
+                          schema=schema, schema_name=schema_name or "output", prediction=prediction,
+                          end_of_turn=end_of_turn_token(pair.tokenizer, eos) if messages else None)
     if method.is_peer:
         if schema is not None:
             raise ValueError(f"{method.name} cannot constrain its output to a JSON schema")

@@ -288,6 +288,7 @@ class Completion:
     timings: dict[str, Any] = field(default_factory=dict)  # llama-server's final timings
     speculative: dict[str, Any] = field(default_factory=dict)  # specdec's final summary
     usage: dict[str, Any] = field(default_factory=dict)  # the usage chunk, where the request asked for one
+    finish_reason: str | None = None  # the last choice's, as the stream gave it
     drafted: list[int] = field(default_factory=list)  # specdec: per step
     accepted: list[int] = field(default_factory=list)
     seconds: float = 0.0
@@ -296,6 +297,7 @@ class Completion:
         piece = ""
         for choice in chunk.get("choices", []):  # a completion's text, or a chat delta's content
             piece += choice.get("text") or (choice.get("delta") or {}).get("content") or ""
+            self.finish_reason = choice.get("finish_reason") or self.finish_reason
         self.text += piece
         ids: list[int] = []
         spec = chunk.get("speculative")
@@ -376,16 +378,35 @@ def prediction_counts(done: Completion) -> tuple[int | None, int | None]:
     return int(details["accepted_prediction_tokens"]), int(details["rejected_prediction_tokens"])
 
 
+def end_of_turn_token(tokenizer: Any, eos: Sequence[int]) -> int | None:
+    """The end-of-generation token (one of ``eos``) the chat template closes an assistant's turn
+    with, the last one in a rendered user/assistant exchange; None where the run ignores the end,
+    the template renders none or cannot be rendered."""
+    if not eos or not getattr(tokenizer, "chat_template", None):
+        return None
+    try:
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}],
+                                            tokenize=True)
+    except Exception:  # a template that takes no such exchange: nothing put back
+        return None
+    ids = ids["input_ids"] if isinstance(ids, dict) else ids
+    return next((int(t) for t in reversed(list(ids)) if int(t) in set(eos)), None)
+
+
 def run_server(servers: Servers, key: str, name: str, prompt_ids: list[int], temperature: float,
                max_new_tokens: int, eos: list[int], seed: int, method: str | None = None,
                messages: Sequence[dict[str, str]] | None = None,
                tokenize: Callable[[str], list[int]] | None = None, schema: dict[str, Any] | None = None,
-               schema_name: str = "output", prediction: str | None = None) -> Sample:
+               schema_name: str = "output", prediction: str | None = None,
+               end_of_turn: int | None = None) -> Sample:
     """One timed completion through a server (``key``: see :meth:`Servers.server`) as a Sample.
 
     messages: send these to /v1/chat/completions (:func:`chat_request_body`) instead of
     ``prompt_ids`` to /v1/completions; a stream that carries no token ids (llama-server's chat
-    stream) then has its text tokenised by ``tokenize``. schema: the JSON schema the output must
+    stream) then has its text tokenised by ``tokenize``, and where it stopped by itself
+    (``finish_reason`` ``stop``: the bench sends no stop strings) ``end_of_turn``
+    (:func:`end_of_turn_token`) is put back at its end: the token the model ended on, which the
+    text does not show, so that an answer equal to plain decoding's compares equal. schema: the JSON schema the output must
     follow, sent with the request; the text the client received is checked against it (the
     sample's ``json_parsed`` and ``schema_valid``). prediction: the predicted output sent with the
     request; the sample's ``prediction_accepted`` and ``prediction_rejected`` are the usage's counts."""
@@ -397,7 +418,8 @@ def run_server(servers: Servers, key: str, name: str, prompt_ids: list[int], tem
         if not done.token_ids and done.text:
             if tokenize is None:
                 raise ValueError(f"{key}'s chat stream carries no token ids; give run_server a tokenize function")
-            done.token_ids = tokenize(done.text)
+            done.token_ids = tokenize(done.text) + ([end_of_turn] if done.finish_reason == "stop"
+                                                    and end_of_turn is not None else [])
             done.arrivals = [(at, 1) for at in done.text_arrivals]  # llama-server streams a token a chunk
             reported = int(done.usage["completion_tokens"]) if "completion_tokens" in done.usage else None
     else:
