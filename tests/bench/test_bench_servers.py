@@ -133,7 +133,6 @@ def test_chat_streams_are_read_and_a_text_only_stream_is_tokenised():
     assert fake.paths[-1] == "/v1/completions"
 
 
-
 def test_a_text_only_stream_that_stopped_by_itself_gets_its_end_of_turn_token_back():
     """llama-server's chat stream carries text only: the end-of-generation token it stopped on is
     not in it, and without it an answer equal to plain decoding's (which holds that token) read

@@ -390,7 +390,8 @@ def end_of_turn_token(tokenizer: Any, eos: Sequence[int]) -> int | None:
     except Exception:  # a template that takes no such exchange: nothing put back
         return None
     ids = ids["input_ids"] if isinstance(ids, dict) else ids
-    return next((int(t) for t in reversed(list(ids)) if int(t) in set(eos)), None)
+    ends = set(eos)
+    return next((int(t) for t in reversed(list(ids)) if int(t) in ends), None)
 
 
 def run_server(servers: Servers, key: str, name: str, prompt_ids: list[int], temperature: float,
@@ -406,9 +407,9 @@ def run_server(servers: Servers, key: str, name: str, prompt_ids: list[int], tem
     stream) then has its text tokenised by ``tokenize``, and where it stopped by itself
     (``finish_reason`` ``stop``: the bench sends no stop strings) ``end_of_turn``
     (:func:`end_of_turn_token`) is put back at its end: the token the model ended on, which the
-    text does not show, so that an answer equal to plain decoding's compares equal. schema: the JSON schema the output must
-    follow, sent with the request; the text the client received is checked against it (the
-    sample's ``json_parsed`` and ``schema_valid``). prediction: the predicted output sent with the
+    text does not show, so that an answer equal to plain decoding's compares equal. schema: the
+    JSON schema the output must follow, sent with the request; the text the client received is
+    checked against it (the sample's ``json_parsed`` and ``schema_valid``). prediction: the predicted output sent with the
     request; the sample's ``prediction_accepted`` and ``prediction_rejected`` are the usage's counts."""
     reported = None
     if messages:
